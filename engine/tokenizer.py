@@ -1,0 +1,177 @@
+"""The engine's tokenizer: one small interface over a Hugging Face fast tokenizer.
+
+`Tokenizer` never adds BOS/EOS or other special tokens on its own: the chat
+template decides where they go, so that tokenizing prompt segments one by one
+gives the same ids as tokenizing the rendered template (see DESIGN.md).
+"""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from typing import Any, Iterable, Sequence
+
+import xxhash
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    NaiveStreamingDetokenizer,
+    StreamingDetokenizer,
+    TokenizerWrapper,
+)
+
+# Bump when the fingerprint's input changes shape, so old caches miss cleanly.
+_FINGERPRINT_VERSION = 1
+
+
+class Detokenizer:
+    """Turns a stream of token ids into text deltas that never split a UTF-8 character.
+
+    Example:
+        stream = tokenizer.detokenizer()
+        for token in tokens:
+            print(stream.add(token), end="")
+        print(stream.finalize())
+    """
+
+    def __init__(self, streaming: StreamingDetokenizer) -> None:
+        self._streaming = streaming
+
+    def add(self, token_id: int) -> str:
+        """Consume one token; return the text it completes (possibly "")."""
+        self._streaming.add_token(int(token_id))
+        return self._streaming.last_segment
+
+    def finalize(self) -> str:
+        """Flush text held back for an incomplete character or word; return it."""
+        self._streaming.finalize()
+        return self._streaming.last_segment
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        return self._streaming.text
+
+    @property
+    def tokens(self) -> list[int]:
+        """All token ids added so far."""
+        return list(self._streaming.tokens)
+
+
+class Tokenizer:
+    """Encode, decode, stream-decode and chat-render for one model.
+
+    Build one with `Tokenizer.from_hf` (a `PreTrainedTokenizerFast`) or
+    `Tokenizer(wrapper)` (the `TokenizerWrapper` mlx-lm's loader returns).
+    `wrapper` stays available for mlx-lm functions that expect it.
+    """
+
+    def __init__(self, wrapper: TokenizerWrapper) -> None:
+        self.wrapper = wrapper
+        self.hf = wrapper._tokenizer  # noqa: SLF001 - mlx-lm exposes no public accessor
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer: Any, eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+        """Wrap a Hugging Face fast tokenizer.
+
+        Args:
+            hf_tokenizer: A `transformers.PreTrainedTokenizerFast`.
+            eos_token_ids: Extra ids that end generation, besides the tokenizer's eos.
+
+        Returns:
+            The tokenizer, with the streaming detokenizer matched to its decoder.
+        """
+        return cls(
+            TokenizerWrapper(
+                hf_tokenizer,
+                _detokenizer_class(hf_tokenizer),
+                eos_token_ids=list(eos_token_ids),
+            )
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without BOS/EOS (special-token strings in it are parsed)."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens included."""
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+    def detokenizer(self) -> Detokenizer:
+        """A fresh streaming detokenizer (one per generation)."""
+        return Detokenizer(self.wrapper.detokenizer)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end a generation."""
+        return frozenset(self.wrapper.eos_token_ids)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template, or None for a model without one."""
+        template = self.hf.chat_template
+        return template if isinstance(template, str) else None
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens the tokenizer knows, added tokens included."""
+        return len(self.hf)
+
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render `messages` with the model's chat template.
+
+        A model without a template (a base model) gets plain ``role: content``
+        lines, ending with ``assistant:`` when a generation prompt is asked for.
+
+        Args:
+            messages: ``{"role": ..., "content": ...}`` dicts.
+            add_generation_prompt: End with the assistant header.
+            tools: Tool schemas for templates that support them.
+
+        Returns:
+            The prompt text; `encode` it to get the ids.
+        """
+        if self.chat_template is None:
+            lines = [f"{m['role']}: {m['content']}" for m in messages]
+            if add_generation_prompt:
+                lines.append("assistant:")
+            return "\n".join(lines)
+        return self.hf.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """xxh3_64 hex over everything that decides token ids and prompt text.
+
+        Covers the vocabulary, merges, normalizer and pre-tokenizer (the backend
+        tokenizer's JSON, key-sorted), the special tokens, the eos ids and the
+        chat template. Equal across processes for the same tokenizer files.
+        """
+        backend = json.loads(self.hf.backend_tokenizer.to_str())
+        identity = {
+            "version": _FINGERPRINT_VERSION,
+            "backend": backend,
+            "special_tokens": sorted(
+                (str(t), self.hf.convert_tokens_to_ids(str(t)))
+                for t in self.hf.all_special_tokens
+            ),
+            "eos_token_ids": sorted(self.eos_token_ids),
+            "chat_template": self.chat_template,
+        }
+        canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False)
+        return xxhash.xxh3_64_hexdigest(canonical.encode("utf-8"))
+
+
+def _detokenizer_class(hf_tokenizer: Any) -> type[StreamingDetokenizer]:
+    """The mlx-lm streaming detokenizer that fits the tokenizer's decoder."""
+    decoder = json.loads(hf_tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
+    if decoder.get("type") == "ByteLevel":
+        return BPEStreamingDetokenizer
+    return NaiveStreamingDetokenizer
