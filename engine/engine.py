@@ -1,0 +1,283 @@
+"""`Engine`: one worker thread that owns MLX and serves requests in priority order.
+
+    engine = Engine(load_model(path))
+    for event in engine.submit(Request(prompt_ids=ids, max_tokens=64)):
+        ...                       # TokenEvent..., then one DoneEvent
+    engine.close()
+
+Requests run one at a time, lowest `Request.priority` first, FIFO within a
+priority. `cancel` is safe from any thread at any time; the worker checks it
+between prefill chunks and between decode steps. Each request builds a fresh
+cache for now (checkpoints will reuse prefixes).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .errors import EngineClosedError, RequestCancelled
+from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode, prefill
+from .handle import RequestHandle
+from .kv import SUPPORTED_KV_BITS, make_cache
+from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
+from .sampling import make_sampler
+
+logger = logging.getLogger(__name__)
+
+_CLOSE = -1  # sorts before every Priority, so close() is seen next
+
+
+@dataclass
+class _Job:
+    request: Request
+    handle: RequestHandle
+    on_progress: ChunkCallback | None
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    """Serves generation requests for one loaded model.
+
+    Args:
+        loaded: A `LoadedModel` from `engine.loading.load_model` (uses its
+            `model`, `tokenizer` and `model_id`).
+        kv_bits: 16 (model dtype) or 8 (quantized KV, group 64, from token 0).
+        prefill_chunk: Tokens per prefill forward call.
+
+    Raises:
+        ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
+    """
+
+    def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if kv_bits not in SUPPORTED_KV_BITS:
+            raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.kv_bits = kv_bits
+        self.prefill_chunk = prefill_chunk
+        self._eos = frozenset(self.tokenizer.eos_token_ids)
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._active: dict[str, _Job] = {}
+        self._running: str | None = None
+        self._closed = False
+        self._counts = {"served": 0, "cancelled": 0, "failed": 0,
+                        "prompt_tokens": 0, "decode_tokens": 0}
+        self._worker = threading.Thread(target=self._work, name="codectx-engine", daemon=True)
+        self._worker.start()
+
+    # -- public API -------------------------------------------------------
+
+    def submit(self, request: Request, *, on_progress: ChunkCallback | None = None) -> RequestHandle:
+        """Queue a request and return its handle (a sync and async iterator of events).
+
+        Args:
+            request: What to generate.
+            on_progress: Called on the worker thread after each prefill chunk
+                with (prompt tokens done, prompt tokens total); keep it short.
+
+        Raises:
+            EngineClosedError: After `close()`.
+            ValueError: When the request id is already in flight.
+        """
+        handle = RequestHandle(request, self.cancel)
+        job = _Job(request, handle, on_progress)
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("engine is closed")
+            if request.request_id in self._active:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
+            self._active[request.request_id] = job
+            self._queue.put((int(request.priority), next(self._seq), job))
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a queued or running request; unknown or finished ids are ignored."""
+        with self._lock:
+            job = self._active.get(request_id)
+        if job is not None:
+            job.cancelled.set()
+
+    def chat_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Token ids of `messages` rendered with the chat template, generation prompt added."""
+        return self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+
+    def generate_text(
+        self,
+        prompt: str | Sequence[dict[str, Any]] | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+    ) -> str:
+        """Generate and return the whole answer (blocking).
+
+        Args:
+            prompt: A user message (str, rendered with the chat template), a
+                list of chat messages, or token ids used as they are.
+            max_tokens: Most tokens to generate.
+            sampling: Greedy when None.
+            stop: Stop strings (not included in the result).
+
+        Raises:
+            RequestCancelled: When the request was cancelled.
+            EngineError: Whatever failed inside the engine.
+        """
+        if isinstance(prompt, str):
+            ids = self.chat_ids([{"role": "user", "content": prompt}])
+        elif prompt and isinstance(prompt[0], dict):
+            ids = self.chat_ids(prompt)
+        else:
+            ids = list(prompt)
+        request = Request(prompt_ids=ids, max_tokens=max_tokens,
+                          sampling=sampling or SamplingParams(), stop=tuple(stop))
+        done = self.submit(request).result()
+        if done.finish_reason == "error":
+            raise done.error
+        if done.finish_reason == "cancelled":
+            raise RequestCancelled(request.request_id)
+        return done.text
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for `codectx status` and benchmarks."""
+        with self._lock:
+            return {
+                "model_id": getattr(self.loaded, "model_id", None),
+                "kv_bits": self.kv_bits,
+                "prefill_chunk": self.prefill_chunk,
+                "requests_served": self._counts["served"],
+                "requests_cancelled": self._counts["cancelled"],
+                "requests_failed": self._counts["failed"],
+                "prompt_tokens": self._counts["prompt_tokens"],
+                "decode_tokens": self._counts["decode_tokens"],
+                "queued": len(self._active) - (self._running is not None),
+                "running": self._running,
+                "closed": self._closed,
+            }
+
+    def close(self) -> None:
+        """Stop the worker: in-flight and queued requests end "cancelled". Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for job in self._active.values():
+                    job.cancelled.set()
+                self._queue.put((_CLOSE, next(self._seq), None))
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- worker -----------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            _, _, job = self._queue.get()
+            if job is None:
+                break
+            self._serve(job)
+        while not self._queue.empty():  # only jobs submitted before close() remain
+            _, _, job = self._queue.get()
+            if job is not None:
+                self._serve(job)  # cancelled already: ends at once
+
+    def _serve(self, job: _Job) -> None:
+        with self._lock:
+            self._running = job.request.request_id
+        metrics = Metrics(queue_s=time.perf_counter() - job.submitted)
+        emitted: list[str] = []
+        try:
+            reason = self._generate(job, metrics, emitted)
+            error = None
+        except RequestCancelled:
+            reason, error = "cancelled", None
+        except Exception as err:  # the worker must survive anything one request does
+            logger.exception("request %s failed", job.request.request_id)
+            reason, error = "error", err
+        self._finish(job, DoneEvent(job.request.request_id, reason, "".join(emitted), metrics, error))
+
+    def _finish(self, job: _Job, done: DoneEvent) -> None:
+        with self._lock:
+            self._active.pop(job.request.request_id, None)
+            self._running = None
+            key = {"cancelled": "cancelled", "error": "failed"}.get(done.finish_reason, "served")
+            self._counts[key] += 1
+            self._counts["prompt_tokens"] += done.metrics.recomputed_tokens
+            self._counts["decode_tokens"] += done.metrics.decode_tokens
+        job.handle.push(done)
+
+    def _generate(self, job: _Job, metrics: Metrics, emitted: list[str]) -> str:
+        """Run one request; append emitted text to `emitted`; return the finish reason."""
+        request = job.request
+        cancelled = job.cancelled.is_set
+        if cancelled():
+            raise RequestCancelled(request.request_id)
+        ids = request.all_token_ids()
+        metrics.prompt_tokens = len(ids)
+        boundaries = _segment_boundaries(request)
+        sampler = make_sampler(request.sampling)
+        cache = make_cache(self.model, self.kv_bits)
+
+        start = time.perf_counter()
+        logits = prefill(self.model, cache, ids, self.prefill_chunk, cancelled,
+                         boundaries=boundaries, on_chunk=job.on_progress)
+        metrics.prefill_s = time.perf_counter() - start
+        metrics.recomputed_tokens = len(ids)
+        if request.max_tokens == 0:
+            return "length"
+
+        detok = self.tokenizer.detokenizer()
+        stops = StopStrings(request.stop)
+        pending_ids: list[int] = []
+
+        def emit(text: str) -> None:
+            if not metrics.ttft_s:
+                metrics.ttft_s = time.perf_counter() - job.submitted
+            emitted.append(text)
+            job.handle.push(TokenEvent(request.request_id, text, tuple(pending_ids)))
+            pending_ids.clear()
+
+        start = time.perf_counter()
+        try:
+            for token in decode(self.model, cache, logits, sampler, request.max_tokens,
+                                self._eos, cancelled):
+                metrics.decode_tokens += 1
+                pending_ids.append(token)
+                text = stops.push(detok.add(token))
+                if text:
+                    emit(text)
+                if stops.stopped:
+                    return "stop"
+        finally:
+            metrics.decode_s = time.perf_counter() - start
+        tail = stops.push(detok.finalize()) + stops.flush()
+        if tail:
+            emit(tail)
+        if stops.stopped or metrics.decode_tokens < request.max_tokens:
+            return "stop"
+        return "length"
+
+
+def _segment_boundaries(request: Request) -> list[int]:
+    """Token positions where the request's prompt segments end."""
+    if request.segments is None:
+        return []
+    ends, total = [], 0
+    for segment in request.segments:
+        total += len(segment.token_ids)
+        ends.append(total)
+    return ends

@@ -1,0 +1,201 @@
+"""Prefill and decode for one request, on the calling thread (the engine's worker).
+
+- `forward` is the one place that calls the model: swap it (e.g. for an
+  `mx.compile`d step) without touching the loops.
+- `prefill` runs the prompt in chunks, in order, and returns the logits of
+  the last position. Chunking restarts at every boundary given, so a caller
+  that restores state at a boundary replays exactly the same forward calls.
+- `decode` yields sampled token ids until EOS, `max_tokens` or cancellation.
+- `StopStrings` turns text deltas into emitted text, holding back any tail
+  that could still become a stop string.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Iterator, Sequence
+
+import mlx.core as mx
+
+from .errors import RequestCancelled
+from .sampling import Sampler
+
+DEFAULT_PREFILL_CHUNK = 256
+"""Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU (PLATFORM.md)."""
+
+CancelCheck = Callable[[], bool]
+ChunkCallback = Callable[[int, int], None]
+"""Called after each prefill chunk with (tokens done, tokens total)."""
+
+
+def forward(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
+    """One model call: ids of shape (1, n) -> logits of shape (1, n, vocab)."""
+    return model(tokens, cache=cache)
+
+
+def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Split [0, n_tokens) into chunks of at most `chunk_size`, restarting at boundaries.
+
+    Args:
+        n_tokens: Prompt length.
+        chunk_size: Largest chunk.
+        boundaries: Positions where a chunk must end (others are ignored when
+            outside (0, n_tokens)).
+
+    Returns:
+        Consecutive (start, end) spans covering [0, n_tokens).
+
+    Raises:
+        ValueError: For chunk_size < 1.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    cuts = sorted({b for b in boundaries if 0 < b < n_tokens} | {n_tokens})
+    spans, start = [], 0
+    for cut in cuts:
+        while start < cut:
+            end = min(start + chunk_size, cut)
+            spans.append((start, end))
+            start = end
+    return spans
+
+
+def _cache_state(cache: list[Any]) -> list[Any]:
+    return [c.state for c in cache]
+
+
+def prefill(
+    model: Any,
+    cache: list[Any],
+    token_ids: Sequence[int],
+    chunk_size: int = DEFAULT_PREFILL_CHUNK,
+    should_cancel: CancelCheck | None = None,
+    *,
+    boundaries: Sequence[int] = (),
+    on_chunk: ChunkCallback | None = None,
+) -> mx.array:
+    """Run the prompt through the model, filling `cache`.
+
+    The cancel check runs before every chunk. On cancel the cache holds the
+    chunks already done (the caller decides whether to keep or drop them).
+
+    Args:
+        model: An mlx-lm model.
+        cache: Per-layer cache (see `engine.kv.make_cache`); may already hold a prefix.
+        token_ids: Tokens to add after what the cache holds; at least one.
+        chunk_size: Largest number of tokens per forward call.
+        should_cancel: Returns True to stop.
+        boundaries: Positions (relative to `token_ids`) where a chunk must end.
+        on_chunk: Progress callback, run after each chunk on this thread.
+
+    Returns:
+        Logits of the last position, shape (1, vocab), evaluated.
+
+    Raises:
+        ValueError: For an empty `token_ids`.
+        RequestCancelled: When `should_cancel` returned True.
+    """
+    if len(token_ids) == 0:
+        raise ValueError("prefill needs at least one token")
+    ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
+    spans = chunk_spans(len(token_ids), chunk_size, boundaries)
+    logits = None
+    for start, end in spans:
+        if should_cancel is not None and should_cancel():
+            raise RequestCancelled(f"cancelled during prefill at token {start}")
+        out = forward(model, ids[:, start:end], cache)
+        if end == len(token_ids):
+            logits = out[:, -1, :]
+            mx.eval(logits, _cache_state(cache))
+        else:
+            # Only the cache is evaluated: the lazy logits of this chunk are never computed.
+            mx.eval(_cache_state(cache))
+        if on_chunk is not None:
+            on_chunk(end, len(token_ids))
+    return logits
+
+
+def decode(
+    model: Any,
+    cache: list[Any],
+    logits: mx.array,
+    sampler: Sampler,
+    max_tokens: int,
+    eos_token_ids: Collection[int] = (),
+    should_cancel: CancelCheck | None = None,
+) -> Iterator[int]:
+    """Sample tokens one by one, starting from the prefill's last logits.
+
+    The EOS token is not yielded; it ends the loop. The cancel check runs
+    before every step. The cache receives every yielded token except the last.
+
+    Args:
+        model: An mlx-lm model.
+        cache: The cache `prefill` filled.
+        logits: Logits of the last prompt position, shape (1, vocab).
+        sampler: Chooses a token from logits.
+        max_tokens: Most tokens to yield.
+        eos_token_ids: Ids that end the generation.
+        should_cancel: Returns True to stop.
+
+    Yields:
+        Token ids.
+
+    Raises:
+        RequestCancelled: When `should_cancel` returned True.
+    """
+    for step in range(max_tokens):
+        if should_cancel is not None and should_cancel():
+            raise RequestCancelled(f"cancelled during decode at token {step}")
+        if step > 0:
+            logits = forward(model, token[None], cache)[:, -1, :]
+        token = sampler(logits)
+        token_id = int(token.item())
+        if token_id in eos_token_ids:
+            return
+        yield token_id
+
+
+class StopStrings:
+    """Cuts generated text at the first stop string, across any split into deltas.
+
+    Text that could still be the start of a stop string is held back until
+    the next delta decides it.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._pending = ""
+        self.stopped = False
+
+    def push(self, delta: str) -> str:
+        """Add a delta; return the text that is now safe to emit.
+
+        After a stop string is found, `stopped` is True and further deltas
+        are ignored.
+        """
+        if self.stopped:
+            return ""
+        self._pending += delta
+        hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self._pending = self._pending[: min(hits)], ""
+            return out
+        keep = self._held_back_length()
+        cut = len(self._pending) - keep
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        """Return what is held back (the generation ended without a stop string)."""
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out
+
+    def _held_back_length(self) -> int:
+        """Length of the longest tail of the pending text that starts some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(self._pending)), longest, -1):
+                if self._pending.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
