@@ -1,0 +1,226 @@
+"""Put MLX's CPU backend on an optimized BLAS (Linux).
+
+The ``mlx[cpu]`` wheel links a bundled *reference* BLAS (``mlx_cpu.libs/libblas-*``),
+which multiplies matrices at a few GFLOP/s. ``libmlx.so`` takes ``cblas_sgemm`` by
+name, so a library exporting the standard CBLAS symbols that is loaded with
+``RTLD_GLOBAL`` *before* ``mlx.core`` is imported comes first in the dynamic
+linker's global scope and interposes the reference one.
+
+The default library is OpenBLAS from the PyPI package ``cmeel-openblas`` (a
+dependency on Linux x86_64). It needs ``libgfortran.so.5``, which a bare machine
+may lack; the ``mlx_cpu`` wheel bundles one under a renamed soname, so a copy
+whose soname is set back to ``libgfortran.so.5`` is kept in the codectx home
+(``<home>/blas/<hash>/``) and loaded first.
+
+Environment:
+    CODECTX_BLAS: ``off`` (keep the reference BLAS), ``auto`` (default), or a
+        path to a shared library exporting ``cblas_sgemm`` (e.g. MKL's
+        ``libmkl_rt.so``, Debian's ``libopenblas.so.0``).
+    CODECTX_BLAS_THREADS: BLAS threads (default: usable cores, at most 8).
+
+This module must not import MLX: ``engine/__init__.py`` calls :func:`preload`
+before anything else can.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import importlib.metadata
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import elf
+from .paths import codectx_home
+
+logger = logging.getLogger(__name__)
+
+ENV_CHOICE = "CODECTX_BLAS"
+ENV_THREADS = "CODECTX_BLAS_THREADS"
+_MAX_DEFAULT_THREADS = 8
+_GFORTRAN_SONAME = "libgfortran.so.5"
+
+
+@dataclass
+class BlasState:
+    """What :func:`preload` did; reported by :func:`describe` and ``codectx doctor``."""
+
+    library: str | None = None
+    source: str = "not attempted"
+    threads: int | None = None
+    gfortran: str | None = None
+    interposed: bool = False
+    mlx_imported_first: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+_state: BlasState | None = None
+_handles: list[ctypes.CDLL] = []  # keep loaded libraries alive for the process
+
+
+def preload() -> str | None:
+    """Load an optimized CBLAS globally so that MLX uses it; idempotent, never raises.
+
+    Returns:
+        The path of the loaded library, or None when MLX keeps its bundled BLAS
+        (disabled, not Linux, nothing found, or loading failed; see :func:`describe`).
+    """
+    global _state
+    if _state is None:
+        _state = BlasState()
+        try:
+            _preload_into(_state)
+        except Exception as err:  # a BLAS problem must never stop the engine
+            _state.library, _state.interposed = None, False
+            _state.notes.append(f"preload failed: {err}")
+            logger.warning("optimized BLAS not loaded, MLX keeps its reference BLAS: %s", err)
+    return _state.library
+
+
+def describe(measure: bool = False) -> dict:
+    """Report which BLAS MLX uses and how it was chosen.
+
+    Args:
+        measure: also time a 512x512 float32 matmul through ``mx.matmul`` on the
+            CPU (imports MLX; ~0.1 s with an optimized BLAS, longer without).
+
+    Returns:
+        A dict with ``library``, ``source``, ``threads``, ``gfortran``,
+        ``interposed`` (the global ``cblas_sgemm`` is the loaded library's),
+        ``mlx_imported_first``, ``notes`` and, when measured, ``sgemm_gflops``.
+    """
+    preload()
+    assert _state is not None
+    report = asdict(_state)
+    if measure:
+        report["sgemm_gflops"] = measure_sgemm_gflops()
+    return report
+
+
+def measure_sgemm_gflops(n: int = 512, repeats: int = 5) -> float:
+    """GFLOP/s of an ``n``x``n`` float32 matmul through MLX on the CPU (best of ``repeats``)."""
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n), stream=mx.cpu)
+    b = mx.random.normal((n, n), stream=mx.cpu)
+    mx.eval(mx.matmul(a, b, stream=mx.cpu))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(mx.matmul(a, b, stream=mx.cpu))
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def _preload_into(state: BlasState) -> None:
+    choice = os.environ.get(ENV_CHOICE, "auto").strip()
+    state.mlx_imported_first = "mlx.core" in sys.modules
+    if choice.lower() in {"off", "0", "none", "reference"}:
+        state.source = f"disabled by {ENV_CHOICE}={choice}"
+        return
+    if not sys.platform.startswith("linux"):
+        state.source = "not needed on this platform (MLX uses the system BLAS)"
+        return
+    if choice.lower() not in {"", "auto"}:
+        path, state.source = Path(choice).expanduser(), f"{ENV_CHOICE}"
+    else:
+        path, state.source = _find_default(state)
+        if path is None:
+            return
+    if state.mlx_imported_first:
+        state.notes.append("mlx.core was imported before preload(); calls made before may be bound")
+    _load(path, state)
+
+
+def _find_default(state: BlasState) -> tuple[Path | None, str]:
+    """The cmeel-openblas library when installed, else a system OpenBLAS."""
+    try:
+        dist = importlib.metadata.distribution("cmeel-openblas")
+        path = Path(dist.locate_file("cmeel.prefix/lib/libopenblas.so.0"))
+        if path.exists():
+            return path, "cmeel-openblas (PyPI)"
+        state.notes.append(f"cmeel-openblas installed but {path} is missing")
+    except importlib.metadata.PackageNotFoundError:
+        state.notes.append("cmeel-openblas not installed")
+    system = ctypes.util.find_library("openblas")
+    if system:
+        return Path(system), "system OpenBLAS"
+    state.source = "none found: MLX keeps its reference BLAS"
+    return None, state.source
+
+
+def _load(path: Path, state: BlasState) -> None:
+    if "openblas" in path.name and _needs_gfortran(path):
+        state.gfortran = _load_gfortran(state)
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    _handles.append(lib)
+    state.library = str(path)
+    state.threads = _set_threads(lib)
+    state.interposed = _global_symbol_is(lib, "cblas_sgemm")
+    if not state.interposed:
+        state.notes.append("cblas_sgemm in the global scope is not the loaded library's")
+    logger.info("BLAS for MLX: %s (%s, %s threads)", path, state.source, state.threads)
+
+
+def _needs_gfortran(path: Path) -> bool:
+    try:
+        return _GFORTRAN_SONAME in elf.needed(path)
+    except elf.ElfError:
+        return False
+
+
+def _load_gfortran(state: BlasState) -> str:
+    """Make ``libgfortran.so.5`` resolvable: the system's, else MLX's bundled copy."""
+    try:
+        ctypes.CDLL(_GFORTRAN_SONAME, mode=ctypes.RTLD_GLOBAL)
+        return _GFORTRAN_SONAME + " (system)"
+    except OSError:
+        pass
+    libs = Path(importlib.metadata.distribution("mlx-cpu").locate_file("mlx_cpu.libs"))
+    bundled = sorted(libs.glob("libgfortran-*.so*"))
+    if not bundled:
+        raise FileNotFoundError(f"no libgfortran.so.5 on the system nor in {libs}")
+    # Its renamed dependency (libquadmath-<hash>) is found by soname once loaded.
+    for dep in sorted(libs.glob("libquadmath-*.so*")):
+        _handles.append(ctypes.CDLL(str(dep), mode=ctypes.RTLD_GLOBAL))
+    copy = _soname_copy(bundled[0])
+    _handles.append(ctypes.CDLL(str(copy), mode=ctypes.RTLD_GLOBAL))
+    state.notes.append(f"libgfortran from {bundled[0].name} with soname {_GFORTRAN_SONAME}")
+    return str(copy)
+
+
+def _soname_copy(source: Path) -> Path:
+    """A cached copy of ``source`` whose soname is ``libgfortran.so.5`` (atomic write)."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = codectx_home() / "blas" / digest / _GFORTRAN_SONAME
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        partial.write_bytes(elf.with_soname(source.read_bytes(), _GFORTRAN_SONAME))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def _set_threads(lib: ctypes.CDLL) -> int | None:
+    configured = os.environ.get(ENV_THREADS)
+    threads = int(configured) if configured else min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
+    for setter in ("openblas_set_num_threads", "MKL_Set_Num_Threads"):
+        if hasattr(lib, setter):
+            getattr(lib, setter)(ctypes.c_int(threads))
+            return threads
+    return None
+
+
+def _global_symbol_is(lib: ctypes.CDLL, name: str) -> bool:
+    """Whether the process's global lookup of ``name`` finds ``lib``'s definition."""
+    own = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    found = ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
+    return own is not None and own == found
