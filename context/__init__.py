@@ -1,0 +1,1 @@
+"""Repository -> ordered, hashed, tokenized segments (no MLX import)."""

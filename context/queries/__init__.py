@@ -1,0 +1,1 @@
+"""Tag queries (tree-sitter .scm files), kept as data."""

@@ -1,0 +1,87 @@
+"""Segments: the units of the stable prefix, and the text each one holds.
+
+A segment's text always ends with exactly one newline after a non-space
+character and (except the first) starts with a non-space character. With the
+chat template's fixed pieces attached to the segment that follows them, this
+keeps tokenization concatenative: tokenizing segments one by one gives the ids
+of the whole prompt (tests prove it for ByteLevel BPE tokenizers).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import xxhash
+
+from context.tags import Definition
+
+KINDS = ("system", "tools", "map", "file", "hot", "turn", "question", "header")
+PROTECTED_KINDS = frozenset({"question", "header"})
+"""Checkpoints at the end of these are evicted last (input boundary, before the answer)."""
+
+_SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of the prompt with its own identity.
+
+    Attributes:
+        kind: One of `KINDS`.
+        key: A stable name inside its kind (the path for files).
+        text: The exact text (template pieces included).
+        hash: xxh3_64 hex of `text`.
+        token_ids: `text` tokenized on its own.
+        reason: Why it is here (pinned, dependency rank, hot, map-only, ...).
+    """
+
+    kind: str
+    key: str
+    text: str
+    hash: str
+    token_ids: tuple[int, ...]
+    reason: str = ""
+
+    @property
+    def protected(self) -> bool:
+        return self.kind in PROTECTED_KINDS
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def text_hash(text: str) -> str:
+    """xxh3_64 hex of a text's UTF-8 bytes."""
+    return xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def neutralize(text: str) -> str:
+    """Breaks chat control tokens written inside content (`<|im_end|>` -> `<\u200b|im_end|>`).
+
+    Repository text must not close the system message or open a new turn.
+    """
+    return _SPECIAL.sub(lambda m: "<\u200b|" + m.group(1) + "|>", text) if "<|" in text else text
+
+
+def block(text: str) -> str:
+    """`text` without trailing whitespace, plus one newline (the segment boundary rule)."""
+    return text.rstrip() + "\n"
+
+
+def file_text(path: str, language: str, content: str) -> str:
+    """A whole file as prompt text."""
+    body = neutralize(content).rstrip()
+    return f'<file path="{path}" language="{language}">\n{body}\n</file>\n' if body else \
+        f'<file path="{path}" language="{language}">\n</file>\n'
+
+
+def map_entry(path: str, definitions: Iterable[Definition]) -> str:
+    """The signature-map lines of one file left out of the budget."""
+    lines = [f"{path}:"]
+    lines += [f"  {d.line}: {neutralize(d.signature)}" for d in definitions]
+    return "\n".join(lines) + "\n"
+
+
+MAP_OPEN = "<map>\nSignatures of files not included in full (line: definition).\n"
+MAP_CLOSE = "</map>\n"

@@ -1,0 +1,108 @@
+"""Token ids by (tokenizer fingerprint, text hash), persisted with msgpack."""
+from __future__ import annotations
+
+import array
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import xxhash
+
+from context import store
+from context.home import codectx_home
+from context.tokenizer import BatchTextTokenizer, TextTokenizer
+
+log = logging.getLogger(__name__)
+
+_MAX_SAVED_TOKENS = 64_000_000
+"""Entries not used in this session are dropped from the file beyond this many tokens."""
+
+
+def text_key(text: str) -> bytes:
+    """The cache key of a text (xxh3-128 of its UTF-8 bytes)."""
+    return xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass"))
+
+
+def _pack(ids: Sequence[int]) -> bytes:
+    a = array.array("I", ids)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack(blob: bytes) -> tuple[int, ...]:
+    a = array.array("I")
+    a.frombytes(blob)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return tuple(a)
+
+
+class TokenCache:
+    """Tokenizes texts once per tokenizer and remembers the ids.
+
+    Args:
+        tokenizer: The tokenizer; its fingerprint names the cache file.
+        path: The msgpack file; default `$CODECTX_HOME/tokens/<fingerprint>.msgpack`.
+            None-able through `persist=False`.
+        persist: Load from and save to disk.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, path: Path | None = None, persist: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.path = path or codectx_home() / "tokens" / f"{tokenizer.fingerprint}.msgpack"
+        self.persist = persist
+        self._stored: dict[bytes, bytes] = store.load(self.path) if persist else {}
+        self._live: dict[bytes, tuple[int, ...]] = {}
+        self._dirty = False
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """The ids of `text` (cached)."""
+        return self.encode_many([text])[0]
+
+    def encode_many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """The ids of each text; misses are tokenized in one batch when the tokenizer can."""
+        keys = [text_key(t) for t in texts]
+        out: list[tuple[int, ...] | None] = []
+        missing: dict[bytes, str] = {}
+        for key, text in zip(keys, texts):
+            ids = self._live.get(key)
+            if ids is None and key in self._stored:
+                ids = self._live[key] = _unpack(self._stored[key])
+            if ids is None:
+                missing[key] = text
+            out.append(ids)
+        if missing:
+            self.misses += len(missing)
+            todo = list(missing.values())
+            if isinstance(self.tokenizer, BatchTextTokenizer) and len(todo) > 1:
+                encoded = self.tokenizer.encode_batch(todo)
+            else:
+                encoded = [self.tokenizer.encode(t) for t in todo]
+            for key, ids in zip(missing, encoded):
+                self._live[key] = tuple(ids)
+            self._dirty = True
+            out = [self._live[k] if o is None else o for k, o in zip(keys, out)]
+        self.hits += len(texts) - len(missing)
+        return out  # type: ignore[return-value]
+
+    def save(self) -> None:
+        """Writes entries used in this session, then older ones up to a size cap."""
+        if not self.persist or not self._dirty:
+            return
+        data: dict[bytes, bytes] = {k: _pack(v) for k, v in self._live.items()}
+        total = sum(len(v) for v in data.values()) // 4
+        for key, blob in self._stored.items():
+            if key in data:
+                continue
+            total += len(blob) // 4
+            if total > _MAX_SAVED_TOKENS:
+                break
+            data[key] = blob
+        store.save(self.path, data)
+        self._stored = data
+        self._dirty = False
+        log.debug("saved %d token entries to %s", len(data), self.path)
