@@ -1,0 +1,161 @@
+"""Key/value storage for attention caches: full precision or 8-bit.
+
+`WindowKVCache` (engine/window.py) keeps its keys and values in one of these
+stores and asks it for slices. `DenseKVStore` holds them as they come (the
+model's dtype); `QuantizedKVStore` holds them quantized (8 bits, group 64:
+about 0.53x the bytes of float16) and hands out dequantized slices, so
+prefill attention still runs through the fused
+`mx.fast.scaled_dot_product_attention` kernel over only the slices a chunk
+needs. mlx-lm's own `QuantizedKVCache` instead attends with
+`quantized_matmul`, which materializes the whole score matrix; that path is
+used here only for decode-sized query counts, where it reads the 8-bit
+history directly and measured faster than dequantizing it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import mlx.core as mx
+
+_STEP = 256  # storage grows in multiples of this many positions (as mlx-lm's KVCache)
+
+
+def _capacity(needed: int) -> int:
+    return (needed + _STEP - 1) // _STEP * _STEP
+
+
+def _grow(buf: mx.array | None, keep: int, capacity: int, like: mx.array) -> mx.array:
+    """A buffer of `capacity` positions holding the first `keep` of `buf`."""
+    shape = (*like.shape[:2], capacity, like.shape[3])
+    fresh = mx.zeros(shape, like.dtype)
+    if buf is None or keep == 0:
+        return fresh
+    fresh[..., :keep, :] = buf[..., :keep, :]
+    return fresh
+
+
+class KVStore(Protocol):
+    """Where a cache keeps keys and values, position-addressed along axis 2."""
+
+    quantized: bool
+
+    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
+        """Store `keys`/`values` (B, heads, n, dim) at positions [start, start + n)."""
+
+    def read(self, start: int, end: int) -> tuple[mx.array, mx.array]:
+        """Keys and values of positions [start, end) in the model's dtype."""
+
+    def state(self, end: int) -> tuple[mx.array, ...]:
+        """The arrays holding positions [0, end), compact (for checkpoints)."""
+
+    def load(self, arrays: tuple[mx.array, ...]) -> int:
+        """Replace the contents with `state()` output; returns its length."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated (not only used)."""
+
+
+class DenseKVStore:
+    """Keys and values kept in the dtype they arrive in."""
+
+    quantized = False
+
+    def __init__(self) -> None:
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
+        end = start + keys.shape[2]
+        if self.keys is None or end > self.keys.shape[2]:
+            cap = _capacity(end)
+            self.keys = _grow(self.keys, start, cap, keys)
+            self.values = _grow(self.values, start, cap, values)
+        self.keys[..., start:end, :] = keys
+        self.values[..., start:end, :] = values
+
+    def read(self, start: int, end: int) -> tuple[mx.array, mx.array]:
+        return self.keys[..., start:end, :], self.values[..., start:end, :]
+
+    def state(self, end: int) -> tuple[mx.array, ...]:
+        if self.keys is None:
+            return ()
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def load(self, arrays: tuple[mx.array, ...]) -> int:
+        if not arrays:
+            self.keys = self.values = None
+            return 0
+        self.keys, self.values = arrays
+        return self.keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+
+class QuantizedKVStore:
+    """Keys and values quantized on write (affine, `bits` bits, groups of `group_size`).
+
+    Each tensor is a triple (packed uint32, scales, biases), scales and biases
+    in the model's dtype, as `mx.quantize` returns them.
+    """
+
+    quantized = True
+
+    def __init__(self, bits: int = 8, group_size: int = 64) -> None:
+        self.bits = bits
+        self.group_size = group_size
+        self.keys: tuple[mx.array, mx.array, mx.array] | None = None
+        self.values: tuple[mx.array, mx.array, mx.array] | None = None
+
+    def _quantize(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if x.shape[-1] % self.group_size:
+            raise ValueError(
+                f"head dim {x.shape[-1]} is not a multiple of the KV group size {self.group_size}"
+            )
+        return mx.quantize(x, group_size=self.group_size, bits=self.bits)
+
+    def _dequantize(self, q: tuple[mx.array, ...], start: int, end: int) -> mx.array:
+        parts = [a[..., start:end, :] for a in q]
+        return mx.dequantize(*parts, group_size=self.group_size, bits=self.bits)
+
+    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
+        end = start + keys.shape[2]
+        qk, qv = self._quantize(keys), self._quantize(values)
+        if self.keys is None or end > self.keys[0].shape[2]:
+            cap = _capacity(end)
+            old_k = self.keys or (None, None, None)
+            old_v = self.values or (None, None, None)
+            self.keys = tuple(_grow(o, start, cap, n) for o, n in zip(old_k, qk))
+            self.values = tuple(_grow(o, start, cap, n) for o, n in zip(old_v, qv))
+        for buf, new in zip((*self.keys, *self.values), (*qk, *qv)):
+            buf[..., start:end, :] = new
+
+    def read(self, start: int, end: int) -> tuple[mx.array, mx.array]:
+        return self._dequantize(self.keys, start, end), self._dequantize(self.values, start, end)
+
+    def read_quantized(self, end: int) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """The 8-bit triples of positions [0, end), for `quantized_matmul` attention."""
+        cut = lambda q: tuple(a[..., :end, :] for a in q)  # noqa: E731
+        return cut(self.keys), cut(self.values)
+
+    def state(self, end: int) -> tuple[mx.array, ...]:
+        if self.keys is None:
+            return ()
+        return tuple(a[..., :end, :] for a in (*self.keys, *self.values))
+
+    def load(self, arrays: tuple[mx.array, ...]) -> int:
+        if not arrays:
+            self.keys = self.values = None
+            return 0
+        self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
+        return self.keys[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return sum(a.nbytes for a in (*self.keys, *self.values))
