@@ -23,3 +23,7 @@ class RequestCancelled(EngineError):
 
 class EngineClosedError(EngineError):
     """submit() after close()."""
+
+
+class DraftModelMismatchError(ModelLoadError):
+    """A draft model that cannot draft for the target (different tokenizer, untrimmable cache)."""

@@ -1,0 +1,161 @@
+"""A small mlx-lm model that drafts tokens for a larger target model.
+
+The draft model must share the target's tokenizer: a draft token id has to
+mean the same text to both. `check_vocabulary` compares the two vocabularies
+and names what differs.
+
+The drafter keeps its own cache and remembers which tokens that cache holds.
+Each round it trims back to the longest common prefix with the current
+history (rejected drafts go), feeds what is new, and drafts greedily. The
+draft is therefore a deterministic function of the history, which is what the
+rejection sampler in `engine.speculative` relies on for temperature > 0.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.errors import DraftModelMismatchError
+
+log = logging.getLogger(__name__)
+
+
+def check_vocabulary(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Raise unless both tokenizers map the same strings to the same ids.
+
+    Args:
+        target_tokenizer: Anything with `get_vocab() -> dict[str, int]`
+            (a `tokenizers.Tokenizer`, a transformers tokenizer, mlx-lm's
+            `TokenizerWrapper`).
+        draft_tokenizer: The draft model's tokenizer, same requirement.
+
+    Raises:
+        DraftModelMismatchError: The vocabularies differ; the message gives the
+            sizes and a few differing entries.
+    """
+    target, draft = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target == draft:
+        return
+    missing = sorted(set(target) - set(draft))[:3]
+    extra = sorted(set(draft) - set(target))[:3]
+    moved = sorted(t for t in set(target) & set(draft) if target[t] != draft[t])[:3]
+    details = []
+    if missing:
+        details.append(f"missing from the draft: {missing}")
+    if extra:
+        details.append(f"only in the draft: {extra}")
+    if moved:
+        details.append(
+            "different ids: " + ", ".join(f"{t!r} {target[t]} vs {draft[t]}" for t in moved)
+        )
+    raise DraftModelMismatchError(
+        f"the draft model's tokenizer differs from the target's "
+        f"({len(draft)} vs {len(target)} tokens; {'; '.join(details)}); "
+        "speculative decoding needs a draft model with the same tokenizer"
+    )
+
+
+class DraftModelDrafter:
+    """Drafts k tokens greedily with a small model over its own cache.
+
+    Args:
+        model: An mlx-lm model (called as `model(ids[None], cache=cache)`).
+        cache: The draft model's cache; a fresh `make_prompt_cache(model)` when
+            None. Its layers must be trimmable (KV caches): rejected drafts are
+            removed by `trim`.
+        k: Draft length per round.
+        prefill_step: Chunk size when the draft model catches up on a long
+            history (the prompt, on the first round).
+        should_stop: Polled between chunks and draft steps; when it returns True
+            the drafter stops early and returns what it has (the round then
+            verifies fewer drafts, or none).
+
+    Raises:
+        DraftModelMismatchError: The cache has a layer that cannot be trimmed.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cache: list[Any] | None = None,
+        k: int = 4,
+        prefill_step: int = 256,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.model = model
+        self.cache = cache if cache is not None else make_prompt_cache(model)
+        untrimmable = {type(c).__name__ for c in self.cache if not c.is_trimmable()}
+        if untrimmable:
+            raise DraftModelMismatchError(
+                f"a draft model needs trimmable caches, got {sorted(untrimmable)}"
+            )
+        self.k = k
+        self.prefill_step = prefill_step
+        self.should_stop = should_stop or (lambda: False)
+        self._consumed: list[int] = []  # the tokens the cache holds, in order
+        self.forwards = 0
+
+    def reset(self) -> None:
+        """Empty the cache (a new request with an unrelated prompt)."""
+        self._trim_to(0)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Feed all tokens but the last, so the next draft starts warm."""
+        self._catch_up(list(tokens)[:-1])
+
+    def draft(self, history: Sequence[int], k: int | None = None) -> list[int]:
+        """Propose up to k greedy tokens to follow `history`.
+
+        Args:
+            history: Every token so far (prompt then output).
+            k: Draft length; `self.k` when None.
+
+        Returns:
+            Up to k token ids; fewer only when `should_stop` fired.
+        """
+        k = self.k if k is None else k
+        history = [int(t) for t in history]
+        if k <= 0 or not history:
+            return []
+        if not self._catch_up(history[:-1]):
+            return []
+        drafts: list[int] = []
+        last = history[-1]
+        for _ in range(k):
+            if self.should_stop():
+                break
+            logits = self.model(mx.array([[last]], dtype=mx.uint32), cache=self.cache)
+            self.forwards += 1
+            self._consumed.append(last)
+            last = int(mx.argmax(logits[0, -1]).item())
+            drafts.append(last)
+        return drafts
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Nothing to adapt: the draft model's k is fixed."""
+
+    def _catch_up(self, tokens: list[int]) -> bool:
+        common = 0
+        limit = min(len(tokens), len(self._consumed))
+        while common < limit and tokens[common] == self._consumed[common]:
+            common += 1
+        self._trim_to(common)
+        while len(self._consumed) < len(tokens):
+            if self.should_stop():
+                return False
+            chunk = tokens[len(self._consumed) : len(self._consumed) + self.prefill_step]
+            self.model(mx.array([chunk], dtype=mx.uint32), cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self.forwards += 1
+            self._consumed.extend(chunk)
+        return True
+
+    def _trim_to(self, length: int) -> None:
+        excess = len(self._consumed) - length
+        if excess > 0:
+            for c in self.cache:
+                c.trim(excess)
+            del self._consumed[length:]
