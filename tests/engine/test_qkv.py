@@ -1,0 +1,124 @@
+"""8-bit KV storage: fidelity against full precision, memory, and which attention path runs."""
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import llama
+from mlx_lm.models.cache import KVCache
+
+from engine.qkv import DenseKVStore, QuantizedKVStore
+from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache, set_dense_from
+
+# Stated tolerance for 8-bit KV on the tiny random model (float32, logits of
+# spread ~ +-4): max |logit difference| and top-1 agreement over all positions.
+LOGIT_ATOL = 0.1
+TOP1_AGREEMENT = 0.97
+
+
+def tiny_llama(dtype=mx.float32) -> llama.Model:
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+        vocab_size=256, max_position_embeddings=4096,
+    )
+    mx.random.seed(0)
+    model = llama.Model(args)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def run(model, tokens, caches, step):
+    return mx.concatenate(
+        [model(tokens[:, s:s + step], cache=caches) for s in range(0, tokens.shape[1], step)], axis=1
+    )
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    mx.random.seed(2)
+    return mx.random.randint(0, 256, (1, 320))
+
+
+def test_8bit_prefill_and_decode_logits_within_tolerance_of_full_precision(model, tokens):
+    ref = run(model, tokens, [KVCache() for _ in model.layers], 64)
+    q8 = make_window_cache(model, WindowPolicy(enabled=False), 8)
+    # 64-token prefill chunks, then 32 single-token decode steps over the 8-bit history.
+    out = mx.concatenate([run(model, tokens[:, :288], q8, 64), run(model, tokens[:, 288:], q8, 1)], axis=1)
+    diff = mx.abs(out - ref).max().item()
+    agree = (out.argmax(-1) == ref.argmax(-1)).mean().item()
+    assert 0 < diff < LOGIT_ATOL  # quantization does change the numbers, within bounds
+    assert agree >= TOP1_AGREEMENT
+
+
+def test_windowed_8bit_matches_windowed_full_precision(model, tokens):
+    policy = WindowPolicy(global_tokens=16, window_tokens=32)
+    fp, q8 = make_window_cache(model, policy, 16), make_window_cache(model, policy, 8)
+    set_dense_from(fp, 256)
+    set_dense_from(q8, 256)
+    a, b = run(model, tokens, fp, 64), run(model, tokens, q8, 64)
+    assert mx.abs(a - b).max().item() < LOGIT_ATOL
+
+
+def test_memory_per_token_is_053_of_fp16():
+    keys = mx.random.normal((1, 8, 1024, 128)).astype(mx.float16)
+    fp16, q8 = KVCache(), QuantizedWindowKVCache(WindowPolicy())
+    fp16.update_and_fetch(keys, keys)
+    q8.update_and_fetch(keys, keys)
+    ratio = q8.nbytes / fp16.nbytes
+    # 64 one-byte codes + a float16 scale and bias per group of 64 = 68/128 bytes.
+    assert ratio == pytest.approx(68 / 128, abs=1e-3)
+
+
+def test_nbytes_counts_allocated_storage_in_steps():
+    store = QuantizedKVStore()
+    x = mx.zeros((1, 2, 10, 64), mx.float16)
+    store.write(0, x, x)
+    first = store.nbytes
+    store.write(10, x, x)
+    assert store.nbytes == first  # still inside the first 256-position step
+    store.write(250, x, x)
+    assert store.nbytes == 2 * first
+
+
+def test_decode_reads_8bit_history_directly_and_prefill_does_not(model, tokens):
+    cache = make_window_cache(model, WindowPolicy(), 8)[0]
+    k = mx.random.normal((1, 2, 64, 64))
+    fetched, _ = cache.update_and_fetch(k, k)
+    assert not hasattr(cache, "bits")  # mlx-lm's attention takes the fused kernel
+    assert isinstance(fetched, mx.array) and fetched.shape[2] == 64
+    fetched, _ = cache.update_and_fetch(k[:, :, :1], k[:, :, :1])
+    assert cache.bits == 8 and cache.group_size == 64  # quantized_matmul over 8-bit triples
+    assert isinstance(fetched, tuple) and fetched[0].dtype == mx.uint32 and fetched[0].shape[2] == 65
+
+
+def test_store_round_trip_error_is_bounded_by_one_step():
+    x = mx.random.normal((1, 2, 300, 64))
+    store = QuantizedKVStore()
+    store.write(0, x, 2 * x)
+    k, v = store.read(0, 300)
+    step = (x.max(axis=-1, keepdims=True) - x.min(axis=-1, keepdims=True)) / 255
+    # One quantization step of the group's range (mx.quantize rounds its zero point too).
+    assert (mx.abs(k - x) <= step + 1e-6).all().item()
+    assert mx.abs(k - x).mean().item() < step.mean().item() / 2
+    assert k.shape == x.shape and v.dtype == x.dtype
+    assert mx.array_equal(store.read(100, 120)[0], k[:, :, 100:120]).item()
+
+
+def test_stores_overwrite_after_trim_semantics():
+    for store in (DenseKVStore(), QuantizedKVStore()):
+        a, b = mx.ones((1, 1, 8, 64)), -mx.ones((1, 1, 4, 64))
+        store.write(0, a, a)
+        store.write(4, b, b)  # what a cache does after trim(4)
+        k, _ = store.read(0, 8)
+        assert k[0, 0, :4].min().item() > 0.99 and k[0, 0, 4:].max().item() < -0.99
+
+
+def test_head_dim_not_a_multiple_of_the_group_is_an_error():
+    with pytest.raises(ValueError, match="group size"):
+        QuantizedKVStore().write(0, mx.zeros((1, 1, 4, 48)), mx.zeros((1, 1, 4, 48)))
