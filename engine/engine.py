@@ -7,8 +7,9 @@
 
 Requests run one at a time, lowest `Request.priority` first, FIFO within a
 priority. `cancel` is safe from any thread at any time; the worker checks it
-between prefill chunks and between decode steps. Each request builds a fresh
-cache for now (checkpoints will reuse prefixes).
+between prefill chunks and between decode steps. One live cache serves every
+request: `PrefixCache` restores the longest valid checkpoint, prefills the
+rest and rolls back to confirmed state after a cancel or an error.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import EngineClosedError, RequestCancelled
-from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode, prefill
+from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
 from .handle import RequestHandle
-from .kv import SUPPORTED_KV_BITS, make_cache
+from .kv import KV_GROUP_SIZE, SUPPORTED_KV_BITS
+from .policy import CachePolicy
+from .prefix_cache import PrefixCache, model_dtype
 from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
 from .sampling import make_sampler
 
@@ -49,12 +52,16 @@ class Engine:
             `model`, `tokenizer` and `model_id`).
         kv_bits: 16 (model dtype) or 8 (quantized KV, group 64, from token 0).
         prefill_chunk: Tokens per prefill forward call.
+        checkpoint_budget_bytes: Bytes checkpoints may own (None: 1/8 of memory).
+        archive_bytes: Size cap of the disk archive under ``CODECTX_HOME``
+            (0, the default, keeps checkpoints in memory only).
 
     Raises:
         ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
     """
 
-    def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+    def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 checkpoint_budget_bytes: int | None = None, archive_bytes: int = 0) -> None:
         if kv_bits not in SUPPORTED_KV_BITS:
             raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
         if prefill_chunk < 1:
@@ -65,6 +72,12 @@ class Engine:
         self.kv_bits = kv_bits
         self.prefill_chunk = prefill_chunk
         self._eos = frozenset(self.tokenizer.eos_token_ids)
+        policy = CachePolicy(model_id=str(getattr(loaded, "model_id", "")),
+                             weight_hash=str(getattr(loaded, "weight_hash", "")),
+                             dtype=model_dtype(self.model), kv_bits=kv_bits,
+                             kv_group_size=KV_GROUP_SIZE, prefill_chunk=prefill_chunk)
+        self.prefix = PrefixCache(self.model, policy, budget_bytes=checkpoint_budget_bytes,
+                                  archive_bytes=archive_bytes)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -163,6 +176,7 @@ class Engine:
                 "queued": len(self._active) - (self._running is not None),
                 "running": self._running,
                 "closed": self._closed,
+                "cache": self.prefix.stats(),
             }
 
     def close(self) -> None:
@@ -175,6 +189,7 @@ class Engine:
                 self._queue.put((_CLOSE, next(self._seq), None))
         if threading.current_thread() is not self._worker:
             self._worker.join()
+            self.prefix.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -205,9 +220,11 @@ class Engine:
             error = None
         except RequestCancelled:
             reason, error = "cancelled", None
+            self.prefix.rollback()
         except Exception as err:  # the worker must survive anything one request does
             logger.exception("request %s failed", job.request.request_id)
             reason, error = "error", err
+            self.prefix.rollback()
         self._finish(job, DoneEvent(job.request.request_id, reason, "".join(emitted), metrics, error))
 
     def _finish(self, job: _Job, done: DoneEvent) -> None:
@@ -228,15 +245,13 @@ class Engine:
             raise RequestCancelled(request.request_id)
         ids = request.all_token_ids()
         metrics.prompt_tokens = len(ids)
-        boundaries = _segment_boundaries(request)
         sampler = make_sampler(request.sampling)
-        cache = make_cache(self.model, self.kv_bits)
+        cache = self.prefix.cache
 
         start = time.perf_counter()
-        logits = prefill(self.model, cache, ids, self.prefill_chunk, cancelled,
-                         boundaries=boundaries, on_chunk=job.on_progress)
+        logits = self.prefix.prefill(request, self.prefill_chunk, cancelled, metrics,
+                                     on_chunk=job.on_progress)
         metrics.prefill_s = time.perf_counter() - start
-        metrics.recomputed_tokens = len(ids)
         if request.max_tokens == 0:
             return "length"
 
@@ -271,13 +286,3 @@ class Engine:
             return "stop"
         return "length"
 
-
-def _segment_boundaries(request: Request) -> list[int]:
-    """Token positions where the request's prompt segments end."""
-    if request.segments is None:
-        return []
-    ends, total = [], 0
-    for segment in request.segments:
-        total += len(segment.token_ids)
-        ends.append(total)
-    return ends

@@ -1,0 +1,369 @@
+"""Checkpoints of model state at segment boundaries: identity, lookup and the store.
+
+Identity: a boundary's key is a chained xxh3 over (policy fingerprint, the
+token ids of every segment up to the boundary). A hit re-checks the tokens of
+every segment on the path, not only the hash.
+
+The store keeps one **live cache** (the main line). Checkpoints on it are
+offset marks: restoring one trims the attention KV (O(1)) and puts back the
+recurrent snapshot taken at that boundary. When a request leaves the main
+line (a different question, an edit), the checkpoints about to be overwritten
+are *detached*: their tail of KV is copied out so that a later request can
+branch back to them. Detached tails and recurrent snapshots are the bytes the
+budget counts; eviction is LRU with protected checkpoints last.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+import xxhash
+
+from engine import state
+from engine.request import PromptSegment
+
+if TYPE_CHECKING:
+    from engine.archive import CheckpointArchive
+
+log = logging.getLogger(__name__)
+
+PROTECTED_KINDS = frozenset({"header"})
+_TOMBSTONES = 4096
+
+
+def token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes (what hashes and stores compare)."""
+    return np.asarray(list(token_ids), dtype="<u4").tobytes()
+
+
+def _chain(prev: str, tokens: bytes) -> str:
+    return xxhash.xxh3_64_hexdigest(prev.encode() + tokens)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The end of one non-empty segment of a request.
+
+    Attributes:
+        key: Chained hash over (policy fingerprint, tokens up to `end`).
+        token_key: The same chain without the policy (to name policy mismatches).
+        parent: Key of the previous boundary ("" for the first).
+        start: First token position of the segment.
+        end: Token position just after the segment.
+        tokens: The segment's token ids (`token_bytes`).
+        kind: The segment's kind.
+        protected: Evicted last.
+    """
+
+    key: str
+    token_key: str
+    parent: str
+    start: int
+    end: int
+    tokens: bytes
+    kind: str
+    protected: bool
+
+
+def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment]) -> list[Boundary]:
+    """Boundaries after every non-empty segment, with their chained keys."""
+    out: list[Boundary] = []
+    key, token_key, pos = policy_fingerprint, "", 0
+    parent = ""
+    for seg in segments:
+        if not seg.token_ids:
+            continue
+        tokens = token_bytes(seg.token_ids)
+        key, token_key = _chain(key, tokens), _chain(token_key, tokens)
+        end = pos + len(seg.token_ids)
+        out.append(Boundary(key, token_key, parent, pos, end, tokens, seg.kind,
+                            seg.protected or seg.kind in PROTECTED_KINDS))
+        parent, pos = key, end
+    return out
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a restore stopped where it did.
+
+    kind is one of "new prefix", "diverged", "policy mismatch", "evicted",
+    "corrupt archive entry"; `token` is the first differing position for "diverged".
+    """
+
+    kind: str
+    token: int | None = None
+
+    def __str__(self) -> str:
+        return f"diverged at token {self.token}" if self.kind == "diverged" else self.kind
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b)) // 4
+    x = np.frombuffer(a[:4 * n], "<u4")
+    y = np.frombuffer(b[:4 * n], "<u4")
+    diff = np.nonzero(x != y)[0]
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(eq=False)
+class Checkpoint:
+    """Confirmed model state at one boundary.
+
+    Attributes:
+        boundary: Where it is and what it covers.
+        recurrent: Snapshot of recurrent layers (empty for attention-only models).
+        kv: None while on the main line (an offset mark); otherwise an owned copy
+            of the KV for [start, end) (a detached branch tail).
+        last_used: Store tick of the last restore or record.
+    """
+
+    boundary: Boundary
+    recurrent: state.Arrays = field(default_factory=dict)
+    kv: state.Arrays | None = None
+    last_used: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.boundary.key
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this checkpoint owns (its tail copy and its snapshot)."""
+        return state.nbytes(self.recurrent) + (state.nbytes(self.kv) if self.kv else 0)
+
+    def matches(self, b: Boundary) -> bool:
+        """Verified on tokens and position, not only on the hash."""
+        cb = self.boundary
+        return (cb.parent, cb.start, cb.end, cb.tokens) == (b.parent, b.start, b.end, b.tokens)
+
+
+@dataclass
+class Plan:
+    """What `CheckpointStore.restore` will do for one request."""
+
+    path: list[Checkpoint]
+    archived: list[Any]   # engine.archive.ArchiveEntry, following `path`
+    miss: Miss | None
+
+    @property
+    def offset(self) -> int:
+        last = self.archived[-1] if self.archived else (self.path[-1].boundary if self.path else None)
+        return last.end if last is not None else 0
+
+
+class CheckpointStore:
+    """Checkpoints for one policy over one live cache (used on the engine's MLX thread).
+
+    Args:
+        policy_fingerprint: `CachePolicy.fingerprint()` of the engine.
+        budget_bytes: Bytes checkpoints may own (detached tails + snapshots).
+        max_branch_tokens: A divergence detaches the old tail only when it is at
+            most this long; a longer one (an edit early in the repo) is dropped.
+        archive: Optional disk archive for restarts; written off the MLX thread.
+        archive_skip_kinds: Segment kinds never archived (one-off questions).
+    """
+
+    def __init__(self, policy_fingerprint: str, budget_bytes: int,
+                 max_branch_tokens: int = 8192, archive: CheckpointArchive | None = None,
+                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header"})):
+        self.policy_fingerprint = policy_fingerprint
+        self.budget_bytes = budget_bytes
+        self.max_branch_tokens = max_branch_tokens
+        self.archive = archive
+        self.archive_skip_kinds = archive_skip_kinds
+        self._by_key: dict[str, Checkpoint] = {}
+        self._line: list[Checkpoint] = []
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._tick = 0
+
+    # -- lookup -------------------------------------------------------------
+
+    def boundaries(self, segments: Sequence[PromptSegment]) -> list[Boundary]:
+        """`boundaries` under this store's policy."""
+        return boundaries(self.policy_fingerprint, segments)
+
+    def plan(self, bounds: Sequence[Boundary], limit: int) -> Plan:
+        """The longest valid checkpoint path ending before token `limit`.
+
+        `limit` is the prompt length: the last segment is always recomputed so
+        the request has its last logits, and cold and warm runs make the same calls.
+        """
+        path: list[Checkpoint] = []
+        archived: list[Any] = []
+        first_miss: Boundary | None = None
+        for b in bounds:
+            if b.end >= limit:
+                break
+            cp = self._by_key.get(b.key)
+            if not archived and cp is not None and cp.matches(b):
+                path.append(cp)
+                continue
+            entry = self.archive.get(b.key) if self.archive else None
+            if entry is not None and entry.matches(b):
+                archived.append(entry)
+                continue
+            first_miss = b
+            break
+        return Plan(path, archived, self._miss(first_miss) if first_miss else None)
+
+    def _miss(self, b: Boundary) -> Miss:
+        if b.key in self._evicted:
+            return Miss("evicted")
+        if self.archive is not None and self.archive.was_corrupt(b.key):
+            return Miss("corrupt archive entry")
+        best = None
+        siblings = [c.boundary for c in self._by_key.values() if c.boundary.parent == b.parent]
+        if self.archive is not None:
+            siblings += self.archive.children(b.parent)
+        for s in siblings:
+            if s.start == b.start:
+                n = _common_prefix(s.tokens, b.tokens)
+                best = n if best is None else max(best, n)
+        if best is not None:
+            return Miss("diverged", b.start + best)
+        if self.archive is not None and self.archive.other_policy_has(b.token_key):
+            return Miss("policy mismatch")
+        return Miss("new prefix")
+
+    # -- restore / record / rollback -----------------------------------------
+
+    def restore(self, cache: Sequence[Any], plan: Plan) -> tuple[int, Miss | None]:
+        """Make the live cache hold exactly the state at the end of `plan`.
+
+        Returns:
+            (tokens restored, miss reason); an archive entry failing its
+            checksum ends the restore early with "corrupt archive entry".
+        """
+        self._tick += 1
+        common = 0
+        while (common < len(plan.path) and common < len(self._line)
+               and plan.path[common] is self._line[common]):
+            common += 1
+        if any(cp.kv is None for cp in plan.path[common:]):
+            raise state.StateError("a main-line checkpoint is not on the live line")
+        base = self._line[common - 1].boundary.end if common else 0
+        self._leave_line(cache, common, base)
+        state.trim_to(cache, base)
+        for cp in plan.path[common:]:
+            state.append_kv_span(cache, cp.kv, cp.boundary.end - cp.boundary.start)
+            cp.kv = None
+            self._line.append(cp)
+        miss = plan.miss
+        for entry in plan.archived:
+            try:
+                kv, rec = self.archive.load(entry)
+            except Exception as err:  # noqa: BLE001 - any unreadable entry is a miss
+                log.warning("archive entry %s unusable: %s", entry.key, err)
+                miss = Miss("corrupt archive entry")
+                break
+            state.append_kv_span(cache, kv, entry.end - entry.start)
+            cp = Checkpoint(entry.boundary(), rec)
+            self._by_key[cp.key] = cp
+            self._line.append(cp)
+        for cp in self._line:
+            cp.last_used = self._tick
+        self._set_recurrent(cache)
+        self._enforce_budget()
+        return self.line_offset, miss
+
+    def record(self, cache: Sequence[Any], b: Boundary) -> Checkpoint | None:
+        """Register the live state after fully prefilling boundary `b`'s segment.
+
+        Returns:
+            The checkpoint, or None when the line below `b` was evicted meanwhile
+            (a budget smaller than the line's own snapshots): nothing to chain to.
+
+        Raises:
+            StateError: If the live cache does not end exactly at `b`.
+        """
+        if state.attention_offset(cache) != b.end:
+            raise state.StateError(f"cannot record boundary [{b.start}, {b.end}) with the "
+                                   f"cache at {state.attention_offset(cache)}")
+        if self.line_offset != b.start:
+            log.debug("line ends at %d, not recording [%d, %d)", self.line_offset, b.start, b.end)
+            return None
+        self._tick += 1
+        old = self._by_key.pop(b.key, None)
+        if old is not None:
+            self._forget(old)
+        cp = Checkpoint(b, state.snapshot_recurrent(cache), None, self._tick)
+        self._by_key[b.key] = cp
+        self._line.append(cp)
+        for c in self._line:
+            c.last_used = self._tick
+        if (self.archive is not None and b.kind not in self.archive_skip_kinds
+                and self.archive.get(b.key) is None):
+            self.archive.submit(b, state.copy_kv_span(cache, b.start, b.end), cp.recurrent)
+        self._enforce_budget()
+        return cp
+
+    def rollback(self, cache: Sequence[Any]) -> int:
+        """Drop unconfirmed state (a cancelled prefill or decode); return the offset kept."""
+        state.trim_to(cache, self.line_offset)
+        self._set_recurrent(cache)
+        return self.line_offset
+
+    @property
+    def line_offset(self) -> int:
+        """Tokens of confirmed state on the live line."""
+        return self._line[-1].boundary.end if self._line else 0
+
+    def _set_recurrent(self, cache: Sequence[Any]) -> None:
+        if state.has_recurrent(cache):
+            state.restore_recurrent(cache, self._line[-1].recurrent if self._line else {})
+
+    def _leave_line(self, cache: Sequence[Any], keep: int, base: int) -> None:
+        """Detach (or drop) the line's checkpoints after position `keep`."""
+        leaving = self._line[keep:]
+        del self._line[keep:]
+        if not leaving:
+            return
+        detach = leaving[-1].boundary.end - base <= self.max_branch_tokens
+        for cp in leaving:
+            if detach:
+                cp.kv = state.copy_kv_span(cache, cp.boundary.start, cp.boundary.end)
+            else:
+                self._drop(cp)
+
+    # -- memory ------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes owned by all checkpoints (the live cache is not counted)."""
+        return sum(cp.nbytes for cp in self._by_key.values())
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """All checkpoints, in token order."""
+        return sorted(self._by_key.values(), key=lambda c: (c.boundary.end, c.key))
+
+    def _enforce_budget(self) -> None:
+        total = self.nbytes
+        while total > self.budget_bytes and self._by_key:
+            victim = min(self._by_key.values(),
+                         key=lambda c: (c.boundary.protected, c.last_used, -c.boundary.end))
+            total -= self._drop(victim)
+
+    def _drop(self, cp: Checkpoint) -> int:
+        """Evict `cp` and every checkpoint that chains from it; return bytes freed."""
+        doomed = {cp.key}
+        for c in sorted(self._by_key.values(), key=lambda c: c.boundary.end):
+            if c.boundary.parent in doomed:
+                doomed.add(c.key)
+        freed = 0
+        for key in doomed:
+            c = self._by_key.pop(key, None)
+            if c is not None:
+                freed += c.nbytes
+                self._forget(c)
+                self._evicted[key] = None
+        while len(self._evicted) > _TOMBSTONES:
+            self._evicted.popitem(last=False)
+        log.debug("evicted %d checkpoint(s) from %s, %d bytes", len(doomed), cp.key, freed)
+        return freed
+
+    def _forget(self, cp: Checkpoint) -> None:
+        if cp in self._line:
+            del self._line[self._line.index(cp):]

@@ -1,0 +1,150 @@
+"""`PrefixCache`: the engine's live cache plus its checkpoints, as one prefill step.
+
+    prefix = PrefixCache(model, policy, kv_bits=16)
+    logits = prefix.prefill(request, chunk, should_cancel, metrics)  # restore + prefill + record
+    ... decode on prefix.cache ...
+    prefix.rollback()   # after a cancel or an error: back to the last confirmed checkpoint
+
+The prefill restores the longest valid checkpoint, then runs the rest with
+chunks restarting at every segment boundary (so warm and cold runs make the
+same forward calls) and records a checkpoint as each segment completes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine import state
+from engine.archive import CheckpointArchive
+from engine.checkpoints import CheckpointStore
+from engine.generate import CancelCheck, prefill
+from engine.kv import make_cache
+from engine.policy import CachePolicy
+from engine.request import Metrics, PromptSegment, Request
+
+log = logging.getLogger(__name__)
+
+
+def default_budget_bytes(fraction: float = 0.125) -> int:
+    """A checkpoint budget from physical memory (1/8 by default; 1 GiB if unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+def model_dtype(model: Any) -> str:
+    """The dtype of the model's first floating parameter, e.g. "float32"."""
+    from mlx.utils import tree_flatten
+
+    for _, p in tree_flatten(model.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            return str(p.dtype).removeprefix("mlx.core.")
+    return "unknown"
+
+
+class PrefixCache:
+    """The live cache of one engine and the checkpoints over it (MLX thread only).
+
+    Args:
+        model: The mlx-lm model.
+        policy: The cache policy (its fingerprint keys every checkpoint).
+        budget_bytes: Bytes checkpoints may own; `default_budget_bytes()` when None.
+        archive_bytes: Size cap of the disk archive; 0 keeps checkpoints in memory only.
+        archive_root: Archive root (default ``CODECTX_HOME/archive``).
+    """
+
+    def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
+                 archive_bytes: int = 0, archive_root: Any = None) -> None:
+        self.model = model
+        self.policy = policy
+        fingerprint = policy.fingerprint()
+        self.archive = (CheckpointArchive(fingerprint, archive_bytes, archive_root)
+                        if archive_bytes > 0 else None)
+        self.store = CheckpointStore(
+            fingerprint, default_budget_bytes() if budget_bytes is None else budget_bytes,
+            archive=self.archive)
+        self.cache = make_cache(model, policy.kv_bits, policy.kv_group_size)
+        self._stats_lock = threading.Lock()
+        self._stats: dict[str, Any] = {}
+        self._update_stats()
+
+    def prefill(self, request: Request, chunk_size: int, should_cancel: CancelCheck,
+                metrics: Metrics,
+                on_chunk: Callable[[int, int], None] | None = None) -> mx.array:
+        """Restore what is cached, prefill the rest, record each finished segment.
+
+        Fills `metrics.cached_tokens`, `recomputed_tokens` (tokens actually
+        prefilled, also when cancelled), `miss_reason` and `checkpoint_bytes`.
+
+        Returns:
+            Logits of the last prompt position, shape (1, vocab).
+
+        Raises:
+            RequestCancelled: From `should_cancel`; call `rollback()` afterwards.
+        """
+        ids = request.all_token_ids()
+        segments = request.segments or [PromptSegment("prompt", "", tuple(ids))]
+        bounds = self.store.boundaries(segments)
+        plan = self.store.plan(bounds, len(ids))
+        offset, miss = self.store.restore(self.cache, plan)
+        metrics.cached_tokens = offset
+        metrics.recomputed_tokens = 0
+        metrics.miss_reason = str(miss) if miss else None
+        pending = [b for b in bounds if b.end > offset]
+
+        def confirm(done: int, total: int) -> None:
+            metrics.recomputed_tokens = done
+            while pending and pending[0].end <= offset + done:
+                self.store.record(self.cache, pending.pop(0))
+            if on_chunk is not None:
+                on_chunk(offset + done, len(ids))
+
+        try:
+            logits = prefill(self.model, self.cache, ids[offset:], chunk_size, should_cancel,
+                             boundaries=[b.end - offset for b in pending], on_chunk=confirm)
+        finally:
+            metrics.checkpoint_bytes = self.store.nbytes
+            self._update_stats()
+        log.debug("prefill %s: %d cached, %d recomputed, miss=%s", request.request_id,
+                  offset, len(ids) - offset, metrics.miss_reason)
+        return logits
+
+    def rollback(self) -> int:
+        """Drop unconfirmed state; return the tokens of confirmed state kept."""
+        kept = self.store.rollback(self.cache)
+        self._update_stats()
+        return kept
+
+    def stats(self) -> dict[str, Any]:
+        """Checkpoints, memory and archive, as of the last request (any thread)."""
+        with self._stats_lock:
+            return dict(self._stats)
+
+    def close(self) -> None:
+        """Finish archive writes."""
+        if self.archive is not None:
+            self.archive.close()
+
+    def _update_stats(self) -> None:
+        cps = self.store.checkpoints()
+        stats = {
+            "policy": self.policy.fingerprint(),
+            "checkpoints": len(cps),
+            "checkpoint_bytes": self.store.nbytes,
+            "budget_bytes": self.store.budget_bytes,
+            "live_tokens": self.store.line_offset,
+            "live_cache_bytes": sum(int(getattr(c, "nbytes", 0) or 0) for c in self.cache
+                                    if not state.is_recurrent(c)),
+            "archive_entries": len(self.archive) if self.archive else 0,
+            "archive_bytes": self.archive.nbytes if self.archive else 0,
+            "checkpoint_list": [{"kind": c.boundary.kind, "end": c.boundary.end,
+                                 "bytes": c.nbytes, "branch": c.kv is not None}
+                                for c in cps],
+        }
+        with self._stats_lock:
+            self._stats = stats

@@ -1,0 +1,172 @@
+"""Snapshot and restore of per-layer cache state.
+
+A model's cache is a list with one object per layer, of two kinds:
+
+* **attention** layers (mlx-lm `KVCache`, `QuantizedKVCache` and subclasses
+  with the same vocabulary) hold keys/values up to `offset` and are
+  trimmable: going back to an earlier boundary is `trim`, O(1).
+* **recurrent** layers (mlx-lm `ArraysCache`: Gated DeltaNet / Mamba state)
+  hold a fixed-size summary of everything seen; they cannot be trimmed, so
+  their arrays are snapshotted at every boundary.
+
+State travels as flat ``{name: mx.array}`` dicts (names like ``"3.k.0"``),
+the same form in memory and in the archive's safetensors files.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
+
+Arrays = dict[str, mx.array]
+
+
+@runtime_checkable
+class AttentionLayerCache(Protocol):
+    """The trimmable KV vocabulary shared by mlx-lm's attention caches."""
+
+    offset: int
+
+    def is_trimmable(self) -> bool: ...
+
+    def trim(self, n: int) -> int: ...
+
+
+class StateError(ValueError):
+    """A cache that cannot be snapshotted or restored as asked."""
+
+
+def is_recurrent(layer: Any) -> bool:
+    """True for layers whose state is a snapshot, not a trimmable sequence."""
+    return isinstance(layer, ArraysCache)
+
+
+def attention_offset(cache: Sequence[Any]) -> int:
+    """Tokens held by the attention layers (all must agree; 0 when none)."""
+    offsets = {int(c.offset) for c in cache if not is_recurrent(c)}
+    if len(offsets) > 1:
+        raise StateError(f"attention layers disagree on their offset: {sorted(offsets)}")
+    return offsets.pop() if offsets else 0
+
+
+def trim_to(cache: Sequence[Any], offset: int) -> None:
+    """Move every attention layer back to `offset` tokens (recurrent layers untouched).
+
+    Raises:
+        StateError: If a layer is not trimmable or holds fewer than `offset` tokens.
+    """
+    for i, c in enumerate(cache):
+        if is_recurrent(c):
+            continue
+        if not (isinstance(c, AttentionLayerCache) and c.is_trimmable()):
+            raise StateError(f"layer {i} ({type(c).__name__}) cannot be trimmed")
+        if c.offset < offset:
+            raise StateError(f"layer {i} holds {c.offset} tokens, cannot trim to {offset}")
+        c.trim(c.offset - offset)
+
+
+def _kv_parts(layer: Any) -> list[mx.array]:
+    keys, values = layer.state[0], layer.state[1]
+    if isinstance(keys, (list, tuple)):  # quantized: (packed, scales, biases)
+        return [*keys, *values]
+    return [keys, values]
+
+
+def _copy(x: mx.array) -> mx.array:
+    # A slice is a view that keeps the whole live buffer alive; own the bytes.
+    return mx.contiguous(x)
+
+
+def copy_kv_span(cache: Sequence[Any], start: int, end: int) -> Arrays:
+    """Copies of every attention layer's keys/values for positions [start, end)."""
+    span: Arrays = {}
+    for i, c in enumerate(cache):
+        if is_recurrent(c) or end <= start:
+            continue
+        if c.offset < end:
+            raise StateError(f"layer {i} holds {c.offset} tokens, span ends at {end}")
+        for j, part in enumerate(_kv_parts(c)):
+            span[f"{i}.kv.{j}"] = _copy(part[..., start:end, :])
+    mx.eval(list(span.values()))
+    return span
+
+
+def append_kv_span(cache: Sequence[Any], span: Arrays, length: int) -> None:
+    """Write a span copied by `copy_kv_span` after each attention layer's offset.
+
+    Args:
+        cache: The live cache; its attention layers all hold the same offset.
+        span: Arrays from `copy_kv_span` (or the archive) covering `length` tokens.
+        length: Tokens in the span.
+
+    Raises:
+        StateError: If the span does not fit the cache's layers.
+    """
+    if length == 0:
+        return
+    for i, c in enumerate(cache):
+        if is_recurrent(c):
+            continue
+        names = sorted((k for k in span if k.startswith(f"{i}.kv.")),
+                       key=lambda k: int(k.rsplit(".", 1)[1]))
+        parts = [span[k] for k in names]
+        if not parts or parts[0].shape[-2] != length:
+            raise StateError(f"span has no {length}-token entry for layer {i}")
+        _append_layer(c, parts)
+
+
+def _append_layer(layer: Any, parts: list[mx.array]) -> None:
+    prev = layer.offset
+    end = prev + parts[0].shape[-2]
+    quantized = len(parts) == 6
+    if layer.empty():
+        old = None
+    else:
+        old = _kv_parts(layer)
+        if len(old) != len(parts):
+            raise StateError(f"span of {len(parts)} arrays for a {type(layer).__name__}")
+    if old is not None and end <= old[0].shape[-2]:
+        for buf, part in zip(old, parts):
+            buf[..., prev:end, :] = part
+        layer.offset = end
+        return
+    grown = [p if old is None else mx.concatenate([o[..., :prev, :], p], axis=-2)
+             for o, p in zip(old or [None] * len(parts), parts)]
+    if quantized:
+        layer.state = (tuple(grown[:3]), tuple(grown[3:]), end, layer.group_size, layer.bits)
+    else:
+        layer.state = (grown[0], grown[1], end)
+
+
+def snapshot_recurrent(cache: Sequence[Any]) -> Arrays:
+    """The arrays of every recurrent layer, as they are now.
+
+    mlx-lm's recurrent layers replace their arrays on every step (never write
+    into them), so holding references is a snapshot; nothing is copied.
+    """
+    snap: Arrays = {}
+    for i, c in enumerate(cache):
+        if not is_recurrent(c):
+            continue
+        for j, x in enumerate(c.cache):
+            if x is not None:
+                snap[f"{i}.rec.{j}"] = x
+    return snap
+
+
+def restore_recurrent(cache: Sequence[Any], snapshot: Arrays) -> None:
+    """Put every recurrent layer back to `snapshot` (empty state where absent)."""
+    for i, c in enumerate(cache):
+        if is_recurrent(c):
+            c.cache = [snapshot.get(f"{i}.rec.{j}") for j in range(len(c.cache))]
+
+
+def has_recurrent(cache: Sequence[Any]) -> bool:
+    """True when any layer keeps recurrent state."""
+    return any(is_recurrent(c) for c in cache)
+
+
+def nbytes(arrays: Arrays) -> int:
+    """Bytes held by the arrays of a span or snapshot."""
+    return sum(int(x.nbytes) for x in arrays.values())
