@@ -163,15 +163,24 @@ def _walk(root: Path) -> list[str]:
         rel_dir = os.path.relpath(dirpath, root)
         rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
         prefix = rel_dir + "/" if rel_dir else ""
-        dirnames[:] = sorted(d for d in dirnames if d not in VENDORED_DIRS
-                             and not os.path.islink(os.path.join(dirpath, d))
-                             and not rules.ignored(prefix + d, is_dir=True))
+        keep = []
+        for d in sorted(dirnames):
+            if rules.ignored(prefix + d, is_dir=True):
+                continue
+            if d in VENDORED_DIRS or os.path.islink(os.path.join(dirpath, d)):
+                out.append(prefix + d + "/")  # reported as one skip, never entered
+            else:
+                keep.append(d)
+        dirnames[:] = keep
         out.extend(prefix + f for f in filenames if not rules.ignored(prefix + f))
     return sorted(out)
 
 
 def read_file(root: Path, rel: str, rules: ScanRules) -> SourceFile | Skipped:
     """Reads one candidate file; a `Skipped` says why it was left out."""
+    if rel.endswith("/"):
+        link = os.path.islink(root / rel.rstrip("/"))
+        return Skipped(rel, "symlinked folder (not followed)" if link else "vendored")
     reason = rules.path_reason(rel)
     if reason:
         return Skipped(rel, reason)

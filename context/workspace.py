@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -179,6 +179,7 @@ class Workspace:
                 text = None
         if text is None:
             if rel not in self._files:
+                self._layout = replace(self._layout, skipped=self._skipped)
                 return first, self._layout
             del self._files[rel]
             if rel in self._hot:
