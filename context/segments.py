@@ -76,10 +76,16 @@ def file_text(path: str, language: str, content: str) -> str:
         f'<file path="{path}" language="{language}">\n</file>\n'
 
 
+MAP_DEFINITIONS_PER_FILE = 40
+
+
 def map_entry(path: str, definitions: Iterable[Definition]) -> str:
-    """The signature-map lines of one file left out of the budget."""
+    """The signature-map lines of one file left out of the budget (at most 40 definitions)."""
+    defs = list(definitions)
     lines = [f"{path}:"]
-    lines += [f"  {d.line}: {neutralize(d.signature)}" for d in definitions]
+    lines += [f"  {d.line}: {neutralize(d.signature)}" for d in defs[:MAP_DEFINITIONS_PER_FILE]]
+    if len(defs) > MAP_DEFINITIONS_PER_FILE:
+        lines.append(f"  ({len(defs) - MAP_DEFINITIONS_PER_FILE} more definitions)")
     return "\n".join(lines) + "\n"
 
 
