@@ -125,6 +125,8 @@ def extract(language: str, text: str) -> FileTags:
                         _signature(node, data)))
             elif cap == "reference":
                 refs.update(_text(n, data) for n in nodes)
+        if len(caps) == 1 and ("reference" in caps or "name" in caps):
+            continue
         imports.update(_imports(caps, data))
     ordered = tuple(d for _, d in sorted(defs.items()))
     error = "syntax errors" if tree.root_node.has_error else None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import array
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +18,25 @@ log = logging.getLogger(__name__)
 
 _MAX_SAVED_TOKENS = 64_000_000
 """Entries not used in this session are dropped from the file beyond this many tokens."""
+
+
+_CLEAN_BREAK = re.compile(r"(?<=\S\n)(?=\S)")
+_MIN_CHUNK = 512
+
+
+def chunks(text: str) -> list[str]:
+    """Splits text at clean breaks (a line end after a non-space, before a non-space), in pieces of
+    at least ~512 characters. Tokenization is concatenative across such breaks (the segment rule),
+    so an edit re-tokenizes only the chunks it touches.
+    """
+    out: list[str] = []
+    start = 0
+    for m in _CLEAN_BREAK.finditer(text, _MIN_CHUNK):
+        if m.start() - start >= _MIN_CHUNK:
+            out.append(text[start:m.start()])
+            start = m.start()
+    out.append(text[start:])
+    return out
 
 
 def text_key(text: str) -> bytes:
@@ -88,6 +108,20 @@ class TokenCache:
             out = [self._live[k] if o is None else o for k, o in zip(keys, out)]
         self.hits += len(texts) - len(missing)
         return out  # type: ignore[return-value]
+
+    def encode_chunked(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """Like `encode_many`, but caches per chunk (see `chunks`): edits re-tokenize little."""
+        split = [chunks(t) for t in texts]
+        flat = self.encode_many([c for parts in split for c in parts])
+        out: list[tuple[int, ...]] = []
+        i = 0
+        for parts in split:
+            ids: list[int] = []
+            for part in flat[i:i + len(parts)]:
+                ids.extend(part)
+            out.append(tuple(ids))
+            i += len(parts)
+        return out
 
     def save(self) -> None:
         """Writes entries used in this session, then older ones up to a size cap."""

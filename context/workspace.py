@@ -351,7 +351,7 @@ class Workspace:
 
     def _file_costs(self, paths: list[str]) -> dict[str, int]:
         texts = [self._files[p].segment_text for p in paths]
-        return {p: len(ids) for p, ids in zip(paths, self.tokens.encode_many(texts))}
+        return {p: len(ids) for p, ids in zip(paths, self.tokens.encode_chunked(texts))}
 
     def _tokens_of(self, text: str) -> int:
         return len(self.tokens.encode(text))
@@ -369,7 +369,8 @@ class Workspace:
         return Segment(kind, key, text, text_hash(text), self.tokens.encode(text), reason)
 
     def _file_segment(self, kind: str, path: str, reason: str) -> Segment:
-        return self._segment(kind, path, self._files[path].segment_text, reason)
+        text = self._files[path].segment_text
+        return Segment(kind, path, text, text_hash(text), self.tokens.encode_chunked([text])[0], reason)
 
     def _make_layout(self, segments: list[Segment], mapped: Sequence[str], omitted: Sequence[str]) -> Layout:
         rows = [FileRow(i, s.key, self._files[s.key].language, len(s), s.hash[:8], s.reason)

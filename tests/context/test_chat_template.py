@@ -27,9 +27,16 @@ def test_segments_concatenate_to_rendered_template(request, which, budget, repo)
             assert [t for s in segments for t in s.token_ids] == tok.encode(rendered)
 
 
-def test_equality_survives_edits_and_whitespace_heavy_files(smol_tokenizer, repo):
+@pytest.mark.parametrize("which", ["smol_tokenizer", "qwen_tokenizer"])
+def test_equality_survives_edits_and_whitespace_heavy_files(request, which, repo):
+    smol_tokenizer = request.getfixturevalue(which)
+    body = "".join(f"def f{i}(x):\n    return x + {i}  \n\n\n" + ("}\n" if i % 3 else "\t\n") + "class C:\n  pass\n"
+                   for i in range(120))
+    (repo / "big.py").write_text(body)
     ws = Workspace(repo, smol_tokenizer, persist=False)
     ws.build()
+    assert any(len(s.text) > 4000 for s in ws.layout.segments)
+    ws.update("big.py", body.replace("return x + 7", "return x - 7\n\n"))
     ws.update("pkg/util.py", "def helper(x):\n    return x * 3   \n\n\n\n   ")
     ws.update("notes.txt", "\n\n  12345 trailing blank lines\n\n\n")
     segments = ws.prompt("why?")

@@ -1,0 +1,131 @@
+"""Benchmark of `context`: cold build, warm-cache build and incremental update.
+
+Targets: this repository and the installed `transformers` package (~3k files).
+Each target runs in its own process (so peak RSS is per target) with a fresh
+$CODECTX_HOME: pass 1 is fully cold (parse + tokenize everything), pass 2 is a
+new Workspace over warm token/tag caches ("after the first tokenization"),
+then single-file updates are timed. Prints a table and writes JSON to bench/results/.
+
+    python bench/context.py [--tokenizer DIR] [--budget N] [--updates 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _targets() -> dict[str, Path]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")
+    out = {"codectx": ROOT}
+    if spec and spec.origin:
+        out["transformers"] = Path(spec.origin).parent
+    return out
+
+
+def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) -> dict:
+    """Runs in the child process: all phases on one target."""
+    from context.hf_tokenizer import HFTokenizer
+    from context.workspace import Workspace
+
+    tok = HFTokenizer.from_dir(tokenizer_dir)
+    t0 = time.perf_counter()
+    ws = Workspace(target, tok)
+    cold = ws.build()
+    cold_s = time.perf_counter() - t0
+    n_files = len(cold.rows)
+
+    t0 = time.perf_counter()
+    warm_ws = Workspace(target, tok)
+    warm = warm_ws.build()
+    warm_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    budget_ws = Workspace(target, tok, budget=budget)
+    budgeted = budget_ws.build()
+    budget_s = time.perf_counter() - t0
+
+    # Updates: edit a file in the middle of the order, then keep editing it (now hot).
+    files = [s for s in warm.segments if s.kind == "file"]
+    victim = files[len(files) // 2].key
+    text = (target / victim).read_text(encoding="utf-8", errors="replace")
+    first_ms, hot_ms, budget_ms = [], [], []
+    for i in range(updates):
+        t0 = time.perf_counter()
+        warm_ws.update(victim, text + f"\n# edit {i}\n")
+        (first_ms if i == 0 else hot_ms).append((time.perf_counter() - t0) * 1000)
+    for i in range(updates):
+        t0 = time.perf_counter()
+        budget_ws.update(victim, text + f"\n# budget edit {i}\n")
+        budget_ms.append((time.perf_counter() - t0) * 1000)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "files": n_files, "skipped": len(cold.skipped), "tokens": cold.tokens,
+        "bytes": sum(len(s.text.encode()) for s in cold.segments),
+        "cold_s": cold_s, "cold_files_per_s": n_files / cold_s,
+        "warm_s": warm_s, "warm_files_per_s": n_files / warm_s,
+        "budget": budget, "budget_build_s": budget_s, "budget_tokens": budgeted.tokens,
+        "budget_whole_files": sum(1 for s in budgeted.segments if s.kind in ("file", "hot")),
+        "update_first_ms": first_ms[0], "update_hot_median_ms": statistics.median(hot_ms),
+        "update_hot_p95_ms": sorted(hot_ms)[int(0.95 * (len(hot_ms) - 1))],
+        "update_budget_median_ms": statistics.median(budget_ms),
+        "peak_rss_mb": rss_mb,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", default=str(Path.home() / ".cache/codectx/models/smollm2-135m"),
+                        help="folder with tokenizer.json (default: the cached default model)")
+    parser.add_argument("--budget", type=int, default=6144, help="budget for the budgeted build")
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--only", help="one target name")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        result = measure(Path(args.child), args.tokenizer, args.budget, args.updates)
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+    results = {}
+    for name, path in _targets().items():
+        if args.only and name != args.only:
+            continue
+        with tempfile.TemporaryDirectory() as home:
+            env = dict(os.environ, CODECTX_HOME=home)
+            out = subprocess.run([sys.executable, __file__, "--child", str(path), "--tokenizer", args.tokenizer,
+                                  "--budget", str(args.budget), "--updates", str(args.updates)],
+                                 env=env, capture_output=True, text=True, check=True)
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    header = ("target", "files", "MB", "tokens", "cold s", "cold f/s", "warm s", "warm f/s",
+              "budget s", "upd first ms", "upd hot ms", "upd budget ms", "peak MB")
+    rows = [header]
+    for name, r in results.items():
+        rows.append((name, str(r["files"]), f"{r['bytes'] / 1e6:.1f}", str(r["tokens"]), f"{r['cold_s']:.2f}",
+                     f"{r['cold_files_per_s']:.0f}", f"{r['warm_s']:.2f}", f"{r['warm_files_per_s']:.0f}",
+                     f"{r['budget_build_s']:.2f}", f"{r['update_first_ms']:.1f}",
+                     f"{r['update_hot_median_ms']:.1f}", f"{r['update_budget_median_ms']:.1f}",
+                     f"{r['peak_rss_mb']:.0f}"))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    sys.stdout.write("\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows) + "\n")
+    out_path = ROOT / "bench" / "results" / f"context-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({"tokenizer": args.tokenizer, "cpus": os.cpu_count(), "results": results},
+                                   indent=1))
+    sys.stdout.write(f"wrote {out_path.relative_to(ROOT)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
