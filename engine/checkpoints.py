@@ -339,6 +339,11 @@ class CheckpointStore:
         """All checkpoints, in token order."""
         return sorted(self._by_key.values(), key=lambda c: (c.boundary.end, c.key))
 
+    def set_budget(self, budget_bytes: int) -> None:
+        """Change the byte budget, evicting at once if it is now exceeded."""
+        self.budget_bytes = budget_bytes
+        self._enforce_budget()
+
     def _enforce_budget(self) -> None:
         total = self.nbytes
         while total > self.budget_bytes and self._by_key:

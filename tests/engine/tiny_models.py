@@ -95,7 +95,48 @@ def llama_config(
     }
 
 
-CONFIG_BUILDERS: dict[str, Callable[..., dict]] = {"llama": llama_config}
+def qwen3_next_config(
+    *,
+    vocab_size: int,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 4,
+    full_attention_interval: int = 2,
+    max_position_embeddings: int = 4096,
+) -> dict:
+    """A hybrid qwen3_next config: Gated DeltaNet layers (mlx-lm `ArraysCache`)
+    interleaved with attention layers (`KVCache`), dense MLPs, head_dim 64."""
+    return {
+        "model_type": "qwen3_next",
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "intermediate_size": 2 * hidden_size,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "linear_num_value_heads": 2,
+        "linear_num_key_heads": 1,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 0,
+        "num_experts_per_tok": 0,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 0,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 0,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "max_position_embeddings": max_position_embeddings,
+        "full_attention_interval": full_attention_interval,
+        "tie_word_embeddings": True,
+        "vocab_size": vocab_size,
+        "torch_dtype": "float32",
+    }
+
+
+CONFIG_BUILDERS: dict[str, Callable[..., dict]] = {"llama": llama_config,
+                                                   "qwen3_next": qwen3_next_config}
 
 
 def _model_class(model_type: str):
