@@ -1,0 +1,48 @@
+"""`codectx doctor`: one line per check, `ready:` last, exit code 0 only when ready."""
+from __future__ import annotations
+
+import io
+import json
+
+from engine.default_model import GGUF_NAME, GGUF_SHA256, default_model_dir
+from server.doctor import run_doctor
+
+
+def _doctor() -> tuple[int, list[str]]:
+    out = io.StringIO()
+    code = run_doctor(out=out)
+    return code, out.getvalue().splitlines()
+
+
+def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
+    code, lines = _doctor()
+    assert code == 0
+    assert lines[-1] == "ready: true"
+    names = [line[6:].split(":", 1)[0] for line in lines[:-1]]
+    assert names == ["python", "mlx", "blas", "default model", "cache dir"]
+    assert any("not cached yet" in line for line in lines)
+    assert (tmp_path / "home").is_dir()
+
+
+def test_unwritable_home_is_not_ready(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("CODECTX_HOME", str(blocker))
+    code, lines = _doctor()
+    assert code == 1
+    assert lines[-1] == "ready: false"
+    assert any(line.startswith("FAIL  cache dir") for line in lines)
+
+
+def test_corrupt_cached_default_model_is_not_ready(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
+    cached = default_model_dir()
+    cached.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (cached / name).write_text("{}")
+    (cached / GGUF_NAME).write_bytes(b"GGUF but far too short")
+    (cached / "codectx-source.json").write_text(json.dumps({"sha256": GGUF_SHA256}))
+    code, lines = _doctor()
+    assert code == 1
+    assert any(line.startswith("FAIL  default model") and "bytes" in line for line in lines)
