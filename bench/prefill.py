@@ -1,0 +1,217 @@
+"""Prefill throughput: dense vs windowed attention, full-precision vs 8-bit KV, in one run.
+
+Builds a random-weight model (no download), prefills random token prompts of
+each length in fixed-size chunks through `engine.window` caches, and reports
+tokens/s, peak memory, KV bytes and achieved TFLOP/s per (mode, length).
+Prints a Markdown table and writes JSON (default bench/results/prefill-<shape>-<device>.json).
+
+    python bench/prefill.py                                   # tiny model, CPU, 8k/16k/32k
+    python bench/prefill.py --shape qwen3-32b --lengths 32768,65536,131072 --device gpu
+
+Modes: dense-16 (exact attention, KV in the model dtype), window-16 (block
+window), query-16 (exact per-query window, masked), dense-8 / window-8 (8-bit KV).
+A prompt is treated as a cold request: positions from length - tail on are dense.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402,F401  (puts MLX on an optimized BLAS on Linux CPUs first)
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+
+from engine.window import WindowPolicy, make_window_cache, set_dense_from  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model shape plus the window settings that suit its context lengths."""
+
+    module: str
+    args: dict
+    weight_bits: int | None  # None: keep the dtype's full weights
+    dtype: str
+    global_tokens: int
+    window_tokens: int
+    dense_tail: int
+
+
+SHAPES = {
+    # Small enough for a shared 2-core CPU; G/W scaled to 1/8 of 32k like 8k+8k is of 128k.
+    "tiny": Shape(
+        "llama",
+        dict(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-5,
+             vocab_size=1024, max_position_embeddings=131072, rope_theta=1e6),
+        None, "float32", 2048, 2048, 512,
+    ),
+    # Qwen3-32B's published shape, random weights, 4-bit (group 64) like mlx-community repos.
+    "qwen3-32b": Shape(
+        "qwen3",
+        dict(model_type="qwen3", hidden_size=5120, num_hidden_layers=64, intermediate_size=25600,
+             num_attention_heads=64, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+             vocab_size=151936, max_position_embeddings=131072, rope_theta=1e6,
+             tie_word_embeddings=False),
+        4, "bfloat16", 8192, 8192, 2048,
+    ),
+}
+
+MODES = {  # name -> (window form or None for dense, kv bits)
+    "dense-16": (None, 16),
+    "window-16": ("block", 16),
+    "query-16": ("query", 16),
+    "dense-8": (None, 8),
+    "window-8": ("block", 8),
+}
+
+
+def build_model(shape: Shape, layers: int | None, seed: int = 0) -> nn.Module:
+    """Random weights, materialized one layer at a time to bound peak memory."""
+    import importlib
+
+    mod = importlib.import_module(f"mlx_lm.models.{shape.module}")
+    args = dict(shape.args)
+    if layers:
+        args["num_hidden_layers"] = layers
+    mx.random.seed(seed)
+    model = mod.Model(mod.ModelArgs.from_dict(args))
+    model.set_dtype(getattr(mx, shape.dtype))
+    parts = [*model.layers, model]  # the model last: embeddings, norm, head
+    for part in parts:
+        if shape.weight_bits:
+            nn.quantize(part, group_size=64, bits=shape.weight_bits)
+        mx.eval(part.parameters())
+    return model
+
+
+def attention_flops(n: int, chunk: int, policy: WindowPolicy, dense_from: int) -> float:
+    """Multiply-adds x2 of QK^T and PV per head-dim unit, summed over queries."""
+    total = 0
+    g, w = policy.global_tokens, policy.window_tokens
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        for q in range(start, start + size):
+            seen = q + 1
+            windowed = policy.enabled and q < dense_from and (
+                (policy.form == "block" and start + size <= dense_from and start - w > g)
+                or (policy.form == "query" and q - w > g))
+            if windowed:
+                seen = g + (q - (start if policy.form == "block" else q) + w + 1)
+            total += seen
+    return 4.0 * total  # x n_heads x head_dim x layers by the caller
+
+
+def linear_flops_per_token(model: nn.Module) -> float:
+    """2 x parameters of the transformer blocks' linear layers (embeddings excluded)."""
+    count = 0
+    for layer in model.layers:
+        for _, m in layer.named_modules():
+            if isinstance(m, (nn.Linear, nn.QuantizedLinear)):
+                count += m.weight.shape[0] * (m.weight.shape[1] * (32 // m.bits if hasattr(m, "bits") else 1))
+    return 2.0 * count
+
+
+def prefill(model, tokens: mx.array, caches, chunk: int) -> float:
+    """Seconds to prefill `tokens` chunk by chunk (logits of the chunks are never computed)."""
+    tic = time.perf_counter()
+    for start in range(0, tokens.shape[1], chunk):
+        model.model(tokens[:, start:start + chunk], cache=caches)
+        mx.eval([c.state for c in caches])
+    return time.perf_counter() - tic
+
+
+def run(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--lengths", default="8192,16384,32768")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--chunk", type=int, default=None, help="prefill chunk (default 512 cpu, 2048 gpu)")
+    ap.add_argument("--window", default=None, help="G,W (default: the shape's)")
+    ap.add_argument("--tail", type=int, default=None, help="dense tail (default: the shape's)")
+    ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="device peak for the fraction column (default 989 on gpu: H200 dense bf16)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
+    shape = SHAPES[a.shape]
+    chunk = a.chunk or (2048 if a.device == "gpu" else 512)
+    g, w = map(int, a.window.split(",")) if a.window else (shape.global_tokens, shape.window_tokens)
+    tail = shape.dense_tail if a.tail is None else a.tail
+    peak = a.peak_tflops or (989.0 if a.device == "gpu" else None)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    modes = [m for m in a.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown modes {unknown}; choose from {list(MODES)}")
+
+    build_s = time.perf_counter()
+    model = build_model(shape, a.layers)
+    build_s = time.perf_counter() - build_s
+    margs = model.args
+    heads, hd, n_layers = margs.num_attention_heads, margs.head_dim, margs.num_hidden_layers
+    lin = linear_flops_per_token(model)
+    rows = []
+    for n in lengths:
+        tokens = mx.random.randint(0, margs.vocab_size, (1, n), key=mx.random.key(n))
+        for mode in modes:
+            form, bits = MODES[mode]
+            policy = WindowPolicy(enabled=form is not None, global_tokens=g, window_tokens=w,
+                                  dense_tail=tail, form=form or "block")
+            caches = make_window_cache(model, policy, bits)
+            dense_from = max(0, n - tail)
+            set_dense_from(caches, dense_from)
+            mx.clear_cache()
+            mx.reset_peak_memory()
+            secs = prefill(model, tokens, caches, chunk)
+            flops = n * lin + attention_flops(n, chunk, policy, dense_from) * heads * hd * n_layers
+            row = dict(mode=mode, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
+                       peak_gib=round(mx.get_peak_memory() / 2**30, 3),
+                       kv_gib=round(sum(c.nbytes for c in caches) / 2**30, 3),
+                       tflops=round(flops / secs / 1e12, 3))
+            if peak:
+                row["peak_fraction"] = round(row["tflops"] / peak, 4)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            del caches
+    result = dict(shape=a.shape, device=a.device, chunk=chunk, global_tokens=g, window_tokens=w,
+                  dense_tail=tail, layers=n_layers, weight_bits=shape.weight_bits, dtype=shape.dtype,
+                  build_s=round(build_s, 1), mlx=mx.__version__, platform=platform.platform(),
+                  peak_tflops=peak, rows=rows)
+    out = Path(a.out or f"bench/results/prefill-{a.shape}-{a.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(table(result))
+    return result
+
+
+def table(result: dict) -> str:
+    """Markdown table: one row per length, tok/s (and ratio to dense-16) per mode."""
+    modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
+    by = {(r["mode"], r["tokens"]): r for r in result["rows"]}
+    lengths = sorted({r["tokens"] for r in result["rows"]})
+    head = "| tokens | " + " | ".join(f"{m} tok/s (peak GiB)" for m in modes) + " |"
+    lines = [head, "|" + "---|" * (len(modes) + 1)]
+    for n in lengths:
+        base = by.get(("dense-16", n))
+        cells = []
+        for m in modes:
+            r = by[(m, n)]
+            ratio = f" {r['tok_s'] / base['tok_s']:.2f}x" if base and m != "dense-16" else ""
+            cells.append(f"{r['tok_s']:,.0f}{ratio} ({r['peak_gib']:.2f})")
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run()
