@@ -59,33 +59,28 @@ class Detokenizer:
 class Tokenizer:
     """Encode, decode, stream-decode and chat-render for one model.
 
-    Build one with `Tokenizer.from_hf` (a `PreTrainedTokenizerFast`) or
-    `Tokenizer(wrapper)` (the `TokenizerWrapper` mlx-lm's loader returns).
-    `wrapper` stays available for mlx-lm functions that expect it.
+    Built from mlx-lm's `TokenizerWrapper` (what its loader returns) or from a
+    `transformers.PreTrainedTokenizerFast`. `wrapper` (mlx-lm) and `hf`
+    (transformers) stay available for library functions that expect them.
+
+    Args:
+        tokenizer: A `TokenizerWrapper` or a Hugging Face fast tokenizer.
+        eos_token_ids: Extra ids that end generation, besides the tokenizer's
+            eos (only used when `tokenizer` is not already a `TokenizerWrapper`).
     """
 
-    def __init__(self, wrapper: TokenizerWrapper) -> None:
-        self.wrapper = wrapper
-        self.hf = wrapper._tokenizer  # noqa: SLF001 - mlx-lm exposes no public accessor
+    def __init__(self, tokenizer: TokenizerWrapper | Any, eos_token_ids: Iterable[int] = ()) -> None:
+        if not isinstance(tokenizer, TokenizerWrapper):
+            tokenizer = TokenizerWrapper(
+                tokenizer, _detokenizer_class(tokenizer), eos_token_ids=list(eos_token_ids)
+            )
+        self.wrapper = tokenizer
+        self.hf = tokenizer._tokenizer  # noqa: SLF001 - mlx-lm exposes no public accessor
 
     @classmethod
     def from_hf(cls, hf_tokenizer: Any, eos_token_ids: Iterable[int] = ()) -> Tokenizer:
-        """Wrap a Hugging Face fast tokenizer.
-
-        Args:
-            hf_tokenizer: A `transformers.PreTrainedTokenizerFast`.
-            eos_token_ids: Extra ids that end generation, besides the tokenizer's eos.
-
-        Returns:
-            The tokenizer, with the streaming detokenizer matched to its decoder.
-        """
-        return cls(
-            TokenizerWrapper(
-                hf_tokenizer,
-                _detokenizer_class(hf_tokenizer),
-                eos_token_ids=list(eos_token_ids),
-            )
-        )
+        """Wrap a Hugging Face fast tokenizer (same as ``Tokenizer(hf_tokenizer, eos_token_ids)``)."""
+        return cls(hf_tokenizer, eos_token_ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS/EOS (special-token strings in it are parsed)."""
@@ -109,6 +104,10 @@ class Tokenizer:
         """The Jinja chat template, or None for a model without one."""
         template = self.hf.chat_template
         return template if isinstance(template, str) else None
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token string -> id, added tokens included."""
+        return dict(self.hf.get_vocab())
 
     @property
     def vocab_size(self) -> int:
