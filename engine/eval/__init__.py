@@ -1,0 +1,1 @@
+"""Fidelity harness: generated long-context tasks and a runner comparing attention policies."""
