@@ -25,6 +25,9 @@ _FINGERPRINT_VERSION = 1
 class Detokenizer:
     """Turns a stream of token ids into text deltas that never split a UTF-8 character.
 
+    Byte-level BPE streams drop the space that begins the very first token (a
+    reply's first word), as mlx-lm does; otherwise the deltas join to `decode`.
+
     Example:
         stream = tokenizer.detokenizer()
         for token in tokens:

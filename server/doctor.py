@@ -63,9 +63,8 @@ def check_blas() -> Check:
     except Exception as err:  # noqa: BLE001 - a report, never a reason to crash the doctor
         return Check("blas", False, f"describe() failed: {err}", required=False)
     if not report.get("interposed"):
-        notes = "; ".join(report.get("notes") or []) if isinstance(report.get("notes"), list) else report.get("notes")
-        return Check("blas", False, f"MLX's bundled reference BLAS (slow): {notes or 'no optimized BLAS'}",
-                     required=False)
+        notes = "; ".join(report.get("notes") or []) or "no optimized BLAS found"
+        return Check("blas", False, f"MLX's bundled reference BLAS (slow): {notes}", required=False)
     detail = f"{report.get('library')} (source {report.get('source')}, threads {report.get('threads')})"
     return Check("blas", True, detail, required=False)
 
