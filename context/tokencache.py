@@ -123,11 +123,31 @@ class TokenCache:
             i += len(parts)
         return out
 
+    def count_chunked(self, texts: Sequence[str]) -> list[int]:
+        """Token counts of texts (as `encode_chunked`), without unpacking cached ids."""
+        split = [chunks(t) for t in texts]
+        counts: dict[bytes, int] = {}
+        todo: list[str] = []
+        for parts in split:
+            for part in parts:
+                key = text_key(part)
+                if key in self._live:
+                    counts[key] = len(self._live[key])
+                elif key in self._stored:
+                    counts[key] = len(self._stored[key]) // 4
+                else:
+                    todo.append(part)
+        if todo:
+            for part, ids in zip(todo, self.encode_many(todo)):
+                counts[text_key(part)] = len(ids)
+        self.hits += sum(len(p) for p in split) - len(todo)
+        return [sum(counts[text_key(p)] for p in parts) for parts in split]
+
     def save(self) -> None:
         """Writes entries used in this session, then older ones up to a size cap."""
         if not self.persist or not self._dirty:
             return
-        data: dict[bytes, bytes] = {k: _pack(v) for k, v in self._live.items()}
+        data: dict[bytes, bytes] = {k: self._stored.get(k) or _pack(v) for k, v in self._live.items()}
         total = sum(len(v) for v in data.values()) // 4
         for key, blob in self._stored.items():
             if key in data:

@@ -351,7 +351,7 @@ class Workspace:
 
     def _file_costs(self, paths: list[str]) -> dict[str, int]:
         texts = [self._files[p].segment_text for p in paths]
-        return {p: len(ids) for p, ids in zip(paths, self.tokens.encode_chunked(texts))}
+        return dict(zip(paths, self.tokens.count_chunked(texts)))
 
     def _tokens_of(self, text: str) -> int:
         return len(self.tokens.encode(text))
