@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any, Iterable, Sequence
 
 import xxhash
+from tokenizers import decoders
 from mlx_lm.tokenizer_utils import (
     BPEStreamingDetokenizer,
     NaiveStreamingDetokenizer,
@@ -153,13 +154,12 @@ class Tokenizer:
         """xxh3_64 hex over everything that decides token ids and prompt text.
 
         Covers the vocabulary, merges, normalizer and pre-tokenizer (the backend
-        tokenizer's JSON, key-sorted), the special tokens, the eos ids and the
-        chat template. Equal across processes for the same tokenizer files.
+        tokenizer's JSON, which `tokenizers` serializes deterministically), the
+        special tokens, the eos ids and the chat template. Equal across
+        processes for the same tokenizer files.
         """
-        backend = json.loads(self.hf.backend_tokenizer.to_str())
-        identity = {
+        rest = {
             "version": _FINGERPRINT_VERSION,
-            "backend": backend,
             "special_tokens": sorted(
                 (str(t), self.hf.convert_tokens_to_ids(str(t)))
                 for t in self.hf.all_special_tokens
@@ -167,13 +167,13 @@ class Tokenizer:
             "eos_token_ids": sorted(self.eos_token_ids),
             "chat_template": self.chat_template,
         }
-        canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False)
-        return xxhash.xxh3_64_hexdigest(canonical.encode("utf-8"))
+        digest = xxhash.xxh3_64(self.hf.backend_tokenizer.to_str().encode("utf-8"))
+        digest.update(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        return digest.hexdigest()
 
 
 def _detokenizer_class(hf_tokenizer: Any) -> type[StreamingDetokenizer]:
     """The mlx-lm streaming detokenizer that fits the tokenizer's decoder."""
-    decoder = json.loads(hf_tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
-    if decoder.get("type") == "ByteLevel":
+    if isinstance(hf_tokenizer.backend_tokenizer.decoder, decoders.ByteLevel):
         return BPEStreamingDetokenizer
     return NaiveStreamingDetokenizer
