@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import mlx.core as mx
+
 from .errors import EngineClosedError, RequestCancelled
 from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
 from .handle import RequestHandle
@@ -200,15 +202,21 @@ class Engine:
     # -- worker -----------------------------------------------------------
 
     def _work(self) -> None:
-        while True:
-            _, _, job = self._queue.get()
-            if job is None:
-                break
-            self._serve(job)
-        while not self._queue.empty():  # only jobs submitted before close() remain
-            _, _, job = self._queue.get()
-            if job is not None:
-                self._serve(job)  # cancelled already: ends at once
+        try:
+            while True:
+                _, _, job = self._queue.get()
+                if job is None:
+                    break
+                self._serve(job)
+            while not self._queue.empty():  # only jobs submitted before close() remain
+                _, _, job = self._queue.get()
+                if job is not None:
+                    self._serve(job)  # cancelled already: ends at once
+        finally:
+            # MLX keeps per-thread streams; left alive past this thread's exit they
+            # abort the process at interpreter exit ("terminate called ...").
+            mx.synchronize()
+            mx.clear_streams()
 
     def _serve(self, job: _Job) -> None:
         with self._lock:
