@@ -92,7 +92,7 @@ def variable_task(seed: int, n_sentences: int) -> Task:
             rhs = str(value) if hop == 0 else f"VAR {chain[hop - 1]}"
             statements.append(f"VAR {chain[hop]} = {rhs}.")
     sentences = filler(rng, n_sentences)
-    slots = sorted(rng.sample(range(n_sentences + 1), len(statements)))
+    slots = sorted(rng.choices(range(n_sentences + 1), k=len(statements)))
     for slot, statement in reversed(list(zip(slots, statements))):
         sentences.insert(slot, statement)
     questions = tuple(

@@ -69,3 +69,22 @@ def test_summary_counts_agreement_and_lists_failures():
     assert summary["window"]["right"] == 14 and summary["window"]["same_as_ref"] == 14
     assert summary["window"]["identical"] == 0
     assert summary["window"]["failures"] == [dict(seed=2, tokens=1234, item=codes[0], ref=True, this=False)]
+
+
+def test_runner_on_a_tiny_model_window_covering_the_context_agrees_exactly(tiny_loaded):
+    from engine.eval.runner import Arm, run_tasks
+    from engine.window import WindowPolicy
+
+    tasks = [needle_task(0, 30), variable_task(0, 12)]
+    arms = [Arm("dense", WindowPolicy(enabled=False)),
+            Arm("covering", WindowPolicy(global_tokens=4096, window_tokens=4096, dense_tail=16)),
+            Arm("window-8", WindowPolicy(global_tokens=32, window_tokens=32, dense_tail=16), kv_bits=8)]
+    runs = run_tasks(tiny_loaded.model, tiny_loaded.tokenizer, tasks, arms, chunk=64, max_tokens=4)
+    assert [r.task.kind for r in runs] == ["needle", "variables"]
+    assert runs[0].context_tokens > 32 + 32 + 16  # the small window really windows
+    for run in runs:
+        assert run.results["covering"].answers == run.results["dense"].answers
+        assert len(run.results["window-8"].answers) == len(run.task.questions)
+    summary = summarize(runs, "dense")
+    assert summary["variables"]["covering"]["identical"] == CHAINS
+    assert summary["needle"]["window-8"]["items"] == 15
