@@ -1,0 +1,76 @@
+"""`codectx`: the command-line entry point (console script `server.cli:main`).
+
+Each subcommand is one entry in `SUBCOMMANDS`: a name, a one-line help and
+the "module:function" that runs it. The function takes the remaining
+arguments (`main(argv: list[str]) -> int`) and parses them itself, so its
+module, and MLX behind it, is imported only when that subcommand runs:
+`codectx --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand's target ("package.module:function") and its one-line help."""
+
+    target: str
+    help: str
+
+    def load(self) -> Callable[[list[str]], int]:
+        module_name, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(module_name), function)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "ask": Subcommand("server.ask_cmd:main", "answer a question about a repository (streams to stdout)"),
+    "eval": Subcommand("server.eval_cmd:main", "measure what windowed prefill / 8-bit KV cost in answers"),
+    "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model and the cache dir"),
+    "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser; each subcommand's own options are parsed by its module."""
+    parser = argparse.ArgumentParser(
+        prog="codectx",
+        description="A language server that keeps a whole repository warm inside a local LLM.",
+        epilog="Run 'codectx COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, sub in SUBCOMMANDS.items():
+        commands.add_parser(name, help=sub.help, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the subcommand name and hand the rest of the arguments to it.
+
+    Returns:
+        The subcommand's exit status.
+    """
+    args, rest = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
+    return SUBCOMMANDS[args.command].load()(rest)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("codectx")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

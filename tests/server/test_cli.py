@@ -1,0 +1,101 @@
+"""The `codectx` command line: help without MLX, and `ask` end to end as a subprocess."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.tiny_models import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+FOOTER = re.compile(r"\[prompt (\d+) tok \(cached (\d+), recomputed (\d+)\) \| prefill [\d.]+ s, \d+ tok/s \| "
+                    r"TTFT [\d.]+ s \| decode (\d+) tok, [\d.]+ tok/s \| (stop|length)\]")
+
+
+def codectx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("cli-model"))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["ask", "--help"], ["doctor", "--help"]])
+def test_help_does_not_import_mlx(argv):
+    script = ("import sys\nimport server.cli\n"
+              f"try:\n    server.cli.main({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+              "assert 'mlx' not in sys.modules and 'mlx.core' not in sys.modules, 'mlx imported'\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: codectx" in result.stdout
+
+
+def test_top_level_help_lists_subcommands():
+    result = codectx("--help")
+    assert result.returncode == 0
+    for name in ("ask", "doctor", "serve"):
+        assert re.search(rf"^\s+{name}\s", result.stdout, re.M), name
+
+
+def test_unknown_subcommand_fails_with_usage():
+    result = codectx("frobnicate")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def _expected_answer(model_dir: Path, question: str, repo_text: str | None, max_tokens: int) -> tuple[str, int]:
+    from engine.engine import Engine
+    from engine.loading import load_model
+    from server.ask_cmd import build_messages
+
+    with Engine(load_model(str(model_dir), progress=False)) as engine:
+        ids = engine.chat_ids(build_messages(question, repo_text))
+        return engine.generate_text(ids, max_tokens=max_tokens), len(ids)
+
+
+def test_ask_streams_the_engine_answer_and_prints_footer(cli_model):
+    result = codectx("ask", "--model", str(cli_model), "--max-tokens", "12", "What does add do?")
+    assert result.returncode == 0, result.stderr
+    expected, prompt_tokens = _expected_answer(cli_model, "What does add do?", None, 12)
+    assert result.stdout == expected + "\n" and expected.strip()
+    footer = FOOTER.search(result.stderr)
+    assert footer, result.stderr
+    prompt, cached, recomputed, decoded = map(int, footer.groups()[:4])
+    assert (prompt, cached, recomputed) == (prompt_tokens, 0, prompt_tokens)
+    assert 0 < decoded <= 12
+
+
+def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
+    (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "notes.md").write_text("Grüße 🙂\n")
+    (tmp_path / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0binary")
+    result = codectx("ask", "--repo", str(tmp_path), "--model", str(cli_model), "--max-tokens", "4", "q?",
+                     "--kv-bits", "8")
+    assert result.returncode == 0, result.stderr
+    assert "2 files in context, 0 left out" in result.stderr
+    bare = codectx("ask", "--model", str(cli_model), "--max-tokens", "4", "q?")
+    with_repo, without = (int(FOOTER.search(r.stderr).group(1)) for r in (result, bare))
+    assert with_repo > without + 10
+
+
+def test_ask_with_missing_model_fails_cleanly(tmp_path):
+    result = codectx("ask", "--model", str(tmp_path / "nope"), "hi")
+    assert result.returncode == 1 and "codectx ask:" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.default_model
+def test_doctor_on_default_model():
+    result = codectx("doctor", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ready: true" in result.stdout
+
+
+@pytest.mark.default_model
+def test_ask_default_model_answers():
+    result = codectx("ask", "--max-tokens", "12", "What is the capital of France?", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout and FOOTER.search(result.stderr)
