@@ -68,20 +68,33 @@ class Boundary:
     protected: bool
 
 
-def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment]) -> list[Boundary]:
-    """Boundaries after every non-empty segment, with their chained keys."""
+def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment],
+               interval: int | None = None) -> list[Boundary]:
+    """Boundaries after every non-empty segment, with their chained keys.
+
+    Args:
+        policy_fingerprint: Seeds the chain.
+        segments: The prompt layout.
+        interval: Also a boundary every `interval` tokens from each segment's
+            start (so an edit near the end of a long file keeps most of it).
+            Positions depend only on the layout; with `interval` a multiple of
+            the prefill chunk they add no forward calls.
+    """
     out: list[Boundary] = []
     key, token_key, pos = policy_fingerprint, "", 0
     parent = ""
     for seg in segments:
-        if not seg.token_ids:
-            continue
-        tokens = token_bytes(seg.token_ids)
-        key, token_key = _chain(key, tokens), _chain(token_key, tokens)
-        end = pos + len(seg.token_ids)
-        out.append(Boundary(key, token_key, parent, pos, end, tokens, seg.kind,
-                            seg.protected or seg.kind in PROTECTED_KINDS))
-        parent, pos = key, end
+        ids = seg.token_ids
+        step = interval or len(ids) or 1
+        for i in range(0, len(ids), step):
+            piece = ids[i:i + step]
+            tokens = token_bytes(piece)
+            key, token_key = _chain(key, tokens), _chain(token_key, tokens)
+            end = pos + len(piece)
+            last = i + step >= len(ids)
+            out.append(Boundary(key, token_key, parent, pos, end, tokens, seg.kind,
+                                last and (seg.protected or seg.kind in PROTECTED_KINDS)))
+            parent, pos = key, end
     return out
 
 
@@ -164,16 +177,19 @@ class CheckpointStore:
             most this long; a longer one (an edit early in the repo) is dropped.
         archive: Optional disk archive for restarts; written off the MLX thread.
         archive_skip_kinds: Segment kinds never archived (one-off questions).
+        interval: Boundaries also every `interval` tokens inside a segment.
     """
 
     def __init__(self, policy_fingerprint: str, budget_bytes: int,
                  max_branch_tokens: int = 8192, archive: CheckpointArchive | None = None,
-                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header"})):
+                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header"}),
+                 interval: int | None = None):
         self.policy_fingerprint = policy_fingerprint
         self.budget_bytes = budget_bytes
         self.max_branch_tokens = max_branch_tokens
         self.archive = archive
         self.archive_skip_kinds = archive_skip_kinds
+        self.interval = interval
         self._by_key: dict[str, Checkpoint] = {}
         self._line: list[Checkpoint] = []
         self._evicted: OrderedDict[str, None] = OrderedDict()
@@ -183,7 +199,7 @@ class CheckpointStore:
 
     def boundaries(self, segments: Sequence[PromptSegment]) -> list[Boundary]:
         """`boundaries` under this store's policy."""
-        return boundaries(self.policy_fingerprint, segments)
+        return boundaries(self.policy_fingerprint, segments, self.interval)
 
     def plan(self, bounds: Sequence[Boundary], limit: int) -> Plan:
         """The longest valid checkpoint path ending before token `limit`.

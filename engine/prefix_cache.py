@@ -67,7 +67,7 @@ class PrefixCache:
                         if archive_bytes > 0 else None)
         self.store = CheckpointStore(
             fingerprint, default_budget_bytes() if budget_bytes is None else budget_bytes,
-            archive=self.archive)
+            archive=self.archive, interval=policy.prefill_chunk)
         self.cache = make_cache(model, policy.kv_bits, policy.kv_group_size)
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}

@@ -52,6 +52,9 @@ def test_boundary_keys_chain_over_policy_and_all_previous_tokens():
     b = [PromptSegment("system", "s", (1, 2, 9)), PromptSegment("file", "y", (4, 5))]
     ba, bb = boundaries("p1", a), boundaries("p1", b)
     assert [(x.start, x.end) for x in ba] == [(0, 3), (3, 5)]  # empty segment: no boundary
+    pieces = boundaries("p1", a, interval=2)
+    assert [(x.start, x.end, x.kind) for x in pieces] == [(0, 2, "system"), (2, 3, "system"), (3, 5, "file")]
+    assert pieces[-1].key != ba[-1].key and pieces[0].parent == ""
     assert ba[1].parent == ba[0].key
     assert ba[1].tokens == bb[1].tokens and ba[1].key != bb[1].key  # same tail, other prefix
     other = boundaries("p2", a)
@@ -73,7 +76,8 @@ def test_warm_equals_cold_across_a_session(tiny_loaded, repo, kv_bits):
         (ask(tok, repo, "What does f1 do?"), 0, "new prefix"),
         (ask(tok, repo, "And f2?"), prefix_len(repo, n), None),  # diverged inside the question
         (ask(tok, mid_edit, "Now?"), prefix_len(repo, 2), f"diverged at token {prefix_len(repo, 2) + 10}"),
-        (ask(tok, last_edit, "Last?"), prefix_len(mid_edit, n - 1), None),
+        # Checkpoints every 16 tokens (the chunk) inside a file: 32 of its 37 tokens kept.
+        (ask(tok, last_edit, "Last?"), prefix_len(mid_edit, n - 1) + 32, None),
         # The first turn repeats the last question's tokens at the same place: restored too.
         (continued, prefix_len(continued, n + 1), None),
     ]
@@ -115,9 +119,9 @@ def test_repeated_request_restores_all_but_the_last_segment(engine, tiny_loaded,
 
 # -- cancel ---------------------------------------------------------------------
 
-def test_cancel_during_prefill_keeps_only_confirmed_segments(engine, tiny_loaded, repo):
+def test_cancel_during_prefill_keeps_only_confirmed_state(engine, tiny_loaded, repo):
     segments = ask(tiny_loaded.tokenizer, repo, "Cancel me")
-    stop_at = prefix_len(segments, 3) + 16  # inside the fourth segment (chunks of 16)
+    stop_at = prefix_len(segments, 3) + 16  # a checkpoint inside the fourth segment
     request = Request(segments=segments, max_tokens=4)
 
     def cancel(done, total):
@@ -126,12 +130,14 @@ def test_cancel_during_prefill_keeps_only_confirmed_segments(engine, tiny_loaded
 
     events = list(engine.submit(request, on_progress=cancel))
     assert events[-1].finish_reason == "cancelled"
-    assert engine.prefix.store.line_offset == prefix_len(segments, 3)
-    assert state.attention_offset(engine.prefix.cache) == prefix_len(segments, 3)
+    # The chunk after stop_at never ran; everything up to it was confirmed.
+    assert engine.prefix.store.line_offset == stop_at
+    assert state.attention_offset(engine.prefix.cache) == stop_at
     ends = [c.boundary.end for c in engine.prefix.store.checkpoints()]
-    assert ends == [prefix_len(segments, i) for i in (1, 2, 3)]
+    assert ends == [b.end for b in engine.prefix.store.boundaries(segments) if b.end <= stop_at]
+    assert prefix_len(segments, 3) in ends and 20 in ends and 16 in ends
     tokens, done = run(engine, segments)
-    assert done.metrics.cached_tokens == prefix_len(segments, 3)
+    assert done.metrics.cached_tokens == stop_at
     assert tokens == cold(tiny_loaded, segments)
 
 

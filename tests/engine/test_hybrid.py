@@ -86,12 +86,12 @@ def test_cancel_rolls_back_recurrent_state(hybrid, repo):
 
         events = list(eng.submit(request, on_progress=cancel))
         assert events[-1].finish_reason == "cancelled"
-        assert eng.prefix.store.line_offset == prefix_len(segments, 2)
+        assert eng.prefix.store.line_offset == stop_at
         line_snapshot = eng.prefix.store.checkpoints()[-1].recurrent
         for key, arr in state.snapshot_recurrent(eng.prefix.cache).items():
             assert arr is line_snapshot[key]
         tokens, done = run(eng, segments, max_tokens=6)
-    assert done.metrics.cached_tokens == prefix_len(segments, 2)
+    assert done.metrics.cached_tokens == stop_at
     assert tokens == cold(hybrid, segments, max_tokens=6)
 
 
