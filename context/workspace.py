@@ -40,9 +40,17 @@ class _File:
     path: str
     language: str
     content_hash: str
-    tags: FileTags
     text: str
     replaced: bool
+    tag_cache: TagCache
+    _tags: FileTags | None = None
+
+    @property
+    def tags(self) -> FileTags:
+        """Parsed on first use (an update does not need them until the next build)."""
+        if self._tags is None:
+            self._tags = self.tag_cache.get(self.language, self.content_hash, self.text)
+        return self._tags
 
     @property
     def segment_text(self) -> str:
@@ -101,6 +109,7 @@ class Workspace:
         self._tools_text = block(neutralize(tools)) if tools.strip() else ""
         self._files: dict[str, _File] = {}
         self._hot: list[str] = []
+        self._overlay: dict[str, str | None] = {}
         self._hot_reason: dict[str, str] = {}
         self._selected: frozenset[str] = frozenset()
         self._rank: dict[str, float] = {}
@@ -130,6 +139,13 @@ class Workspace:
         paths, _ = list_paths(self.root)
         result = scan(self.root, self.rules, paths)
         self._files = {}
+        files = {f.path: f for f in result.files}
+        for rel, text in self._overlay.items():  # editor buffers win over the disk
+            item = None if text is None else keep_single(self.root, rel, self.rules, self._ignore, text)
+            files.pop(rel, None)
+            if isinstance(item, SourceFile):
+                files[rel] = item
+        result.files = [files[p] for p in sorted(files)]
         total = len(result.files)
         for n, f in enumerate(result.files, 1):
             self._files[f.path] = self._entry(f)
@@ -169,6 +185,7 @@ class Workspace:
             `len(layout.segments)` when nothing changed.
         """
         rel = self._relative(path)
+        self._overlay[rel] = text
         segments = list(self._layout.segments)
         old = next((i for i, s in enumerate(segments) if s.key == rel and s.kind in ("file", "hot")), None)
         first = len(segments)
@@ -217,6 +234,10 @@ class Workspace:
         self._layout = self._make_layout(segments, self._mapped, self._omitted)
         return first, self._layout
 
+    def release(self, path: str | Path) -> None:
+        """Forgets an editor buffer given to `update`: the next `build` reads the disk version."""
+        self._overlay.pop(self._relative(path), None)
+
     def _fit(self, segments: list[Segment], first: int, edited: str) -> int:
         """Evicts whole files until the budget holds; returns the first index it touched.
 
@@ -257,7 +278,7 @@ class Workspace:
     def _entry(self, f: SourceFile) -> _File:
         language = language_of(f.path)
         h = text_hash(f.text)
-        return _File(f.path, language, h, self.tags.get(language, h, f.text), f.text, f.replaced)
+        return _File(f.path, language, h, f.text, f.replaced, self.tags)
 
     def _read_go_mod(self) -> str | None:
         try:

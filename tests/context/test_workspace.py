@@ -115,8 +115,12 @@ def test_update_is_o_changed_file(repo, smol_tokenizer, monkeypatch):
     monkeypatch.setattr("context.workspace.list_paths", lambda root: pytest.fail("update rescanned"))
     misses = ws.tokens.misses
     ws.update("crate/src/parser.rs", "pub struct Parser2;\n")
-    assert parsed == ["rust"]
+    assert parsed == []  # tags are parsed on the next build, not in the update
     assert ws.tokens.misses == misses + 1
+    monkeypatch.undo()
+    monkeypatch.setattr(tags, "extract", lambda lang, text: parsed.append(lang) or real(lang, text))
+    ws.build()
+    assert parsed == ["rust"]  # only the changed file: the others hit the tag cache
 
 
 @pytest.mark.parametrize("budget", [900, 1000, 1200])
