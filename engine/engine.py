@@ -31,6 +31,8 @@ from .policy import CachePolicy
 from .prefix_cache import PrefixCache, model_dtype
 from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
 from .sampling import make_sampler
+from .speculative import Mode
+from .speculative_decode import speculative_decode
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +59,18 @@ class Engine:
         checkpoint_budget_bytes: Bytes checkpoints may own (None: 1/8 of memory).
         archive_bytes: Size cap of the disk archive under ``CODECTX_HOME``
             (0, the default, keeps checkpoints in memory only).
+        speculation: Decode mode: "off", "lookup" (prompt lookup), "draft"
+            (needs `draft`) or "auto" (speculates while it pays off); greedy
+            output is the same in every mode (engine.speculative).
+        draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto".
 
     Raises:
         ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
     """
 
     def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 checkpoint_budget_bytes: int | None = None, archive_bytes: int = 0) -> None:
+                 checkpoint_budget_bytes: int | None = None, archive_bytes: int = 0,
+                 speculation: str = "off", draft: Any = None) -> None:
         if kv_bits not in SUPPORTED_KV_BITS:
             raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
         if prefill_chunk < 1:
@@ -73,6 +80,8 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.kv_bits = kv_bits
         self.prefill_chunk = prefill_chunk
+        self.speculation = Mode(speculation)  # ValueError names the modes
+        self.draft = draft
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         policy = CachePolicy(model_id=str(getattr(loaded, "model_id", "")),
                              weight_hash=str(getattr(loaded, "weight_hash", "")),
@@ -276,8 +285,15 @@ class Engine:
 
         start = time.perf_counter()
         try:
-            for token in decode(self.model, cache, logits, sampler, request.max_tokens,
-                                self._eos, cancelled):
+            if self.speculation is Mode.OFF:
+                tokens = decode(self.model, cache, logits, sampler, request.max_tokens,
+                                self._eos, cancelled)
+            else:
+                tokens = speculative_decode(
+                    self.model, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
+                    prompt_ids=ids, mode=self.speculation, sampling=request.sampling,
+                    draft=self.draft, metrics=metrics)
+            for token in tokens:
                 metrics.decode_tokens += 1
                 pending_ids.append(token)
                 text = stops.push(detok.add(token))

@@ -1,0 +1,142 @@
+"""Speculative decoding as the engine's decode loop: pick a mode, yield tokens.
+
+`speculative_decode` has the shape of `engine.generate.decode` (same cache
+precondition, same EOS and cancel behaviour) and adds the speculation mode;
+the engine calls one or the other.
+"""
+from __future__ import annotations
+
+from typing import Any, Collection, Iterator, Sequence
+
+import mlx.core as mx
+
+from engine import generate
+from engine.errors import RequestCancelled
+from engine.lookup import PromptLookupDrafter
+from engine.request import Metrics, SamplingParams
+from engine.sampling import Sampler
+from engine.speculative import (
+    DEFAULT_COST_PER_TOKEN,
+    BreakEvenGuard,
+    Cache,
+    Drafter,
+    Mode,
+    SpeculativeDecoder,
+)
+
+# A draft model's forward costs about as much as the target's on this CPU
+# (per-op overhead dominates small models), so auto charges it in full.
+DRAFT_MODEL_COST = 1.0
+
+
+def make_decoder(
+    mode: Mode | str,
+    model: Any,
+    cache: list[Cache],
+    history: Sequence[int],
+    sampling: SamplingParams = SamplingParams(),
+    draft: Drafter | None = None,
+    should_stop: Any = None,
+    forward: Any = None,
+    cost_per_token: float = DEFAULT_COST_PER_TOKEN,
+) -> SpeculativeDecoder:
+    """Build the decoder for a speculation mode.
+
+    Args:
+        mode: `off`, `lookup` (prompt lookup), `draft` (needs `draft`), or
+            `auto` (the draft model if given, else prompt lookup, paused while
+            below break-even).
+        model: The target model.
+        cache: The target's cache, holding all of `history` but the last token.
+        history: Prompt and output so far.
+        sampling: Greedy when temperature == 0.
+        draft: A draft-model drafter (`engine.draft_model.DraftModelDrafter`).
+        should_stop: Cancellation poll (see `SpeculativeDecoder`).
+        forward: The target call (see `SpeculativeDecoder`).
+        cost_per_token: Break-even input for `auto`.
+
+    Raises:
+        ValueError: Unknown mode, or `draft` mode without a draft model.
+    """
+    try:
+        mode = Mode(mode)
+    except ValueError as err:
+        raise ValueError(
+            f"speculation mode must be one of {[m.value for m in Mode]}, got {mode!r}"
+        ) from err
+    drafter: Drafter | None = None
+    guard = None
+    if mode is Mode.LOOKUP:
+        drafter = PromptLookupDrafter()
+    elif mode is Mode.DRAFT:
+        if draft is None:
+            raise ValueError("speculation mode 'draft' needs a draft model")
+        drafter = draft
+    elif mode is Mode.AUTO:
+        drafter = draft or PromptLookupDrafter()
+        guard = BreakEvenGuard(cost_per_token, draft_cost=0.0 if draft is None else DRAFT_MODEL_COST)
+    return SpeculativeDecoder(model, cache, history, drafter, sampling, guard, should_stop, forward)
+
+
+def speculative_decode(
+    model: Any,
+    cache: list[Any],
+    logits: mx.array,
+    sampler: Sampler,
+    max_tokens: int,
+    eos_token_ids: Collection[int] = (),
+    should_cancel: Any = None,
+    *,
+    prompt_ids: Sequence[int],
+    mode: Mode | str = Mode.LOOKUP,
+    sampling: SamplingParams = SamplingParams(),
+    draft: Drafter | None = None,
+    metrics: Metrics | None = None,
+) -> Iterator[int]:
+    """Like `engine.generate.decode`, with speculative rounds after the first token.
+
+    The first token comes from the prefill's logits through `sampler`; later
+    tokens come from `SpeculativeDecoder` rounds. The EOS token is not
+    yielded; it ends the loop (tokens a round accepted after it are dropped).
+
+    Args:
+        model, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel:
+            As for `engine.generate.decode` (the cache holds the whole prompt).
+        prompt_ids: The prompt (drafts are looked up in it).
+        mode: Speculation mode (see `make_decoder`).
+        sampling: The request's sampling parameters.
+        draft: A draft-model drafter for modes `draft` and `auto`.
+        metrics: Receives drafted and accepted token counts as rounds finish.
+
+    Yields:
+        Token ids.
+
+    Raises:
+        RequestCancelled: When `should_cancel` returned True (a round in
+            flight is rolled back first).
+    """
+    stop = should_cancel or (lambda: False)
+    if max_tokens <= 0:
+        return
+    if stop():
+        raise RequestCancelled("cancelled during decode at token 0")
+    first = int(sampler(logits).item())
+    if first in eos_token_ids:
+        return
+    yield first
+    decoder = make_decoder(
+        mode, model, cache, list(prompt_ids) + [first], sampling, draft, stop,
+        forward=lambda ids: generate.forward(model, ids, cache),
+    )
+    produced = 1
+    while produced < max_tokens:
+        before = (decoder.stats.drafted, decoder.stats.accepted)
+        tokens = decoder.step(limit=max_tokens - produced)
+        if metrics is not None:
+            metrics.drafted_tokens += decoder.stats.drafted - before[0]
+            metrics.accepted_tokens += decoder.stats.accepted - before[1]
+        for token in tokens:
+            if token in eos_token_ids:
+                return
+            produced += 1
+            yield token
