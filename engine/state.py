@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 Arrays = dict[str, mx.array]
 
@@ -67,10 +67,28 @@ def trim_to(cache: Sequence[Any], offset: int) -> None:
 
 
 def _kv_parts(layer: Any) -> list[mx.array]:
-    keys, values = layer.state[0], layer.state[1]
-    if isinstance(keys, (list, tuple)):  # quantized: (packed, scales, biases)
-        return [*keys, *values]
-    return [keys, values]
+    """The arrays holding a layer's keys/values, positions on axis -2.
+
+    mlx-lm's own caches expose their (possibly larger) buffers; any other
+    attention cache (e.g. `engine.window.WindowKVCache`) gives its `state`:
+    arrays covering exactly [0, offset).
+    """
+    if isinstance(layer, QuantizedKVCache):
+        return [*layer.keys, *layer.values]
+    if isinstance(layer, KVCache):
+        return [layer.keys, layer.values]
+    return list(layer.state)
+
+
+def _set_kv(layer: Any, parts: list[mx.array], end: int) -> None:
+    if isinstance(layer, QuantizedKVCache):
+        layer.state = (tuple(parts[:3]), tuple(parts[3:]), end, layer.group_size, layer.bits)
+    elif isinstance(layer, KVCache):
+        layer.state = (parts[0], parts[1], end)
+    else:
+        layer.state = tuple(parts)
+        if layer.offset != end:
+            raise StateError(f"{type(layer).__name__} took {layer.offset} tokens, expected {end}")
 
 
 def _copy(x: mx.array) -> mx.array:
@@ -119,24 +137,18 @@ def append_kv_span(cache: Sequence[Any], span: Arrays, length: int) -> None:
 def _append_layer(layer: Any, parts: list[mx.array]) -> None:
     prev = layer.offset
     end = prev + parts[0].shape[-2]
-    quantized = len(parts) == 6
-    if layer.empty():
-        old = None
-    else:
-        old = _kv_parts(layer)
-        if len(old) != len(parts):
-            raise StateError(f"span of {len(parts)} arrays for a {type(layer).__name__}")
-    if old is not None and end <= old[0].shape[-2]:
+    old = None if layer.empty() else _kv_parts(layer)
+    if old is not None and len(old) != len(parts):
+        raise StateError(f"span of {len(parts)} arrays for a {type(layer).__name__}")
+    in_place = isinstance(layer, (KVCache, QuantizedKVCache))
+    if in_place and old is not None and end <= old[0].shape[-2]:
         for buf, part in zip(old, parts):
             buf[..., prev:end, :] = part
         layer.offset = end
         return
-    grown = [p if old is None else mx.concatenate([o[..., :prev, :], p], axis=-2)
-             for o, p in zip(old or [None] * len(parts), parts)]
-    if quantized:
-        layer.state = (tuple(grown[:3]), tuple(grown[3:]), end, layer.group_size, layer.bits)
-    else:
-        layer.state = (grown[0], grown[1], end)
+    grown = parts if old is None else [mx.concatenate([o[..., :prev, :], p], axis=-2)
+                                       for o, p in zip(old, parts)]
+    _set_kv(layer, grown, end)
 
 
 def snapshot_recurrent(cache: Sequence[Any]) -> Arrays:

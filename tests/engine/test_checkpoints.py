@@ -243,3 +243,41 @@ def test_miss_reasons(tiny_loaded, repo):
     prefix.prefill(Request(segments=ask(tok, changed, "q1")), 16, lambda: False, m)
     assert m.miss_reason == f"diverged at token {prefix_len(repo, 1)}"
     assert m.cached_tokens == prefix_len(repo, 1)
+
+
+# -- state round trip over every attention cache kind ------------------------------
+
+def _window_cache(model, bits):
+    from engine.window import WindowPolicy, make_window_cache
+
+    return make_window_cache(model, WindowPolicy(), kv_bits=bits)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: make_cache(m, 16), lambda m: make_cache(m, 8),
+    lambda m: _window_cache(m, 16), lambda m: _window_cache(m, 8),
+], ids=["kv16", "kv8", "window16", "window8"])
+def test_kv_span_copy_trim_append_round_trip(tiny_loaded, make):
+    model = tiny_loaded.model
+    ids = list(range(40, 80))
+    cache = make(model)
+    whole = prefill(model, cache, ids, 16)
+    before = [[mx.array(x) for x in layer_parts] for layer_parts in
+              ([p[..., :40, :] for p in state._kv_parts(c)] for c in cache)]
+    span = state.copy_kv_span(cache, 16, 40)
+    assert state.nbytes(span) > 0
+    state.trim_to(cache, 16)
+    assert state.attention_offset(cache) == 16
+    state.append_kv_span(cache, span, 24)
+    assert state.attention_offset(cache) == 40
+    for c, parts in zip(cache, before):
+        after = [p[..., :40, :] for p in state._kv_parts(c)]
+        assert all(mx.array_equal(a, b) for a, b in zip(after, parts))
+    # The restored cache continues exactly like the original would have.
+    state.trim_to(cache, 16)
+    state.append_kv_span(cache, span, 24)
+    fresh = make(model)
+    prefill(model, fresh, ids, 16)
+    nxt = prefill(model, cache, [5, 6, 7], 16)
+    assert mx.array_equal(nxt, prefill(model, fresh, [5, 6, 7], 16))
+    assert whole.shape == nxt.shape
