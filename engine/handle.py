@@ -73,16 +73,23 @@ class RequestHandle:
                 return self._events[self._read - 1]
             return None
 
+    def _drained(self) -> bool:
+        return self._done is not None and self._read == len(self._events)
+
     def __iter__(self) -> Iterator[Event]:
+        """Yield the unread events, blocking for new ones, up to the `DoneEvent`."""
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._read < len(self._events))
+                self._cond.wait_for(lambda: self._read < len(self._events) or self._drained())
+                if self._drained():
+                    return
             event = self._next_unread()
             yield event
             if isinstance(event, DoneEvent):
                 return
 
     async def __aiter__(self) -> AsyncIterator[Event]:
+        """Like `__iter__`, awaiting instead of blocking the event loop."""
         flag = asyncio.Event()
         entry = (asyncio.get_running_loop(), flag)
         with self._cond:
@@ -91,6 +98,9 @@ class RequestHandle:
             while True:
                 event = self._next_unread()
                 if event is None:
+                    with self._cond:
+                        if self._drained():
+                            return
                     await flag.wait()
                     flag.clear()  # then re-check: a push after this sets the flag again
                     continue

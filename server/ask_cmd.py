@@ -7,6 +7,7 @@ speed) goes to stderr.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -84,6 +85,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     from engine.loading import load_model
     from engine.request import Request, SamplingParams, TokenEvent
 
+    # Counting a whole file's tokens is fine here; transformers warns past model_max_length.
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
     try:
         loaded = load_model(args.model, progress=True)
     except EngineError as error:
@@ -101,6 +104,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
                 args.repo, lambda text: len(loaded.tokenizer.encode(text)), max(budget, 0))
             err.write(f"[repo {args.repo}: {included} files in context, {left_out} left out for the budget]\n")
         ids = engine.chat_ids(build_messages(args.question, repo_text))
+        if len(ids) + args.max_tokens > loaded.context_length:
+            err.write(f"codectx ask: prompt ({len(ids)} tokens) + --max-tokens exceeds the model's "
+                      f"context of {loaded.context_length} tokens\n")
+            return 1
         request = Request(prompt_ids=ids, max_tokens=args.max_tokens,
                           sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
         handle = engine.submit(request)

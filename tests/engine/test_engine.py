@@ -99,6 +99,13 @@ def test_request_streams_tokens_then_one_done(engine, tiny_loaded):
     assert engine.stats()["requests_served"] == 1
 
 
+def test_reading_a_finished_handle_again_ends_at_once(engine, tiny_loaded):
+    handle = engine.submit(Request(prompt_ids=_chat(tiny_loaded), max_tokens=3))
+    first = list(handle)
+    assert isinstance(first[-1], DoneEvent)
+    assert list(handle) == [] and handle.result() is first[-1] and handle.done
+
+
 def test_max_tokens_zero_only_prefills(engine, tiny_loaded):
     tokens, done = _run(engine, Request(prompt_ids=_chat(tiny_loaded), max_tokens=0))
     assert tokens == [] and done.finish_reason == "length" and done.metrics.decode_tokens == 0
