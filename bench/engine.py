@@ -1,0 +1,187 @@
+"""Engine speed on the default model: codectx vs mlx-lm vs llama.cpp, in one run.
+
+For each prompt length, the three systems run the same token ids one after the
+other (so a busy, shared CPU hurts them alike; read the ratios):
+
+- ``codectx``: `engine.Engine` (fresh per prompt, so the prefill is cold).
+- ``mlx_lm``: mlx-lm's own `stream_generate` on the same converted weights
+  (loaded with `mlx_lm.load` from the codectx model cache), same prefill chunk.
+- ``llama.cpp``: llama-cpp-python on the same GGUF, `--threads` threads, when
+  `llama_cpp` is importable (optional; it builds from source).
+
+Prompts are raw token ids of this repository's source text (no chat template),
+so the model continues code and rarely stops before `--decode` tokens.
+Prefill tok/s = prompt tokens / time to the first token; decode tok/s counts
+the tokens after the first over the time after the first.
+
+    python bench/engine.py                       # 512, 2048, 6000 prompt tokens, 128 decoded
+    python bench/engine.py --lengths 512 --decode 32 --no-llama
+
+Prints a Markdown table and writes bench/results/engine-<utc>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", default="512,2048,6000", help="prompt lengths in tokens")
+    parser.add_argument("--decode", type=int, default=128, help="tokens to decode per prompt")
+    parser.add_argument("--threads", type=int, default=2, help="BLAS threads (MLX) and llama.cpp threads")
+    parser.add_argument("--prefill-chunk", type=int, default=256, help="prefill chunk for codectx and mlx_lm")
+    parser.add_argument("--systems", default="codectx,mlx_lm,llama.cpp", help="which systems to run")
+    parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when installed")
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+# Before `engine` is imported: engine/__init__ preloads the BLAS and reads this.
+os.environ.setdefault("CODECTX_BLAS_THREADS", str(ARGS.threads))
+# This file is named engine.py: its folder must not shadow the `engine` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path[:0] = [str(ROOT)]
+sys.path.append(str(ROOT / "bench"))
+
+import engine  # noqa: E402  (optimized BLAS before MLX)
+import mlx.core as mx  # noqa: E402
+
+from _common import machine, markdown_table, write_json  # noqa: E402
+from engine import blas  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.loading import load_model  # noqa: E402
+from engine.request import Request, TokenEvent  # noqa: E402
+
+Run = Callable[[list[int], int], dict[str, Any]]
+
+
+def corpus_ids(tokenizer: Any, needed: int) -> list[int]:
+    """Token ids of this repository's Python sources in path order, at least `needed` of them."""
+    ids: list[int] = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        if ".venv" in path.parts or "results" in path.parts:
+            continue
+        ids += tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
+        if len(ids) >= needed:
+            return ids
+    raise SystemExit(f"the repository holds fewer than {needed} tokens of Python")
+
+
+def timed(stream: Iterator[int]) -> dict[str, Any]:
+    """Consume a stream yielding token counts; time the first token and the rest."""
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    for count in stream:
+        if count == 0:
+            continue
+        now = time.perf_counter()
+        first = now if first is None else first
+        last, tokens = now, tokens + count
+    if first is None:
+        raise RuntimeError("no token was generated")
+    decode_tps = (tokens - 1) / (last - first) if tokens > 1 and last > first else None
+    return {"ttft_s": first - start, "decode_tokens": tokens, "decode_tps": decode_tps}
+
+
+def codectx_runner(loaded: Any, chunk: int) -> Run:
+    def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
+        with Engine(loaded, prefill_chunk=chunk) as eng:
+            handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
+            result = timed(len(e.token_ids) for e in handle if isinstance(e, TokenEvent))
+            metrics = handle.result().metrics
+        assert metrics.recomputed_tokens == len(ids), "the benchmark needs a cold prefill"
+        result["internal"] = metrics.as_dict()
+        return result
+
+    return run
+
+
+def mlx_lm_runner(model_dir: Path, chunk: int) -> Run:
+    from mlx_lm import load, stream_generate
+
+    model, tokenizer = load(str(model_dir))
+
+    def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
+        responses = stream_generate(model, tokenizer, ids, max_tokens=max_tokens, prefill_step_size=chunk)
+        return timed(1 for _ in responses)
+
+    return run
+
+
+def llama_runner(gguf: Path, threads: int) -> Run | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+
+    def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
+        llm.reset()  # llama-cpp-python reuses a common prefix with the previous call
+        chunks = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1, stream=True)
+        return timed(1 for _ in chunks)
+
+    return llm and run
+
+
+def main() -> None:
+    lengths = [int(n) for n in ARGS.lengths.split(",")]
+    loaded = load_model(None, progress=True)
+    wanted = set(ARGS.systems.split(","))
+    runners: dict[str, Run] = {}
+    if "codectx" in wanted:
+        runners["codectx"] = codectx_runner(loaded, ARGS.prefill_chunk)
+    if "mlx_lm" in wanted:
+        runners["mlx_lm"] = mlx_lm_runner(loaded.path, ARGS.prefill_chunk)
+    gguf = next(loaded.path.glob("*.gguf"), None)
+    if "llama.cpp" in wanted and not ARGS.no_llama and gguf is not None:
+        llama = llama_runner(gguf, ARGS.threads)
+        if llama is not None:
+            runners["llama.cpp"] = llama
+
+    ids = corpus_ids(loaded.tokenizer, 64 + sum(lengths))
+    warmup, offset = ids[:64], 64
+    for run in runners.values():
+        run(warmup, 4)
+    results: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in runners}
+    for length in lengths:
+        prompt, offset = ids[offset : offset + length], offset + length
+        for name, run in runners.items():
+            results[name][length] = run(prompt, ARGS.decode)
+            print(f"{name:10s} {length:5d} tokens: prefill {length / results[name][length]['ttft_s']:7.1f} tok/s, "
+                  f"decode {results[name][length]['decode_tps'] or 0:6.1f} tok/s", file=sys.stderr, flush=True)
+
+    print(render(results, lengths))
+    payload = {"machine": machine(), "blas": blas.describe(), "mlx": mx.__version__,
+               "args": vars(ARGS), "results": results}
+    print(f"\nwrote {write_json('engine', payload)}", file=sys.stderr)
+
+
+def render(results: dict[str, dict[int, dict[str, Any]]], lengths: list[int]) -> str:
+    """The table: prefill and decode tok/s per system and length, with ratios to codectx."""
+    rows = []
+    for length in lengths:
+        ours = results.get("codectx", {}).get(length)
+        for name, by_length in results.items():
+            r = by_length[length]
+            prefill = length / r["ttft_s"]
+            row = [length, name, prefill, r["decode_tps"], r["decode_tokens"]]
+            if ours is not None:
+                row += [prefill / (length / ours["ttft_s"]),
+                        r["decode_tps"] / ours["decode_tps"] if r["decode_tps"] and ours["decode_tps"] else None]
+            rows.append(row)
+    headers = ["prompt", "system", "prefill tok/s", "decode tok/s", "decoded", "prefill ×codectx",
+               "decode ×codectx"]
+    return markdown_table(headers[: len(rows[0])], rows)
+
+
+if __name__ == "__main__":
+    main()
