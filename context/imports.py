@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from functools import lru_cache
 from typing import Iterable
 
 _JS_SUFFIXES = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", ".d.ts",
@@ -32,6 +33,7 @@ class ImportResolver:
         self.py_modules: dict[str, str] = {}
         self.by_suffix: dict[str, list[str]] = {}
         self.dirs: dict[str, list[str]] = {}
+        self._memo: dict[tuple[str, str, str], tuple[str, ...]] = {}
         for p in sorted(self.paths):
             self.add(p)
         found = _GO_MODULE.search(go_mod or "")
@@ -40,6 +42,7 @@ class ImportResolver:
     def add(self, path: str) -> None:
         """Indexes one more path (a file created after the build)."""
         self.paths.add(path)
+        self._memo.clear()
         self.dirs.setdefault(posixpath.dirname(path), []).append(path)
         name = posixpath.basename(path)
         self.by_suffix.setdefault(name, []).append(path)
@@ -49,6 +52,14 @@ class ImportResolver:
 
     def resolve(self, path: str, language: str, spec: str) -> list[str]:
         """The workspace files an import of `spec` in `path` refers to (maybe none)."""
+        # Files of one folder import the same things: memoize by (folder, language, spec).
+        key = (_dirname(path) if spec.startswith((".", "mod:", '"', "crate::")) else "", language, spec)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = tuple(self._resolve(path, language, spec))
+        return list(hit)
+
+    def _resolve(self, path: str, language: str, spec: str) -> list[str]:
         if language == "python":
             return _nonempty(self._python(path, spec))
         if language in ("javascript", "typescript", "tsx"):
@@ -66,7 +77,8 @@ class ImportResolver:
     def _python(self, path: str, spec: str) -> str | None:
         if spec.startswith("."):
             level = len(spec) - len(spec.lstrip("."))
-            package = posixpath.dirname(path).split("/") if posixpath.dirname(path) else []
+            folder = _dirname(path)
+            package = folder.split("/") if folder else []
             if level - 1 > len(package):
                 return None
             base = package[:len(package) - (level - 1)]
@@ -135,6 +147,9 @@ class ImportResolver:
         hits = sorted(p for p in self.by_suffix.get(posixpath.basename(tail), ())
                       if p == tail or p.endswith("/" + tail))
         return hits[0] if hits else None
+
+
+_dirname = lru_cache(maxsize=None)(posixpath.dirname)
 
 
 def _nonempty(hit: str | None) -> list[str]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 DAMPING = 0.85
-ITERATIONS = 30
+ITERATIONS = 50
+TOLERANCE = 1e-6
 
 
 def pagerank(nodes: Sequence[str], edges: Mapping[str, Mapping[str, float]],
@@ -55,5 +56,8 @@ def pagerank(nodes: Sequence[str], edges: Mapping[str, Mapping[str, float]],
         if dangling:
             share = DAMPING * dangling
             nxt = [x + share * t for x, t in zip(nxt, teleport)]
+        converged = sum(abs(a - b) for a, b in zip(nxt, rank)) < TOLERANCE
         rank = nxt
+        if converged:
+            break
     return {p: rank[i] for i, p in enumerate(nodes)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,7 @@ class ScanRules:
         if name in LOCKFILES:
             return "lockfile"
         lower = name.lower()
-        if Path(lower).suffix in BINARY_SUFFIXES:
+        if os.path.splitext(lower)[1] in BINARY_SUFFIXES:
             return "binary"
         if lower.endswith(GENERATED_SUFFIXES):
             return "generated"
@@ -184,18 +185,19 @@ def read_file(root: Path, rel: str, rules: ScanRules) -> SourceFile | Skipped:
     reason = rules.path_reason(rel)
     if reason:
         return Skipped(rel, reason)
-    path = root / rel
+    path = os.path.join(root, rel)
     try:
-        if path.is_symlink():
-            target = Path(os.path.realpath(path))
-            if not target.is_relative_to(root.resolve()):
+        if os.path.islink(path):
+            target = os.path.realpath(path)
+            real_root = os.path.realpath(root)
+            if os.path.commonpath([target, real_root]) != real_root:
                 return Skipped(rel, "symlink outside workspace")
-        st = path.stat()
+        st = os.stat(path)
     except FileNotFoundError:
         return Skipped(rel, "missing")
     except OSError as err:  # ELOOP and friends
         return Skipped(rel, f"unreadable ({err.strerror or err})")
-    if not path.is_file():
+    if not stat.S_ISREG(st.st_mode):
         return Skipped(rel, "not a regular file")
     if st.st_size > rules.max_bytes:
         return Skipped(rel, f"too large ({st.st_size} bytes)")

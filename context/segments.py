@@ -69,6 +69,10 @@ def block(text: str) -> str:
     return text.rstrip() + "\n"
 
 
+FILE_FORMAT = "file-v1"
+"""Changes whenever `file_text` changes shape (keys cached token counts of file segments)."""
+
+
 def file_text(path: str, language: str, content: str) -> str:
     """A whole file as prompt text."""
     body = neutralize(content).rstrip()

@@ -170,9 +170,19 @@ class TagCache:
     def __init__(self, path: Path | None = None, persist: bool = True) -> None:
         self.path = path or codectx_home() / f"tags-{queries_version()}.msgpack"
         self.persist = persist
-        self._stored: dict = store.load(self.path) if persist else {}
+        self._stored_data: dict | None = None if persist else {}
         self._live: dict[str, FileTags] = {}
         self._dirty = False
+
+    @property
+    def _stored(self) -> dict:
+        if self._stored_data is None:  # loaded on first need
+            self._stored_data = store.load(self.path)
+        return self._stored_data
+
+    @_stored.setter
+    def _stored(self, value: dict) -> None:
+        self._stored_data = value
 
     def get(self, language: str, text_hash: str, text: str) -> FileTags:
         """Tags of a file whose content hash is `text_hash`."""
@@ -190,7 +200,7 @@ class TagCache:
 
     def save(self) -> None:
         """Writes the entries used in this session (older ones are dropped)."""
-        if self.persist and (self._dirty or len(self._live) != len(self._stored)):
+        if self.persist and self._dirty:
             self._stored = {k: v.to_msgpack() for k, v in self._live.items()}
             store.save(self.path, self._stored)
             self._dirty = False

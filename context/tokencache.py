@@ -20,8 +20,8 @@ _MAX_SAVED_TOKENS = 64_000_000
 """Entries not used in this session are dropped from the file beyond this many tokens."""
 
 
-_CLEAN_BREAK = re.compile(r"(?<=\S\n)(?=\S)")
 _MIN_CHUNK = 512
+_BREAK = re.compile(r"\S\n(?=\S)")
 
 
 def chunks(text: str) -> list[str]:
@@ -31,10 +31,13 @@ def chunks(text: str) -> list[str]:
     """
     out: list[str] = []
     start = 0
-    for m in _CLEAN_BREAK.finditer(text, _MIN_CHUNK):
-        if m.start() - start >= _MIN_CHUNK:
-            out.append(text[start:m.start()])
-            start = m.start()
+    search = _BREAK.search
+    while True:
+        m = search(text, start + _MIN_CHUNK)
+        if m is None:
+            break
+        out.append(text[start:m.end()])
+        start = m.end()
     out.append(text[start:])
     return out
 
@@ -73,11 +76,24 @@ class TokenCache:
         self.tokenizer = tokenizer
         self.path = path or codectx_home() / "tokens" / f"{tokenizer.fingerprint}.msgpack"
         self.persist = persist
-        self._stored: dict[bytes, bytes] = store.load(self.path) if persist else {}
+        self._stored_data: dict[bytes, bytes] | None = None if persist else {}
         self._live: dict[bytes, tuple[int, ...]] = {}
+        self._counts_path = self.path.with_name(self.path.stem + ".counts.msgpack")
+        self._counts: dict[bytes, int] = store.load(self._counts_path) if persist else {}
         self._dirty = False
         self.hits = 0
         self.misses = 0
+
+    @property
+    def _stored(self) -> dict[bytes, bytes]:
+        # Loaded on first need: a warm budgeted build may only need counts.
+        if self._stored_data is None:
+            self._stored_data = store.load(self.path)
+        return self._stored_data
+
+    @_stored.setter
+    def _stored(self, value: dict[bytes, bytes]) -> None:
+        self._stored_data = value
 
     def encode(self, text: str) -> tuple[int, ...]:
         """The ids of `text` (cached)."""
@@ -123,8 +139,27 @@ class TokenCache:
             i += len(parts)
         return out
 
-    def count_chunked(self, texts: Sequence[str]) -> list[int]:
-        """Token counts of texts (as `encode_chunked`), without unpacking cached ids."""
+    def count_chunked(self, texts: Sequence[str], keys: Sequence[bytes] | None = None) -> list[int]:
+        """Token counts of texts (as `encode_chunked`), without unpacking cached ids.
+
+        Whole-text counts are remembered too, so a warm build neither splits nor unpacks.
+
+        Args:
+            texts: The texts.
+            keys: Caller-made unique keys of the texts (default: their hashes).
+        """
+        keys = list(keys) if keys is not None else [text_key(t) for t in texts]
+        known = [self._counts.get(k) for k in keys]
+        todo = [texts[i] for i, c in enumerate(known) if c is None]
+        if todo:
+            fresh = iter(self._count_chunks(todo))
+            for i, c in enumerate(known):
+                if c is None:
+                    known[i] = self._counts[keys[i]] = next(fresh)
+            self._dirty = True
+        return known  # type: ignore[return-value]
+
+    def _count_chunks(self, texts: Sequence[str]) -> list[int]:
         split = [chunks(t) for t in texts]
         counts: dict[bytes, int] = {}
         todo: list[str] = []
@@ -157,6 +192,7 @@ class TokenCache:
                 break
             data[key] = blob
         store.save(self.path, data)
+        store.save(self._counts_path, self._counts)
         self._stored = data
         self._dirty = False
         log.debug("saved %d token entries to %s", len(data), self.path)

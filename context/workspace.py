@@ -21,9 +21,9 @@ from context.layout import FileRow, Layout
 from context.order import dependency_order, pinned
 from context.rank import pagerank
 from context.scan import IgnoreRules, ScanRules, Skipped, SourceFile, keep_single, list_paths, scan
-from context.segments import MAP_CLOSE, MAP_OPEN, Segment, block, file_text, map_entry, neutralize, text_hash
+from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, file_text, map_entry, neutralize, text_hash
 from context.tags import FileTags, TagCache
-from context.tokencache import TokenCache
+from context.tokencache import TokenCache, text_key
 from context.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,19 @@ class _File:
     @property
     def segment_text(self) -> str:
         return file_text(self.path, self.language, self.text)
+
+
+class _Lazy(Sequence[str]):
+    """Segment texts of files, built only for the ones a cache misses."""
+
+    def __init__(self, files: list[_File]) -> None:
+        self._files = files
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __getitem__(self, i):
+        return self._files[i].segment_text
 
 
 class Workspace:
@@ -110,6 +123,8 @@ class Workspace:
         self._files: dict[str, _File] = {}
         self._hot: list[str] = []
         self._overlay: dict[str, str | None] = {}
+        self._state: dict = {}
+        self._deps_memo: dict[str, set[str]] | None = None
         self._hot_reason: dict[str, str] = {}
         self._selected: frozenset[str] = frozenset()
         self._rank: dict[str, float] = {}
@@ -152,6 +167,8 @@ class Workspace:
             if self.progress and (n % 256 == 0 or n == total):
                 self.progress(n, total)
         state = store.load(self._state_path) if self.persist else {}
+        self._state = state
+        self._deps_memo = None
         previous = state.get("hashes") or {}
         if previous:
             for path in sorted(self._files):
@@ -186,6 +203,7 @@ class Workspace:
         """
         rel = self._relative(path)
         self._overlay[rel] = text
+        self._deps_memo = None
         segments = list(self._layout.segments)
         old = next((i for i, s in enumerate(segments) if s.key == rel and s.kind in ("file", "hot")), None)
         first = len(segments)
@@ -286,14 +304,30 @@ class Workspace:
         except OSError:
             return None
 
+    def _keys(self) -> tuple[str, str]:
+        """Hashes of the path set and of (path, content) pairs: when they match the saved
+        state, saved import edges and ranks are still valid."""
+        paths = "\0".join(sorted(self._files)).encode("utf-8", "surrogatepass")
+        pairs = "\0".join(f"{p}\0{self._files[p].content_hash}" for p in sorted(self._files))
+        return xxhash.xxh3_64_hexdigest(paths), xxhash.xxh3_64_hexdigest(pairs.encode("utf-8", "surrogatepass"))
+
     def _deps(self) -> dict[str, set[str]]:
+        if self._deps_memo is not None:
+            return self._deps_memo
+        state = self._state
+        same_paths = state.get("paths_key") == self._keys()[0]
+        old_hashes, old_deps = state.get("hashes") or {}, state.get("deps") or {}
         deps: dict[str, set[str]] = {}
         for path, f in self._files.items():
+            if same_paths and old_hashes.get(path) == f.content_hash and path in old_deps:
+                deps[path] = set(old_deps[path])
+                continue
             targets: set[str] = set()
             for spec in f.tags.imports:
                 targets.update(self._resolver.resolve(path, f.language, spec))
             targets.discard(path)
             deps[path] = targets
+        self._deps_memo = deps
         return deps
 
     def _graph(self, deps: dict[str, set[str]]) -> dict[str, dict[str, float]]:
@@ -353,7 +387,13 @@ class Workspace:
         avail = self.budget - fixed
         if sum(costs.values()) <= avail:
             return set(everything), [], []
-        self._rank = pagerank(sorted(self._files), self._graph(deps), focus=[*pins, *self._hot, *self.focus])
+        focus = [*pins, *self._hot, *self.focus]
+        saved = self._state.get("rank") or {}
+        if saved.get("key") == [self._keys()[1], focus]:
+            self._rank = saved["values"]
+        else:
+            self._rank = pagerank(sorted(self._files), self._graph(deps), focus=focus)
+            self._state["rank"] = {"key": [self._keys()[1], focus], "values": self._rank}
         score = budgeting.scores(self._rank, self._selected, self.hysteresis)
         for p in pins:
             score[p] = 1.0 + score[p]
@@ -371,8 +411,9 @@ class Workspace:
         return whole, mapped, omitted
 
     def _file_costs(self, paths: list[str]) -> dict[str, int]:
-        texts = [self._files[p].segment_text for p in paths]
-        return dict(zip(paths, self.tokens.count_chunked(texts)))
+        files = [self._files[p] for p in paths]
+        keys = [text_key(f"{FILE_FORMAT}\0{f.path}\0{f.language}\0{f.content_hash}") for f in files]
+        return dict(zip(paths, self.tokens.count_chunked(_Lazy(files), keys)))
 
     def _tokens_of(self, text: str) -> int:
         return len(self.tokens.encode(text))
@@ -408,8 +449,13 @@ class Workspace:
 
     def _save_state(self) -> None:
         if self.persist:
-            store.save(self._state_path, {"hashes": {p: f.content_hash for p, f in self._files.items()},
-                                          "selected": sorted(self._selected)})
+            store.save(self._state_path, {
+                "hashes": {p: f.content_hash for p, f in self._files.items()},
+                "selected": sorted(self._selected),
+                "paths_key": self._keys()[0],
+                "deps": {p: sorted(d) for p, d in self._deps().items()},
+                "rank": self._state.get("rank") or {},
+            })
             self.tokens.save()
             self.tags.save()
 
