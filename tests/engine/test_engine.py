@@ -276,3 +276,52 @@ def test_close_cancels_running_and_queued_then_refuses(tiny_loaded):
     assert queued.result().finish_reason == "cancelled"
     with pytest.raises(EngineClosedError):
         engine.submit(Request(prompt_ids=[1], max_tokens=1))
+
+
+# -- parity with mlx-lm, sampling and stop-string units -----------------------------
+
+def test_greedy_tokens_match_mlx_lm_generate_step(engine, tiny_loaded):
+    from mlx_lm.generate import generate_step
+
+    ids = _chat(tiny_loaded)
+    tokens, done = _run(engine, Request(prompt_ids=ids, max_tokens=16))
+    ours = [t for e in tokens for t in e.token_ids]
+    steps = generate_step(mx.array(ids), tiny_loaded.model, max_tokens=16)
+    reference = [int(token) for token, _ in steps]
+    assert ours == reference[: len(ours)] and len(ours) == done.metrics.decode_tokens == 16
+
+
+def test_engine_with_8bit_kv_serves_requests(tiny_loaded):
+    with Engine(tiny_loaded, kv_bits=8, prefill_chunk=16) as engine8:
+        _, done = _run(engine8, Request(prompt_ids=_chat(tiny_loaded), max_tokens=6))
+        assert done.finish_reason == "length" and done.text
+        assert engine8.stats()["kv_bits"] == 8
+    with pytest.raises(ValueError):
+        Engine(tiny_loaded, kv_bits=4)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+    from engine.sampling import top_p_filter
+
+    logits = mx.array([[0.0, 3.0, 1.0, 2.0]])  # softmax ≈ .032 .644 .087 .237
+    kept = lambda p: [i for i, v in enumerate(top_p_filter(logits, p).tolist()[0]) if v > -1e30]
+    assert kept(0.5) == [1]
+    assert kept(0.85) == [1, 3]
+    assert kept(0.9) == [1, 2, 3]
+    assert kept(1.0) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("stops", [("END",), ("zz", "END"), ("E",)])
+def test_stop_strings_cut_at_first_stop_for_every_split(stops):
+    from engine.generate import StopStrings
+
+    text = "abc ENx zENDq END tail"
+    first = min(i for i in (text.find(s) for s in stops) if i >= 0)
+    for size in range(1, 6):
+        filt = StopStrings(stops)
+        out = "".join(filt.push(text[i:i + size]) for i in range(0, len(text), size)) + filt.flush()
+        assert out == text[:first] and filt.stopped, (size, out)
+    plain = StopStrings(("nope",))
+    assert plain.push("no") == "" and plain.push("pe!") == "" and plain.stopped
+    again = StopStrings(("nope",))
+    assert again.push("no") + again.push("t ") + again.flush() == "not "
