@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,14 +15,14 @@ from context import store
 from context.chat import ChatTemplate
 from context.errors import BudgetError, WorkspaceError
 from context.home import codectx_home
+from context.graph import RepoGraph, SegmentTexts, WorkspaceFile
 from context.imports import ImportResolver
 from context.languages import language_of
 from context.layout import FileRow, Layout
 from context.order import dependency_order, pinned
-from context.rank import pagerank
 from context.scan import IgnoreRules, ScanRules, Skipped, SourceFile, keep_single, list_paths, scan
-from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, file_text, map_entry, neutralize, text_hash
-from context.tags import FileTags, TagCache
+from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
+from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
 from context.tokenizer import TextTokenizer
 
@@ -33,41 +33,6 @@ DEFAULT_SYSTEM = ("You are codectx, a coding assistant. The repository below is 
                   "signatures in the <map>. Files edited most recently come last. "
                   "Answer questions about this code precisely and cite paths.")
 DEFAULT_PINS = ("README*", "ARCHITECTURE*", "docs/architecture*", "DESIGN*")
-
-
-@dataclass
-class _File:
-    path: str
-    language: str
-    content_hash: str
-    text: str
-    replaced: bool
-    tag_cache: TagCache
-    _tags: FileTags | None = None
-
-    @property
-    def tags(self) -> FileTags:
-        """Parsed on first use (an update does not need them until the next build)."""
-        if self._tags is None:
-            self._tags = self.tag_cache.get(self.language, self.content_hash, self.text)
-        return self._tags
-
-    @property
-    def segment_text(self) -> str:
-        return file_text(self.path, self.language, self.text)
-
-
-class _Lazy(Sequence[str]):
-    """Segment texts of files, built only for the ones a cache misses."""
-
-    def __init__(self, files: list[_File]) -> None:
-        self._files = files
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-    def __getitem__(self, i):
-        return self._files[i].segment_text
 
 
 class Workspace:
@@ -120,16 +85,17 @@ class Workspace:
         self._system_piece = self.template.frame(("system", "user"))[0]
         self._system_text = block(neutralize(system))
         self._tools_text = block(neutralize(tools)) if tools.strip() else ""
-        self._files: dict[str, _File] = {}
+        self._files: dict[str, WorkspaceFile] = {}
         self._hot: list[str] = []
         self._overlay: dict[str, str | None] = {}
-        self._state: dict = {}
-        self._deps_memo: dict[str, set[str]] | None = None
         self._hot_reason: dict[str, str] = {}
         self._selected: frozenset[str] = frozenset()
         self._rank: dict[str, float] = {}
         self._ignore = IgnoreRules(self.root)
         self._resolver = ImportResolver(())
+        self._side_rows: tuple = (None, [])
+        self._replaced: set[str] = set()
+        self._graph = RepoGraph({}, self._resolver, {})
         self._layout = Layout(())
         self._skipped: tuple[Skipped, ...] = ()
         self._mapped: list[str] = []
@@ -154,6 +120,7 @@ class Workspace:
         paths, _ = list_paths(self.root)
         result = scan(self.root, self.rules, paths)
         self._files = {}
+        self._replaced = set()
         files = {f.path: f for f in result.files}
         for rel, text in self._overlay.items():  # editor buffers win over the disk
             item = None if text is None else keep_single(self.root, rel, self.rules, self._ignore, text)
@@ -167,8 +134,6 @@ class Workspace:
             if self.progress and (n % 256 == 0 or n == total):
                 self.progress(n, total)
         state = store.load(self._state_path) if self.persist else {}
-        self._state = state
-        self._deps_memo = None
         previous = state.get("hashes") or {}
         if previous:
             for path in sorted(self._files):
@@ -179,6 +144,7 @@ class Workspace:
         if not self._selected:
             self._selected = frozenset(state.get("selected") or ())
         self._resolver = ImportResolver(self._files, self.root.name, self._read_go_mod())
+        self._graph = RepoGraph(self._files, self._resolver, state)
         self._skipped = tuple(result.skipped)
         self._layout = self._assemble()
         self._save_state()
@@ -203,7 +169,6 @@ class Workspace:
         """
         rel = self._relative(path)
         self._overlay[rel] = text
-        self._deps_memo = None
         segments = list(self._layout.segments)
         old = next((i for i, s in enumerate(segments) if s.key == rel and s.kind in ("file", "hot")), None)
         first = len(segments)
@@ -217,6 +182,7 @@ class Workspace:
                 self._layout = replace(self._layout, skipped=self._skipped)
                 return first, self._layout
             del self._files[rel]
+            self._replaced.discard(rel)
             if rel in self._hot:
                 self._hot.remove(rel)
             if old is not None:
@@ -273,7 +239,7 @@ class Workspace:
             if not victims:
                 raise BudgetError(f"budget {self.budget} cannot hold the fixed segments")
             if not self._rank:
-                self._rank = pagerank(sorted(self._files), self._graph(self._deps()), focus=self._hot)
+                self._rank = RepoGraph(self._files, self._resolver, {}).rank(self._hot)
             pins = set(pinned([segments[i].key for i in victims], self.pins))
             i = min(victims, key=lambda i: (i < first, segments[i].kind == "hot", segments[i].key in pins,
                                             self._rank.get(segments[i].key, 0.0), segments[i].key))
@@ -293,10 +259,14 @@ class Workspace:
                 raise WorkspaceError(f"{path} is outside the workspace {self.root}") from err
         return p.as_posix()
 
-    def _entry(self, f: SourceFile) -> _File:
+    def _entry(self, f: SourceFile) -> WorkspaceFile:
+        if f.replaced:
+            self._replaced.add(f.path)
+        else:
+            self._replaced.discard(f.path)
         language = language_of(f.path)
         h = text_hash(f.text)
-        return _File(f.path, language, h, f.text, f.replaced, self.tags)
+        return WorkspaceFile(f.path, language, h, f.text, f.replaced, self.tags)
 
     def _read_go_mod(self) -> str | None:
         try:
@@ -304,51 +274,8 @@ class Workspace:
         except OSError:
             return None
 
-    def _keys(self) -> tuple[str, str]:
-        """Hashes of the path set and of (path, content) pairs: when they match the saved
-        state, saved import edges and ranks are still valid."""
-        paths = "\0".join(sorted(self._files)).encode("utf-8", "surrogatepass")
-        pairs = "\0".join(f"{p}\0{self._files[p].content_hash}" for p in sorted(self._files))
-        return xxhash.xxh3_64_hexdigest(paths), xxhash.xxh3_64_hexdigest(pairs.encode("utf-8", "surrogatepass"))
-
-    def _deps(self) -> dict[str, set[str]]:
-        if self._deps_memo is not None:
-            return self._deps_memo
-        state = self._state
-        same_paths = state.get("paths_key") == self._keys()[0]
-        old_hashes, old_deps = state.get("hashes") or {}, state.get("deps") or {}
-        deps: dict[str, set[str]] = {}
-        for path, f in self._files.items():
-            if same_paths and old_hashes.get(path) == f.content_hash and path in old_deps:
-                deps[path] = set(old_deps[path])
-                continue
-            targets: set[str] = set()
-            for spec in f.tags.imports:
-                targets.update(self._resolver.resolve(path, f.language, spec))
-            targets.discard(path)
-            deps[path] = targets
-        self._deps_memo = deps
-        return deps
-
-    def _graph(self, deps: dict[str, set[str]]) -> dict[str, dict[str, float]]:
-        definers: dict[str, list[str]] = {}
-        for path, f in self._files.items():
-            for name in {d.name for d in f.tags.definitions}:
-                if len(name) > 2 and not name.startswith("__"):
-                    definers.setdefault(name, []).append(path)
-        edges: dict[str, dict[str, float]] = {p: {q: 1.0 for q in ds} for p, ds in deps.items()}
-        for path, f in self._files.items():
-            out = edges[path]
-            for name in f.tags.references:
-                where = definers.get(name)
-                if where and len(where) <= 5:
-                    for q in where:
-                        if q != path:
-                            out[q] = out.get(q, 0.0) + 1.0 / len(where)
-        return edges
-
     def _assemble(self) -> Layout:
-        deps = self._deps()
+        deps = self._graph.deps()
         pins = pinned(sorted(self._files), self.pins)
         stable = [p for p in pins if p not in self._hot]
         pinned_set = set(stable)
@@ -360,7 +287,7 @@ class Workspace:
         fixed = sum(len(s) for s in head)
         if self.budget is not None and fixed > self.budget:
             raise BudgetError(f"budget {self.budget} is smaller than the system and tools segments ({fixed} tokens)")
-        whole, mapped, omitted = self._select(stable, pins, deps, fixed)
+        whole, mapped, omitted = self._select(stable, pins, fixed)
         segments = list(head)
         map_seg = self._map_segment(mapped)
         if map_seg is not None:
@@ -379,7 +306,7 @@ class Workspace:
     def _order_reason(self, path: str) -> str:
         return f"rank {self._rank[path]:.4f}" if self.budget is not None and path in self._rank else "dependency order"
 
-    def _select(self, stable: list[str], pins: list[str], deps, fixed: int):
+    def _select(self, stable: list[str], pins: list[str], fixed: int):
         everything = stable + self._hot
         if self.budget is None:
             return set(everything), [], []
@@ -387,13 +314,7 @@ class Workspace:
         avail = self.budget - fixed
         if sum(costs.values()) <= avail:
             return set(everything), [], []
-        focus = [*pins, *self._hot, *self.focus]
-        saved = self._state.get("rank") or {}
-        if saved.get("key") == [self._keys()[1], focus]:
-            self._rank = saved["values"]
-        else:
-            self._rank = pagerank(sorted(self._files), self._graph(deps), focus=focus)
-            self._state["rank"] = {"key": [self._keys()[1], focus], "values": self._rank}
+        self._rank = self._graph.rank([*pins, *self._hot, *self.focus])
         score = budgeting.scores(self._rank, self._selected, self.hysteresis)
         for p in pins:
             score[p] = 1.0 + score[p]
@@ -413,7 +334,7 @@ class Workspace:
     def _file_costs(self, paths: list[str]) -> dict[str, int]:
         files = [self._files[p] for p in paths]
         keys = [text_key(f"{FILE_FORMAT}\0{f.path}\0{f.language}\0{f.content_hash}") for f in files]
-        return dict(zip(paths, self.tokens.count_chunked(_Lazy(files), keys)))
+        return dict(zip(paths, self.tokens.count_chunked(SegmentTexts(files), keys)))
 
     def _tokens_of(self, text: str) -> int:
         return len(self.tokens.encode(text))
@@ -437,25 +358,26 @@ class Workspace:
     def _make_layout(self, segments: list[Segment], mapped: Sequence[str], omitted: Sequence[str]) -> Layout:
         rows = [FileRow(i, s.key, self._files[s.key].language, len(s), s.hash[:8], s.reason)
                 for i, s in enumerate(segments) if s.kind in ("file", "hot")]
-        rows += [FileRow(None, p, self._files[p].language, 0, self._files[p].content_hash[:8], "map-only")
-                 for p in sorted(mapped) if p in self._files]
-        rows += [FileRow(None, p, self._files[p].language, 0, self._files[p].content_hash[:8], "omitted (over budget)")
-                 for p in sorted(omitted) if p in self._files]
-        notes = tuple(f"{p}: invalid UTF-8 replaced" for p, f in sorted(self._files.items()) if f.replaced)
+        side = (tuple(mapped), tuple(omitted), len(self._files))
+        if self._side_rows[0] != side:  # rebuilt only when the left-out files change
+            self._side_rows = (side, self._left_out_rows(mapped, "map-only") +
+                               self._left_out_rows(omitted, "omitted (over budget)"))
+        rows += self._side_rows[1]
+        notes = tuple(f"{p}: invalid UTF-8 replaced" for p in sorted(self._replaced))
         layout = Layout(tuple(segments), tuple(rows), self._skipped, self.budget, self._system_piece, notes)
         if self.budget is not None and layout.tokens > self.budget:
             raise BudgetError(f"layout of {layout.tokens} tokens exceeds budget {self.budget}")
         return layout
 
+    def _left_out_rows(self, paths: Sequence[str], reason: str) -> list[FileRow]:
+        files = self._files
+        return [FileRow(None, p, files[p].language, 0, files[p].content_hash[:8], reason)
+                for p in sorted(paths) if p in files]
+
     def _save_state(self) -> None:
         if self.persist:
-            store.save(self._state_path, {
-                "hashes": {p: f.content_hash for p, f in self._files.items()},
-                "selected": sorted(self._selected),
-                "paths_key": self._keys()[0],
-                "deps": {p: sorted(d) for p, d in self._deps().items()},
-                "rank": self._state.get("rank") or {},
-            })
+            store.save(self._state_path, {"hashes": {p: f.content_hash for p, f in self._files.items()},
+                                          "selected": sorted(self._selected), **self._graph.to_state()})
             self.tokens.save()
             self.tags.save()
 
