@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTECTED_KINDS = frozenset({"header"})
+TAIL_KINDS = frozenset({"turn", "question", "header"})
 _TOMBSTONES = 4096
 
 
@@ -68,33 +69,63 @@ class Boundary:
     protected: bool
 
 
+def cut_points(segments: Sequence[PromptSegment], interval: int | None = None) -> list[int]:
+    """Where checkpoints go (and prefill chunks restart): a function of the layout only.
+
+    Without `interval`, at the end of every non-empty segment. With it, on a
+    grid of `interval` tokens that restarts at every *anchor*: the end of a
+    protected segment, of the last segment before the conversation tail, and of
+    every turn, question and header. Repository files therefore cost no extra
+    forward calls however many there are, an edit keeps everything up to the
+    grid point before it, and a follow-up question keeps the whole prefix.
+    """
+    ends, pos = [], 0
+    for seg in segments:
+        pos += len(seg.token_ids)
+        ends.append(pos)
+    total = pos
+    if interval is None:
+        return sorted({e for e in ends if e > 0})
+    anchors = set()
+    for i, seg in enumerate(segments):
+        nxt = segments[i + 1].kind if i + 1 < len(segments) else None
+        if seg.protected or seg.kind in PROTECTED_KINDS or seg.kind in TAIL_KINDS or nxt in TAIL_KINDS:
+            anchors.add(ends[i])
+    anchors.add(total)
+    cuts, start = [], 0
+    for anchor in sorted(a for a in anchors if a > 0):
+        cuts.extend(range(start + interval, anchor, interval))
+        cuts.append(anchor)
+        start = anchor
+    return cuts
+
+
 def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment],
                interval: int | None = None) -> list[Boundary]:
-    """Boundaries after every non-empty segment, with their chained keys.
+    """Boundaries at `cut_points(segments, interval)`, with their chained keys.
 
-    Args:
-        policy_fingerprint: Seeds the chain.
-        segments: The prompt layout.
-        interval: Also a boundary every `interval` tokens from each segment's
-            start (so an edit near the end of a long file keeps most of it).
-            Positions depend only on the layout; with `interval` a multiple of
-            the prefill chunk they add no forward calls.
+    A boundary's kind is that of the segment holding its last token; it is
+    protected when it ends a protected segment.
     """
-    out: list[Boundary] = []
-    key, token_key, pos = policy_fingerprint, "", 0
-    parent = ""
+    ids: list[int] = []
+    owner: list[PromptSegment] = []
     for seg in segments:
-        ids = seg.token_ids
-        step = interval or len(ids) or 1
-        for i in range(0, len(ids), step):
-            piece = ids[i:i + step]
-            tokens = token_bytes(piece)
-            key, token_key = _chain(key, tokens), _chain(token_key, tokens)
-            end = pos + len(piece)
-            last = i + step >= len(ids)
-            out.append(Boundary(key, token_key, parent, pos, end, tokens, seg.kind,
-                                last and (seg.protected or seg.kind in PROTECTED_KINDS)))
-            parent, pos = key, end
+        ids.extend(seg.token_ids)
+        owner.extend([seg] * len(seg.token_ids))
+    seg_ends = set()
+    pos = 0
+    for seg in segments:
+        pos += len(seg.token_ids)
+        seg_ends.add(pos)
+    out: list[Boundary] = []
+    key, token_key, start, parent = policy_fingerprint, "", 0, ""
+    for end in cut_points(segments, interval):
+        tokens = token_bytes(ids[start:end])
+        key, token_key = _chain(key, tokens), _chain(token_key, tokens)
+        seg = owner[end - 1]
+        protected = end in seg_ends and (seg.protected or seg.kind in PROTECTED_KINDS)
+        out.append(Boundary(key, token_key, parent, start, end, tokens, seg.kind, protected))
+        parent, start = key, end
     return out
 
 
@@ -177,7 +208,7 @@ class CheckpointStore:
             most this long; a longer one (an edit early in the repo) is dropped.
         archive: Optional disk archive for restarts; written off the MLX thread.
         archive_skip_kinds: Segment kinds never archived (one-off questions).
-        interval: Boundaries also every `interval` tokens inside a segment.
+        interval: Checkpoint grid inside the stable prefix (see `cut_points`).
     """
 
     def __init__(self, policy_fingerprint: str, budget_bytes: int,

@@ -55,3 +55,18 @@ def cold(loaded, segments: list[PromptSegment], max_tokens: int = 8, **engine_kw
 def prefix_len(segments: list[PromptSegment], n: int) -> int:
     """Tokens in the first `n` segments."""
     return sum(len(s.token_ids) for s in segments[:n])
+
+
+def restorable(store, segments: list[PromptSegment], seen: set[str]) -> int:
+    """Tokens a restore should keep: the longest run of this prompt's boundaries that
+    earlier prompts also had (keys in `seen`), never the whole prompt. Adds this
+    prompt's keys to `seen`."""
+    total = prefix_len(segments, len(segments))
+    bounds = store.boundaries(segments)
+    kept = 0
+    for b in bounds:
+        if b.key not in seen or b.end >= total:
+            break
+        kept = b.end
+    seen.update(b.key for b in bounds)
+    return kept

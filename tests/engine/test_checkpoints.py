@@ -10,9 +10,9 @@ import threading
 import mlx.core as mx
 import pytest
 
-from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, run
+from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, restorable, run
 from engine import state
-from engine.checkpoints import CheckpointStore, Miss, boundaries
+from engine.checkpoints import Miss, boundaries, cut_points
 from engine.engine import Engine
 from engine.generate import prefill
 from engine.kv import make_cache
@@ -52,9 +52,13 @@ def test_boundary_keys_chain_over_policy_and_all_previous_tokens():
     b = [PromptSegment("system", "s", (1, 2, 9)), PromptSegment("file", "y", (4, 5))]
     ba, bb = boundaries("p1", a), boundaries("p1", b)
     assert [(x.start, x.end) for x in ba] == [(0, 3), (3, 5)]  # empty segment: no boundary
-    pieces = boundaries("p1", a, interval=2)
-    assert [(x.start, x.end, x.kind) for x in pieces] == [(0, 2, "system"), (2, 3, "system"), (3, 5, "file")]
-    assert pieces[-1].key != ba[-1].key and pieces[0].parent == ""
+    grid = boundaries("p1", a, interval=2)  # a grid across segments, anchored at the end
+    assert [(x.start, x.end, x.kind) for x in grid] == [(0, 2, "system"), (2, 4, "file"), (4, 5, "file")]
+    assert grid[-1].key != ba[-1].key and grid[0].parent == ""
+    tail = a + [PromptSegment("question", "q", (6, 7, 8)), PromptSegment("header", "h", (9,))]
+    cuts = [(x.end, x.protected) for x in boundaries("p1", tail, interval=2)]
+    # Anchors: the end of the prefix (5), the question (8) and the header (9, protected).
+    assert cuts == [(2, False), (4, False), (5, False), (7, False), (8, False), (9, True)]
     assert ba[1].parent == ba[0].key
     assert ba[1].tokens == bb[1].tokens and ba[1].key != bb[1].key  # same tail, other prefix
     other = boundaries("p2", a)
@@ -72,22 +76,23 @@ def test_warm_equals_cold_across_a_session(tiny_loaded, repo, kv_bits):
     last_edit = edit(mid_edit, n - 1, repo[n - 1].token_ids[:-3])
     continued = ask(tok, last_edit, "Next?", turns=("Last?", "It is short."))
     steps = [
-        # (segments, expected cached tokens, expected miss reason)
+        # (segments, first token that differs from every earlier prompt, expected miss reason)
         (ask(tok, repo, "What does f1 do?"), 0, "new prefix"),
-        (ask(tok, repo, "And f2?"), prefix_len(repo, n), None),  # diverged inside the question
-        (ask(tok, mid_edit, "Now?"), prefix_len(repo, 2), f"diverged at token {prefix_len(repo, 2) + 10}"),
-        # Checkpoints every 16 tokens (the chunk) inside a file: 32 of its 37 tokens kept.
-        (ask(tok, last_edit, "Last?"), prefix_len(mid_edit, n - 1) + 32, None),
+        (ask(tok, repo, "And f2?"), prefix_len(repo, n), None),
+        (ask(tok, mid_edit, "Now?"), prefix_len(repo, 2) + 10, f"diverged at token {prefix_len(repo, 2) + 10}"),
+        (ask(tok, last_edit, "Last?"), prefix_len(last_edit, n), None),
         # The first turn repeats the last question's tokens at the same place: restored too.
         (continued, prefix_len(continued, n + 1), None),
     ]
     with Engine(tiny_loaded, prefill_chunk=16, kv_bits=kv_bits) as warm:
-        for segments, cached, miss in steps:
+        seen: set[str] = set()
+        for segments, diverged_at, miss in steps:
             tokens, done = run(warm, segments)
             assert tokens == cold(tiny_loaded, segments, kv_bits=kv_bits)
             m = done.metrics
-            assert m.cached_tokens == cached
-            assert m.recomputed_tokens == m.prompt_tokens - cached
+            assert m.cached_tokens == restorable(warm.prefix.store, segments, seen)
+            assert m.cached_tokens > diverged_at - 16  # at most one grid step recomputed
+            assert m.recomputed_tokens == m.prompt_tokens - m.cached_tokens
             if miss is not None:
                 assert m.miss_reason == miss
             else:
@@ -102,7 +107,7 @@ def test_restored_logits_equal_cold_logits(tiny_loaded, repo):
     metrics = Metrics()
     warm = prefix.prefill(Request(segments=follow), 16, lambda: False, metrics)
     ids = Request(segments=follow).all_token_ids()
-    ends = [b.end for b in boundaries("x", follow)]
+    ends = cut_points(follow, POLICY.prefill_chunk)  # the layout's chunking, as the cache does
     cold_logits = prefill(model, make_cache(model), ids, 16, boundaries=ends)
     assert metrics.cached_tokens == prefix_len(follow, len(repo))
     assert mx.array_equal(warm, cold_logits)
@@ -224,7 +229,8 @@ def test_eviction_is_lru_with_protected_last(tiny_loaded):
 
     store.set_budget(2 * size)   # the least recently used unprotected tail goes first
     assert {k for k in keys if keys[k] in {c.key for c in store.checkpoints()}} == {"a", "c"}
-    assert store.plan(store.boundaries(b + [system]), 10**6).miss == Miss("evicted")
+    question = PromptSegment("question", "q", (7, 8))
+    assert store.plan(store.boundaries(b + [question]), 10**6).miss == Miss("evicted")
     store.set_budget(size)       # the protected tail outlives a more recent one
     assert {k for k in keys if keys[k] in {c.key for c in store.checkpoints()}} == {"a"}
     store.set_budget(0)

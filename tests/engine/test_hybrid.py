@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import ArraysCache
 
-from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, run
+from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, restorable, run
 from engine import state
 from engine.engine import Engine
 from engine.generate import prefill
@@ -64,13 +64,15 @@ def test_warm_equals_cold_on_a_hybrid(hybrid, repo):
     continued = ask(tok, last, "More?", turns=("Why?", "Because."))
     steps = [(ask(tok, repo, "What?"), 0),
              (ask(tok, repo, "Why?"), prefix_len(repo, n)),
-             (ask(tok, mid, "Now?"), prefix_len(repo, 2)),
-             (ask(tok, last, "Why?"), prefix_len(mid, n - 1)),
+             (ask(tok, mid, "Now?"), prefix_len(repo, 2) + 5),
+             (ask(tok, last, "Why?"), prefix_len(last, n)),
              (continued, prefix_len(continued, n + 1))]
     with Engine(hybrid, prefill_chunk=16) as warm:
-        for segments, cached in steps:
+        seen: set[str] = set()
+        for segments, diverged_at in steps:
             tokens, done = run(warm, segments, max_tokens=6)
-            assert done.metrics.cached_tokens == cached
+            assert done.metrics.cached_tokens == restorable(warm.prefix.store, segments, seen)
+            assert done.metrics.cached_tokens > diverged_at - 16  # at most one grid step lost
             assert tokens == cold(hybrid, segments, max_tokens=6)
 
 
