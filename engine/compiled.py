@@ -1,0 +1,128 @@
+"""A compiled one-token decode step (`mx.compile`) over the model's own KV caches.
+
+mlx-lm caches are Python objects whose ``offset`` is an int and whose
+``update_and_fetch`` returns a slice that grows by one each step, so compiling
+``model(token, cache)`` directly would retrace every step. Here the step is
+traced with stand-in caches that hold the *whole* preallocated key/value
+buffers of each `KVCache` and an ``offset`` that is an array: the new key and
+value are written with a dynamic ``slice_update`` and attention covers the
+buffer with a mask ``position <= offset``. Shapes then change only when the
+buffers grow (every 256 tokens, as `KVCache` allocates them), so the step is
+traced once per 256 tokens of context and replayed in between.
+
+The model code is unchanged (any mlx-lm model whose layers only use
+``offset``, ``update_and_fetch`` and ``make_mask`` of their cache, like llama);
+caches of any other kind (quantized, windowed, recurrent) fall back to the
+plain call. ``CODECTX_COMPILE=off`` turns the compiled step off; so does a
+first compiled step that fails (MLX's CPU backend builds fused kernels with the
+system C++ compiler), logged once. After the step the real caches hold exactly what the plain call
+would have left: the same buffers with one more row and ``offset + 1``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+logger = logging.getLogger(__name__)
+
+_GROWTH = KVCache.step
+
+
+class _BufferCache:
+    """Stand-in cache used while tracing: full buffers, array offset."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
+        self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        if n != 1 or window_size is not None:
+            raise ValueError("the compiled step decodes one token with full attention")
+        return mx.arange(self.keys.shape[2])[None] <= self.offset
+
+
+class CompiledDecodeStep:
+    """``step(tokens, cache) -> logits`` for one token, compiled; falls back when it cannot apply.
+
+    Args:
+        model: An mlx-lm model (called as ``model(tokens, cache=...)``).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._compiled = mx.compile(self._trace)
+        self.enabled = os.environ.get("CODECTX_COMPILE", "on").lower() not in {"off", "0", "false"}
+        self.fallbacks = 0
+        self.traces = 0
+        self._probed = False
+
+    def __call__(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
+        """Logits of shape (1, 1, vocab) for ``tokens`` of shape (1, 1); updates ``cache``."""
+        if not (self.enabled and self.applies(tokens, cache)):
+            self.fallbacks += 1
+            return self.model(tokens, cache=cache)
+        for c in cache:
+            _ensure_room(c)
+        offset = mx.array(cache[0].offset, dtype=mx.int32)
+        try:
+            logits, keys, values = self._compiled(tokens, offset, [c.keys for c in cache],
+                                                  [c.values for c in cache])
+            if not self._probed:
+                mx.eval(logits, keys, values)
+                self._probed = True
+        except Exception as err:  # no usable compiler: decode uncompiled from now on
+            logger.warning("compiled decode step unavailable, decoding uncompiled: %s", err)
+            self.enabled = False
+            self.fallbacks += 1
+            return self.model(tokens, cache=cache)
+        for c, k, v in zip(cache, keys, values):
+            # The old buffers are referenced by the graph only: slice_update reuses them.
+            c.keys, c.values = k, v
+            c.offset += 1
+        return logits
+
+    @staticmethod
+    def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:
+        """True for one token, plain `KVCache` layers only, all filled to the same offset."""
+        return (tokens.shape == (1, 1) and len(cache) > 0
+                and all(type(c) is KVCache and c.keys is not None for c in cache)
+                and len({c.offset for c in cache}) == 1)
+
+    def _trace(self, tokens: mx.array, offset: mx.array, keys: list[mx.array],
+               values: list[mx.array]) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+        self.traces += 1
+        stand_ins = [_BufferCache(k, v, offset) for k, v in zip(keys, values)]
+        logits = self.model(tokens, cache=stand_ins)
+        return logits, [c.keys for c in stand_ins], [c.values for c in stand_ins]
+
+
+def _ensure_room(cache: KVCache) -> None:
+    """Grow the buffers (as `KVCache` would) so that one more row fits."""
+    capacity = cache.keys.shape[2]
+    if cache.offset < capacity:
+        return
+    extra = _GROWTH
+
+    def grown(buffer: mx.array) -> mx.array:
+        pad = mx.zeros((*buffer.shape[:2], extra, buffer.shape[3]), dtype=buffer.dtype)
+        return mx.concatenate([buffer[..., : cache.offset, :], pad], axis=2)
+
+    cache.keys, cache.values = grown(cache.keys), grown(cache.values)
+
+
+def decode_step_for(model: Any) -> Callable[[mx.array, Sequence[Any]], mx.array]:
+    """The model's compiled decode step, made once per model and kept on it."""
+    step = getattr(model, "_codectx_decode_step", None)
+    if step is None:
+        step = CompiledDecodeStep(model)
+        # nn.Module is a dict: object.__setattr__ keeps the step out of its parameters.
+        object.__setattr__(model, "_codectx_decode_step", step)
+    return step
