@@ -1,0 +1,1 @@
+"""The codectx language server (pygls). Entry point: `server.serve_cmd`."""

@@ -1,0 +1,234 @@
+"""The language server: handler registration only. Features live in `features/`."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from . import convert
+from .backend import start_backend
+from .documents import DocumentStore
+from .errors import InvalidArgumentsError, user_message
+from .features import ask as ask_feature
+from .features import status as status_feature
+from .prompt import LocalPrompt
+from .protocol import CodectxProtocol
+from .session import Session
+from .settings import Settings, parse_settings
+from .stream import TextStream
+from .tools import TOOLS_PROMPT, WorkspaceTools
+from .warmup import Warmup
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = ("codectx.ask", "codectx.status", "codectx.showContext", "codectx.reset", "codectx.reindex",
+            "codectx.findBugs")
+
+
+class CodectxServer(LanguageServer):
+    """pygls server holding one `Session`."""
+
+    def __init__(self) -> None:
+        super().__init__("codectx", "0.1.0", protocol_cls=CodectxProtocol,
+                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.session = Session(Settings(), DocumentStore(convert.UTF16), None)
+        self.conversations = ask_feature.Conversations()
+        self.loaded: asyncio.Future | None = None
+        self.warmup: Warmup | None = None
+        self.tools: WorkspaceTools | None = None
+        self.settings_problems: list[str] = []
+        self.start_up_task: asyncio.Task | None = None
+
+    def show(self, message: str, kind: types.MessageType = types.MessageType.Warning) -> None:
+        self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+    def supports_progress(self) -> bool:
+        window = self.client_capabilities.window
+        return bool(window and window.work_done_progress)
+
+    async def ready_session(self) -> Session:
+        """Waits for the model to load; raises its load error if it failed."""
+        if self.loaded is None:
+            self.session.require_ready()
+        await asyncio.shield(self.loaded)
+        return self.session
+
+    async def start_up(self) -> None:
+        """After `initialized`: settings from the client, then the model (sets `loaded`)."""
+        try:
+            await self.fetch_configuration()
+            await self.load()
+        except Exception as err:  # noqa: BLE001 - handed to every waiting request
+            self.loaded.set_exception(err)
+        else:
+            self.loaded.set_result(None)
+
+    async def fetch_configuration(self) -> None:
+        """Merges `workspace/configuration` (section codectx) over initializationOptions."""
+        workspace = self.client_capabilities.workspace
+        if workspace and workspace.configuration:
+            configs = await self.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="codectx")]))
+            if configs and configs[0]:
+                settings, problems = parse_settings(configs[0])
+                self.session.settings = settings
+                self.settings_problems += problems
+        if self.settings_problems:
+            self.show("codectx: invalid settings, using defaults for: " + "; ".join(self.settings_problems))
+
+    async def load(self) -> None:
+        """Loads the model, builds the prompt layout and starts warm-up (background)."""
+        stream = TextStream(self, None, "load", self.supports_progress())
+        await stream.begin("codectx: loading model")
+        try:
+            backend = await asyncio.to_thread(start_backend, self.session.settings)
+            prompt = LocalPrompt(self.session.root, backend.tokenizer, self.session.buffer_text,
+                                 system_extra=TOOLS_PROMPT,
+                                 budget_tokens=self.session.settings.context.budget_tokens)
+        except Exception as err:
+            stream.end("error")
+            self.show(user_message(err), types.MessageType.Error)
+            raise
+        self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
+        self.tools = WorkspaceTools(self.session.root, self._read_text, lambda: prompt.files)
+        self.warmup = Warmup(self.session)
+        stream.end("ready")
+        self.warmup.schedule(0)
+
+    def _read_text(self, path: Path) -> str:
+        text = self.session.buffer_text(path)
+        return text if text is not None else path.read_text(encoding="utf-8", errors="replace")
+
+
+server = CodectxServer()
+
+
+def _command_args(args: tuple) -> dict:
+    if len(args) > 1 or (args and not isinstance(args[0], dict)):
+        raise InvalidArgumentsError("codectx commands take one object argument")
+    return dict(args[0]) if args else {}
+
+
+@server.feature(types.INITIALIZE)
+def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
+    settings, ls.settings_problems = parse_settings(params.initialization_options)
+    root = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
+    encoding = convert.choose_encoding(params.capabilities)
+    ls.session = Session(settings, DocumentStore(encoding), Path(to_fs_path(root)) if root else Path.cwd())
+    ls.loaded = asyncio.get_running_loop().create_future()
+    ls.loaded.add_done_callback(lambda f: f.cancelled() or f.exception())  # also raised to requests
+
+
+@server.feature(types.INITIALIZED)
+def initialized(ls: CodectxServer, params: types.InitializedParams) -> None:
+    ls.start_up_task = asyncio.ensure_future(ls.start_up())
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+def did_open(ls: CodectxServer, params: types.DidOpenTextDocumentParams) -> None:
+    ls.session.documents.open(params.text_document)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> None:
+    doc = ls.session.documents.change(params)
+    ls.session.prefix_version += 1
+    ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=doc.uri, diagnostics=[]))
+    if ls.warmup is not None:
+        ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, key=doc.uri)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: CodectxServer, params: types.DidCloseTextDocumentParams) -> None:
+    ls.session.documents.close(params.text_document.uri)
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+def did_change_watched(ls: CodectxServer, params: types.DidChangeWatchedFilesParams) -> None:
+    ls.session.prefix_version += 1
+    if ls.session.prompt is not None:
+        ls.session.prompt.rescan()
+    if ls.warmup is not None:
+        ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000)
+
+
+@server.command("codectx.ask")
+async def ask_command(ls: CodectxServer, *args: Any) -> dict:
+    options = _command_args(args)
+    question = options.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidArgumentsError("codectx.ask needs a non-empty string 'question'")
+    session = await ls.ready_session()
+    selection, path = _selection(ls, options)
+    stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress())
+    await stream.begin("codectx: answering")
+    reason = "error"
+    try:
+        result = await ask_feature.ask(
+            session, question, on_text=stream.send, conversations=ls.conversations,
+            conversation_id=options.get("conversationId"), selection=selection, path=path,
+            tools=ls.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"))
+        reason = result.finish_reason
+        return result.as_dict()
+    except asyncio.CancelledError:
+        reason = "cancelled"
+        raise
+    finally:
+        stream.end(reason)
+
+
+def _selection(ls: CodectxServer, options: dict) -> tuple[str | None, str | None]:
+    """The selected text and its path, from optional 'uri' + 'range' arguments."""
+    if "uri" not in options or "range" not in options:
+        return None, None
+    try:
+        rng = ls.protocol._converter.structure(options["range"], types.Range)  # noqa: SLF001
+        text = ls.session.documents.text(options["uri"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidArgumentsError(f"bad selection: {err}") from err
+    span = convert.to_span(text, rng, ls.session.documents.encoding)
+    return text[span.start:span.end], to_fs_path(options["uri"])
+
+
+@server.command("codectx.status")
+def status_command(ls: CodectxServer, *args: Any) -> dict:
+    return status_feature.status(ls.session, ls.protocol, ls.warmup)
+
+
+@server.command("codectx.showContext")
+def show_context_command(ls: CodectxServer, *args: Any) -> dict:
+    ls.session.require_ready()
+    return status_feature.show_context(ls.session)
+
+
+@server.command("codectx.reset")
+def reset_command(ls: CodectxServer, *args: Any) -> dict:
+    ls.conversations.reset()
+    return {"reset": True}
+
+
+@server.command("codectx.reindex")
+def reindex_command(ls: CodectxServer, *args: Any) -> dict:
+    ls.session.require_ready()
+    ls.session.prompt.rescan()
+    ls.session.prefix_version += 1
+    ls.warmup.schedule(0)
+    return {"files": len(ls.session.prompt.files)}
+
+
+@server.feature(types.SHUTDOWN)
+def shutdown(ls: CodectxServer, *args: Any) -> None:
+    if ls.warmup is not None:
+        ls.warmup.stop()
+    if ls.session.engine is not None:
+        ls.session.cancel_all()
+
+
+@server.feature(types.EXIT)
+def exit_(ls: CodectxServer, *args: Any) -> None:
+    ls.session.close()

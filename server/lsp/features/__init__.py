@@ -1,0 +1,1 @@
+"""Editor features as plain functions over a `Session` (no pygls here)."""

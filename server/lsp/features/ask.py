@@ -1,0 +1,127 @@
+"""`codectx.ask`: a question about the repository, with the tool loop."""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..prompt import Turn
+from ..session import Session
+from ..tools import CALL_CLOSE, ToolError, WorkspaceTools, parse_tool_call
+
+logger = logging.getLogger(__name__)
+_conversation_ids = itertools.count(1)
+
+
+@dataclass
+class AskResult:
+    """What `codectx.ask` returns. `text` equals the concatenated stream."""
+
+    text: str
+    finish_reason: str
+    metrics: dict
+    conversation_id: str
+    tool_calls: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "finishReason": self.finish_reason, "metrics": self.metrics,
+                "conversationId": self.conversation_id, "toolCalls": self.tool_calls}
+
+
+class Conversations:
+    """Turns of earlier asks, by conversation id."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, list[Turn]] = {}
+
+    def get(self, conversation_id: str | None) -> tuple[str, list[Turn]]:
+        if conversation_id is None or conversation_id not in self._turns:
+            conversation_id = conversation_id or f"conv-{next(_conversation_ids)}"
+            self._turns[conversation_id] = []
+        return conversation_id, self._turns[conversation_id]
+
+    def reset(self) -> None:
+        self._turns.clear()
+
+
+def question_text(question: str, selection: str | None, path: str | None) -> str:
+    """The user turn: the question, with the selected code when there is one."""
+    if not selection:
+        return question
+    where = f" (from {path})" if path else ""
+    return f"{question}\n\nSelected code{where}:\n```\n{selection}\n```"
+
+
+async def ask(session: Session, question: str, *, on_text: Callable[[str], None],
+              conversations: Conversations, conversation_id: str | None = None,
+              selection: str | None = None, path: str | None = None,
+              tools: WorkspaceTools | None = None, max_tokens: int | None = None) -> AskResult:
+    """Answers `question`, streaming every piece of text to `on_text`.
+
+    When the model emits a tool call, the tool runs inside the workspace, its
+    result is appended as a turn and generation continues (at most
+    `settings.ask.max_tool_calls` times). Tool calls are shown in the stream.
+
+    Raises:
+        NotReadyError: The model is still loading.
+        asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
+    """
+    settings = session.settings.ask
+    conversation_id, history = conversations.get(conversation_id)
+    turns = history + [Turn("user", question_text(question, selection, path))]
+    pieces: list[str] = []
+    calls: list[dict] = []
+
+    def emit(text: str) -> None:
+        pieces.append(text)
+        on_text(text)
+
+    metrics: dict = {}
+    for round_number in range(settings.max_tool_calls + 1):
+        done = await session.generate(
+            session.prompt.segments(turns), max_tokens=max_tokens or settings.max_tokens, on_text=emit,
+            stop=(CALL_CLOSE,) if tools else ())
+        metrics = _add_metrics(metrics, done.metrics.as_dict())
+        call = _tool_call(done.text) if tools and round_number < settings.max_tool_calls else None
+        if call is None:
+            break
+        result = _run_tool(tools, call)
+        calls.append({"name": call.name, "arguments": call.arguments, "resultChars": len(result)})
+        emit(f"\n[tool {call.name} returned {len(result)} characters]\n")
+        reply = done.text if done.text.rstrip().endswith(CALL_CLOSE) else done.text + CALL_CLOSE
+        turns += [Turn("assistant", reply), Turn("user", f"<tool_response>\n{result}\n</tool_response>")]
+    text = "".join(pieces)
+    history += [turns[len(history)], Turn("assistant", text)]
+    session.counters.asks += 1
+    return AskResult(text, done.finish_reason, metrics, conversation_id, calls)
+
+
+def _tool_call(text: str):
+    try:
+        return parse_tool_call(text)
+    except ToolError as err:
+        logger.info("ignoring malformed tool call: %s", err)
+        return None
+
+
+def _run_tool(tools: WorkspaceTools, call) -> str:
+    try:
+        return tools.run(call)
+    except ToolError as err:
+        return f"error: {err}"
+
+
+def _add_metrics(total: dict, new: dict) -> dict:
+    """Sums the counters of several engine rounds; keeps the first round's TTFT."""
+    if not total:
+        return dict(new, rounds=1)
+    summed = dict(total, rounds=total["rounds"] + 1)
+    for key in ("prompt_tokens", "cached_tokens", "recomputed_tokens", "prefill_s", "decode_tokens",
+                "decode_s", "drafted_tokens", "accepted_tokens"):
+        summed[key] = total.get(key, 0) + new.get(key, 0)
+    summed["prefill_tps"] = summed["recomputed_tokens"] / summed["prefill_s"] if summed["prefill_s"] else 0.0
+    summed["decode_tps"] = summed["decode_tokens"] / summed["decode_s"] if summed["decode_s"] else 0.0
+    summed["acceptance"] = summed["accepted_tokens"] / summed["drafted_tokens"] if summed["drafted_tokens"] else 0.0
+    summed["checkpoint_bytes"] = new.get("checkpoint_bytes", 0)
+    return summed

@@ -1,0 +1,35 @@
+"""`codectx.status` and `codectx.showContext`."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..session import Session
+
+
+def status(session: Session, protocol: Any, warmup: Any) -> dict:
+    """Readiness, warmth, counters and the server's own bookkeeping sizes."""
+    counters = session.counters
+    return {
+        "ready": session.ready,
+        "model": session.model_id,
+        "positionEncoding": session.documents.encoding.value,
+        "prefixVersion": session.prefix_version,
+        "warmup": warmup.state() if warmup is not None else None,
+        "counters": {"asks": counters.asks, "hovers": counters.hovers,
+                     "hoverCacheHits": counters.hover_cache_hits, "cancelled": counters.cancelled,
+                     "warmups": counters.warmups},
+        "lastMetrics": counters.last_metrics,
+        "engine": session.engine.stats() if session.engine is not None else None,
+        "server": {"pendingRequests": protocol.pending_requests(),
+                   "progressTokens": protocol.progress_tokens(),
+                   "openDocuments": len(session.documents)},
+    }
+
+
+def show_context(session: Session) -> dict:
+    """The prefix layout as rows and as a markdown document for a virtual buffer."""
+    rows = session.prompt.layout()
+    lines = ["# codectx context", "", "| # | kind | key | tokens |", "|---|---|---|---|"]
+    lines += [f"| {i} | {r['kind']} | {r['key']} | {r['tokens']} |" for i, r in enumerate(rows)]
+    lines += ["", f"total: {sum(r['tokens'] for r in rows)} tokens in {len(rows)} segments"]
+    return {"segments": rows, "markdown": "\n".join(lines) + "\n"}

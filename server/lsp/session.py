@@ -1,0 +1,117 @@
+"""What one server instance holds: settings, buffers, the engine and the prompt.
+
+Features receive a `Session` and call `generate`; they never touch pygls.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.request import DoneEvent, Priority, PromptSegment, Request, TokenEvent
+
+from .documents import DocumentStore
+from .errors import NotReadyError
+from .prompt import LocalPrompt
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    """Server-side counters reported by `codectx.status`."""
+
+    asks: int = 0
+    hovers: int = 0
+    hover_cache_hits: int = 0
+    cancelled: int = 0
+    warmups: int = 0
+    last_metrics: dict = field(default_factory=dict)
+
+
+class Session:
+    """State shared by all features.
+
+    Args:
+        settings: The parsed settings.
+        documents: The open-buffer store.
+        root: The workspace folder (None before `initialize`).
+    """
+
+    def __init__(self, settings: Settings, documents: DocumentStore, root: Path | None) -> None:
+        self.settings = settings
+        self.documents = documents
+        self.root = root
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.prompt: LocalPrompt | None = None
+        self.counters = Counters()
+        self.model_id: str | None = None
+        self.prefix_version = 0  # bumped on every edit; part of cache keys
+        self._running: set[str] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.prompt is not None
+
+    def attach(self, engine: Any, tokenizer: Any, prompt: LocalPrompt, model_id: str) -> None:
+        """Installs the loaded engine (called once the model is loaded)."""
+        self.engine, self.tokenizer, self.prompt, self.model_id = engine, tokenizer, prompt, model_id
+
+    def require_ready(self) -> None:
+        """Raises:
+            NotReadyError: The model or workspace is still loading.
+        """
+        if not self.ready:
+            raise NotReadyError("codectx is still loading the model; try again in a moment")
+
+    def buffer_text(self, path: Path) -> str | None:
+        """Unsaved text of an open buffer at `path`, else None."""
+        doc = self.documents.by_path(path)
+        return doc.text if doc is not None else None
+
+    async def generate(self, segments: list[PromptSegment], *, max_tokens: int,
+                       on_text: Callable[[str], None] | None = None, stop: tuple[str, ...] = (),
+                       priority: Priority = Priority.INTERACTIVE) -> DoneEvent:
+        """Runs one engine request, streaming text to `on_text`.
+
+        Cancelling the awaiting task cancels the engine request (which rolls
+        back to its last confirmed checkpoint) and re-raises CancelledError.
+
+        Returns:
+            The request's `DoneEvent`.
+        """
+        self.require_ready()
+        request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority)
+        handle = self.engine.submit(request)
+        self._running.add(request.request_id)
+        try:
+            async for event in handle:
+                if isinstance(event, TokenEvent):
+                    if on_text is not None and event.text:
+                        on_text(event.text)
+                elif isinstance(event, DoneEvent):
+                    self.counters.last_metrics = event.metrics.as_dict()
+                    if event.error is not None and event.finish_reason == "error":
+                        raise event.error
+                    return event
+            raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
+        except asyncio.CancelledError:
+            self.counters.cancelled += 1
+            self.engine.cancel(request.request_id)
+            raise
+        finally:
+            self._running.discard(request.request_id)
+
+    def cancel_all(self) -> None:
+        """Cancels every running engine request (shutdown)."""
+        for request_id in list(self._running):
+            self.engine.cancel(request_id)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

@@ -1,0 +1,163 @@
+"""The server's settings: one typed, fully defaulted tree.
+
+Settings arrive as `initializationOptions` and from `workspace/configuration`
+(section ``codectx``), both in camelCase. `parse_settings` never raises: every
+value that is missing or invalid keeps its default and yields a problem string
+the server shows once through `window/showMessage`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model runs and how.
+
+    Attributes:
+        name: `smollm2-135m`, a model directory, a `.gguf` file or a hub id.
+        kv_bits: 8 for the quantized KV cache, 16 for the model's dtype.
+        prefill_chunk: Tokens per prefill forward call.
+        draft: Speculative decoding: "none", "prompt-lookup" or a draft model path.
+    """
+
+    name: str = "smollm2-135m"
+    kv_bits: int = 8
+    prefill_chunk: int = 256
+    draft: str = "prompt-lookup"
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """Windowed prefill (an attention policy of the cache, DESIGN.md)."""
+
+    enabled: bool = True
+    global_tokens: int = 1024
+    window_tokens: int = 2048
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What goes into the stable prefix."""
+
+    budget_tokens: int = 6000
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """Checkpoint budgets: bytes kept in memory and on disk."""
+
+    checkpoint_bytes: int = 2 * 1024**3
+    archive_enabled: bool = True
+    archive_bytes: int = 8 * 1024**3
+
+
+@dataclass(frozen=True)
+class HoverSettings:
+    """Hover explanations."""
+
+    enabled: bool = True
+    latency_budget_ms: int = 1500
+    max_tokens: int = 96
+
+
+@dataclass(frozen=True)
+class AskSettings:
+    """`codectx.ask` and code actions."""
+
+    max_tokens: int = 512
+    max_tool_calls: int = 4
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """Background re-prefill after edits."""
+
+    enabled: bool = True
+    debounce_ms: int = 750
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server can be told. Every field has a default."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    window: WindowSettings = field(default_factory=WindowSettings)
+    context: ContextSettings = field(default_factory=ContextSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    hover: HoverSettings = field(default_factory=HoverSettings)
+    ask: AskSettings = field(default_factory=AskSettings)
+    warmup: WarmupSettings = field(default_factory=WarmupSettings)
+
+
+_MINIMUMS = {
+    "kv_bits": 0, "prefill_chunk": 1, "global_tokens": 0, "window_tokens": 1,
+    "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
+    "latency_budget_ms": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
+}
+_CHOICES = {"kv_bits": (8, 16)}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def _check(name: str, kind: Any, value: Any) -> tuple[Any, str | None]:
+    """Returns the value converted to `kind`, or a problem string."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and (value < _MINIMUMS.get(name, value) or value not in _CHOICES.get(name, (value,))):
+            return None, f"{value!r} is out of range"
+    elif kind is str:
+        ok = isinstance(value, str) and bool(value)
+    else:  # tuple[str, ...]
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        value = tuple(value) if ok else value
+    return (value, None) if ok else (None, f"expected {getattr(kind, '__name__', 'a list of strings')}, got {value!r}")
+
+
+def _parse(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{where or 'settings'}: expected an object, got {raw!r}")
+        return cls()
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        name = _snake(key)
+        path = f"{where}.{key}" if where else key
+        if name not in known:
+            problems.append(f"{path}: unknown setting")
+            continue
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _parse(kind, value, path, problems)
+            continue
+        checked, problem = _check(name, kind, value)
+        if problem:
+            problems.append(f"{path}: {problem}; using the default")
+        else:
+            values[name] = checked
+    return cls(**values)
+
+
+def parse_settings(raw: Any) -> tuple[Settings, list[str]]:
+    """Builds `Settings` from client JSON.
+
+    Args:
+        raw: The `codectx` object from the client (None means all defaults).
+
+    Returns:
+        The settings and a list of problems (empty when everything was valid).
+    """
+    if raw is None:
+        return Settings(), []
+    problems: list[str] = []
+    return _parse(Settings, raw, "", problems), problems

@@ -1,0 +1,64 @@
+"""Where streamed text goes: `codectx/stream` always, `$/progress` when the client can show it."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from lsprotocol import types
+
+logger = logging.getLogger(__name__)
+
+STREAM_METHOD = "codectx/stream"
+_tokens = itertools.count(1)
+
+
+class TextStream:
+    """Sends text deltas of one request to the client.
+
+    Args:
+        server: The language server (for `protocol.notify` and progress).
+        request_id: The JSON-RPC id of the request being answered.
+        kind: What streams ("ask", "explain", ...), echoed in notifications.
+        progress: Also report through `$/progress` (client supports work-done progress).
+    """
+
+    def __init__(self, server: Any, request_id: Any, kind: str, progress: bool) -> None:
+        self.server = server
+        self.request_id = request_id
+        self.kind = kind
+        self.token: str | None = f"codectx-{kind}-{next(_tokens)}" if progress else None
+        self.index = 0
+
+    async def begin(self, title: str) -> None:
+        """Creates and begins the progress (if any) and links its cancel to the current task."""
+        if self.token is None:
+            return
+        try:
+            await self.server.work_done_progress.create_async(self.token)
+        except Exception as err:  # noqa: BLE001 - a client may refuse; streaming still works
+            logger.info("client refused progress token: %s", err)
+            self.token = None
+            return
+        self.server.work_done_progress.begin(
+            self.token, types.WorkDoneProgressBegin(title=title, cancellable=True))
+        task = asyncio.current_task()
+        if task is not None:
+            self.server.protocol.link_progress_cancel(self.token, task)
+
+    def send(self, text: str) -> None:
+        """Streams one delta."""
+        self.server.protocol.notify(STREAM_METHOD, {
+            "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": text, "done": False})
+        self.index += 1
+        if self.token is not None:
+            self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=text))
+
+    def end(self, reason: str) -> None:
+        """Sends the final notification and ends the progress."""
+        self.server.protocol.notify(STREAM_METHOD, {
+            "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": "",
+            "done": True, "finishReason": reason})
+        if self.token is not None:
+            self.server.protocol.end_progress(self.token, reason)

@@ -1,0 +1,121 @@
+"""Read-only workspace tools the model may call during an ask.
+
+The tool list is declared in the stable prefix (`TOOLS_PROMPT`). Calls follow
+the Qwen/Hermes convention: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+Tools never leave the workspace, never follow a link out of it and cap what
+they return.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+MAX_RESULT_CHARS = 4000
+MAX_SEARCH_HITS = 20
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+TOOLS_PROMPT = f"""
+
+You may call read-only tools. To call one, answer only with
+{CALL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CALL_CLOSE}
+Tools:
+- read_file {{"path": str, "start_line": int?, "end_line": int?}}: lines of a workspace file.
+- find_definition {{"name": str}}: where a function or class is defined.
+- search {{"text": str}}: lines containing the text.
+"""
+
+
+class ToolError(Exception):
+    """A tool call that cannot be run (bad JSON, unknown tool, path outside the workspace)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The first complete tool call in model output, or None.
+
+    Raises:
+        ToolError: A call block whose body is not a JSON object with a name.
+    """
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return None
+    end = text.find(CALL_CLOSE, start)
+    body = text[start + len(CALL_OPEN): end if end >= 0 else len(text)].strip()
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as err:
+        raise ToolError(f"tool call is not JSON: {body[:80]!r}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ToolError("tool call needs a string 'name'")
+    arguments = data.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise ToolError("tool call 'arguments' must be an object")
+    return ToolCall(data["name"], arguments)
+
+
+class WorkspaceTools:
+    """Runs tool calls inside `root`.
+
+    Args:
+        root: The workspace folder.
+        read_text: Returns a file's current text (open buffer or disk).
+        files: Lists the workspace's files.
+    """
+
+    def __init__(self, root: Path, read_text: Callable[[Path], str], files: Callable[[], list[Path]]) -> None:
+        self.root = root.resolve()
+        self.read_text = read_text
+        self.files = files
+
+    def run(self, call: ToolCall) -> str:
+        """The tool's result text (truncated to MAX_RESULT_CHARS).
+
+        Raises:
+            ToolError: Unknown tool or invalid arguments.
+        """
+        runners = {"read_file": self._read_file, "find_definition": self._find_definition, "search": self._search}
+        if call.name not in runners:
+            raise ToolError(f"unknown tool {call.name!r}; known: {sorted(runners)}")
+        try:
+            result = runners[call.name](**call.arguments)
+        except TypeError as err:
+            raise ToolError(f"bad arguments for {call.name}: {err}") from err
+        return result if len(result) <= MAX_RESULT_CHARS else result[:MAX_RESULT_CHARS] + "\n[truncated]"
+
+    def _inside(self, rel: str) -> Path:
+        path = (self.root / rel).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():
+            raise ToolError(f"{rel!r} is not a file inside the workspace")
+        return path
+
+    def _read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
+        lines = self.read_text(self._inside(path)).splitlines()
+        chosen = lines[max(start_line, 1) - 1: end_line]
+        return "\n".join(f"{n}: {line}" for n, line in enumerate(chosen, start=max(start_line, 1)))
+
+    def _find_definition(self, name: str) -> str:
+        pattern = re.compile(rf"^\s*(?:async\s+)?(?:def|class|function|func|fn)\s+{re.escape(name)}\b")
+        hits = self._grep(pattern.search)
+        return "\n".join(hits) or f"no definition of {name!r} found"
+
+    def _search(self, text: str) -> str:
+        hits = self._grep(lambda line: text in line)
+        return "\n".join(hits) or f"no line contains {text!r}"
+
+    def _grep(self, matches: Callable[[str], object]) -> list[str]:
+        hits = []
+        for path in self.files():
+            for number, line in enumerate(self.read_text(path).splitlines(), start=1):
+                if matches(line):
+                    hits.append(f"{path.relative_to(self.root).as_posix()}:{number}: {line.strip()}")
+                    if len(hits) >= MAX_SEARCH_HITS:
+                        return hits
+        return hits

@@ -1,0 +1,54 @@
+"""`codectx serve`: the language server over stdio (or TCP on loopback for debugging).
+
+stdout is the LSP channel, so logs go to stderr or to `--log-file`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+LOOPBACK = "127.0.0.1"
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = LOOPBACK, value
+    if not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT or PORT, got {value!r}")
+    return host or LOOPBACK, int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds `serve`'s options to a (sub)parser."""
+    parser.add_argument("--tcp", type=_host_port, metavar="[HOST:]PORT",
+                        help=f"listen on TCP instead of stdio (host defaults to {LOOPBACK})")
+    parser.add_argument("--log-file", help="write logs here instead of stderr")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the server until the client exits; returns the exit status."""
+    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
+    logging.getLogger("pygls").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+
+    from server.lsp.app import server
+
+    if args.tcp:
+        server.start_tcp(*args.tcp)
+    else:
+        server.start_io()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="codectx serve", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

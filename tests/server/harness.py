@@ -1,0 +1,50 @@
+"""Helpers for the end-to-end tests: server command, initialize, stream collection."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = {"vscode": "visual-studio-code", "neovim": "neovim@v0.11"}
+
+
+def server_config() -> ClientServerConfig:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
+    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING"],
+                              server_env=env)
+
+
+def collect_streams(client: LanguageClient) -> list:
+    """Registers a `codectx/stream` handler on `client`; returns the list it appends to."""
+    received: list = []
+
+    @client.feature("codectx/stream")
+    def on_stream(params):
+        received.append(params)
+
+    return received
+
+
+async def start(client: LanguageClient, kind: str, root: Path, options: dict) -> types.InitializeResult:
+    params = types.InitializeParams(
+        capabilities=client_capabilities(CLIENTS[kind]), root_uri=root.as_uri(),
+        initialization_options=options)
+    return await client.initialize_session(params)
+
+
+def default_options(model: Path, **overrides) -> dict:
+    options = {"model": {"name": str(model), "kvBits": 16, "prefillChunk": 16},
+               "ask": {"maxTokens": 12}, "hover": {"maxTokens": 8, "latencyBudgetMs": 60000},
+               "warmup": {"enabled": False}}
+    options.update(overrides)
+    return options
+
+
+async def command(client: LanguageClient, name: str, **arguments):
+    """Runs `workspace/executeCommand` with one object argument."""
+    return await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command=name, arguments=[arguments]))
