@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "ask": Subcommand("server.ask_cmd:main", "answer a question about a repository (streams to stdout)"),
     "eval": Subcommand("server.eval_cmd:main", "measure what windowed prefill / 8-bit KV cost in answers"),
     "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model and the cache dir"),
+    "context": Subcommand("server.context_cmd:main", "show the ordered, hashed segments built from a repository"),
     "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio"),
 }
 
