@@ -53,6 +53,11 @@ class HFTokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         return cls(tok, template, _token_str(config.get("bos_token")), _token_str(config.get("eos_token")))
 
+    @property
+    def backend(self):
+        """The wrapped `tokenizers.Tokenizer`."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
