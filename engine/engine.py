@@ -6,10 +6,14 @@
     engine.close()
 
 Requests run one at a time, lowest `Request.priority` first, FIFO within a
-priority. `cancel` is safe from any thread at any time; the worker checks it
-between prefill chunks and between decode steps. One live cache serves every
-request: `PrefixCache` restores the longest valid checkpoint, prefills the
-rest and rolls back to confirmed state after a cancel or an error.
+priority. A request still in prefill yields to a higher-priority arrival at
+the next chunk boundary: it rolls back to its last checkpoint and is queued
+again in its old place. `cancel` is safe from any thread at any time; the
+worker checks it between prefill chunks and between decode steps.
+
+One live cache serves every request: `PrefixCache` restores the longest valid
+checkpoint, prefills the rest and rolls back to confirmed state after a
+cancel or an error.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -44,8 +49,10 @@ class _Job:
     request: Request
     handle: RequestHandle
     on_progress: ChunkCallback | None
+    seq: int
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    preempted: bool = False
 
 
 class Engine:
@@ -93,6 +100,7 @@ class Engine:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._active: dict[str, _Job] = {}
+        self._waiting: Counter[int] = Counter()  # priorities of queued, not running, jobs
         self._running: str | None = None
         self._closed = False
         self._counts = {"served": 0, "cancelled": 0, "failed": 0,
@@ -115,14 +123,14 @@ class Engine:
             ValueError: When the request id is already in flight.
         """
         handle = RequestHandle(request, self.cancel)
-        job = _Job(request, handle, on_progress)
         with self._lock:
             if self._closed:
                 raise EngineClosedError("engine is closed")
             if request.request_id in self._active:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
+            job = _Job(request, handle, on_progress, next(self._seq))
             self._active[request.request_id] = job
-            self._queue.put((int(request.priority), next(self._seq), job))
+            self._enqueue(job)
         return handle
 
     def cancel(self, request_id: str) -> None:
@@ -210,15 +218,32 @@ class Engine:
 
     # -- worker -----------------------------------------------------------
 
+    def _enqueue(self, job: _Job) -> None:
+        """Queue `job` at its priority and original FIFO place (caller holds the lock)."""
+        self._waiting[int(job.request.priority)] += 1
+        self._queue.put((int(job.request.priority), job.seq, job))
+
+    def _next_job(self) -> _Job | None:
+        _, _, job = self._queue.get()
+        if job is not None:
+            with self._lock:
+                self._waiting[int(job.request.priority)] -= 1
+        return job
+
+    def _outranked(self, priority: int) -> bool:
+        """True when a queued job has a more urgent priority than `priority`."""
+        with self._lock:
+            return any(count and waiting < priority for waiting, count in self._waiting.items())
+
     def _work(self) -> None:
         try:
             while True:
-                _, _, job = self._queue.get()
+                job = self._next_job()
                 if job is None:
                     break
                 self._serve(job)
             while not self._queue.empty():  # only jobs submitted before close() remain
-                _, _, job = self._queue.get()
+                job = self._next_job()
                 if job is not None:
                     self._serve(job)  # cancelled already: ends at once
         finally:
@@ -238,11 +263,24 @@ class Engine:
         except RequestCancelled:
             reason, error = "cancelled", None
             self.prefix.rollback()
+            if self._requeue_preempted(job):
+                return
         except Exception as err:  # the worker must survive anything one request does
             logger.exception("request %s failed", job.request.request_id)
             reason, error = "error", err
             self.prefix.rollback()
         self._finish(job, DoneEvent(job.request.request_id, reason, "".join(emitted), metrics, error))
+
+    def _requeue_preempted(self, job: _Job) -> bool:
+        """Queue a preempted (not cancelled) job again; False when it must end instead."""
+        with self._lock:
+            if not job.preempted or job.cancelled.is_set() or self._closed:
+                return False
+            job.preempted = False
+            self._running = None
+            self._enqueue(job)
+        logger.debug("request %s preempted; queued again", job.request.request_id)
+        return True
 
     def _finish(self, job: _Job, done: DoneEvent) -> None:
         with self._lock:
@@ -265,8 +303,14 @@ class Engine:
         sampler = make_sampler(request.sampling)
         cache = self.prefix.cache
 
+        def stop_prefill() -> bool:
+            if cancelled():
+                return True
+            job.preempted = self._outranked(request.priority)
+            return job.preempted
+
         start = time.perf_counter()
-        logits = self.prefix.prefill(request, self.prefill_chunk, cancelled, metrics,
+        logits = self.prefix.prefill(request, self.prefill_chunk, stop_prefill, metrics,
                                      on_chunk=job.on_progress)
         metrics.prefill_s = time.perf_counter() - start
         if request.max_tokens == 0:

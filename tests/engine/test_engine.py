@@ -245,6 +245,33 @@ def test_priority_then_fifo_order(engine, tiny_loaded):
     assert order == ["ia1", "ia2", "bg1", "bg2"]
 
 
+def test_interactive_request_preempts_background_prefill(engine, tiny_loaded, long_ids):
+    background = Request(prompt_ids=long_ids[:400], max_tokens=6, priority=Priority.BACKGROUND)
+    interactive = Request(prompt_ids=_chat(tiny_loaded), max_tokens=6)
+    with Engine(tiny_loaded, prefill_chunk=16) as other:  # its own, cold prefix cache
+        solo = {r.request_id: _run(other, Request(prompt_ids=r.prompt_ids, max_tokens=6))[1].text
+                for r in (background, interactive)}
+    order, handles = [], {}
+
+    def background_progress(done, total):
+        order.append(("bg", done))
+        if len(order) == 2:  # arrives mid-prefill, from the worker thread itself
+            handles["ia"] = engine.submit(interactive, on_progress=lambda d, t: order.append(("ia", d)))
+
+    handles["bg"] = engine.submit(background, on_progress=background_progress)
+    bg_done = handles["bg"].result()
+    ia_done = handles["ia"].result()
+    names = [name for name, _ in order]
+    first_ia = names.index("ia")
+    # The background yielded at the chunk boundary right after the arrival...
+    assert names[:first_ia] == ["bg", "bg"]
+    # ...the interactive request ran whole, then the background resumed and finished.
+    assert set(names[first_ia:first_ia + names[first_ia:].count("ia")]) == {"ia"}
+    assert names[-1] == "bg" and order[-1][1] == 400
+    assert (bg_done.finish_reason, ia_done.finish_reason) == ("length", "length")
+    assert bg_done.text == solo[background.request_id] and ia_done.text == solo[interactive.request_id]
+
+
 def test_concurrent_submissions_are_serialized_and_match_solo(engine, tiny_loaded, long_ids):
     prompts = {"a": long_ids[:200], "b": _chat(tiny_loaded)}
     solo = {k: _run(engine, Request(prompt_ids=v, max_tokens=12))[1].text for k, v in prompts.items()}
