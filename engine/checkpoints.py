@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import xxhash
@@ -101,11 +101,20 @@ def cut_points(segments: Sequence[PromptSegment], interval: int | None = None) -
 
 
 def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment],
-               interval: int | None = None) -> list[Boundary]:
+               interval: int | None = None,
+               layout_key: Callable[[int], int] | None = None) -> list[Boundary]:
     """Boundaries at `cut_points(segments, interval)`, with their chained keys.
 
     A boundary's kind is that of the segment holding its last token; it is
     protected when it ends a protected segment.
+
+    Args:
+        policy_fingerprint: Seeds the chain.
+        segments: The prompt layout.
+        interval: The checkpoint grid (see `cut_points`).
+        layout_key: When the state at a position depends on the layout beyond
+            the tokens before it (windowed prefill: where the dense tail
+            starts), maps a boundary's end to a number folded into its key.
     """
     ids: list[int] = []
     owner: list[PromptSegment] = []
@@ -121,7 +130,8 @@ def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment],
     key, token_key, start, parent = policy_fingerprint, "", 0, ""
     for end in cut_points(segments, interval):
         tokens = token_bytes(ids[start:end])
-        key, token_key = _chain(key, tokens), _chain(token_key, tokens)
+        salt = b"" if layout_key is None else layout_key(end).to_bytes(8, "little", signed=True)
+        key, token_key = _chain(key, tokens + salt), _chain(token_key, tokens)
         seg = owner[end - 1]
         protected = end in seg_ends and (seg.protected or seg.kind in PROTECTED_KINDS)
         out.append(Boundary(key, token_key, parent, start, end, tokens, seg.kind, protected))
@@ -228,9 +238,10 @@ class CheckpointStore:
 
     # -- lookup -------------------------------------------------------------
 
-    def boundaries(self, segments: Sequence[PromptSegment]) -> list[Boundary]:
-        """`boundaries` under this store's policy."""
-        return boundaries(self.policy_fingerprint, segments, self.interval)
+    def boundaries(self, segments: Sequence[PromptSegment],
+                   layout_key: Callable[[int], int] | None = None) -> list[Boundary]:
+        """`boundaries` under this store's policy and grid."""
+        return boundaries(self.policy_fingerprint, segments, self.interval, layout_key)
 
     def plan(self, bounds: Sequence[Boundary], limit: int) -> Plan:
         """The longest valid checkpoint path ending before token `limit`.

@@ -64,6 +64,8 @@ def test_boundary_keys_chain_over_policy_and_all_previous_tokens():
     other = boundaries("p2", a)
     assert other[0].key != ba[0].key and other[0].token_key == ba[0].token_key
     assert boundaries("p1", a) == ba
+    salted = boundaries("p1", a, layout_key=lambda end: 0 if end < 4 else 1)
+    assert salted[0].key != ba[0].key and salted[0].token_key == ba[0].token_key
 
 
 # -- warm == cold ---------------------------------------------------------------
