@@ -15,6 +15,7 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
+from .compiled import decode_step_for
 from .errors import RequestCancelled
 from .sampling import Sampler
 
@@ -27,7 +28,13 @@ ChunkCallback = Callable[[int, int], None]
 
 
 def forward(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
-    """One model call: ids of shape (1, n) -> logits of shape (1, n, vocab)."""
+    """One model call: ids of shape (1, n) -> logits of shape (1, n, vocab).
+
+    A single token goes through the compiled decode step (`engine.compiled`),
+    which falls back to the plain call for caches it does not handle.
+    """
+    if tokens.shape == (1, 1):
+        return decode_step_for(model)(tokens, cache)
     return model(tokens, cache=cache)
 
 
