@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
+from context.languages import language_of
 from context.scan import Skipped
 from context.segments import Segment
 
@@ -26,18 +28,25 @@ class Layout:
 
     Attributes:
         segments: The prefix segments, in prompt order.
-        rows: Every kept file with its place and reason (whole, hot, map-only, omitted).
+        left_out: Rows of kept files that are not whole (map-only, omitted).
         skipped: Files the scan left out, with reasons.
         budget: The token budget, or None for unlimited.
         system_piece: The template text before the system content (inside segments[0]).
     """
 
     segments: tuple[Segment, ...]
-    rows: tuple[FileRow, ...] = ()
+    left_out: tuple[FileRow, ...] = ()
     skipped: tuple[Skipped, ...] = ()
     budget: int | None = None
     system_piece: str = ""
     notes: tuple[str, ...] = field(default=())
+
+    @cached_property
+    def rows(self) -> tuple[FileRow, ...]:
+        """Every kept file with its place and reason: whole and hot files, then `left_out`."""
+        whole = tuple(FileRow(i, s.key, language_of(s.key), len(s), s.hash[:8], s.reason)
+                      for i, s in enumerate(self.segments) if s.kind in ("file", "hot"))
+        return whole + self.left_out
 
     @property
     def tokens(self) -> int:

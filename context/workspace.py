@@ -93,7 +93,7 @@ class Workspace:
         self._rank: dict[str, float] = {}
         self._ignore = IgnoreRules(self.root)
         self._resolver = ImportResolver(())
-        self._side_rows: tuple = (None, [])
+        self._side_rows: tuple = (None, ())
         self._replaced: set[str] = set()
         self._graph = RepoGraph({}, self._resolver, {})
         self._layout = Layout(())
@@ -356,15 +356,12 @@ class Workspace:
         return Segment(kind, path, text, text_hash(text), self.tokens.encode_chunked([text])[0], reason)
 
     def _make_layout(self, segments: list[Segment], mapped: Sequence[str], omitted: Sequence[str]) -> Layout:
-        rows = [FileRow(i, s.key, self._files[s.key].language, len(s), s.hash[:8], s.reason)
-                for i, s in enumerate(segments) if s.kind in ("file", "hot")]
         side = (tuple(mapped), tuple(omitted), len(self._files))
         if self._side_rows[0] != side:  # rebuilt only when the left-out files change
-            self._side_rows = (side, self._left_out_rows(mapped, "map-only") +
-                               self._left_out_rows(omitted, "omitted (over budget)"))
-        rows += self._side_rows[1]
+            self._side_rows = (side, tuple(self._left_out_rows(mapped, "map-only") +
+                                           self._left_out_rows(omitted, "omitted (over budget)")))
         notes = tuple(f"{p}: invalid UTF-8 replaced" for p in sorted(self._replaced))
-        layout = Layout(tuple(segments), tuple(rows), self._skipped, self.budget, self._system_piece, notes)
+        layout = Layout(tuple(segments), self._side_rows[1], self._skipped, self.budget, self._system_piece, notes)
         if self.budget is not None and layout.tokens > self.budget:
             raise BudgetError(f"layout of {layout.tokens} tokens exceeds budget {self.budget}")
         return layout
