@@ -83,7 +83,7 @@ class CodectxServer(LanguageServer):
 
     async def load(self) -> None:
         """Loads the model, builds the prompt layout and starts warm-up (background)."""
-        stream = TextStream(self, None, "load", self.supports_progress())
+        stream = TextStream(self, None, "load", self.supports_progress(), notify=False)
         await stream.begin("codectx: loading model")
         try:
             backend = await asyncio.to_thread(start_backend, self.session.settings)
@@ -170,7 +170,7 @@ async def ask_command(ls: CodectxServer, *args: Any) -> dict:
     reason = "error"
     try:
         result = await ask_feature.ask(
-            session, question, on_text=stream.send, conversations=ls.conversations,
+            session, question, on_text=stream.send, on_prefill=stream.prefill, conversations=ls.conversations,
             conversation_id=options.get("conversationId"), selection=selection, path=path,
             tools=ls.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"))
         reason = result.finish_reason
@@ -201,9 +201,8 @@ def status_command(ls: CodectxServer, *args: Any) -> dict:
 
 
 @server.command("codectx.showContext")
-def show_context_command(ls: CodectxServer, *args: Any) -> dict:
-    ls.session.require_ready()
-    return status_feature.show_context(ls.session)
+async def show_context_command(ls: CodectxServer, *args: Any) -> dict:
+    return status_feature.show_context(await ls.ready_session())
 
 
 @server.command("codectx.reset")
@@ -213,8 +212,8 @@ def reset_command(ls: CodectxServer, *args: Any) -> dict:
 
 
 @server.command("codectx.reindex")
-def reindex_command(ls: CodectxServer, *args: Any) -> dict:
-    ls.session.require_ready()
+async def reindex_command(ls: CodectxServer, *args: Any) -> dict:
+    await ls.ready_session()
     ls.session.prompt.rescan()
     ls.session.prefix_version += 1
     ls.warmup.schedule(0)

@@ -75,9 +75,11 @@ class Session:
 
     async def generate(self, segments: list[PromptSegment], *, max_tokens: int,
                        on_text: Callable[[str], None] | None = None, stop: tuple[str, ...] = (),
-                       priority: Priority = Priority.INTERACTIVE) -> DoneEvent:
+                       priority: Priority = Priority.INTERACTIVE,
+                       on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
         """Runs one engine request, streaming text to `on_text`.
 
+        `on_prefill(done, total)` runs on the event loop after each prefill chunk.
         Cancelling the awaiting task cancels the engine request (which rolls
         back to its last confirmed checkpoint) and re-raises CancelledError.
 
@@ -86,7 +88,12 @@ class Session:
         """
         self.require_ready()
         request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority)
-        handle = self.engine.submit(request)
+        loop = asyncio.get_running_loop()
+        chunk_callback = None
+        if on_prefill is not None:
+            def chunk_callback(done: int, total: int) -> None:  # worker thread
+                loop.call_soon_threadsafe(on_prefill, done, total)
+        handle = self.engine.submit(request, on_progress=chunk_callback)
         self._running.add(request.request_id)
         try:
             async for event in handle:

@@ -22,10 +22,12 @@ class TextStream:
         request_id: The JSON-RPC id of the request being answered.
         kind: What streams ("ask", "explain", ...), echoed in notifications.
         progress: Also report through `$/progress` (client supports work-done progress).
+        notify: Send `codectx/stream` notifications (False for progress-only work like loading).
     """
 
-    def __init__(self, server: Any, request_id: Any, kind: str, progress: bool) -> None:
+    def __init__(self, server: Any, request_id: Any, kind: str, progress: bool, notify: bool = True) -> None:
         self.server = server
+        self.notify = notify
         self.request_id = request_id
         self.kind = kind
         self.token: str | None = f"codectx-{kind}-{next(_tokens)}" if progress else None
@@ -49,16 +51,24 @@ class TextStream:
 
     def send(self, text: str) -> None:
         """Streams one delta."""
-        self.server.protocol.notify(STREAM_METHOD, {
-            "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": text, "done": False})
+        if self.notify:
+            self.server.protocol.notify(STREAM_METHOD, {
+                "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": text, "done": False})
         self.index += 1
         if self.token is not None:
             self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=text))
 
+    def prefill(self, done: int, total: int) -> None:
+        """Reports prefill progress (percentage) through `$/progress`."""
+        if self.token is not None and total:
+            self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(
+                message=f"reading the repository: {done}/{total} tokens", percentage=int(100 * done / total)))
+
     def end(self, reason: str) -> None:
         """Sends the final notification and ends the progress."""
-        self.server.protocol.notify(STREAM_METHOD, {
-            "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": "",
-            "done": True, "finishReason": reason})
+        if self.notify:
+            self.server.protocol.notify(STREAM_METHOD, {
+                "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": "",
+                "done": True, "finishReason": reason})
         if self.token is not None:
             self.server.protocol.end_progress(self.token, reason)

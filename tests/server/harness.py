@@ -1,6 +1,7 @@
 """Helpers for the end-to-end tests: server command, initialize, stream collection."""
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -48,3 +49,15 @@ async def command(client: LanguageClient, name: str, **arguments):
     """Runs `workspace/executeCommand` with one object argument."""
     return await client.workspace_execute_command_async(
         types.ExecuteCommandParams(command=name, arguments=[arguments]))
+
+
+def start_command(client: LanguageClient, msg_id: str, name: str, **arguments):
+    """Sends `workspace/executeCommand` with a known id; returns the awaitable response."""
+    params = types.ExecuteCommandParams(command=name, arguments=[arguments])
+    return asyncio.ensure_future(
+        client.protocol.send_request_async(types.WORKSPACE_EXECUTE_COMMAND, params, msg_id=msg_id))
+
+
+def cancel_request(client: LanguageClient, msg_id: str) -> None:
+    """Sends `$/cancelRequest` (the client-side future stays pending for the server's answer)."""
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))

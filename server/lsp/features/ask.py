@@ -54,6 +54,7 @@ def question_text(question: str, selection: str | None, path: str | None) -> str
 
 
 async def ask(session: Session, question: str, *, on_text: Callable[[str], None],
+              on_prefill: Callable[[int, int], None] | None = None,
               conversations: Conversations, conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
               tools: WorkspaceTools | None = None, max_tokens: int | None = None) -> AskResult:
@@ -81,7 +82,7 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     for round_number in range(settings.max_tool_calls + 1):
         done = await session.generate(
             session.prompt.segments(turns), max_tokens=max_tokens or settings.max_tokens, on_text=emit,
-            stop=(CALL_CLOSE,) if tools else ())
+            stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill)
         metrics = _add_metrics(metrics, done.metrics.as_dict())
         call = _tool_call(done.text) if tools and round_number < settings.max_tool_calls else None
         if call is None:

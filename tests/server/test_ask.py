@@ -1,0 +1,134 @@
+"""codectx.ask end to end: streaming, cancellation, shutdown and edits while generating."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+
+from tests.server.harness import cancel_request, command, start_command
+
+LONG = 2000  # decode budget large enough to still be running when the test cancels
+# Checked on the tiny model: greedy output for this question does not reach EOS within LONG tokens.
+ENDLESS = "Write a long essay about util.py."
+
+
+def streamed(client, request_id=None) -> str:
+    return "".join(p.text for p in client.streams if request_id is None or p.requestId == request_id)
+
+
+async def first_stream_token(client) -> None:
+    while not any(p.text for p in client.streams):
+        await client.wait_for_notification("codectx/stream")
+
+
+async def status(client) -> dict:
+    return await command(client, "codectx.status")
+
+
+async def test_stream_concatenation_equals_result(client):
+    result = await command(client, "codectx.ask", question="What does add do?", maxTokens=12)
+    assert result["text"] and result["text"] == streamed(client)
+    assert client.streams[-1].done is True and client.streams[-1].finishReason == result["finishReason"]
+    metrics = result["metrics"]
+    assert metrics["prompt_tokens"] > 0 and metrics["decode_tokens"] >= 1
+    assert metrics["ttft_s"] > 0 and "decode_tps" in metrics
+    reports = [r for reports in client.progress_reports.values() for r in reports]
+    assert any(r.kind == "report" and r.message == client.streams[0].text for r in reports)
+
+
+async def test_greedy_answer_is_repeatable_within_a_conversation_free_ask(client):
+    first = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
+    second = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
+    assert first["text"] == second["text"]
+    assert first["conversationId"] != second["conversationId"]
+
+
+async def test_cancel_mid_decode_then_a_correct_request(client):
+    reference = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
+    client.streams.clear()
+    task = start_command(client, "ask-1", "codectx.ask", question=ENDLESS, maxTokens=LONG)
+    await first_stream_token(client)
+    cancel_request(client, "ask-1")
+    with pytest.raises(JsonRpcException) as info:
+        await task
+    assert info.value.code == -32800
+    while not any(p.done for p in client.streams):
+        await client.wait_for_notification("codectx/stream")
+    assert [p.finishReason for p in client.streams if p.done] == ["cancelled"]
+    after = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
+    assert after["text"] == reference["text"]
+    state = await status(client)
+    assert state["counters"]["cancelled"] == 1 and state["engine"]["requests_cancelled"] == 1
+    assert state["engine"]["decode_tokens"] < 3 * 10 + LONG
+
+
+async def test_cancel_mid_prefill_then_a_correct_request(client):
+    big = "\n".join(f"def f{i}(x):\n    return x * {i}  # {'ü' * (i % 5)}" for i in range(300))
+    (client.root / "big.py").write_text(big, encoding="utf-8")
+    await command(client, "codectx.reindex")
+    reference = await command(client, "codectx.ask", question="Explain greet.", maxTokens=6)
+    client.progress_reports.clear()
+    task = start_command(client, "ask-2", "codectx.ask", question=ENDLESS, maxTokens=LONG)
+
+    def prefill_reports():
+        return [r for rs in client.progress_reports.values() for r in rs
+                if r.kind == "report" and r.percentage is not None]
+    while not prefill_reports():
+        await client.wait_for_notification(types.PROGRESS)
+    assert prefill_reports()[0].percentage < 100
+    cancel_request(client, "ask-2")
+    with pytest.raises(JsonRpcException) as info:
+        await task
+    assert info.value.code == -32800
+    after = await command(client, "codectx.ask", question="Explain greet.", maxTokens=6)
+    assert after["text"] == reference["text"]
+    state = await status(client)
+    assert state["engine"]["requests_cancelled"] == 1
+
+
+async def test_progress_cancel_answers_the_request_as_cancelled(client):
+    client.progress_reports.clear()
+    task = asyncio.ensure_future(command(client, "codectx.ask", question=ENDLESS, maxTokens=LONG))
+    await first_stream_token(client)
+    token = next(t for t in client.progress_reports if str(t).startswith("codectx-ask"))
+    client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    with pytest.raises(JsonRpcException) as info:
+        await task
+    assert info.value.code == -32800
+    state = await status(client)
+    assert state["counters"]["cancelled"] == 1
+    assert state["server"]["progressTokens"] == 0
+
+
+async def test_did_change_storm_during_generation_leaks_nothing(client):
+    uri = (client.root / "util.py").as_uri()
+    text = (client.root / "util.py").read_text(encoding="utf-8")
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    task = asyncio.ensure_future(command(client, "codectx.ask", question="What does add do?", maxTokens=40))
+    await first_stream_token(client)
+    for version in range(2, 202):
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="#")]))
+    result = await task
+    assert result["text"] == streamed(client)
+    state = await status(client)
+    assert state["prefixVersion"] == 200
+    # Only the status request itself is in flight: no entry per notification or command.
+    assert state["server"] == {"pendingRequests": 1, "progressTokens": 0, "openDocuments": 1}
+
+
+async def test_shutdown_with_a_request_in_flight(client):
+    task = asyncio.ensure_future(command(client, "codectx.ask", question=ENDLESS, maxTokens=LONG))
+    await first_stream_token(client)
+    assert await client.shutdown_async(None) is None
+    with pytest.raises(JsonRpcException) as info:
+        await task
+    assert info.value.code == -32800
+    client.exit(None)
+    assert await client._server.wait() == 0  # noqa: SLF001 - pytest-lsp keeps the process here
+    client.capabilities = None  # already shut down; the fixture must not repeat it
