@@ -10,6 +10,7 @@ OpenAI API (`/v1/completions`, streaming; the prompt is the same text).
 
     python bench/cache.py                                  # default model, ~6k-token prefix
     python bench/cache.py --tiny --prefix-tokens 30000     # tiny random long-context model
+    python bench/cache.py --random-like ~/.cache/codectx/models/smollm2-135m   # same shape, random
     python bench/cache.py --no-peer                        # codectx only
 
 Prints a Markdown table and writes JSON (default bench/results/cache-<model>-<tokens>.json).
@@ -46,6 +47,25 @@ def source_tree(dest: Path) -> Path:
         shutil.copytree(ROOT / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.scm"))
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    return dest
+
+
+def random_like(source: Path, dest: Path) -> Path:
+    """A model directory with `source`'s config and tokenizer and random float32 weights."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    dest.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, dest / name)
+    config = json.loads((source / "config.json").read_text())
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
     return dest
 
 
@@ -115,7 +135,10 @@ def run(args) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="codectx-bench-cache-"))
     os.environ["CODECTX_HOME"] = str(work / "home")
-    if args.tiny:
+    if args.random_like:
+        model_dir = random_like(Path(args.random_like), work / "random")
+        spec, name = str(model_dir), Path(args.random_like).name + "-random"
+    elif args.tiny:
         from tiny_models import build_tiny_model
 
         model_dir = build_tiny_model(work / "tiny", "llama", hidden_size=256, num_hidden_layers=4,
@@ -141,6 +164,7 @@ def run(args) -> dict:
     eng = new_engine()
     if peer:
         peer.start()
+    warm_up(eng, peer, loaded.tokenizer)
     try:
         steps = [("cold ask", QUESTIONS[0]), ("follow-up", QUESTIONS[1]),
                  ("edit mid file + ask", QUESTIONS[2]), ("restart + ask", QUESTIONS[2])]
@@ -155,6 +179,7 @@ def run(args) -> dict:
                 if peer:
                     peer.stop()
                     peer.start()
+                warm_up(eng, peer, loaded.tokenizer)
             segments = ws.prompt(question)
             done = eng.submit(_request(segments, args.max_tokens)).result()
             m = done.metrics
@@ -176,6 +201,16 @@ def run(args) -> dict:
     return {"model": name, "prefix_tokens": prefix_tokens, "chunk": args.chunk,
             "edited_file": target, "machine": platform.machine(), "steps": rows,
             "cache_stats": {k: v for k, v in eng.stats()["cache"].items() if k != "checkpoint_list"}}
+
+
+def warm_up(eng, peer, tokenizer) -> None:
+    """One short unrelated request per system, so kernel compilation is not timed."""
+    from engine.request import Request
+
+    text = "Warm-up: say hello."
+    eng.submit(Request(prompt_ids=tokenizer.encode(text), max_tokens=2)).result()
+    if peer:
+        peer.ask(text, 2)
 
 
 def _request(segments, max_tokens):
@@ -201,6 +236,8 @@ def table(result: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight llama instead of the default model")
+    p.add_argument("--random-like", metavar="DIR",
+                   help="random weights with DIR's config.json and tokenizer (e.g. the default model's)")
     p.add_argument("--prefix-tokens", type=int, default=6000, help="repository prefix budget")
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (both systems)")
     p.add_argument("--max-tokens", type=int, default=4)

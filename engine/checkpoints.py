@@ -305,8 +305,8 @@ class CheckpointStore:
         base = self._line[common - 1].boundary.end if common else 0
         self._leave_line(cache, common, base)
         state.trim_to(cache, base)
+        spans = [(cp.kv, cp.boundary.end - cp.boundary.start) for cp in plan.path[common:]]
         for cp in plan.path[common:]:
-            state.append_kv_span(cache, cp.kv, cp.boundary.end - cp.boundary.start)
             cp.kv = None
             self._line.append(cp)
         miss = plan.miss
@@ -317,10 +317,11 @@ class CheckpointStore:
                 log.warning("archive entry %s unusable: %s", entry.key, err)
                 miss = Miss("corrupt archive entry")
                 break
-            state.append_kv_span(cache, kv, entry.end - entry.start)
+            spans.append((kv, entry.end - entry.start))
             cp = Checkpoint(entry.boundary(), rec)
             self._by_key[cp.key] = cp
             self._line.append(cp)
+        state.append_kv_spans(cache, spans)  # one copy per layer, however many spans
         for cp in self._line:
             cp.last_used = self._tick
         self._set_recurrent(cache)

@@ -121,33 +121,53 @@ def append_kv_span(cache: Sequence[Any], span: Arrays, length: int) -> None:
     Raises:
         StateError: If the span does not fit the cache's layers.
     """
-    if length == 0:
+    append_kv_spans(cache, [(span, length)])
+
+
+def append_kv_spans(cache: Sequence[Any], spans: Sequence[tuple[Arrays, int]]) -> None:
+    """Write consecutive spans (each `(arrays, length)`) in one copy per layer.
+
+    Raises:
+        StateError: If a span does not fit the cache's layers.
+    """
+    spans = [(span, n) for span, n in spans if n > 0]
+    if not spans:
         return
     for i, c in enumerate(cache):
         if is_recurrent(c):
             continue
-        names = sorted((k for k in span if k.startswith(f"{i}.kv.")),
-                       key=lambda k: int(k.rsplit(".", 1)[1]))
-        parts = [span[k] for k in names]
-        if not parts or parts[0].shape[-2] != length:
-            raise StateError(f"span has no {length}-token entry for layer {i}")
-        _append_layer(c, parts)
+        pieces = []
+        for span, length in spans:
+            names = sorted((k for k in span if k.startswith(f"{i}.kv.")),
+                           key=lambda k: int(k.rsplit(".", 1)[1]))
+            parts = [span[k] for k in names]
+            if not parts or parts[0].shape[-2] != length:
+                raise StateError(f"span has no {length}-token entry for layer {i}")
+            pieces.append(parts)
+        _append_layer(c, pieces)
 
 
-def _append_layer(layer: Any, parts: list[mx.array]) -> None:
+def _append_layer(layer: Any, pieces: list[list[mx.array]]) -> None:
+    """Append `pieces` (each the layer's arrays for consecutive positions) after `offset`."""
     prev = layer.offset
-    end = prev + parts[0].shape[-2]
+    end = prev + sum(p[0].shape[-2] for p in pieces)
     old = None if layer.empty() else _kv_parts(layer)
-    if old is not None and len(old) != len(parts):
-        raise StateError(f"span of {len(parts)} arrays for a {type(layer).__name__}")
+    if any(old is not None and len(old) != len(p) for p in pieces):
+        raise StateError(f"span arrays do not match a {type(layer).__name__}")
     in_place = isinstance(layer, (KVCache, QuantizedKVCache))
     if in_place and old is not None and end <= old[0].shape[-2]:
-        for buf, part in zip(old, parts):
-            buf[..., prev:end, :] = part
+        pos = prev
+        for parts in pieces:
+            n = parts[0].shape[-2]
+            for buf, part in zip(old, parts):
+                buf[..., pos:pos + n, :] = part
+            pos += n
         layer.offset = end
         return
-    grown = parts if old is None else [mx.concatenate([o[..., :prev, :], p], axis=-2)
-                                       for o, p in zip(old, parts)]
+    grown = []
+    for j in range(len(pieces[0])):
+        chunks = ([] if old is None else [old[j][..., :prev, :]]) + [p[j] for p in pieces]
+        grown.append(chunks[0] if len(chunks) == 1 else mx.concatenate(chunks, axis=-2))
     _set_kv(layer, grown, end)
 
 
