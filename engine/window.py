@@ -126,8 +126,9 @@ class WindowKVCache:
 
     Speaks mlx-lm's cache vocabulary (`update_and_fetch`, `make_mask`, `trim`,
     `is_trimmable`, `offset`, `state`, `meta_state`, `nbytes`) so it replaces
-    `KVCache` in any model. With the policy disabled (or `dense_from` 0, the
-    default) it computes exactly what `KVCache` computes.
+    `KVCache` in any model. Over full-precision storage with the policy
+    disabled (or `dense_from` 0, the default) it computes exactly what
+    `KVCache` computes.
 
     Args:
         policy: The window policy.
@@ -145,7 +146,7 @@ class WindowKVCache:
     def plan(self, start: int, n: int) -> _Plan:
         """Which keys the chunk of queries [start, start + n) attends to."""
         p = self.policy
-        if not p.enabled or n <= 1:
+        if not p.enabled or n < 1:
             return _DENSE
         G, W = p.global_tokens, p.window_tokens
         if p.form == "block":

@@ -233,3 +233,11 @@ def test_fingerprint_fields_name_the_approximation():
     fields = WindowPolicy().fingerprint_fields()
     assert fields["global_tokens"] == 8192 and fields["window_tokens"] == 8192
     assert fields["dense_tail"] == 2048 and fields["continuation_tail"] == 128
+
+
+def test_single_token_chunks_follow_the_same_rule():
+    cache = WindowKVCache(WindowPolicy(global_tokens=2, window_tokens=3), dense_from=100)
+    assert attended(cache, 6, 1) == [{0, 1, 3, 4, 5, 6}]
+    dense = WindowKVCache(WindowPolicy(global_tokens=2, window_tokens=3), dense_from=6)
+    assert attended(dense, 6, 1) == [{0, 1, 2, 3, 4, 5, 6}]
+    assert dense.make_mask(1) is None  # decode: dense, no mask
