@@ -157,7 +157,8 @@ class Workspace:
 
         The file becomes hot: its segment leaves its place and joins the tail (a file that is
         already hot keeps its place in the tail). The map is not rebuilt (that would move every
-        later segment); `build` refreshes it. Only the changed file is read, parsed and tokenized.
+        later segment); `build` refreshes it. Only the changed file is hashed and tokenized (chunks
+        it did not touch hit the token cache); its tags are parsed at the next build.
 
         Args:
             path: Absolute, or relative to the root.
