@@ -4,6 +4,7 @@ For each prompt length, the three systems run the same token ids one after the
 other (so a busy, shared CPU hurts them alike; read the ratios):
 
 - ``codectx``: `engine.Engine` (fresh per prompt, so the prefill is cold).
+- ``codectx-nocompile`` (opt-in): the same with the compiled decode step off.
 - ``mlx_lm``: mlx-lm's own `stream_generate` on the same converted weights
   (loaded with `mlx_lm.load` from the codectx model cache), same prefill chunk.
 - ``llama.cpp``: llama-cpp-python on the same GGUF, `--threads` threads, when
@@ -37,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decode", type=int, default=128, help="tokens to decode per prompt")
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads (MLX) and llama.cpp threads")
     parser.add_argument("--prefill-chunk", type=int, default=256, help="prefill chunk for codectx and mlx_lm")
-    parser.add_argument("--systems", default="codectx,mlx_lm,llama.cpp", help="which systems to run")
+    parser.add_argument("--systems", default="codectx,mlx_lm,llama.cpp", help="which systems to run (also: codectx-nocompile)")
     parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when installed")
     return parser.parse_args()
 
@@ -55,6 +56,7 @@ import mlx.core as mx  # noqa: E402
 
 from _common import machine, markdown_table, write_json  # noqa: E402
 from engine import blas  # noqa: E402
+from engine.compiled import decode_step_for  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loading import load_model  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
@@ -75,24 +77,33 @@ def corpus_ids(tokenizer: Any, needed: int) -> list[int]:
 
 
 def timed(stream: Iterator[int]) -> dict[str, Any]:
-    """Consume a stream yielding token counts; time the first token and the rest."""
-    start = time.perf_counter()
-    first = last = None
+    """Consume a stream yielding token counts; time the first token and the rest.
+
+    Besides wall time, the process's CPU time (all threads) is recorded: on a
+    shared, oversubscribed CPU, tokens per CPU-second vary far less than
+    tokens per second.
+    """
+    start, cpu_start = time.perf_counter(), time.process_time()
+    first = last = cpu_first = cpu_last = None
     tokens = 0
     for count in stream:
         if count == 0:
             continue
-        now = time.perf_counter()
-        first = now if first is None else first
-        last, tokens = now, tokens + count
+        now, cpu_now = time.perf_counter(), time.process_time()
+        if first is None:
+            first, cpu_first = now, cpu_now
+        last, cpu_last, tokens = now, cpu_now, tokens + count
     if first is None:
         raise RuntimeError("no token was generated")
-    decode_tps = (tokens - 1) / (last - first) if tokens > 1 and last > first else None
-    return {"ttft_s": first - start, "decode_tokens": tokens, "decode_tps": decode_tps}
+    rest = tokens - 1
+    return {"ttft_s": first - start, "ttft_cpu_s": cpu_first - cpu_start, "decode_tokens": tokens,
+            "decode_tps": rest / (last - first) if rest > 0 and last > first else None,
+            "decode_per_cpu_s": rest / (cpu_last - cpu_first) if rest > 0 and cpu_last > cpu_first else None}
 
 
-def codectx_runner(loaded: Any, chunk: int) -> Run:
+def codectx_runner(loaded: Any, chunk: int, compiled: bool = True) -> Run:
     def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
+        decode_step_for(loaded.model).enabled = compiled
         with Engine(loaded, prefill_chunk=chunk) as eng:
             handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
             result = timed(len(e.token_ids) for e in handle if isinstance(e, TokenEvent))
@@ -139,6 +150,8 @@ def main() -> None:
     runners: dict[str, Run] = {}
     if "codectx" in wanted:
         runners["codectx"] = codectx_runner(loaded, ARGS.prefill_chunk)
+    if "codectx-nocompile" in wanted:
+        runners["codectx-nocompile"] = codectx_runner(loaded, ARGS.prefill_chunk, compiled=False)
     if "mlx_lm" in wanted:
         runners["mlx_lm"] = mlx_lm_runner(loaded.path, ARGS.prefill_chunk)
     gguf = next(loaded.path.glob("*.gguf"), None)
@@ -157,7 +170,8 @@ def main() -> None:
         for name, run in runners.items():
             results[name][length] = run(prompt, ARGS.decode)
             print(f"{name:10s} {length:5d} tokens: prefill {length / results[name][length]['ttft_s']:7.1f} tok/s, "
-                  f"decode {results[name][length]['decode_tps'] or 0:6.1f} tok/s", file=sys.stderr, flush=True)
+                  f"decode {results[name][length]['decode_tps'] or 0:6.1f} tok/s "
+                  f"({results[name][length]['decode_per_cpu_s'] or 0:.1f}/CPU-s)", file=sys.stderr, flush=True)
 
     print(render(results, lengths))
     payload = {"machine": machine(), "blas": blas.describe(), "mlx": mx.__version__,
@@ -166,21 +180,25 @@ def main() -> None:
 
 
 def render(results: dict[str, dict[int, dict[str, Any]]], lengths: list[int]) -> str:
-    """The table: prefill and decode tok/s per system and length, with ratios to codectx."""
+    """Prefill and decode per system and length: tok/s (wall), tok per CPU-second, ratios to codectx."""
     rows = []
     for length in lengths:
         ours = results.get("codectx", {}).get(length)
         for name, by_length in results.items():
             r = by_length[length]
-            prefill = length / r["ttft_s"]
-            row = [length, name, prefill, r["decode_tps"], r["decode_tokens"]]
+            row = [length, name, length / r["ttft_s"], length / r["ttft_cpu_s"], r["decode_tps"],
+                   r["decode_per_cpu_s"], r["decode_tokens"]]
             if ours is not None:
-                row += [prefill / (length / ours["ttft_s"]),
-                        r["decode_tps"] / ours["decode_tps"] if r["decode_tps"] and ours["decode_tps"] else None]
+                row += [_ratio(length / r["ttft_cpu_s"], length / ours["ttft_cpu_s"]),
+                        _ratio(r["decode_per_cpu_s"], ours["decode_per_cpu_s"])]
             rows.append(row)
-    headers = ["prompt", "system", "prefill tok/s", "decode tok/s", "decoded", "prefill ×codectx",
-               "decode ×codectx"]
+    headers = ["prompt", "system", "prefill tok/s", "prefill tok/CPU-s", "decode tok/s",
+               "decode tok/CPU-s", "decoded", "prefill CPU ×codectx", "decode CPU ×codectx"]
     return markdown_table(headers[: len(rows[0])], rows)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 if __name__ == "__main__":
