@@ -10,7 +10,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from . import convert
+from . import convert, editing
 from .backend import start_backend
 from .documents import DocumentStore
 from .errors import InvalidArgumentsError, user_message
@@ -25,9 +25,6 @@ from .tools import TOOLS_PROMPT, WorkspaceTools
 from .warmup import Warmup
 
 logger = logging.getLogger(__name__)
-
-COMMANDS = ("codectx.ask", "codectx.status", "codectx.showContext", "codectx.reset", "codectx.reindex",
-            "codectx.findBugs")
 
 
 class CodectxServer(LanguageServer):
@@ -106,6 +103,7 @@ class CodectxServer(LanguageServer):
 
 
 server = CodectxServer()
+editing.register(server)
 
 
 def _command_args(args: tuple) -> dict:
@@ -186,11 +184,7 @@ def _selection(ls: CodectxServer, options: dict) -> tuple[str | None, str | None
     """The selected text and its path, from optional 'uri' + 'range' arguments."""
     if "uri" not in options or "range" not in options:
         return None, None
-    try:
-        rng = ls.protocol._converter.structure(options["range"], types.Range)  # noqa: SLF001
-        text = ls.session.documents.text(options["uri"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise InvalidArgumentsError(f"bad selection: {err}") from err
+    _, text, rng = editing.document_range(ls, options)
     span = convert.to_span(text, rng, ls.session.documents.encoding)
     return text[span.start:span.end], to_fs_path(options["uri"])
 

@@ -132,3 +132,23 @@ def diagnostic(text: str, span: Span, message: str, encoding) -> types.Diagnosti
     """A warning diagnostic with source "codectx"."""
     return types.Diagnostic(range=to_range(text, span, encoding), message=message,
                             severity=types.DiagnosticSeverity.Warning, source="codectx")
+
+
+def position_at(text: str, line: int, column: int, encoding) -> types.Position:
+    """LSP position of 0-based `line` and code-point `column` in `text`."""
+    lines = _LINE_END.split(text)
+    prefix = lines[line][:column] if line < len(lines) else ""
+    return types.Position(line=line, character=unit_length(prefix, encoding))
+
+
+def insertion_edit(uri: str, text: str, line: int, column: int, new_text: str, encoding,
+                   version: int | None = None, create: bool = False) -> types.WorkspaceEdit:
+    """A WorkspaceEdit inserting `new_text` at (line, code-point column) of `text`."""
+    at = position_at(text, line, column, encoding)
+    edit = types.TextEdit(range=types.Range(start=at, end=at), new_text=new_text)
+    return workspace_edit(uri, [edit], version, create)
+
+
+def code_action(title: str, data: dict, kind: str) -> types.CodeAction:
+    """An unresolved code action (edit/command come from `codeAction/resolve`)."""
+    return types.CodeAction(title=title, kind=kind, data=data)

@@ -61,3 +61,36 @@ def start_command(client: LanguageClient, msg_id: str, name: str, **arguments):
 def cancel_request(client: LanguageClient, msg_id: str) -> None:
     """Sends `$/cancelRequest` (the client-side future stays pending for the server's answer)."""
     client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+
+
+def offset_of(text: str, position: types.Position, encoding: str) -> int:
+    """Code-point offset of an LSP position (independent of the server's conversion code)."""
+    line_start = 0
+    for _ in range(position.line):
+        line_start = text.index("\n", line_start) + 1
+    line = text[line_start:].split("\n", 1)[0]
+    codec = {"utf-8": "utf-8", "utf-16": "utf-16-le", "utf-32": "utf-32-le"}[encoding]
+    width = {"utf-8": 1, "utf-16": 2, "utf-32": 4}[encoding]
+    units = 0
+    for index, ch in enumerate(line):
+        if units >= position.character:
+            return line_start + index
+        units += len(ch.encode(codec)) // width
+    return line_start + len(line)
+
+
+def apply_edits(text: str, edits, encoding: str) -> str:
+    """Applies TextEdits (non-overlapping) to `text`."""
+    spans = sorted(((offset_of(text, e.range.start, encoding), offset_of(text, e.range.end, encoding), e.new_text)
+                    for e in edits), reverse=True)
+    for start, end, new in spans:
+        text = text[:start] + new + text[end:]
+    return text
+
+
+def open_document(client: LanguageClient, path: Path) -> str:
+    """Sends didOpen for `path`; returns its URI."""
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=uri, language_id="python", version=1, text=path.read_text(encoding="utf-8"))))
+    return uri

@@ -65,7 +65,7 @@ async def test_cancel_mid_decode_then_a_correct_request(client):
 
 
 async def test_cancel_mid_prefill_then_a_correct_request(client):
-    big = "\n".join(f"def f{i}(x):\n    return x * {i}  # {'ü' * (i % 5)}" for i in range(300))
+    big = "\n".join(f"def f{i}(x):\n    return x * {i}  # {'ü' * (i % 5)}" for i in range(80))
     (client.root / "big.py").write_text(big, encoding="utf-8")
     await command(client, "codectx.reindex")
     reference = await command(client, "codectx.ask", question="Explain greet.", maxTokens=6)

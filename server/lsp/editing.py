@@ -1,0 +1,117 @@
+"""Handlers for hover, code actions and `codectx.findBugs` (thin: convert, call, convert)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path, to_fs_path
+
+from . import convert
+from .errors import InvalidArgumentsError
+from .features import code_actions, hover
+from .features.code_actions import ACTIONS
+from .features.symbols import identifier_at
+
+ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActionKind.RefactorRewrite.value,
+                "findBugs": "source.codectx.findBugs", "tests": "source.codectx.tests",
+                "ask": "source.codectx.ask"}
+
+
+def register(server: Any) -> None:
+    """Registers the editor features on `server` (a `CodectxServer`)."""
+    cache = hover.HoverCache()
+
+    @server.feature(types.TEXT_DOCUMENT_HOVER)
+    async def on_hover(ls, params: types.HoverParams) -> types.Hover | None:
+        session = ls.session
+        if not session.ready or not session.settings.hover.enabled:
+            return None
+        doc = session.documents.get(params.text_document.uri)
+        text = doc.text if doc else session.documents.text(params.text_document.uri)
+        offset = convert.to_offset(text, params.position, session.documents.encoding)
+        found = identifier_at(text, offset)
+        if found is None:
+            return None
+        name, span = found
+        answer = await hover.explain(session, cache, name, Path(to_fs_path(params.text_document.uri)),
+                                     session.prompt.files, ls._read_text)
+        if answer is None:
+            return None
+        return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)
+
+    @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(resolve_provider=True))
+    def on_code_action(ls, params: types.CodeActionParams) -> list[types.CodeAction]:
+        data = {"uri": params.text_document.uri,
+                "range": ls.protocol._converter.unstructure(params.range)}  # noqa: SLF001
+        return [convert.code_action(title, dict(data, action=name), ACTION_KINDS[name])
+                for name, title in ACTIONS.items()]
+
+    @server.feature(types.CODE_ACTION_RESOLVE)
+    async def on_resolve(ls, action: types.CodeAction) -> types.CodeAction:
+        data = dict(action.data or {})
+        name, arguments = data.get("action"), {"uri": data.get("uri"), "range": data.get("range")}
+        if name == "explain":
+            action.command = types.Command(title=action.title, command="codectx.ask",
+                                           arguments=[dict(arguments, question="Explain the selected code.")])
+        elif name == "ask":
+            action.command = types.Command(title=action.title, command="codectx.askAboutSelection",
+                                           arguments=[arguments])
+        elif name == "findBugs":
+            action.command = types.Command(title=action.title, command="codectx.findBugs", arguments=[arguments])
+        elif name in ("docstring", "tests"):
+            action.edit = await _edit_for(ls, name, data)
+        else:
+            raise InvalidArgumentsError(f"unknown codectx code action {name!r}")
+        return action
+
+    @server.command("codectx.findBugs")
+    async def find_bugs_command(ls, *args: Any) -> dict:
+        options = args[0] if args and isinstance(args[0], dict) else {}
+        session = await ls.ready_session()
+        uri, text, rng = document_range(ls, options)
+        encoding = session.documents.encoding
+        span = convert.to_span(text, rng, encoding)
+        bugs = await code_actions.find_bugs(session, text[span.start:span.end], rng.start.line)
+        lines = text.splitlines() or [""]
+        diagnostics = [convert.diagnostic(text, _line_span(text, lines, line), message, encoding)
+                       for line, message in bugs]
+        ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))
+        return {"diagnostics": len(diagnostics)}
+
+
+async def _edit_for(ls, name: str, data: dict) -> types.WorkspaceEdit | None:
+    session = await ls.ready_session()
+    uri, text, rng = document_range(ls, data)
+    path = Path(to_fs_path(uri))
+    if name == "docstring":
+        insertion = await code_actions.docstring_insertion(session, path, text, rng.start.line + 1)
+    else:
+        insertion = await code_actions.tests_insertion(session, session.root, path, text, rng.start.line + 1)
+    if insertion is None:
+        return None
+    target_uri = from_fs_path(str(insertion.path))
+    target_text = text if insertion.path == path else (
+        "" if insertion.create else session.documents.text(target_uri))
+    doc = session.documents.get(target_uri)
+    return convert.insertion_edit(target_uri, target_text, insertion.line, insertion.column, insertion.text,
+                                  session.documents.encoding, doc.version if doc else None, insertion.create)
+
+
+def document_range(ls, options: dict) -> tuple[str, str, types.Range]:
+    """(uri, text, range) from command arguments `{"uri", "range"}`.
+
+    Raises:
+        InvalidArgumentsError: Missing or malformed arguments, or an unreadable file.
+    """
+    try:
+        uri = options["uri"]
+        rng = ls.protocol._converter.structure(options["range"], types.Range)  # noqa: SLF001
+        return uri, ls.session.documents.text(uri), rng
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidArgumentsError(f"expected 'uri' and 'range' of an open or readable file: {err}") from err
+
+
+def _line_span(text: str, lines: list[str], line: int) -> convert.Span:
+    start = convert.to_offset(text, types.Position(line, 0), convert.UTF32)
+    return convert.Span(start, start + len(lines[min(line, len(lines) - 1)]))

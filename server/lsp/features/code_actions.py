@@ -1,0 +1,124 @@
+"""Code actions, listed instantly and filled in by `codeAction/resolve`.
+
+Listing costs nothing: each action carries `data` naming what it does. Resolve
+turns "explain", "ask" and "find bugs" into commands, and computes the
+WorkspaceEdit of "add docstring" and "write tests" with the model.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..prompt import Turn
+from ..session import Session
+from .symbols import DefinitionSite, enclosing_definition
+
+ACTIONS = {
+    "explain": "codectx: Explain selection",
+    "docstring": "codectx: Add/update docstring",
+    "findBugs": "codectx: Find bugs in selection",
+    "tests": "codectx: Write tests for this function",
+    "ask": "codectx: Ask about selection",
+}
+_UNSAFE = re.compile(r'"""|\'\'\'|\\|[^\S \n]|[\x00-\x1f\x7f]')
+_BUG_LINE = re.compile(r"^\s*(?:line\s*)?(\d+)\s*[:.)-]\s*(.+)$", re.I)
+
+
+@dataclass(frozen=True)
+class Insertion:
+    """Text to insert into `path` at 0-based (line, column); `create` when the file is new."""
+
+    path: Path
+    line: int
+    column: int
+    text: str
+    create: bool = False
+
+
+def clean_line(text: str, limit: int = 100) -> str:
+    """One safe line of model text (no quotes that end a docstring, no control characters)."""
+    flat = " ".join(_UNSAFE.sub(" ", text).split())
+    return flat[:limit].strip() or "TODO: describe"
+
+
+async def _complete(session: Session, question: str, max_tokens: int) -> str:
+    done = await session.generate(session.prompt.segments([Turn("user", question)]), max_tokens=max_tokens)
+    return done.text
+
+
+async def docstring_insertion(session: Session, path: Path, text: str, line: int) -> Insertion | None:
+    """A docstring for the Python function or class around 1-based `line` (None if there is none)."""
+    site = enclosing_definition(path, text, line)
+    if site is None or path.suffix != ".py":
+        return None
+    answer = await _complete(session, f"Write a one-line docstring for:\n```\n{site.snippet}\n```",
+                             session.settings.hover.max_tokens)
+    lines = text.splitlines()
+    header_end = _header_end(lines, site)
+    body = lines[header_end + 1] if header_end + 1 < len(lines) else ""
+    indent = body[: len(body) - len(body.lstrip())] or " " * 4
+    return Insertion(path, header_end + 1, 0, f'{indent}"""{clean_line(answer)}"""\n')
+
+
+def _header_end(lines: list[str], site: DefinitionSite) -> int:
+    """0-based line where the definition's header (possibly multi-line) ends with ':'."""
+    for index in range(site.definition.line - 1, len(lines)):
+        if lines[index].rstrip().endswith(":"):
+            return index
+    return site.definition.line - 1
+
+
+async def tests_insertion(session: Session, root: Path, path: Path, text: str, line: int) -> Insertion | None:
+    """A test function for the Python function around `line`, in tests/test_<module>.py.
+
+    The model's draft is used when it parses as Python; otherwise it is kept as
+    comments under a failing placeholder, so the file always stays valid.
+    """
+    site = enclosing_definition(path, text, line)
+    if site is None or path.suffix != ".py":
+        return None
+    name = site.definition.name
+    draft = await _complete(session, f"Write a pytest test function for:\n```\n{site.snippet}\n```",
+                            session.settings.ask.max_tokens)
+    module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+    target = root / "tests" / f"test_{path.stem}.py"
+    existing = target.read_text(encoding="utf-8", errors="replace") if target.exists() else None
+    block = _test_block(name, draft)
+    if existing is None:
+        return Insertion(target, 0, 0, f"from {module} import {name}\n\n\n{block}", create=True)
+    lines = existing.splitlines()
+    separator = "\n\n" if existing.endswith("\n") else "\n\n\n"
+    return Insertion(target, len(lines), 0, separator + block) if existing.endswith("\n") else \
+        Insertion(target, len(lines) - 1, len(lines[-1]), separator + block)
+
+
+def _test_block(name: str, draft: str) -> str:
+    code = draft.strip().strip("`")
+    try:
+        tree = ast.parse(code)
+        if any(isinstance(node, ast.FunctionDef) and node.name.startswith("test") for node in tree.body):
+            return code.rstrip() + "\n"
+    except (SyntaxError, ValueError):
+        pass
+    comments = "\n".join(f"    # {clean_line(line, 90)}" for line in draft.splitlines()[:8] if line.strip())
+    return (f"def test_{name}():\n    # codectx draft (not valid Python, kept for reference):\n"
+            f"{comments or '    # (empty)'}\n    raise NotImplementedError\n")
+
+
+async def find_bugs(session: Session, selection: str, first_line: int) -> list[tuple[int, str]]:
+    """(0-based line, message) pairs for suspected bugs in `selection` starting at `first_line`."""
+    numbered = "\n".join(f"{i + 1}: {line}" for i, line in enumerate(selection.splitlines()))
+    answer = await _complete(session, "List bugs in this code, one per line as `LINE: problem`; "
+                             f"answer `none` if there are none.\n```\n{numbered}\n```",
+                             session.settings.ask.max_tokens)
+    count = max(1, len(selection.splitlines()))
+    found = []
+    for line in answer.splitlines():
+        match = _BUG_LINE.match(line)
+        if match and 1 <= int(match.group(1)) <= count:
+            found.append((first_line + int(match.group(1)) - 1, clean_line(match.group(2), 200)))
+    if not found and answer.strip() and answer.strip().lower().rstrip(".") != "none":
+        found.append((first_line, clean_line(answer, 200)))
+    return found

@@ -1,0 +1,96 @@
+"""Hover: a short model explanation of the symbol under the cursor.
+
+Answers are cached by (definition hash, hash of the defining file): a new
+answer is generated only when the symbol's definition or its file changed.
+When the model cannot answer within the latency budget, the signature and
+docstring are returned at once and the answer lands in the cache for the
+next hover.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..prompt import Turn
+from ..session import Session
+from .symbols import DefinitionSite, find_definition
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HoverAnswer:
+    """Markdown for the hover and where it came from ("model", "cache" or "signature")."""
+
+    markdown: str
+    source: str
+
+
+class HoverCache:
+    """Model answers by (definition hash, defining file hash), plus generations in flight."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str], str] = {}
+        self.pending: dict[tuple[str, str], asyncio.Task] = {}
+
+
+def render(site: DefinitionSite, explanation: str | None) -> str:
+    """The hover markdown: explanation (if any), then signature and docstring."""
+    definition = site.definition
+    parts = [f"**{definition.name}** ({definition.kind}, `{site.path.name}:{definition.line}`)"]
+    if explanation:
+        parts.append(explanation.strip())
+    parts.append(f"```\n{definition.signature}\n```")
+    if site.docstring and not explanation:
+        parts.append(site.docstring)
+    return "\n\n".join(parts)
+
+
+def hover_question(site: DefinitionSite) -> str:
+    return (f"In one or two sentences, explain `{site.definition.name}` "
+            f"({site.path.name}:{site.definition.line}):\n```\n{site.snippet}\n```")
+
+
+async def explain(session: Session, cache: HoverCache, name: str, current: Path,
+                  files: list[Path], read_text) -> HoverAnswer | None:
+    """The hover answer for `name`, or None when no definition is found.
+
+    Raises:
+        NotReadyError: The model is still loading.
+    """
+    site = find_definition(name, current, files, read_text)
+    if site is None:
+        return None
+    session.counters.hovers += 1
+    key = (site.key, site.file_hash)
+    if key in cache.answers:
+        session.counters.hover_cache_hits += 1
+        return HoverAnswer(render(site, cache.answers[key]), "cache")
+    task = cache.pending.get(key)
+    if task is None:
+        task = asyncio.ensure_future(_generate(session, site))
+        cache.pending[key] = task
+        task.add_done_callback(lambda t: _store(cache, key, t))
+    budget = session.settings.hover.latency_budget_ms / 1000
+    try:
+        text = await asyncio.wait_for(asyncio.shield(task), budget) if budget > 0 else None
+    except asyncio.TimeoutError:
+        text = None
+    if text is None:
+        return HoverAnswer(render(site, None), "signature")
+    return HoverAnswer(render(site, text), "model")
+
+
+async def _generate(session: Session, site: DefinitionSite) -> str:
+    segments = session.prompt.segments([Turn("user", hover_question(site))])
+    done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens)
+    return done.text
+
+
+def _store(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> None:
+    cache.pending.pop(key, None)
+    if task.cancelled() or task.exception() is not None:
+        return
+    cache.answers[key] = task.result()

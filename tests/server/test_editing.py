@@ -1,0 +1,108 @@
+"""Hover and code actions end to end, including applying the returned edits."""
+from __future__ import annotations
+
+import ast
+
+from lsprotocol import types
+
+from tests.server.harness import apply_edits, command, default_options, open_document, start
+
+ADD_LINE = 4  # `    print(greet("café"), add(1, 2))` in main.py
+
+
+def add_position(client) -> types.Position:
+    line = (client.root / "main.py").read_text(encoding="utf-8").splitlines()[ADD_LINE]
+    prefix = line[: line.index("add(")]
+    encoding = client.init_result.capabilities.position_encoding
+    units = len(prefix.encode("utf-8")) if encoding == "utf-8" else len(prefix.encode("utf-16-le")) // 2
+    return types.Position(ADD_LINE, units + 1)
+
+
+async def hover(client, uri, position):
+    return await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=position))
+
+
+async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
+    await command(client, "codectx.status")
+    await command(client, "codectx.ask", question="hi", maxTokens=1)  # model loaded
+    main_uri = open_document(client, client.root / "main.py")
+    position = add_position(client)
+    first = await hover(client, main_uri, position)
+    assert "**add**" in first.contents.value and "def add(a, b):" in first.contents.value
+    start = position.character - 1
+    assert (first.range.start, first.range.end) == (types.Position(ADD_LINE, start), types.Position(ADD_LINE, start + 3))
+    second = await hover(client, main_uri, position)
+    assert second.contents.value == first.contents.value
+    state = await command(client, "codectx.status")
+    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (2, 1)
+
+    util_uri = open_document(client, client.root / "util.py")
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=util_uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="# edited\n")]))
+    third = await hover(client, main_uri, position)
+    assert "**add**" in third.contents.value
+    state = await command(client, "codectx.status")
+    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (3, 1)
+
+
+async def test_hover_over_budget_returns_signature_and_docstring(raw_client, tiny_model):
+    raw_client.init_result = await start(raw_client, "vscode", raw_client.root,
+                                         default_options(tiny_model, hover={"latencyBudgetMs": 0}))
+    await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
+    uri = open_document(raw_client, raw_client.root / "main.py")
+    result = await hover(raw_client, uri, add_position(raw_client))
+    assert result.contents.value == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
+
+
+async def test_code_actions_list_instantly_and_resolve(client):
+    await command(client, "codectx.ask", question="hi", maxTokens=1)
+    uri = open_document(client, client.root / "util.py")
+    text = (client.root / "util.py").read_text(encoding="utf-8")
+    rng = types.Range(start=types.Position(9, 4), end=types.Position(9, 10))  # inside greet
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=rng,
+        context=types.CodeActionContext(diagnostics=[])))
+    by_action = {a.data["action"]: a for a in actions}
+    assert set(by_action) == {"explain", "docstring", "findBugs", "tests", "ask"}
+    assert all(a.edit is None and a.command is None for a in actions)
+    encoding = client.init_result.capabilities.position_encoding
+
+    doc_action = await client.code_action_resolve_async(by_action["docstring"])
+    change = doc_action.edit.document_changes[0]
+    assert change.text_document.uri == uri and change.text_document.version == 1
+    edited = apply_edits(text, change.edits, encoding)
+    tree = ast.parse(edited)
+    greet = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "greet")
+    assert ast.get_docstring(greet) and edited.count("\n") == text.count("\n") + 1
+
+    test_action = await client.code_action_resolve_async(by_action["tests"])
+    create, insert = test_action.edit.document_changes
+    assert create.kind == "create" and create.uri.endswith("/tests/test_util.py")
+    test_file = apply_edits("", insert.edits, encoding)
+    assert test_file.startswith("from util import greet\n")
+    assert any(isinstance(n, ast.FunctionDef) and n.name.startswith("test") for n in ast.parse(test_file).body)
+
+    explain = await client.code_action_resolve_async(by_action["explain"])
+    assert explain.command.command == "codectx.ask"
+    answer = await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=explain.command.command, arguments=explain.command.arguments))
+    assert answer["text"]
+
+
+async def test_find_bugs_publishes_diagnostics_cleared_on_change(client):
+    uri = open_document(client, client.root / "util.py")
+    rng = {"start": {"line": 3, "character": 0}, "end": {"line": 6, "character": 0}}
+    result = await command(client, "codectx.findBugs", uri=uri, range=rng)
+    assert result["diagnostics"] >= 1
+    diagnostics = client.diagnostics[uri]
+    assert len(diagnostics) == result["diagnostics"] and {d.source for d in diagnostics} == {"codectx"}
+    assert all(3 <= d.range.start.line <= 5 for d in diagnostics)
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="#\n")]))
+    await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    assert list(client.diagnostics[uri]) == []
