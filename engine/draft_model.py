@@ -86,6 +86,9 @@ class DraftModelDrafter:
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.model = model
+        # Lazy weights would be evaluated on the engine's worker thread, which
+        # cannot run graphs built on another thread's stream.
+        mx.eval(model.parameters())
         self.cache = cache if cache is not None else make_prompt_cache(model)
         untrimmable = {type(c).__name__ for c in self.cache if not c.is_trimmable()}
         if untrimmable:
