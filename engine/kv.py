@@ -50,13 +50,3 @@ def cache_offset(cache: list[Any]) -> int:
             return int(offset)
     return 0
 
-
-def cache_nbytes(cache: list[Any]) -> int:
-    """Bytes held by all layers (0 for layers that have not been filled yet)."""
-    total = 0
-    for c in cache:
-        try:
-            total += c.nbytes
-        except (AttributeError, TypeError):
-            continue
-    return total
