@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from tests.engine.tiny_models import build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 FOOTER = re.compile(r"\[prompt (\d+) tok \(cached (\d+), recomputed (\d+)\) \| prefill [\d.]+ s, \d+ tok/s \| "
                     r"TTFT [\d.]+ s \| decode (\d+) tok, [\d.]+ tok/s \| (stop|length)\]")
+FOOTER_ANY = re.compile(r"\[prompt .* \| (\w+)\]")
 
 
 def codectx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -80,6 +82,21 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     bare = codectx("ask", "--model", str(cli_model), "--max-tokens", "4", "q?")
     with_repo, without = (int(FOOTER.search(r.stderr).group(1)) for r in (result, bare))
     assert with_repo > without + 10
+
+
+def test_ask_interrupted_cancels_and_exits_130(cli_model):
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(cli_model),
+                             "--max-tokens", "3000", "Tell me everything."],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.read(1)  # the answer is streaming
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    footer = FOOTER_ANY.search(err)
+    assert footer and footer.group(1) == "cancelled" and "Traceback" not in err
 
 
 def test_ask_with_missing_model_fails_cleanly(tmp_path):
