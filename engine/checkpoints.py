@@ -246,8 +246,9 @@ class CheckpointStore:
     def plan(self, bounds: Sequence[Boundary], limit: int) -> Plan:
         """The longest valid checkpoint path ending before token `limit`.
 
-        `limit` is the prompt length: the last segment is always recomputed so
-        the request has its last logits, and cold and warm runs make the same calls.
+        `limit` is the prompt length: the stretch after the last boundary before it
+        is always recomputed, so the request has its last logits and cold and warm
+        runs end with the same forward call.
         """
         path: list[Checkpoint] = []
         archived: list[Any] = []
