@@ -25,6 +25,7 @@ from .tools import TOOLS_PROMPT, WorkspaceTools
 from .warmup import Warmup
 
 logger = logging.getLogger(__name__)
+WARMTH_METHOD = "codectx/warmth"
 
 
 class CodectxServer(LanguageServer):
@@ -93,7 +94,7 @@ class CodectxServer(LanguageServer):
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
         self.tools = WorkspaceTools(self.session.root, self._read_text, lambda: prompt.files)
-        self.warmup = Warmup(self.session)
+        self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state))
         stream.end("ready")
         self.warmup.schedule(0)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from engine.request import Priority
 
@@ -18,10 +19,16 @@ logger = logging.getLogger(__name__)
 
 
 class Warmup:
-    """Debounced background prefill for one session."""
+    """Debounced background prefill for one session.
 
-    def __init__(self, session: Session) -> None:
+    Args:
+        session: The session whose prefix is kept warm.
+        on_state: Called with `state()` after every finished warm-up.
+    """
+
+    def __init__(self, session: Session, on_state: Callable[[dict], None] | None = None) -> None:
         self.session = session
+        self.on_state = on_state
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
         self.warm_version = -1
@@ -60,6 +67,8 @@ class Warmup:
             self.prefix_tokens = done.metrics.prompt_tokens
             self.runs += 1
             self.session.counters.warmups += 1
+            if self.on_state is not None:
+                self.on_state(self.state())
 
     @property
     def running(self) -> bool:

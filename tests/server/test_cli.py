@@ -49,20 +49,20 @@ def test_unknown_subcommand_fails_with_usage():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
-def _expected_answer(model_dir: Path, question: str, repo_text: str | None, max_tokens: int) -> tuple[str, int]:
+def _expected_answer(model_dir: Path, question: str, max_tokens: int) -> tuple[str, int]:
     from engine.engine import Engine
     from engine.loading import load_model
     from server.ask_cmd import build_messages
 
     with Engine(load_model(str(model_dir), progress=False)) as engine:
-        ids = engine.chat_ids(build_messages(question, repo_text))
+        ids = engine.chat_ids(build_messages(question))
         return engine.generate_text(ids, max_tokens=max_tokens), len(ids)
 
 
 def test_ask_streams_the_engine_answer_and_prints_footer(cli_model):
     result = codectx("ask", "--model", str(cli_model), "--max-tokens", "12", "What does add do?")
     assert result.returncode == 0, result.stderr
-    expected, prompt_tokens = _expected_answer(cli_model, "What does add do?", None, 12)
+    expected, prompt_tokens = _expected_answer(cli_model, "What does add do?", 12)
     assert result.stdout == expected + "\n" and expected.strip()
     footer = FOOTER.search(result.stderr)
     assert footer, result.stderr
@@ -78,7 +78,7 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     result = codectx("ask", "--repo", str(tmp_path), "--model", str(cli_model), "--max-tokens", "4", "q?",
                      "--kv-bits", "8")
     assert result.returncode == 0, result.stderr
-    assert "2 files in context, 0 left out" in result.stderr
+    assert re.search(r"2 files whole, 1 skipped", result.stderr), result.stderr
     bare = codectx("ask", "--model", str(cli_model), "--max-tokens", "4", "q?")
     with_repo, without = (int(FOOTER.search(r.stderr).group(1)) for r in (result, bare))
     assert with_repo > without + 10
