@@ -14,7 +14,7 @@ from typing import Any, Sequence, TextIO
 
 SYSTEM_PROMPT = ("You are codectx, a coding assistant. Answer questions about the code "
                  "below precisely and cite file paths.")
-_RESERVED_TOKENS = 32  # slack for the template's own tokens around the repository text
+_RESERVED_TOKENS = 64  # slack for the chat template's framing of the question and answer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,38 +31,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def repo_context(root: Path, count_tokens: Any, budget_tokens: int) -> tuple[str, int, int]:
-    """The repository's text files, in path order, as long as they fit the budget.
-
-    A file that does not fit is left out and later (smaller) files may still
-    go in. The context layer's `Workspace` will replace this.
+def repo_prompt(root: Path, tokenizer: Any, question: str, budget_tokens: int,
+                progress: Any = None) -> tuple[list[Any], Any]:
+    """The repository laid out by `context.Workspace`, framed as a chat with `question`.
 
     Args:
         root: Repository root.
-        count_tokens: Maps text to its token count.
-        budget_tokens: Most tokens the returned text may take.
+        tokenizer: The model's tokenizer (satisfies `context.tokenizer.TextTokenizer`).
+        question: The user's question.
+        budget_tokens: Most tokens the repository prefix may take.
+        progress: Optional progress(done, total) callback for large repositories.
 
     Returns:
-        (text, files included, files left out for the budget).
+        (engine prompt segments, the context layout).
     """
-    from context.scan import ScanRules, scan
+    from context.workspace import Workspace
+    from engine.request import PromptSegment
 
-    blocks, used, left_out = [], 0, 0
-    for source in scan(root, ScanRules()).files:
-        block = f"<file path=\"{source.path}\">\n{source.text}\n</file>\n"
-        cost = count_tokens(block)
-        if used + cost > budget_tokens:
-            left_out += 1
-            continue
-        blocks.append(block)
-        used += cost
-    return "".join(blocks), len(blocks), left_out
+    workspace = Workspace(root, tokenizer, budget=budget_tokens, progress=progress)
+    layout = workspace.build()
+    segments = [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected)
+                for s in workspace.prompt(question)]
+    return segments, layout
 
 
-def build_messages(question: str, repo_text: str | None) -> list[dict[str, str]]:
-    """Chat messages: system instructions (with the repository, if any) and the question."""
-    system = SYSTEM_PROMPT if not repo_text else f"{SYSTEM_PROMPT}\n\n{repo_text}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+def build_messages(question: str) -> list[dict[str, str]]:
+    """Chat messages without a repository: system instructions and the question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
 def format_footer(metrics: Any, finish_reason: str) -> str:
@@ -96,19 +91,33 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     if args.prefill_chunk:
         options["prefill_chunk"] = args.prefill_chunk
     with Engine(loaded, **options) as engine:
-        repo_text = None
         if args.repo is not None:
-            fixed = len(engine.chat_ids(build_messages(args.question, None)))
-            budget = loaded.context_length - args.max_tokens - fixed - _RESERVED_TOKENS
-            repo_text, included, left_out = repo_context(
-                args.repo, lambda text: len(loaded.tokenizer.encode(text)), max(budget, 0))
-            err.write(f"[repo {args.repo}: {included} files in context, {left_out} left out for the budget]\n")
-        ids = engine.chat_ids(build_messages(args.question, repo_text))
-        if len(ids) + args.max_tokens > loaded.context_length:
-            err.write(f"codectx ask: prompt ({len(ids)} tokens) + --max-tokens exceeds the model's "
+            from context.errors import ContextError
+            from server.context_cmd import progress_bar
+
+            # Room for the question, its chat framing and the answer.
+            question_tokens = len(loaded.tokenizer.encode(args.question))
+            budget = loaded.context_length - args.max_tokens - question_tokens - _RESERVED_TOKENS
+            try:
+                segments, layout = repo_prompt(args.repo, loaded.tokenizer, args.question, max(budget, 0),
+                                               progress=progress_bar(err))
+            except ContextError as error:
+                err.write(f"codectx ask: {error}\n")
+                return 1
+            files = sum(1 for s in layout.segments if s.kind in ("file", "hot"))
+            err.write(f"[repo {args.repo}: {files} files whole, {len(layout.skipped)} skipped, "
+                      f"{layout.tokens} prefix tokens (budget {budget})]\n")
+            prompt = {"segments": segments}
+            prompt_len = sum(len(s.token_ids) for s in segments)
+        else:
+            ids = engine.chat_ids(build_messages(args.question))
+            prompt = {"prompt_ids": ids}
+            prompt_len = len(ids)
+        if prompt_len + args.max_tokens > loaded.context_length:
+            err.write(f"codectx ask: prompt ({prompt_len} tokens) + --max-tokens exceeds the model's "
                       f"context of {loaded.context_length} tokens\n")
             return 1
-        request = Request(prompt_ids=ids, max_tokens=args.max_tokens,
+        request = Request(**prompt, max_tokens=args.max_tokens,
                           sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
         handle = engine.submit(request)
         try:
@@ -128,3 +137,4 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         err.write(f"codectx ask: {done.error}\n")
         return 1
     return 0
+

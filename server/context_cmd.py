@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        bar = _progress_bar(sys.stderr)
+        bar = progress_bar(sys.stderr)
         ws = Workspace(Path(args.repo), tokenizer, budget=args.budget, pins=args.pin or DEFAULT_PINS,
                        include=args.include, exclude=args.exclude, progress=bar)
         layout = ws.build()
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(stream):
+def progress_bar(stream):
     state: dict = {}
 
     def update(done: int, total: int) -> None:
