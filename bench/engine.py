@@ -129,18 +129,32 @@ def mlx_lm_runner(model_dir: Path, chunk: int) -> Run:
 
 def llama_runner(gguf: Path, threads: int) -> Run | None:
     try:
+        import llama_cpp.llama_cpp as llama_cpp
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads,
-                verbose=False)
+    # llama.cpp's AMX weight repacking ("extra buffer types") segfaults in decode on
+    # this project's CPU VM; the plain CPU kernels are used instead.
+    default_params = llama_cpp.llama_model_default_params
+
+    def without_repacking():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_model_default_params = without_repacking
+    try:
+        llm = Llama(model_path=str(gguf), n_ctx=8192, n_threads=threads, n_threads_batch=threads,
+                    verbose=False)
+    finally:
+        llama_cpp.llama_model_default_params = default_params
 
     def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
         llm.reset()  # llama-cpp-python reuses a common prefix with the previous call
         chunks = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1, stream=True)
         return timed(1 for _ in chunks)
 
-    return llm and run
+    return run
 
 
 def main() -> None:
