@@ -10,6 +10,8 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
+from context.errors import TemplateError
+
 from . import convert, editing
 from .backend import start_backend
 from .documents import DocumentStore
@@ -17,6 +19,7 @@ from .errors import InvalidArgumentsError, user_message
 from .features import ask as ask_feature
 from .features import status as status_feature
 from .prompt import LocalPrompt
+from .workspace_prompt import WorkspacePrompt
 from .protocol import CodectxProtocol
 from .session import Session
 from .settings import Settings, parse_settings
@@ -85,9 +88,7 @@ class CodectxServer(LanguageServer):
         await stream.begin("codectx: loading model")
         try:
             backend = await asyncio.to_thread(start_backend, self.session.settings)
-            prompt = LocalPrompt(self.session.root, backend.tokenizer, self.session.buffer_text,
-                                 system_extra=TOOLS_PROMPT,
-                                 budget_tokens=self.session.settings.context.budget_tokens)
+            prompt = await asyncio.to_thread(self.make_prompt, backend.tokenizer)
         except Exception as err:
             stream.end("error")
             self.show(user_message(err), types.MessageType.Error)
@@ -97,6 +98,24 @@ class CodectxServer(LanguageServer):
         self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state))
         stream.end("ready")
         self.warmup.schedule(0)
+
+    def make_prompt(self, tokenizer: Any) -> WorkspacePrompt | LocalPrompt:
+        """The context package's prompt; the local one if its chat template is unusable there."""
+        settings = self.session.settings
+        try:
+            return WorkspacePrompt(self.session.root, tokenizer, self.session.buffer_text, TOOLS_PROMPT,
+                                   settings.context)
+        except TemplateError as err:
+            logger.warning("context cannot frame this chat template (%s); using the local prompt", err)
+            return LocalPrompt(self.session.root, tokenizer, self.session.buffer_text,
+                               system_extra=TOOLS_PROMPT, budget_tokens=settings.context.budget_tokens)
+
+    def mark_dirty(self, uri: str) -> None:
+        """An open buffer or a file changed: the prompt picks it up next time."""
+        path = to_fs_path(uri)
+        self.session.prefix_version += 1
+        if self.session.prompt is not None and path:
+            self.session.prompt.mark_dirty(Path(path))
 
     def _read_text(self, path: Path) -> str:
         text = self.session.buffer_text(path)
@@ -130,13 +149,15 @@ def initialized(ls: CodectxServer, params: types.InitializedParams) -> None:
 
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: CodectxServer, params: types.DidOpenTextDocumentParams) -> None:
-    ls.session.documents.open(params.text_document)
+    doc = ls.session.documents.open(params.text_document)
+    if ls.session.prompt is not None and doc.path is not None:
+        ls.session.prompt.mark_dirty(doc.path)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> None:
     doc = ls.session.documents.change(params)
-    ls.session.prefix_version += 1
+    ls.mark_dirty(doc.uri)
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=doc.uri, diagnostics=[]))
     if ls.warmup is not None:
         ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, key=doc.uri)
@@ -144,14 +165,14 @@ def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: CodectxServer, params: types.DidCloseTextDocumentParams) -> None:
-    ls.session.documents.close(params.text_document.uri)
+    if ls.session.documents.close(params.text_document.uri) is not None and ls.session.prompt is not None:
+        ls.session.prompt.mark_dirty(Path(to_fs_path(params.text_document.uri)))
 
 
 @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
 def did_change_watched(ls: CodectxServer, params: types.DidChangeWatchedFilesParams) -> None:
-    ls.session.prefix_version += 1
-    if ls.session.prompt is not None:
-        ls.session.prompt.rescan()
+    for change in params.changes:
+        ls.mark_dirty(change.uri)
     if ls.warmup is not None:
         ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000)
 

@@ -30,6 +30,10 @@ def start_backend(settings: Settings) -> Backend:
     from engine.loading import load_model
 
     loaded = load_model(settings.model.name, progress=False)
-    engine = Engine(loaded, kv_bits=settings.model.kv_bits, prefill_chunk=settings.model.prefill_chunk)
+    memory = settings.memory
+    engine = Engine(loaded, kv_bits=settings.model.kv_bits, prefill_chunk=settings.model.prefill_chunk,
+                    checkpoint_budget_bytes=memory.checkpoint_bytes,
+                    archive_bytes=memory.archive_bytes if memory.archive_enabled else 0,
+                    speculation=settings.model.speculation)
     logger.info("engine started on %s", loaded.model_id)
     return Backend(engine, loaded.tokenizer, loaded.model_id)

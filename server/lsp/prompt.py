@@ -79,6 +79,9 @@ class LocalPrompt:
         """The workspace's text files, in path order."""
         return list(self._files)
 
+    def mark_dirty(self, path: Path) -> None:
+        """Nothing to do: buffers are read when the prompt is built."""
+
     def rescan(self) -> None:
         self._files = scan_files(self.root)
 

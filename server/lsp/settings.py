@@ -21,13 +21,13 @@ class ModelSettings:
         name: `smollm2-135m`, a model directory, a `.gguf` file or a hub id.
         kv_bits: 8 for the quantized KV cache, 16 for the model's dtype.
         prefill_chunk: Tokens per prefill forward call.
-        draft: Speculative decoding: "none", "prompt-lookup" or a draft model path.
+        speculation: Speculative decoding: "off", "lookup" (prompt lookup) or "auto".
     """
 
     name: str = "smollm2-135m"
     kv_bits: int = 8
     prefill_chunk: int = 256
-    draft: str = "prompt-lookup"
+    speculation: str = "lookup"
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ _MINIMUMS = {
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
     "latency_budget_ms": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
 }
-_CHOICES = {"kv_bits": (8, 16)}
+_CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "auto")}
 
 
 def _snake(name: str) -> str:
@@ -117,6 +117,8 @@ def _check(name: str, kind: Any, value: Any) -> tuple[Any, str | None]:
             return None, f"{value!r} is out of range"
     elif kind is str:
         ok = isinstance(value, str) and bool(value)
+        if ok and value not in _CHOICES.get(name, (value,)):
+            return None, f"{value!r} is not one of {_CHOICES[name]}"
     else:  # tuple[str, ...]
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         value = tuple(value) if ok else value

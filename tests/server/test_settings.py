@@ -19,16 +19,17 @@ def test_camel_case_values_are_applied():
 
 
 def test_invalid_values_keep_defaults_and_are_named():
-    settings, problems = parse_settings({"model": {"kvBits": 3, "name": 5}, "hover": "fast", "nope": 1,
+    settings, problems = parse_settings({"model": {"kvBits": 3, "name": 5, "speculation": "always"},
+                                         "hover": "fast", "nope": 1,
                                          "warmup": {"enabled": "yes", "debounceMs": -1},
                                          "ask": {"maxTokens": True}})
     defaults = Settings()
     assert settings == defaults
     joined = "\n".join(problems)
-    for name in ("model.kvBits", "model.name", "hover", "nope", "warmup.enabled", "warmup.debounceMs",
+    for name in ("model.kvBits", "model.name", "model.speculation", "hover", "nope", "warmup.enabled", "warmup.debounceMs",
                  "ask.maxTokens"):
         assert name in joined
-    assert len(problems) == 7
+    assert len(problems) == 8
 
 
 def test_top_level_not_an_object():

@@ -1,0 +1,91 @@
+"""The prompt from `context.Workspace`: ordered, hashed, token-cached segments.
+
+Open buffers feed `Workspace.update` lazily: an edit only marks its path dirty
+and the next prompt (ask, hover, warm-up) flushes the dirty paths, so a burst
+of keystrokes costs one update per file.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+from context.errors import WorkspaceError
+from context.workspace import Workspace
+from engine.request import PromptSegment
+
+from .prompt import Turn
+from .settings import ContextSettings
+
+logger = logging.getLogger(__name__)
+
+
+def _engine_segments(segments) -> list[PromptSegment]:
+    return [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected) for s in segments]
+
+
+class WorkspacePrompt:
+    """Adapter with the same methods as `LocalPrompt`, over `context.Workspace`.
+
+    Args:
+        root: The workspace folder.
+        tokenizer: The model's tokenizer.
+        buffer_text: An open buffer's text for a path, or None.
+        tools: The tool list text (a prefix segment).
+        settings: Budget and include/exclude globs.
+
+    Raises:
+        ContextError: The workspace cannot be scanned or the chat template is unusable.
+    """
+
+    def __init__(self, root: Path, tokenizer, buffer_text: Callable[[Path], str | None], tools: str,
+                 settings: ContextSettings) -> None:
+        self.root = root
+        self.buffer_text = buffer_text
+        self.workspace = Workspace(root, tokenizer, budget=settings.budget_tokens, include=settings.include,
+                                   exclude=settings.exclude, tools=tools)
+        self.workspace.build()
+        self._dirty: set[Path] = set()
+
+    @property
+    def files(self) -> list[Path]:
+        """Files in the prefix (whole or as signatures), in prompt order."""
+        rows = self.workspace.layout.rows
+        return [self.root / row.path for row in rows]
+
+    def mark_dirty(self, path: Path) -> None:
+        """Notes that `path` changed (buffer edit or file event); applied on the next prompt."""
+        self._dirty.add(path)
+
+    def _flush(self) -> None:
+        for path in sorted(self._dirty):
+            text = self.buffer_text(path)
+            if text is None and path.is_file():
+                text = path.read_text(encoding="utf-8", errors="replace")
+            try:
+                self.workspace.update(path, text)
+            except WorkspaceError as err:  # a path outside the workspace
+                logger.debug("not in the workspace: %s (%s)", path, err)
+        self._dirty.clear()
+
+    def rescan(self) -> None:
+        """Rebuilds the layout from disk and buffers (codectx.reindex, file events)."""
+        self._flush()
+        self.workspace.build()
+
+    def segments(self, turns: Sequence[Turn]) -> list[PromptSegment]:
+        """The prompt for `turns`; the last turn is the question."""
+        self._flush()
+        *earlier, question = turns
+        return _engine_segments(self.workspace.prompt(question.content, [(t.role, t.content) for t in earlier]))
+
+    def prefix_segments(self) -> list[PromptSegment]:
+        """The stable prefix alone: what warm-up prefills."""
+        self._flush()
+        return _engine_segments(self.workspace.layout.segments)
+
+    def layout(self) -> list[dict]:
+        """One row per prefix segment: kind, key, tokens, why it is there."""
+        self._flush()
+        return [{"kind": s.kind, "key": s.key, "tokens": len(s.token_ids), "reason": s.reason}
+                for s in self.workspace.layout.segments]
