@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -194,6 +195,7 @@ def run(args) -> dict:
             if peer:
                 row["mlx_lm.server"] = peer.ask("".join(s.text for s in segments), args.max_tokens)
             rows.append(row)
+            sys.stderr.write(json.dumps(row) + "\n")  # progress, step by step
     finally:
         eng.close()
         if peer:
@@ -234,6 +236,8 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
+    # A SIGTERM (e.g. `timeout`) unwinds like Ctrl-C so the mlx_lm.server child is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight llama instead of the default model")
     p.add_argument("--random-like", metavar="DIR",
