@@ -56,10 +56,14 @@ class PrefixCache:
         budget_bytes: Bytes checkpoints may own; `default_budget_bytes()` when None.
         archive_bytes: Size cap of the disk archive; 0 keeps checkpoints in memory only.
         archive_root: Archive root (default ``CODECTX_HOME/archive``).
+        cache: The live per-layer cache to use (e.g. window caches); by default
+            `engine.kv.make_cache` with the policy's KV bits. Its layers must
+            speak the trim/offset/state vocabulary (see `engine.state`).
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
-                 archive_bytes: int = 0, archive_root: Any = None) -> None:
+                 archive_bytes: int = 0, archive_root: Any = None,
+                 cache: list[Any] | None = None) -> None:
         self.model = model
         self.policy = policy
         fingerprint = policy.fingerprint()
@@ -68,7 +72,8 @@ class PrefixCache:
         self.store = CheckpointStore(
             fingerprint, default_budget_bytes() if budget_bytes is None else budget_bytes,
             archive=self.archive, interval=policy.prefill_chunk)
-        self.cache = make_cache(model, policy.kv_bits, policy.kv_group_size)
+        self.cache = cache if cache is not None else make_cache(model, policy.kv_bits,
+                                                                policy.kv_group_size)
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
         self._update_stats()
