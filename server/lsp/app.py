@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,17 @@ def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> 
 def did_close(ls: CodectxServer, params: types.DidCloseTextDocumentParams) -> None:
     if ls.session.documents.close(params.text_document.uri) is not None and ls.session.prompt is not None:
         ls.session.prompt.mark_dirty(Path(to_fs_path(params.text_document.uri)))
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+async def did_change_configuration(ls: CodectxServer, params: types.DidChangeConfigurationParams) -> None:
+    model_before = ls.session.settings.model
+    ls.settings_problems = []
+    await ls.fetch_configuration()
+    if ls.session.settings.model != model_before and ls.session.ready:
+        ls.session.settings = dataclasses.replace(ls.session.settings, model=model_before)
+        ls.show("codectx: model settings changed; restart the server to load the new model",
+                types.MessageType.Info)
 
 
 @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)

@@ -64,3 +64,12 @@ async def test_missing_model_is_reported(raw_client, tmp_path):
             types.ExecuteCommandParams(command="codectx.ask", arguments=[{"question": "hi"}]))
     assert info.value.code == -32001 and "no-such-model" in info.value.message
     assert any(m.type == types.MessageType.Error for m in raw_client.messages)
+
+
+async def test_configuration_change_applies_without_restart(client):
+    client.set_configuration({"ask": {"maxTokens": 2}, "hover": {"maxTokens": "many"}}, section="codectx")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    await client.wait_for_notification(types.WINDOW_SHOW_MESSAGE)
+    assert "hover.maxTokens" in client.messages[-1].message
+    result = await command(client, "codectx.ask", question="Explain greet.")
+    assert result["metrics"]["decode_tokens"] <= 2
