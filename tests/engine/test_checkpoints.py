@@ -101,16 +101,24 @@ def test_warm_equals_cold_across_a_session(tiny_loaded, repo, kv_bits):
                 assert m.miss_reason.startswith("diverged at token")
 
 
-def test_restored_logits_equal_cold_logits(tiny_loaded, repo):
+@pytest.mark.parametrize("kind", ["kv16", "kv8", "window16"])
+def test_restored_logits_equal_cold_logits(tiny_loaded, repo, kind):
     tok, model = tiny_loaded.tokenizer, tiny_loaded.model
     first, follow = ask(tok, repo, "One?"), ask(tok, repo, "Two?")
-    prefix = PrefixCache(model, POLICY, budget_bytes=1 << 30)
+    bits = 8 if kind == "kv8" else 16
+
+    def fresh():
+        return _window_cache(model, 16) if kind == "window16" else make_cache(model, bits)
+
+    policy = CachePolicy("tiny", "w", "float32", kv_bits=bits)
+    prefix = PrefixCache(model, policy, budget_bytes=1 << 30, cache=fresh())
     prefix.prefill(Request(segments=first), 16, lambda: False, Metrics())
+    prefix.prefill(Request(segments=ask(tok, repo, "A detour")), 16, lambda: False, Metrics())
     metrics = Metrics()
     warm = prefix.prefill(Request(segments=follow), 16, lambda: False, metrics)
     ids = Request(segments=follow).all_token_ids()
-    ends = cut_points(follow, POLICY.prefill_chunk)  # the layout's chunking, as the cache does
-    cold_logits = prefill(model, make_cache(model), ids, 16, boundaries=ends)
+    ends = cut_points(follow, policy.prefill_chunk)  # the layout's chunking, as the cache does
+    cold_logits = prefill(model, fresh(), ids, 16, boundaries=ends)
     assert metrics.cached_tokens == prefix_len(follow, len(repo))
     assert mx.array_equal(warm, cold_logits)
 
