@@ -55,6 +55,15 @@ async def test_hover_over_budget_returns_signature_and_docstring(raw_client, tin
     uri = open_document(raw_client, raw_client.root / "main.py")
     result = await hover(raw_client, uri, add_position(raw_client))
     assert result.contents.value == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
+    # The answer is still being generated; the engine serves equal priorities in order,
+    # so once a later ask is answered the hover's answer is in the cache.
+    await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
+    filled = await hover(raw_client, uri, add_position(raw_client))
+    assert filled.contents.value != result.contents.value
+    assert filled.contents.value.startswith("**add** (function, `util.py:4`)\n\n")
+    assert filled.contents.value.endswith("```\ndef add(a, b):\n```")
+    state = await command(raw_client, "codectx.status")
+    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (2, 1)
 
 
 async def test_code_actions_list_instantly_and_resolve(client):
