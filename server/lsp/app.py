@@ -95,7 +95,7 @@ class CodectxServer(LanguageServer):
             self.show(user_message(err), types.MessageType.Error)
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
-        self.tools = WorkspaceTools(self.session.root, self._read_text, lambda: prompt.files)
+        self.tools = WorkspaceTools(self.session.root, self.read_text, lambda: prompt.files)
         self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state))
         stream.end("ready")
         self.warmup.schedule(0)
@@ -118,7 +118,8 @@ class CodectxServer(LanguageServer):
         if self.session.prompt is not None and path:
             self.session.prompt.mark_dirty(Path(path))
 
-    def _read_text(self, path: Path) -> str:
+    def read_text(self, path: Path) -> str:
+        """A file's current text: the open buffer, else the disk."""
         text = self.session.buffer_text(path)
         return text if text is not None else path.read_text(encoding="utf-8", errors="replace")
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from lsprotocol import types
+from pygls.protocol import default_converter
 
 UTF8 = types.PositionEncodingKind.Utf8
 UTF16 = types.PositionEncodingKind.Utf16
@@ -18,6 +19,7 @@ UTF32 = types.PositionEncodingKind.Utf32
 SUPPORTED_ENCODINGS = (UTF8, UTF16, UTF32)
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_JSON = default_converter()
 
 
 def choose_encoding(capabilities: types.ClientCapabilities) -> types.PositionEncodingKind:
@@ -152,3 +154,13 @@ def insertion_edit(uri: str, text: str, line: int, column: int, new_text: str, e
 def code_action(title: str, data: dict, kind: str) -> types.CodeAction:
     """An unresolved code action (edit/command come from `codeAction/resolve`)."""
     return types.CodeAction(title=title, kind=kind, data=data)
+
+
+def range_from_json(data: object) -> types.Range:
+    """A Range from command arguments or code-action data (raises on a malformed value)."""
+    return _JSON.structure(data, types.Range)
+
+
+def range_to_json(rng: types.Range) -> dict:
+    """A Range as JSON-ready data (for code-action `data`)."""
+    return _JSON.unstructure(rng)

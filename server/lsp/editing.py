@@ -35,7 +35,7 @@ def register(server: Any) -> None:
             return None
         name, span = found
         answer = await hover.explain(session, cache, name, Path(to_fs_path(params.text_document.uri)),
-                                     session.prompt.files, ls._read_text)
+                                     session.prompt.files, ls.read_text)
         if answer is None:
             return None
         return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)
@@ -43,7 +43,7 @@ def register(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(resolve_provider=True))
     def on_code_action(ls, params: types.CodeActionParams) -> list[types.CodeAction]:
         data = {"uri": params.text_document.uri,
-                "range": ls.protocol._converter.unstructure(params.range)}  # noqa: SLF001
+                "range": convert.range_to_json(params.range)}
         return [convert.code_action(title, dict(data, action=name), ACTION_KINDS[name])
                 for name, title in ACTIONS.items()]
 
@@ -106,9 +106,9 @@ def document_range(ls, options: dict) -> tuple[str, str, types.Range]:
     """
     try:
         uri = options["uri"]
-        rng = ls.protocol._converter.structure(options["range"], types.Range)  # noqa: SLF001
+        rng = convert.range_from_json(options["range"])
         return uri, ls.session.documents.text(uri), rng
-    except (KeyError, TypeError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - any malformed argument is the caller's error
         raise InvalidArgumentsError(f"expected 'uri' and 'range' of an open or readable file: {err}") from err
 
 

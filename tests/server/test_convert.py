@@ -82,3 +82,10 @@ def test_workspace_edit_creates_then_edits():
         range=types.Range(types.Position(0, 0), types.Position(0, 0)), new_text="x")], create=True)
     assert isinstance(edit.document_changes[0], types.CreateFile)
     assert edit.document_changes[1].edits[0].new_text == "x"
+
+
+def test_range_json_round_trip_and_rejects_garbage():
+    rng = types.Range(start=types.Position(1, 2), end=types.Position(3, 4))
+    assert convert.range_from_json(convert.range_to_json(rng)) == rng
+    with pytest.raises(Exception):
+        convert.range_from_json({"start": {"line": "x"}})
