@@ -24,7 +24,6 @@ before anything else can.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import importlib.metadata
 import logging
@@ -146,6 +145,8 @@ def _find_default(state: BlasState) -> tuple[Path | None, str]:
         state.notes.append(f"cmeel-openblas installed but {path} is missing")
     except importlib.metadata.PackageNotFoundError:
         state.notes.append("cmeel-openblas not installed")
+    import ctypes.util  # lazily: it imports subprocess and friends
+
     system = ctypes.util.find_library("openblas")
     if system:
         return Path(system), "system OpenBLAS"
