@@ -212,8 +212,13 @@ def _soname_copy(source: Path) -> Path:
 
 
 def _set_threads(lib: ctypes.CDLL) -> int | None:
-    configured = os.environ.get(ENV_THREADS)
-    threads = int(configured) if configured else min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
+    threads = min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
+    configured = os.environ.get(ENV_THREADS, "").strip()
+    if configured:
+        try:
+            threads = max(1, int(configured))
+        except ValueError:
+            logger.warning("ignoring %s=%r (not an integer)", ENV_THREADS, configured)
     for setter in ("openblas_set_num_threads", "MKL_Set_Num_Threads"):
         if hasattr(lib, setter):
             getattr(lib, setter)(ctypes.c_int(threads))

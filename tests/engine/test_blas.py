@@ -89,3 +89,11 @@ def test_soname_rewrite_rejects_longer_names_and_non_elf(tmp_path):
     with pytest.raises(elf.ElfError, match="not a 64-bit"):
         elf.with_soname(b"#!/bin/sh\n" * 10, "libgfortran.so.5")
 
+
+
+def test_thread_setting_is_applied_and_a_bad_value_is_ignored(tmp_path):
+    code = "import json, engine.blas; print(json.dumps(engine.blas.describe()))"
+    one = json.loads(_python(code, tmp_path, CODECTX_BLAS_THREADS="1").stdout)
+    bad = json.loads(_python(code, tmp_path, CODECTX_BLAS_THREADS="many").stdout)
+    assert one["threads"] == 1 and one["interposed"] is True
+    assert bad["threads"] == min(len(os.sched_getaffinity(0)), 8) and bad["interposed"] is True
