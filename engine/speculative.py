@@ -35,8 +35,8 @@ from engine.request import SamplingParams
 log = logging.getLogger(__name__)
 
 # Extra cost of each additional verified token, in units of a one-token target
-# forward, measured on the default model on this project's 2-core CPU
-# (bench/speculative.py, docs/benchmarks.md "Speculative decoding").
+# forward. A placeholder: bench/speculative.py measures the real ratio on the
+# default model (docs/benchmarks.md, "Speculative decoding").
 DEFAULT_COST_PER_TOKEN = 0.10
 
 
