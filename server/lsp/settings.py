@@ -25,7 +25,7 @@ class ModelSettings:
     """
 
     name: str = "smollm2-135m"
-    kv_bits: int = 8
+    kv_bits: int = 16
     prefill_chunk: int = 256
     speculation: str = "lookup"
 
