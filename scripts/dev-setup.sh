@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine: the Python venv with the dev
+# extras, the VS Code extension's Node packages, and Debian's Chromium for the /monitor test.
+# Idempotent: a second run only checks. Used by README's test command and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# --- Python -------------------------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install --quiet -e ".[dev]"
+
+# --- Node (editors/vscode) ----------------------------------------------------------------
+if [ -f editors/vscode/package-lock.json ]; then
+  (cd editors/vscode && npm ci --no-audit --no-fund --loglevel=error && npm run --silent compile)
+fi
+
+# --- Chromium (tests/http: /monitor screenshot) -------------------------------------------
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
