@@ -1,0 +1,202 @@
+--- `:CodectxAsk`: a question to `codectx.ask`, its answer streamed into a floating window
+--- from `codectx/stream` notifications. `q` or `<C-c>` in the window (or closing it any other
+--- way) cancels a running answer with `$/cancelRequest` and closes the window.
+local codectx = require('codectx')
+local config = require('codectx.config')
+
+local M = {}
+
+---@class codectx.Answer
+---@field client vim.lsp.Client
+---@field request_id integer? JSON-RPC id of the `codectx.ask` request.
+---@field buf integer The float's buffer.
+---@field win integer The float.
+---@field text string Streamed text so far.
+---@field finish string? finishReason of the stream's last notification (`stop`, `length`, `cancelled`, `error`).
+---@field result table? The request's result (`text`, `finishReason`, `metrics`, `conversationId`).
+---@field error lsp.ResponseError? The request's error (a cancelled request gets none: Neovim drops that reply).
+---@field cancelled boolean? `$/cancelRequest` was sent.
+
+--- Answers whose stream has not ended yet, by "client id:request id".
+---@type table<string, codectx.Answer>
+M.streaming = {}
+
+--- The most recent answer (also after its window closed).
+---@type codectx.Answer?
+M.last = nil
+
+local group = vim.api.nvim_create_augroup('codectx.ask', { clear = true })
+
+local function key(client_id, request_id)
+  return ('%d:%s'):format(client_id, tostring(request_id))
+end
+
+local function size(value, total)
+  return math.max(1, math.floor(value <= 1 and value * total or math.min(value, total)))
+end
+
+local function open_float(question)
+  local opts = config.options.float
+  local width, height = size(opts.width, vim.o.columns), size(opts.height, vim.o.lines - 2)
+  local title = question:gsub('%s+', ' ')
+  if vim.fn.strchars(title) > width - 4 then
+    title = vim.fn.strcharpart(title, 0, width - 5) .. '…'
+  end
+  local buf = vim.api.nvim_create_buf(false, true)
+  vim.bo[buf].bufhidden = 'wipe'
+  vim.bo[buf].filetype = 'markdown'
+  vim.bo[buf].modifiable = false
+  local win = vim.api.nvim_open_win(buf, true, {
+    relative = 'editor', width = width, height = height, style = 'minimal', border = opts.border,
+    row = math.floor((vim.o.lines - height) / 2), col = math.floor((vim.o.columns - width) / 2),
+    title = ' ' .. title .. ' ', title_pos = 'center', footer = ' answering… ', footer_pos = 'right',
+  })
+  vim.wo[win].wrap = true
+  vim.wo[win].linebreak = true
+  return buf, win
+end
+
+local function set_footer(answer, text)
+  if vim.api.nvim_win_is_valid(answer.win) then
+    vim.api.nvim_win_set_config(answer.win, { footer = ' ' .. text .. ' ', footer_pos = 'right' })
+  end
+end
+
+--- Appends `text` to the float's buffer: its first line continues the last buffer line.
+local function append(answer, text)
+  answer.text = answer.text .. text
+  local buf = answer.buf
+  if not vim.api.nvim_buf_is_valid(buf) then
+    return
+  end
+  local lines = vim.split(text, '\n', { plain = true })
+  local last = vim.api.nvim_buf_line_count(buf)
+  lines[1] = vim.api.nvim_buf_get_lines(buf, last - 1, last, true)[1] .. lines[1]
+  vim.bo[buf].modifiable = true
+  vim.api.nvim_buf_set_lines(buf, last - 1, last, true, lines)
+  vim.bo[buf].modifiable = false
+  if vim.api.nvim_win_is_valid(answer.win) then
+    vim.api.nvim_win_set_cursor(answer.win, { vim.api.nvim_buf_line_count(buf), 0 })
+  end
+end
+
+local function summary(result)
+  local m = result.metrics or {}
+  return ('%s · %d tokens · %.1f tok/s · TTFT %.2f s'):format(
+    result.finishReason or '?', m.decode_tokens or 0, m.decode_tps or 0, m.ttft_s or 0)
+end
+
+--- Handler of `codectx/stream` (registered in `lsp/codectx.lua`).
+---@param params { requestId: integer, kind: string, index: integer, text: string, done: boolean, finishReason: string? }
+---@param ctx lsp.HandlerContext
+function M.on_stream(_, params, ctx)
+  local id = key(ctx.client_id, params.requestId)
+  local answer = M.streaming[id]
+  if not answer then
+    return
+  end
+  if params.done then
+    answer.finish = params.finishReason
+    M.streaming[id] = nil
+  elseif params.text ~= '' then
+    append(answer, params.text)
+  end
+end
+
+local function on_result(answer, err, result)
+  if err then
+    answer.error = err
+    set_footer(answer, 'error')
+    vim.notify('codectx: ask failed: ' .. (err.message or vim.inspect(err)), vim.log.levels.ERROR)
+    return
+  end
+  answer.result = result
+  set_footer(answer, summary(result))
+end
+
+--- Cancels `answer`'s request (once) if the answer is still streaming.
+---@param answer codectx.Answer
+function M.cancel(answer)
+  if not answer.cancelled and answer.request_id and M.streaming[key(answer.client.id, answer.request_id)] then
+    answer.cancelled = true
+    answer.client:cancel_request(answer.request_id)
+  end
+end
+
+--- Stops `answer`: cancels it if it is still streaming and closes its window.
+---@param answer codectx.Answer
+function M.stop(answer)
+  M.cancel(answer)
+  if vim.api.nvim_win_is_valid(answer.win) then
+    vim.api.nvim_win_close(answer.win, true)
+  end
+end
+
+--- The whole lines `first`..`last` (1-based) of `bufnr` as an LSP range.
+local function line_range(bufnr, first, last, encoding)
+  local text = vim.api.nvim_buf_get_lines(bufnr, last - 1, last, true)[1]
+  return {
+    start = { line = first - 1, character = 0 },
+    ['end'] = { line = last - 1, character = vim.str_utfindex(text, encoding) },
+  }
+end
+
+--- Asks `question`, streaming the answer into a new floating window.
+---@param question string
+---@param lines { [1]: integer, [2]: integer }? 1-based first and last line of the current buffer to ask about.
+---@return codectx.Answer?
+function M.ask(question, lines)
+  local bufnr = vim.api.nvim_get_current_buf()
+  local client = codectx.require_client(bufnr)
+  if not client then
+    return nil
+  end
+  local argument = { question = question, maxTokens = config.options.max_tokens }
+  if lines then
+    argument.uri = vim.uri_from_bufnr(bufnr)
+    argument.range = line_range(bufnr, lines[1], lines[2], client.offset_encoding)
+  end
+  local answer = { client = client, text = '' }
+  answer.buf, answer.win = open_float(question)
+  local sent, request_id = codectx.execute(client, 'codectx.ask', argument, function(err, result)
+    on_result(answer, err, result)
+  end, bufnr)
+  if not sent then
+    M.stop(answer)
+    vim.notify('codectx: the language server is not running', vim.log.levels.ERROR)
+    return nil
+  end
+  answer.request_id = request_id
+  M.streaming[key(client.id, request_id)] = answer
+  M.last = answer
+  for _, lhs in ipairs({ 'q', '<C-c>' }) do
+    vim.keymap.set('n', lhs, function()
+      M.stop(answer)
+    end, { buffer = answer.buf, nowait = true, desc = 'codectx: stop and close' })
+  end
+  vim.api.nvim_create_autocmd('WinClosed', {
+    group = group, pattern = tostring(answer.win), once = true,
+    callback = function()
+      M.cancel(answer)
+    end,
+  })
+  return answer
+end
+
+--- `:[range]CodectxAsk [question]`: asks about the repository, or about the lines of a range;
+--- prompts for the question when none is given.
+---@param cmd vim.api.keyset.create_user_command.command_args
+function M.command(cmd)
+  local lines = cmd.range > 0 and { cmd.line1, cmd.line2 } or nil
+  if cmd.args ~= '' then
+    M.ask(cmd.args, lines)
+    return
+  end
+  vim.ui.input({ prompt = 'Ask codectx: ' }, function(question)
+    if question and question:match('%S') then
+      M.ask(question, lines)
+    end
+  end)
+end
+
+return M

@@ -1,0 +1,144 @@
+--- `:checkhealth codectx`: Neovim, the server executable, its Python (through `codectx doctor`),
+--- the configured model and the running clients.
+local M = {}
+
+local health = vim.health
+local DOCTOR_TIMEOUT_MS = 60000
+local STATUS_TIMEOUT_MS = 5000
+
+--- The interpreter behind `cmd`: the `python` option, `cmd[1]` itself when it is a Python, or
+--- the interpreter named by the executable's `#!` line (console scripts such as `codectx`).
+---@param cmd string[]
+---@param exe string Full path of `cmd[1]`.
+---@return string?
+local function python_of(cmd, exe)
+  local option = require('codectx.config').options.python
+  if option then
+    return option
+  end
+  if vim.fs.basename(exe):match('^python') then
+    return exe
+  end
+  local ok, first = pcall(vim.fn.readfile, exe, '', 1)
+  local shebang = ok and first[1] and first[1]:match('^#!%s*(.-)%s*$')
+  if not shebang then
+    return nil
+  end
+  local words = vim.split(shebang, '%s+')
+  if vim.fs.basename(words[1]) == 'env' then
+    return words[2] and vim.fn.exepath(words[2]) or nil
+  end
+  return words[1]
+end
+
+--- Reports each line of `python -m server.cli doctor` (Python, MLX, BLAS, default model, cache).
+local function check_doctor(python, env)
+  local ok, run = pcall(vim.system, { python, '-m', 'server.cli', 'doctor' }, { env = env, text = true })
+  if not ok then
+    health.error(('cannot run %s: %s'):format(python, run))
+    return
+  end
+  local done = run:wait(DOCTOR_TIMEOUT_MS)
+  local lines = vim.split(done.stdout or '', '\n', { trimempty = true })
+  if #lines == 0 then
+    health.error(('`%s -m server.cli doctor` failed (exit %s): %s'):format(python, done.code, vim.trim(done.stderr or '')),
+      { 'Install codectx into this Python: pip install -e /path/to/codectx' })
+    return
+  end
+  local report = { ok = health.ok, FAIL = health.error, warn = health.warn }
+  for _, line in ipairs(lines) do
+    local status, rest = line:match('^(%S+)%s+(.+)$')
+    if report[status] then
+      report[status](rest)
+    elseif line:match('^ready:') then
+      health.info('codectx doctor: ' .. line)
+    end
+  end
+end
+
+--- The configured model (`settings.codectx.model.name`): a path must exist.
+local function check_model(settings)
+  local model = vim.tbl_get(settings or {}, 'codectx', 'model', 'name') or 'smollm2-135m'
+  if model == 'smollm2-135m' then
+    health.ok('model: the default (smollm2-135m); see "default model" above')
+  elseif model:match('^[/~.]') then
+    local path = vim.fs.normalize(model)
+    if vim.uv.fs_stat(path) then
+      health.ok('model: ' .. path)
+    else
+      health.error('model: ' .. path .. ' does not exist', { 'Fix settings.codectx.model.name' })
+    end
+  else
+    health.info('model: ' .. model .. ' (a hub id: needs access to the model hub on first use)')
+  end
+end
+
+--- Each running client, with the server's own `codectx.status`.
+local function check_clients()
+  local clients = vim.lsp.get_clients({ name = 'codectx' })
+  if #clients == 0 then
+    if vim.lsp.is_enabled('codectx') then
+      health.warn('enabled, but no client is running', { 'Open a file of one of its filetypes in the repository' })
+    else
+      health.warn('not enabled', { "Add vim.lsp.enable('codectx') to your config" })
+    end
+    return
+  end
+  local format_status = require('codectx').format_status
+  for _, client in ipairs(clients) do
+    health.ok(('client %d: root %s, position encoding %s'):format(
+      client.id, client.root_dir or '-', client.offset_encoding))
+    local reply = client:request_sync('workspace/executeCommand', { command = 'codectx.status' }, STATUS_TIMEOUT_MS)
+    if not reply or reply.err then
+      health.warn('codectx.status did not answer: ' .. (reply and reply.err.message or 'timeout'))
+    elseif reply.result.ready then
+      health.ok(table.concat(format_status(reply.result), '; '))
+    else
+      health.warn(table.concat(format_status(reply.result), '; '), { 'The model is still loading, or failed to load: see :messages' })
+    end
+  end
+end
+
+function M.check()
+  health.start('codectx: Neovim')
+  if vim.fn.has('nvim-0.11') == 1 then
+    health.ok('Neovim ' .. tostring(vim.version()))
+  else
+    health.error('Neovim 0.11 or newer is required (vim.lsp.config)')
+  end
+
+  health.start('codectx: server executable')
+  local config = vim.lsp.config.codectx
+  if not config then
+    health.error("no vim.lsp.config for 'codectx'", { "Put editors/nvim on 'runtimepath' (it holds lsp/codectx.lua)" })
+    return
+  end
+  local cmd = config.cmd
+  if type(cmd) ~= 'table' then
+    health.info('cmd is a function: not checked')
+  else
+    local exe = vim.fn.exepath(cmd[1])
+    if exe == '' then
+      health.error(('`%s` is not executable'):format(cmd[1]), {
+        'Install codectx (pip install -e /path/to/codectx) and put its bin directory on PATH',
+        "or set the command: vim.lsp.config('codectx', { cmd = { '/path/to/.venv/bin/codectx', 'serve' } })",
+      })
+    else
+      health.ok(('cmd: %s (%s)'):format(table.concat(cmd, ' '), exe))
+      health.start('codectx: Python and model')
+      local python = python_of(cmd, exe)
+      if python then
+        health.ok('python: ' .. python)
+        check_doctor(python, config.cmd_env)
+      else
+        health.warn('cannot tell which Python runs ' .. exe, { "Set require('codectx').setup({ python = '...' })" })
+      end
+      check_model(config.settings)
+    end
+  end
+
+  health.start('codectx: client')
+  check_clients()
+end
+
+return M

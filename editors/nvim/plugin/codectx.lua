@@ -1,0 +1,22 @@
+-- codectx user commands and <Plug> mappings. Modules load only when a command runs.
+if vim.g.loaded_codectx then
+  return
+end
+vim.g.loaded_codectx = true
+
+vim.api.nvim_create_user_command('CodectxAsk', function(cmd)
+  require('codectx.ask').command(cmd)
+end, { nargs = '*', range = true, desc = 'codectx: ask about the repository (or the given lines)' })
+
+vim.api.nvim_create_user_command('CodectxContext', function()
+  require('codectx').show_context()
+end, { nargs = 0, desc = 'codectx: show the prompt prefix layout' })
+
+vim.api.nvim_create_user_command('CodectxStatus', function()
+  require('codectx').show_status()
+end, { nargs = 0, desc = 'codectx: show model, warm-up and counters' })
+
+vim.keymap.set('n', '<Plug>(codectx-ask)', '<Cmd>CodectxAsk<CR>', { desc = 'codectx: ask' })
+vim.keymap.set('x', '<Plug>(codectx-ask)', ':CodectxAsk<CR>', { silent = true, desc = 'codectx: ask about the selected lines' })
+vim.keymap.set('n', '<Plug>(codectx-context)', '<Cmd>CodectxContext<CR>', { desc = 'codectx: show context' })
+vim.keymap.set('n', '<Plug>(codectx-status)', '<Cmd>CodectxStatus<CR>', { desc = 'codectx: status' })

