@@ -82,3 +82,8 @@ def assert_passed(run: subprocess.CompletedProcess, name: str) -> str:
 
 def test_attach_and_hover(workspace, tiny_model, tmp_path):
     assert_passed(run_script("attach_hover.lua", workspace, tiny_model, tmp_path), "attach_hover.lua")
+
+
+def test_ask_streams_into_the_float_and_cancels(workspace, tiny_model, tmp_path):
+    stdout = assert_passed(run_script("ask_cancel.lua", workspace, tiny_model, tmp_path), "ask_cancel.lua")
+    assert stdout.count("cancelled with") == 2
