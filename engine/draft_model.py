@@ -9,6 +9,12 @@ Each round it trims back to the longest common prefix with the current
 history (rejected drafts go), feeds what is new, and drafts greedily. The
 draft is therefore a deterministic function of the history, which is what the
 rejection sampler in `engine.speculative` relies on for temperature > 0.
+
+Across requests the draft cache is a `PrefixCache` of its own, with the
+target's checkpoint machinery: `prefill_request` restores the longest valid
+checkpoint of the draft model over the request's segments and prefills only
+the rest, so the repository prefix is prefilled by the draft model once.
+Anything that fails or is cancelled leaves the cache at confirmed state.
 """
 from __future__ import annotations
 
@@ -18,7 +24,12 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine import generate
+from engine.checkpoints import Plan
 from engine.errors import DraftModelMismatchError
+from engine.policy import CachePolicy
+from engine.prefix_cache import PrefixCache, model_dtype
+from engine.request import Metrics, Request
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +83,9 @@ class DraftModelDrafter:
         should_stop: Polled between chunks and draft steps; when it returns True
             the drafter stops early and returns what it has (the round then
             verifies fewer drafts, or none).
+        model_id: Names the draft model in its checkpoints' policy.
+        checkpoint_budget_bytes: Bytes the draft's checkpoints may own (None:
+            `engine.prefix_cache.default_budget_bytes()`).
 
     Raises:
         DraftModelMismatchError: The cache has a layer that cannot be trimmed.
@@ -84,6 +98,8 @@ class DraftModelDrafter:
         k: int = 4,
         prefill_step: int = 256,
         should_stop: Callable[[], bool] | None = None,
+        model_id: str = "draft",
+        checkpoint_budget_bytes: int | None = None,
     ) -> None:
         self.model = model
         # Lazy weights would be evaluated on the engine's worker thread, which
@@ -100,6 +116,10 @@ class DraftModelDrafter:
         self.should_stop = should_stop or (lambda: False)
         self._consumed: list[int] = []  # the tokens the cache holds, in order
         self.forwards = 0
+        policy = CachePolicy(model_id=model_id, weight_hash="", dtype=model_dtype(model),
+                             prefill_chunk=prefill_step)
+        self.prefix = PrefixCache(model, policy, budget_bytes=checkpoint_budget_bytes,
+                                  cache=self.cache)
 
     def reset(self) -> None:
         """Empty the cache (a new request with an unrelated prompt)."""
@@ -108,6 +128,42 @@ class DraftModelDrafter:
     def prefill(self, tokens: Sequence[int]) -> None:
         """Feed all tokens but the last, so the next draft starts warm."""
         self._catch_up(list(tokens)[:-1])
+
+    def prefill_request(self, request: Request, should_cancel: Callable[[], bool],
+                        metrics: Metrics | None = None) -> None:
+        """Bring the draft cache to the request's prompt, reusing its checkpoints.
+
+        The longest valid checkpoint of the draft model over the request's
+        segments is restored and only the rest is prefilled, recording a
+        checkpoint at each segment boundary (`engine.prefix_cache.PrefixCache`).
+
+        Args:
+            request: The request about to be decoded.
+            should_cancel: Polled between prefill chunks.
+            metrics: Receives `draft_cached_tokens` and `draft_recomputed_tokens`.
+
+        Raises:
+            RequestCancelled: From `should_cancel`; the cache is back at its
+                last confirmed checkpoint.
+        """
+        ids = request.all_token_ids()
+        scratch = Metrics()
+        try:
+            self._consumed = list(ids)  # exact once the prefill returns; rollback cuts it
+            self.prefix.prefill(request, self.prefill_step, should_cancel, scratch)
+        except BaseException:
+            self.rollback()
+            raise
+        finally:
+            if metrics is not None:
+                metrics.draft_cached_tokens = scratch.cached_tokens
+                metrics.draft_recomputed_tokens = scratch.recomputed_tokens
+
+    def rollback(self) -> int:
+        """Drop unconfirmed state: back to the last checkpoint; returns its tokens."""
+        kept = self.prefix.rollback()
+        del self._consumed[kept:]
+        return kept
 
     def draft(self, history: Sequence[int], k: int | None = None) -> list[int]:
         """Propose up to k greedy tokens to follow `history`.
@@ -123,18 +179,23 @@ class DraftModelDrafter:
         history = [int(t) for t in history]
         if k <= 0 or not history:
             return []
-        if not self._catch_up(history[:-1]):
-            return []
-        drafts: list[int] = []
-        last = history[-1]
-        for _ in range(k):
-            if self.should_stop():
-                break
-            logits = self.model(mx.array([[last]], dtype=mx.uint32), cache=self.cache)
-            self.forwards += 1
-            self._consumed.append(last)
-            last = int(mx.argmax(logits[0, -1]).item())
-            drafts.append(last)
+        try:
+            if not self._catch_up(history[:-1]):
+                return []
+            drafts: list[int] = []
+            last = history[-1]
+            for _ in range(k):
+                if self.should_stop():
+                    break
+                logits = generate.forward(self.model, mx.array([[last]], dtype=mx.uint32),
+                                          self.cache)
+                self.forwards += 1
+                self._consumed.append(last)
+                last = int(mx.argmax(logits[0, -1]).item())
+                drafts.append(last)
+        except BaseException:
+            self._resync()
+            raise
         return drafts
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -150,15 +211,26 @@ class DraftModelDrafter:
             if self.should_stop():
                 return False
             chunk = tokens[len(self._consumed) : len(self._consumed) + self.prefill_step]
-            self.model(mx.array([chunk], dtype=mx.uint32), cache=self.cache)
+            generate.forward(self.model, mx.array([chunk], dtype=mx.uint32), self.cache)
             mx.eval([c.state for c in self.cache])
             self.forwards += 1
             self._consumed.extend(chunk)
         return True
 
     def _trim_to(self, length: int) -> None:
+        if length < self.prefix.store.line_offset:
+            # Below the checkpointed line (a history unrelated to the last request):
+            # leave the line, its checkpoints stay restorable as branches.
+            self.prefix.store.restore(self.cache, Plan(path=[], archived=[], miss=None))
+            self._consumed = self._consumed[: self.cache[0].offset]
         excess = len(self._consumed) - length
         if excess > 0:
             for c in self.cache:
                 c.trim(excess)
             del self._consumed[length:]
+
+    def _resync(self) -> None:
+        """After a failed forward: drop whatever the cache holds beyond `_consumed`."""
+        for c in self.cache:
+            if c.offset > len(self._consumed):
+                c.trim(c.offset - len(self._consumed))
