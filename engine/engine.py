@@ -312,6 +312,8 @@ class Engine:
         start = time.perf_counter()
         logits = self.prefix.prefill(request, self.prefill_chunk, stop_prefill, metrics,
                                      on_chunk=job.on_progress)
+        if self.draft is not None and self.speculation in (Mode.DRAFT, Mode.AUTO):
+            self.draft.prefill_request(request, stop_prefill, metrics)  # its own checkpoints
         metrics.prefill_s = time.perf_counter() - start
         if request.max_tokens == 0:
             return "length"

@@ -94,6 +94,8 @@ class Metrics:
     decode_s: float = 0.0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    draft_cached_tokens: int = 0      # the draft model's prompt tokens restored from its checkpoints
+    draft_recomputed_tokens: int = 0  # the draft model's prompt tokens prefilled in this request
     checkpoint_bytes: int = 0
     miss_reason: str | None = None
 
