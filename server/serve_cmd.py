@@ -1,5 +1,8 @@
 """`codectx serve`: the language server over stdio (or TCP on loopback for debugging).
 
+With `--http [HOST:]PORT` it serves the OpenAI-compatible API instead, or beside
+the language server with `--stdio` (server/http/serve.py).
+
 stdout is the LSP channel, so logs go to stderr or to `--log-file`.
 """
 from __future__ import annotations
@@ -26,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"listen on TCP instead of stdio (host defaults to {LOOPBACK})")
     parser.add_argument("--log-file", help="write logs here instead of stderr")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    from server.http.serve import add_arguments as add_http_arguments
+
+    add_http_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
     logging.getLogger("pygls").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+
+    if args.http:
+        from server.http.serve import run as run_http
+
+        return run_http(args)
 
     from server.lsp.app import server
 

@@ -1,0 +1,80 @@
+"""`create_app`: the Starlette app with every route, the error map and the key check."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .activity import Activity
+from .auth import ApiKeyMiddleware
+from .completions import ChatService
+from .config import HttpConfig
+from .errors import HttpError, NotReadyError, error_response
+from .monitor import Monitor
+from .source import EngineSource
+
+logger = logging.getLogger(__name__)
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(endpoint: Endpoint) -> Endpoint:
+    """Every error leaves as an OpenAI-style JSON error."""
+    async def call(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as err:  # noqa: BLE001 - mapped in one place
+            if not isinstance(err, HttpError):
+                logger.debug("request to %s failed", request.url.path, exc_info=err)
+            return error_response(err)
+    return call
+
+
+def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
+    """The ASGI app: OpenAI routes, /health, /metrics and /monitor.
+
+    Args:
+        source: Where the engine comes from.
+        config: Limits and the API key (validated here).
+
+    Raises:
+        HttpConfigError: A non-loopback address without an API key, or bad limits.
+    """
+    config.validate()
+    activity = Activity(config.recent_requests)
+
+    def engine_stats() -> dict | None:
+        served = source.current()
+        return served.engine.stats() if served is not None else None
+
+    def model_id() -> str | None:
+        served = source.current()
+        return served.model_id if served is not None else None
+
+    chat = ChatService(source, config, activity)
+    monitor = Monitor(activity, engine_stats, model_id)
+
+    async def health(request: Request) -> Response:
+        served = source.current()
+        if served is None:
+            raise NotReadyError("the model is still loading", code="model_loading")
+        return JSONResponse({"status": "ok", "model": served.model_id,
+                             "repository": served.has_repository, "active_requests": len(activity.active)})
+
+    routes = [
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/metrics", _guarded(monitor.metrics), methods=["GET"]),
+        Route("/monitor", _guarded(monitor.page), methods=["GET"]),
+        Route("/monitor/state", _guarded(monitor.state_endpoint), methods=["GET"]),
+        Route("/v1/models", _guarded(chat.models), methods=["GET"]),
+        Route("/v1/chat/completions", _guarded(chat.chat_completions), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.activity = activity
+    app.state.monitor = monitor
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    return app

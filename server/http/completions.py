@@ -1,0 +1,153 @@
+"""`/v1/chat/completions` and `/v1/models`: OpenAI-compatible generation on the shared engine."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
+
+from . import openai_format as fmt
+from .activity import Activity
+from .body import read_json_object
+from .chat_prompt import REPOSITORY_MODEL, message_segments, repository_turns
+from .chat_request import ChatParams, parse_chat_request
+from .config import HttpConfig
+from .errors import (ContextLengthError, ModelNotFoundError, NotReadyError, error_body,
+                     to_http_error)
+from .generation import Generation, result_unless_disconnected
+from .source import EngineSource, Served
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events that cancel their generation however the response ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], generation: Generation) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # a client disconnect lands here too: stop the engine work
+            self.generation.cancel()
+
+
+class ChatService:
+    """Turns chat requests into engine requests.
+
+    Args:
+        source: Where the engine comes from.
+        config: Limits.
+        activity: What the monitor shows.
+    """
+
+    def __init__(self, source: EngineSource, config: HttpConfig, activity: Activity) -> None:
+        self.source = source
+        self.config = config
+        self.activity = activity
+        self.started = int(time.time())
+
+    def served(self) -> Served:
+        served = self.source.current()
+        if served is None:
+            raise NotReadyError("the model is still loading; try again in a moment", code="model_loading")
+        return served
+
+    async def models(self, request: HttpRequest) -> Response:
+        served = self.served()
+        ids = [served.model_id] + ([REPOSITORY_MODEL] if served.has_repository else [])
+        return JSONResponse(fmt.model_list(ids, self.started))
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        try:
+            body = await read_json_object(request, self.config.max_body_bytes)
+            params = parse_chat_request(body)
+            served = self.served()
+            segments = await self._segments(served, params)
+            max_tokens = self._check_length(served, segments, params)
+        except Exception as err:
+            if 400 <= to_http_error(err).status < 500:
+                self.activity.totals.rejected += 1
+            raise
+        generation = self._submit(served, params, segments, max_tokens)
+        if params.stream:
+            return EventStreamResponse(self._stream(generation, params), generation)
+        done = await result_unless_disconnected(generation, request.receive)
+        if done.finish_reason == "error":
+            http = to_http_error(done.error)
+            return JSONResponse(error_body(http), status_code=http.status)
+        return JSONResponse(fmt.completion(generation.tracked.request_id, params.model, done.text,
+                                           done.finish_reason, done.metrics))
+
+    async def _segments(self, served: Served, params: ChatParams) -> list[PromptSegment]:
+        if params.model == REPOSITORY_MODEL:
+            if not served.has_repository:
+                raise ModelNotFoundError(f"model '{REPOSITORY_MODEL}' needs a workspace (start with --workspace "
+                                         "or alongside the editor)", param="model", code="model_not_found")
+            return await self.source.repository_segments(repository_turns(params.messages, params.tools))
+        if params.model not in (served.model_id, *served.aliases):
+            names = ", ".join([served.model_id] + ([REPOSITORY_MODEL] if served.has_repository else []))
+            raise ModelNotFoundError(f"model '{params.model}' is not served here (available: {names})",
+                                     param="model", code="model_not_found")
+        return message_segments(served.tokenizer, params.messages, tools=params.tools,
+                                template_kwargs=params.template_kwargs)
+
+    def _check_length(self, served: Served, segments: list[PromptSegment], params: ChatParams) -> int:
+        """The max_tokens to use; raises `ContextLengthError` for an oversize prompt."""
+        prompt_tokens = sum(len(s.token_ids) for s in segments)
+        limit = min(self.config.max_prompt_tokens or served.context_length, served.context_length)
+        if prompt_tokens >= limit:
+            raise ContextLengthError(f"the prompt has {prompt_tokens} tokens; this server accepts fewer than "
+                                     f"{limit}")
+        return min(params.max_tokens, served.context_length - prompt_tokens)
+
+    def _submit(self, served: Served, params: ChatParams, segments: list[PromptSegment],
+                max_tokens: int) -> Generation:
+        preview = next((m["content"] for m in reversed(params.messages) if m["role"] == "user"), "")
+        prompt_tokens = sum(len(s.token_ids) for s in segments)
+        tracked = self.activity.start(params.model, preview, prompt_tokens, params.stream)
+        loop = asyncio.get_running_loop()
+
+        def on_progress(done: int, total: int) -> None:  # engine worker thread
+            loop.call_soon_threadsafe(tracked.on_prefill, done, total)
+
+        request = Request(segments=segments, max_tokens=max_tokens, sampling=params.sampling, stop=params.stop,
+                          request_id=tracked.request_id)
+        try:
+            handle = served.engine.submit(request, on_progress=on_progress)
+        except Exception:
+            self.activity.active.pop(tracked.request_id, None)
+            raise
+        return Generation(handle, tracked, self.activity)
+
+    async def _stream(self, generation: Generation, params: ChatParams) -> AsyncIterator[bytes]:
+        request_id, created = generation.tracked.request_id, int(time.time())
+        yield fmt.sse(fmt.chunk(request_id, params.model, created, delta={"role": "assistant", "content": ""}))
+        async for event in generation.events():
+            if isinstance(event, TokenEvent):
+                if event.text:
+                    yield fmt.sse(fmt.chunk(request_id, params.model, created, delta={"content": event.text}))
+                continue
+            yield from_done(event, request_id, params, created)
+            if params.include_usage:
+                yield fmt.sse(fmt.chunk(request_id, params.model, created, metrics=event.metrics))
+        yield fmt.sse("[DONE]")
+
+
+def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int) -> bytes:
+    """The stream's closing chunk (or an error event when generation failed)."""
+    if done.finish_reason == "error":
+        return fmt.sse(error_body(to_http_error(done.error)))
+    return fmt.sse(fmt.chunk(request_id, params.model, created, finish_reason=done.finish_reason))
+
+
+def routes_payload(service: ChatService) -> list[tuple[str, Any, list[str]]]:
+    """(path, endpoint, methods) of the OpenAI routes."""
+    return [("/v1/models", service.models, ["GET"]),
+            ("/v1/chat/completions", service.chat_completions, ["POST"])]

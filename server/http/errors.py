@@ -1,0 +1,104 @@
+"""HTTP errors and the one place that maps every error to an OpenAI-style JSON body.
+
+Handlers raise `HttpError`s (or let `EngineError`s / `ContextError`s through);
+`error_response` turns each into ``{"error": {"message", "type", "code", "param"}}``
+with a status code a client can act on.
+"""
+from __future__ import annotations
+
+import logging
+
+from starlette.responses import JSONResponse
+
+from context.errors import ContextError
+from engine import errors as engine_errors
+
+logger = logging.getLogger(__name__)
+
+
+class HttpError(Exception):
+    """Base class of errors the HTTP side answers with a 4xx/5xx status.
+
+    Args:
+        message: What went wrong, for a person.
+        param: The request field at fault, if one is.
+        code: A short machine-readable code (OpenAI's `error.code`).
+    """
+
+    status = 500
+    kind = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class BadRequestError(HttpError):
+    """Malformed JSON or a field of the wrong shape (400)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class ContextLengthError(BadRequestError):
+    """A prompt longer than the server accepts (400, code `context_length_exceeded`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="messages", code="context_length_exceeded")
+
+
+class AuthError(HttpError):
+    """A missing or wrong API key (401)."""
+
+    status = 401
+    kind = "authentication_error"
+
+
+class ModelNotFoundError(HttpError):
+    """A `model` this server does not serve (404)."""
+
+    status = 404
+    kind = "invalid_request_error"
+
+
+class PayloadTooLargeError(HttpError):
+    """A request body over the size limit (413)."""
+
+    status = 413
+    kind = "invalid_request_error"
+
+
+class NotReadyError(HttpError):
+    """The model is still loading (503)."""
+
+    status = 503
+    kind = "server_error"
+
+
+def to_http_error(err: BaseException) -> HttpError:
+    """The `HttpError` a client receives for `err`."""
+    if isinstance(err, HttpError):
+        return err
+    if isinstance(err, engine_errors.EngineClosedError):
+        return NotReadyError("the engine is shut down", code="engine_closed")
+    if isinstance(err, ContextError):
+        return BadRequestError(f"could not build the prompt: {err}", param="messages", code="bad_prompt")
+    if isinstance(err, engine_errors.EngineError):
+        return HttpError(f"engine error: {err}", code="engine_error")
+    logger.error("unexpected error", exc_info=err)
+    return HttpError(f"internal error: {type(err).__name__}: {err}", code="internal_error")
+
+
+def error_body(err: HttpError) -> dict:
+    """OpenAI's error object for `err`."""
+    return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
+
+
+def error_response(err: BaseException) -> JSONResponse:
+    """A JSON response for any error (status from `to_http_error`)."""
+    http = to_http_error(err)
+    headers = {"WWW-Authenticate": 'Bearer realm="codectx", Basic realm="codectx"'} \
+        if isinstance(http, AuthError) else None
+    return JSONResponse(error_body(http), status_code=http.status, headers=headers)
