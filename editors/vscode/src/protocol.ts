@@ -1,0 +1,105 @@
+/**
+ * The codectx server's custom protocol as the client sees it (docs/protocol.md).
+ *
+ * Only types and method names: no VS Code import, so every module that talks to
+ * the server can run in plain Node against either the extension's LanguageClient
+ * or a bare `vscode-languageserver-protocol` connection (the end-to-end test).
+ */
+import type { CancellationToken, Disposable, Range } from 'vscode-languageserver-protocol';
+
+export const STREAM_METHOD = 'codectx/stream';
+export const WARMTH_METHOD = 'codectx/warmth';
+
+/** Server commands run through `workspace/executeCommand` (one object argument each). */
+export const ServerCommand = {
+  ask: 'codectx.ask',
+  status: 'codectx.status',
+  showContext: 'codectx.showContext',
+  reset: 'codectx.reset',
+  reindex: 'codectx.reindex',
+  findBugs: 'codectx.findBugs',
+} as const;
+
+/** Arguments of `codectx.ask`. */
+export interface AskArgs {
+  question: string;
+  conversationId?: string;
+  uri?: string;
+  range?: Range;
+  maxTokens?: number;
+  tools?: boolean;
+}
+
+/** Engine counters of one request (snake_case, as the server sends them). */
+export interface AskMetrics {
+  prompt_tokens: number;
+  cached_tokens: number;
+  recomputed_tokens: number;
+  prefill_tps: number;
+  ttft_s: number;
+  decode_tokens: number;
+  decode_tps: number;
+  [name: string]: unknown;
+}
+
+/** Result of `codectx.ask`. */
+export interface AskResult {
+  text: string;
+  finishReason: string;
+  conversationId: string;
+  metrics: AskMetrics;
+  toolCalls?: { name: string; resultChars: number }[];
+}
+
+/** Params of a `codectx/stream` notification. */
+export interface StreamParams {
+  requestId: number | string;
+  kind: string;
+  index: number;
+  text: string;
+  done: boolean;
+  finishReason?: string;
+}
+
+/** Params of `codectx/warmth`, also `warmup` in the status. */
+export interface WarmthState {
+  warm: boolean;
+  running: boolean;
+  pending: boolean;
+  prefixTokens: number;
+  runs: number;
+  lastError: string | null;
+}
+
+/** Result of `codectx.status` (the fields the client reads). */
+export interface ServerStatus {
+  ready: boolean;
+  model: string | null;
+  warmup: WarmthState | null;
+  counters: { asks: number; hovers: number; hoverCacheHits: number; cancelled: number; warmups: number };
+  lastMetrics: AskMetrics | null;
+  engine: { cache?: { live_tokens?: number; checkpoints?: number; checkpoint_bytes?: number } } | null;
+  [name: string]: unknown;
+}
+
+/** Result of `codectx.showContext`. */
+export interface ContextLayout {
+  segments: { kind: string; key: string; tokens: number; reason?: string }[];
+  markdown: string;
+}
+
+/**
+ * What the client modules need from a connection. Both `LanguageClient` (vscode-languageclient)
+ * and `MessageConnection` (vscode-languageserver-protocol) provide it.
+ */
+export interface ServerConnection {
+  sendRequest<R>(method: string, params: unknown, token?: CancellationToken): Promise<R>;
+  onNotification(method: string, handler: (params: any) => void): Disposable;
+}
+
+/** Runs one server command through `workspace/executeCommand`. */
+export function executeCommand<R>(
+  server: ServerConnection, command: string, args?: object, token?: CancellationToken,
+): Promise<R> {
+  return server.sendRequest<R>('workspace/executeCommand', { command, arguments: args ? [args] : [] }, token);
+}

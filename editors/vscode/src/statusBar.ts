@@ -1,0 +1,125 @@
+/**
+ * The status bar item: model, warm %, tokens cached and the last time to first token,
+ * from `codectx.status`, refreshed when the server reports something new
+ * (`codectx/warmth`, the end of a progress, an answered ask).
+ */
+import type { Disposable } from 'vscode-languageserver-protocol';
+
+import { executeCommand, ServerCommand, ServerConnection, ServerStatus, WARMTH_METHOD } from './protocol';
+
+/** What the status bar item shows. */
+export interface StatusSummary {
+  text: string;
+  tooltip: string;
+}
+
+/** Where the summary goes (a `StatusBarItem` in VS Code). */
+export interface StatusView {
+  show(summary: StatusSummary): void;
+}
+
+/**
+ * How much of the prefix is served from the cache, in percent.
+ *
+ * The server reports only whether the current prefix is warm (`warmup.warm`); between an
+ * edit and the next warm-up the share of the last prompt restored from checkpoints
+ * (`cached_tokens / prompt_tokens`) is the best estimate it gives.
+ */
+export function warmPercent(status: ServerStatus): number {
+  if (status.warmup?.warm) {
+    return 100;
+  }
+  const metrics = status.lastMetrics;
+  return metrics && metrics.prompt_tokens > 0 ? Math.round((100 * metrics.cached_tokens) / metrics.prompt_tokens) : 0;
+}
+
+/** Tokens held in the model's cache (the live KV cache of the engine). */
+export function cachedTokens(status: ServerStatus): number {
+  return status.engine?.cache?.live_tokens ?? 0;
+}
+
+/** A token count for humans: 950, 1.2k, 34k. */
+export function formatTokens(count: number): string {
+  if (count < 1000) {
+    return String(count);
+  }
+  return count < 10_000 ? `${(count / 1000).toFixed(1)}k` : `${Math.round(count / 1000)}k`;
+}
+
+/** The last path component of a model directory, or the model name itself. */
+export function modelLabel(model: string | null): string {
+  if (!model) {
+    return 'no model';
+  }
+  const parts = model.split(/[\\/]/).filter(Boolean);
+  return parts.length ? parts[parts.length - 1] : model;
+}
+
+/**
+ * The status bar text and tooltip.
+ *
+ * @param status The `codectx.status` result, or undefined when there is none.
+ * @param problem Why there is no status (server not running, request failed).
+ */
+export function describeStatus(status: ServerStatus | undefined, problem?: string): StatusSummary {
+  if (status === undefined) {
+    return { text: '$(circle-slash) codectx', tooltip: `codectx: ${problem ?? 'not running'}` };
+  }
+  if (!status.ready) {
+    return { text: '$(sync~spin) codectx: loading', tooltip: `codectx: loading ${status.model ?? 'the model'}` };
+  }
+  const warm = warmPercent(status);
+  const ttft = status.lastMetrics?.ttft_s;
+  const parts = [modelLabel(status.model), `warm ${warm}%`, `${formatTokens(cachedTokens(status))} tok`];
+  if (ttft !== undefined) {
+    parts.push(`TTFT ${ttft.toFixed(2)}s`);
+  }
+  const warming = status.warmup?.running ? ' (warming up)' : '';
+  const lines = [
+    `model: ${status.model}`,
+    `warm: ${warm}%${warming}, prefix ${status.warmup?.prefixTokens ?? 0} tokens`,
+    `tokens cached: ${cachedTokens(status)}`,
+    `last time to first token: ${ttft !== undefined ? `${ttft.toFixed(3)} s` : 'none yet'}`,
+    `asks: ${status.counters.asks} (${status.counters.cancelled} cancelled), hovers: ${status.counters.hovers}`,
+  ];
+  if (status.warmup?.lastError) {
+    lines.push(`last warm-up error: ${status.warmup.lastError}`);
+  }
+  return { text: `$(database) ${parts.join(' · ')}`, tooltip: lines.join('\n') };
+}
+
+/** Keeps a `StatusView` up to date from the server. */
+export class StatusBarController {
+  private last: ServerStatus | undefined;
+
+  constructor(private readonly server: ServerConnection, private readonly view: StatusView) {
+    view.show(describeStatus(undefined, 'starting'));
+  }
+
+  /** Refreshes on every `codectx/warmth`; dispose to unsubscribe. */
+  listen(): Disposable {
+    return this.server.onNotification(WARMTH_METHOD, () => void this.refresh());
+  }
+
+  /** The last status received. */
+  get status(): ServerStatus | undefined {
+    return this.last;
+  }
+
+  /**
+   * Asks the server for its status and shows it.
+   *
+   * @returns The status, or undefined when the request failed (the view says why).
+   */
+  async refresh(): Promise<ServerStatus | undefined> {
+    try {
+      this.last = await executeCommand<ServerStatus>(this.server, ServerCommand.status);
+    } catch (err) {
+      this.last = undefined;
+      this.view.show(describeStatus(undefined, err instanceof Error ? err.message : String(err)));
+      return undefined;
+    }
+    this.view.show(describeStatus(this.last));
+    return this.last;
+  }
+}

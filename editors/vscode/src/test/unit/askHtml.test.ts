@@ -1,0 +1,36 @@
+import * as assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { askPanelHtml, endMessage, makeNonce, outcomeFooter } from '../../askHtml';
+import { isAnswerDelta } from '../../progress';
+
+const METRICS = { prompt_tokens: 812, cached_tokens: 768, recomputed_tokens: 44, prefill_tps: 209.5, ttft_s: 0.234,
+  decode_tokens: 57, decode_tps: 18.44 };
+
+test('the footer gives tokens, cache use, TTFT and decode speed', () => {
+  const outcome = { kind: 'answered' as const, result: { text: 'hi', finishReason: 'length', conversationId: 'c', metrics: METRICS } };
+  assert.equal(outcomeFooter(outcome),
+    '812 prompt tokens (768 cached, 44 computed) · TTFT 0.23 s · 57 tokens at 18.4 tok/s (length limit)');
+  assert.deepEqual(endMessage(outcome), { type: 'end', text: 'hi', footer: outcomeFooter(outcome), failed: false });
+  assert.deepEqual(endMessage({ kind: 'cancelled' }), { type: 'end', text: undefined, footer: 'Stopped.', failed: false });
+  assert.deepEqual(endMessage({ kind: 'failed', message: 'no model' }),
+    { type: 'end', text: undefined, footer: 'Failed: no model', failed: true });
+});
+
+test('the page allows only its own nonce-tagged script and the theme styles', () => {
+  const nonce = makeNonce();
+  assert.notEqual(nonce, makeNonce());
+  const html = askPanelHtml(nonce, 'vscode-resource:');
+  assert.match(html, new RegExp(`default-src 'none'; style-src vscode-resource: 'nonce-${nonce}'; script-src 'nonce-${nonce}';`));
+  assert.equal(html.match(/<script/g)!.length, 1);
+  assert.ok(html.includes(`<script nonce="${nonce}">`));
+  assert.ok(!/innerHTML/.test(html), 'text must be rendered with textContent');
+  assert.ok(html.includes("postMessage({ type: 'stop' })"));
+});
+
+test('answer deltas stay out of VS Code progress; loading and prefill progress pass', () => {
+  assert.equal(isAnswerDelta({ kind: 'report', message: 'def ' }), true);
+  assert.equal(isAnswerDelta({ kind: 'report', message: 'reading the repository: 16/64 tokens', percentage: 25 }), false);
+  assert.equal(isAnswerDelta({ kind: 'begin', title: 'codectx: loading model' }), false);
+  assert.equal(isAnswerDelta({ kind: 'end', message: 'ready' }), false);
+});

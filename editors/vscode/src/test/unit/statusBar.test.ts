@@ -1,0 +1,91 @@
+import * as assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { ServerStatus, WARMTH_METHOD } from '../../protocol';
+import {
+  describeStatus, formatTokens, modelLabel, StatusBarController, StatusSummary, StatusView, warmPercent,
+} from '../../statusBar';
+import { FakeConnection } from '../fakes';
+
+function status(overrides: Partial<ServerStatus> = {}): ServerStatus {
+  return {
+    ready: true, model: '/home/me/models/tiny-llama',
+    warmup: { warm: true, running: false, pending: false, prefixTokens: 812, runs: 1, lastError: null },
+    counters: { asks: 3, hovers: 2, hoverCacheHits: 1, cancelled: 1, warmups: 1 },
+    lastMetrics: { prompt_tokens: 900, cached_tokens: 812, recomputed_tokens: 88, prefill_tps: 200, ttft_s: 0.234,
+      decode_tokens: 10, decode_tps: 15 },
+    engine: { cache: { live_tokens: 1530 } },
+    ...overrides,
+  };
+}
+
+class Recorder implements StatusView {
+  readonly shown: StatusSummary[] = [];
+  private wake: (() => void) | undefined;
+
+  show(summary: StatusSummary): void {
+    this.shown.push(summary);
+    this.wake?.();
+  }
+
+  next(): Promise<void> {
+    return new Promise((resolve) => { this.wake = resolve; });
+  }
+}
+
+test('the item shows model, warm %, tokens cached and the last TTFT', () => {
+  const summary = describeStatus(status());
+  assert.equal(summary.text, '$(database) tiny-llama · warm 100% · 1.5k tok · TTFT 0.23s');
+  assert.match(summary.tooltip, /prefix 812 tokens/);
+  assert.match(summary.tooltip, /asks: 3 \(1 cancelled\)/);
+});
+
+test('a cold prefix shows the share of the last prompt served from the cache', () => {
+  const cold = status({ warmup: { warm: false, running: true, pending: false, prefixTokens: 812, runs: 1, lastError: 'boom' } });
+  assert.equal(warmPercent(cold), 90);
+  assert.match(describeStatus(cold).tooltip, /warm: 90% \(warming up\)/);
+  assert.match(describeStatus(cold).tooltip, /last warm-up error: boom/);
+  assert.equal(warmPercent(status({ warmup: null, lastMetrics: null })), 0);
+});
+
+test('loading, not running and no metrics yet', () => {
+  assert.equal(describeStatus(status({ ready: false })).text, '$(sync~spin) codectx: loading');
+  assert.deepEqual(describeStatus(undefined, 'Client is not running'),
+    { text: '$(circle-slash) codectx', tooltip: 'codectx: Client is not running' });
+  assert.equal(describeStatus(status({ lastMetrics: null, engine: null })).text, '$(database) tiny-llama · warm 100% · 0 tok');
+});
+
+test('token counts and model labels', () => {
+  assert.deepEqual([0, 999, 1000, 1530, 9999, 12_345].map(formatTokens), ['0', '999', '1.0k', '1.5k', '10.0k', '12k']);
+  assert.equal(modelLabel('smollm2-135m'), 'smollm2-135m');
+  assert.equal(modelLabel('C:\\models\\qwen\\'), 'qwen');
+  assert.equal(modelLabel(null), 'no model');
+});
+
+test('the controller asks codectx.status and refreshes on codectx/warmth', async () => {
+  const server = new FakeConnection();
+  const view = new Recorder();
+  const controller = new StatusBarController(server, view);
+  assert.equal(view.shown[0].text, '$(circle-slash) codectx');
+  const listening = controller.listen();
+  const shown = view.next();
+  server.notify(WARMTH_METHOD, { warm: true });
+  const [sent] = await server.requests(1);
+  assert.deepEqual(sent.params, { command: 'codectx.status', arguments: [] });
+  sent.resolve(status());
+  await shown;
+  assert.equal(view.shown.at(-1)!.text, describeStatus(status()).text);
+  assert.equal(controller.status?.model, '/home/me/models/tiny-llama');
+  listening.dispose();
+  assert.equal(server.listeners(WARMTH_METHOD), 0);
+});
+
+test('a failed status request says why', async () => {
+  const server = new FakeConnection();
+  const view = new Recorder();
+  const controller = new StatusBarController(server, view);
+  const refreshed = controller.refresh();
+  (await server.requests(1))[0].reject(new Error('Client is not running'));
+  assert.equal(await refreshed, undefined);
+  assert.equal(view.shown.at(-1)!.tooltip, 'codectx: Client is not running');
+});
