@@ -87,3 +87,12 @@ def test_attach_and_hover(workspace, tiny_model, tmp_path):
 def test_ask_streams_into_the_float_and_cancels(workspace, tiny_model, tmp_path):
     stdout = assert_passed(run_script("ask_cancel.lua", workspace, tiny_model, tmp_path), "ask_cancel.lua")
     assert stdout.count("cancelled with") == 2
+
+
+def test_context_and_status_commands(workspace, tiny_model, tmp_path):
+    assert_passed(run_script("context_status.lua", workspace, tiny_model, tmp_path), "context_status.lua")
+
+
+def test_checkhealth(workspace, tiny_model, tmp_path):
+    stdout = assert_passed(run_script("health.lua", workspace, tiny_model, tmp_path), "health.lua")
+    assert "codectx: server executable" in stdout and "codectx: client" in stdout

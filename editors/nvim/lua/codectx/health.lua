@@ -128,7 +128,6 @@ function M.check()
       health.start('codectx: Python and model')
       local python = python_of(cmd, exe)
       if python then
-        health.ok('python: ' .. python)
         check_doctor(python, config.cmd_env)
       else
         health.warn('cannot tell which Python runs ' .. exe, { "Set require('codectx').setup({ python = '...' })" })

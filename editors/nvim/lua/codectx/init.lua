@@ -68,7 +68,7 @@ function M.format_status(status)
   lines[#lines + 1] = ('asks %d, hovers %d (%d from cache), cancelled %d'):format(
     c.asks or 0, c.hovers or 0, c.hoverCacheHits or 0, c.cancelled or 0)
   local m = status.lastMetrics
-  if type(m) == 'table' then
+  if type(m) == 'table' and m.prompt_tokens then
     lines[#lines + 1] = ('last request: %d prompt tokens (%d cached), TTFT %.2f s, decode %.1f tok/s'):format(
       m.prompt_tokens or 0, m.cached_tokens or 0, m.ttft_s or 0, m.decode_tps or 0)
   end
