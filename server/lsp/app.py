@@ -89,6 +89,7 @@ class CodectxServer(LanguageServer):
         await stream.begin("codectx: loading model")
         try:
             backend = await asyncio.to_thread(start_backend, self.session.settings)
+            stream.stage(f"scanning {self.session.root}")
             prompt = await asyncio.to_thread(self.make_prompt, backend.tokenizer)
         except Exception as err:
             stream.end("error")
@@ -161,8 +162,8 @@ def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> 
     doc = ls.session.documents.change(params)
     ls.mark_dirty(doc.uri)
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=doc.uri, diagnostics=[]))
-    if ls.warmup is not None:
-        ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, key=doc.uri)
+    if ls.warmup is not None and doc.path is not None:
+        ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, doc.path)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
@@ -186,8 +187,9 @@ async def did_change_configuration(ls: CodectxServer, params: types.DidChangeCon
 def did_change_watched(ls: CodectxServer, params: types.DidChangeWatchedFilesParams) -> None:
     for change in params.changes:
         ls.mark_dirty(change.uri)
-    if ls.warmup is not None:
-        ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000)
+        path = to_fs_path(change.uri)
+        if ls.warmup is not None and path:
+            ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, Path(path))
 
 
 @server.command("codectx.ask")
@@ -198,7 +200,8 @@ async def ask_command(ls: CodectxServer, *args: Any) -> dict:
         raise InvalidArgumentsError("codectx.ask needs a non-empty string 'question'")
     session = await ls.ready_session()
     selection, path = _selection(ls, options)
-    stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress())
+    stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress(),
+                        client_token=ls.protocol.work_done_token)
     await stream.begin("codectx: answering")
     reason = "error"
     try:
@@ -231,7 +234,7 @@ def status_command(ls: CodectxServer, *args: Any) -> dict:
 
 @server.command("codectx.showContext")
 async def show_context_command(ls: CodectxServer, *args: Any) -> dict:
-    return status_feature.show_context(await ls.ready_session())
+    return status_feature.show_context(await ls.ready_session(), ls.warmup.segment_states())
 
 
 @server.command("codectx.reset")

@@ -20,7 +20,7 @@ ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActi
 
 def register(server: Any) -> None:
     """Registers the editor features on `server` (a `CodectxServer`)."""
-    cache = hover.HoverCache()
+    cache = hover.HoverCache(server.read_text)
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def on_hover(ls, params: types.HoverParams) -> types.Hover | None:
@@ -35,7 +35,7 @@ def register(server: Any) -> None:
             return None
         name, span = found
         answer = await hover.explain(session, cache, name, Path(to_fs_path(params.text_document.uri)),
-                                     session.prompt.files, ls.read_text)
+                                     session.prompt.files)
         if answer is None:
             return None
         return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)

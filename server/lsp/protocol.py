@@ -16,11 +16,15 @@ handler under a fresh internal id. That has four consequences we fix here:
 * Every internal id was stored in `_request_futures` and never removed: one
   entry leaked per notification and per async command. Only a client
   request's own id is stored now (that is all `$/cancelRequest` needs).
+
+It also hands a command handler the `workDoneToken` of its
+`workspace/executeCommand` params (pygls passes only the arguments).
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import uuid
@@ -37,6 +41,7 @@ from .errors import to_rpc_error
 logger = logging.getLogger(__name__)
 
 _CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+_work_done_token: contextvars.ContextVar[Any] = contextvars.ContextVar("work_done_token", default=None)
 
 
 class CodectxProtocol(LanguageServerProtocol):
@@ -100,6 +105,18 @@ class CodectxProtocol(LanguageServerProtocol):
             self._send_response(msg_id, error=error.to_response_error())
             return
         super()._send_handler_result(future, msg_id=msg_id)
+
+    @lsp_method(types.WORKSPACE_EXECUTE_COMMAND)
+    def lsp_workspace__execute_command(self, params: types.ExecuteCommandParams):
+        """pygls' command dispatch, with the request's work-done token made visible to the handler."""
+        # Set in the current context, like pygls' msg_id: the handler's task copies it.
+        _work_done_token.set(params.work_done_token)
+        return (yield from super().lsp_workspace__execute_command(params))
+
+    @property
+    def work_done_token(self) -> Any:
+        """The client's `workDoneToken` of the command being run (None if it sent none)."""
+        return _work_done_token.get()
 
     @lsp_method(types.SHUTDOWN)
     def lsp_shutdown(self, *args):

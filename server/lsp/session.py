@@ -16,6 +16,7 @@ from .documents import DocumentStore
 from .errors import NotReadyError
 from .prompt import LocalPrompt
 from .settings import Settings
+from .warmth import PrefixRecord
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class Session:
         self.prompt: LocalPrompt | None = None
         self.counters = Counters()
         self.model_id: str | None = None
-        self.prefix_version = 0  # bumped on every edit; part of cache keys
+        self.prefix_version = 0  # bumped on every edit
+        self.prefilled = PrefixRecord()
         self._running: set[str] = set()
 
     @property
@@ -104,6 +106,8 @@ class Session:
                     self.counters.last_metrics = event.metrics.as_dict()
                     if event.error is not None and event.finish_reason == "error":
                         raise event.error
+                    if event.finish_reason in ("stop", "length"):
+                        self.prefilled.record(segments)
                     return event
             raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
         except asyncio.CancelledError:
@@ -112,6 +116,13 @@ class Session:
             raise
         finally:
             self._running.discard(request.request_id)
+
+    def warm_tokens(self, prefix: list[PromptSegment]) -> int:
+        """Tokens of `prefix` the engine can restore (see `warmth.PrefixRecord`)."""
+        if self.engine is None:
+            return 0
+        checkpoints = self.engine.stats()["cache"].get("checkpoint_list", [])
+        return self.prefilled.warm_tokens(prefix, [c["end"] for c in checkpoints])
 
     def cancel_all(self) -> None:
         """Cancels every running engine request (shutdown)."""

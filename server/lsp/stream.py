@@ -23,26 +23,32 @@ class TextStream:
         kind: What streams ("ask", "explain", ...), echoed in notifications.
         progress: Also report through `$/progress` (client supports work-done progress).
         notify: Send `codectx/stream` notifications (False for progress-only work like loading).
+        client_token: A `workDoneToken` the client sent with the request: progress
+            goes there (no `window/workDoneProgress/create`), whatever `progress` says.
     """
 
-    def __init__(self, server: Any, request_id: Any, kind: str, progress: bool, notify: bool = True) -> None:
+    def __init__(self, server: Any, request_id: Any, kind: str, progress: bool, notify: bool = True,
+                 client_token: Any = None) -> None:
         self.server = server
         self.notify = notify
         self.request_id = request_id
         self.kind = kind
-        self.token: str | None = f"codectx-{kind}-{next(_tokens)}" if progress else None
+        self.client_token = client_token is not None
+        self.token: Any = client_token if self.client_token else (
+            f"codectx-{kind}-{next(_tokens)}" if progress else None)
         self.index = 0
 
     async def begin(self, title: str) -> None:
-        """Creates and begins the progress (if any) and links its cancel to the current task."""
+        """Creates (unless the client did) and begins the progress; links its cancel to the current task."""
         if self.token is None:
             return
-        try:
-            await self.server.work_done_progress.create_async(self.token)
-        except Exception as err:  # noqa: BLE001 - a client may refuse; streaming still works
-            logger.info("client refused progress token: %s", err)
-            self.token = None
-            return
+        if not self.client_token:
+            try:
+                await self.server.work_done_progress.create_async(self.token)
+            except Exception as err:  # noqa: BLE001 - a client may refuse; streaming still works
+                logger.info("client refused progress token: %s", err)
+                self.token = None
+                return
         self.server.work_done_progress.begin(
             self.token, types.WorkDoneProgressBegin(title=title, cancellable=True))
         task = asyncio.current_task()
@@ -57,6 +63,11 @@ class TextStream:
         self.index += 1
         if self.token is not None:
             self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=text))
+
+    def stage(self, message: str) -> None:
+        """Reports a step of a multi-step job (loading) through `$/progress`."""
+        if self.token is not None:
+            self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=message))
 
     def prefill(self, done: int, total: int) -> None:
         """Reports prefill progress (percentage) through `$/progress`."""

@@ -1,21 +1,31 @@
-"""Background warm-up: re-prefill the stable prefix after the user pauses.
+"""Background warm-up: re-prefill the invalidated part of the prefix after the user pauses.
 
-Edits bump `Session.prefix_version`; each edit (re)starts one debounce timer.
-When it fires, the prefix is prefilled at BACKGROUND priority (max_tokens=0),
-so interactive requests preempt it at chunk boundaries. A new edit during a
-warm-up cancels it: its work up to the last confirmed checkpoint is kept.
+Debounced per file: each edited file has its own timer, restarted by every
+edit of that file. When a timer fires, the prefix is prefilled at BACKGROUND
+priority (max_tokens=0) up to the first changed segment of a file whose timer
+is still running (text about to change again is not worth computing), so
+typing in one file does not hold back the warm-up of another. Interactive
+requests preempt the warm-up at chunk boundaries (engine priority queue); a
+new warm-up cancels a running one, whose confirmed checkpoints are kept.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from pathlib import Path
 from typing import Callable
 
-from engine.request import Priority
+from engine.request import Priority, PromptSegment
 
 from .session import Session
+from .warmth import segment_states
 
 logger = logging.getLogger(__name__)
+ALL = ""
+"""Timer key of a warm-up not tied to one file (start-up, reindex)."""
+PROGRESS_STEPS = 10
+"""Warmth notifications per warm-up while it prefills (one per tenth)."""
 
 
 class Warmup:
@@ -23,67 +33,109 @@ class Warmup:
 
     Args:
         session: The session whose prefix is kept warm.
-        on_state: Called with `state()` after every finished warm-up.
+        on_state: Called with `state()` while a warm-up prefills (a few times)
+            and after every finished warm-up.
     """
 
     def __init__(self, session: Session, on_state: Callable[[dict], None] | None = None) -> None:
         self.session = session
         self.on_state = on_state
-        self._timer: asyncio.TimerHandle | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._task: asyncio.Task | None = None
-        self.warm_version = -1
-        self.prefix_tokens = 0
         self.runs = 0
+        self.last_run: dict | None = None
         self.last_error: str | None = None
 
-    def schedule(self, delay_s: float, key: str | None = None) -> None:
-        """(Re)starts the debounce timer; `key` names the edited file (for logs)."""
+    def schedule(self, delay_s: float, path: Path | None = None) -> None:
+        """(Re)starts the debounce timer of `path` (None: the whole prefix, e.g. start-up)."""
         if not self.session.settings.warmup.enabled:
             return
-        if self._timer is not None:
-            self._timer.cancel()
+        key = self._key(path)
+        if (timer := self._timers.pop(key, None)) is not None:
+            timer.cancel()
         logger.debug("warm-up scheduled in %.2fs after %s", delay_s, key or "start-up")
-        self._timer = asyncio.get_running_loop().call_later(delay_s, self._start)
+        self._timers[key] = asyncio.get_running_loop().call_later(delay_s, self._fire, key)
 
-    def _start(self) -> None:
-        self._timer = None
+    def _key(self, path: Path | None) -> str:
+        if path is None or self.session.root is None:
+            return ALL
+        try:
+            return path.relative_to(self.session.root).as_posix()
+        except ValueError:
+            return str(path)
+
+    def _fire(self, key: str) -> None:
+        self._timers.pop(key, None)
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = asyncio.ensure_future(self._run())
 
+    def settled(self, prefix: list[PromptSegment]) -> list[PromptSegment]:
+        """The prefix up to the first not-yet-warm segment of a file still being edited."""
+        warm = self.session.prefilled.common_segments(prefix)
+        editing = set(self._timers) - {ALL}
+        cut = next((i for i in range(warm, len(prefix)) if prefix[i].key in editing), len(prefix))
+        return prefix[:cut]
+
     async def _run(self) -> None:
-        version = self.session.prefix_version
-        segments = self.session.prompt.prefix_segments()
+        segments = self.settled(self.session.prompt.prefix_segments())
+        total = sum(len(s.token_ids) for s in segments)
+        if not segments or self.session.warm_tokens(segments) == total:
+            return
+        started = time.perf_counter()
+        reported = -1
+
+        def on_prefill(done: int, all_tokens: int) -> None:
+            nonlocal reported
+            step = PROGRESS_STEPS * done // max(all_tokens, 1)
+            if step != reported and step < PROGRESS_STEPS and self.on_state is not None:
+                reported = step
+                self.on_state(dict(self.state(), prefilled=done))
+
         try:
-            done = await self.session.generate(segments, max_tokens=0, priority=Priority.BACKGROUND)
+            done = await self.session.generate(segments, max_tokens=0, priority=Priority.BACKGROUND,
+                                               on_prefill=on_prefill)
         except asyncio.CancelledError:
             return
         except Exception as err:  # noqa: BLE001 - warm-up failures are reported in status only
             self.last_error = str(err)
             logger.warning("warm-up failed: %s", err)
             return
-        if done.finish_reason != "cancelled":
-            self.warm_version = version
-            self.prefix_tokens = done.metrics.prompt_tokens
-            self.runs += 1
-            self.session.counters.warmups += 1
-            if self.on_state is not None:
-                self.on_state(self.state())
+        if done.finish_reason == "cancelled":
+            return
+        self.runs += 1
+        self.session.counters.warmups += 1
+        self.last_run = {"tokens": total, "cachedTokens": done.metrics.cached_tokens,
+                         "recomputedTokens": done.metrics.recomputed_tokens,
+                         "missReason": done.metrics.miss_reason,
+                         "seconds": round(time.perf_counter() - started, 4)}
+        if self.on_state is not None:
+            self.on_state(self.state())
 
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
     def state(self) -> dict:
-        """How warm the prefix is, for `codectx.status`."""
-        return {"warm": self.warm_version == self.session.prefix_version, "running": self.running,
-                "pending": self._timer is not None, "prefixTokens": self.prefix_tokens,
-                "runs": self.runs, "lastError": self.last_error}
+        """How warm the prefix is, for `codectx.status` and `codectx/warmth`."""
+        prefix = self.session.prompt.prefix_segments() if self.session.prompt is not None else []
+        tokens = sum(len(s.token_ids) for s in prefix)
+        warm = self.session.warm_tokens(prefix)
+        return {"warm": bool(prefix) and warm == tokens, "warmTokens": warm, "prefixTokens": tokens,
+                "warmFraction": round(warm / tokens, 4) if tokens else 0.0,
+                "running": self.running, "pending": bool(self._timers),
+                "pendingFiles": sorted(k for k in self._timers if k != ALL),
+                "runs": self.runs, "lastRun": self.last_run, "lastError": self.last_error}
+
+    def segment_states(self) -> list[str]:
+        """Cache state per prefix segment ("cached", "partial", "cold"), for `codectx.showContext`."""
+        prefix = self.session.prompt.prefix_segments()
+        return segment_states(prefix, self.session.warm_tokens(prefix))
 
     def stop(self) -> None:
-        """Cancels the timer and any running warm-up (shutdown)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """Cancels the timers and any running warm-up (shutdown)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         if self._task is not None:
             self._task.cancel()

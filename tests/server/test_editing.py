@@ -23,29 +23,46 @@ async def hover(client, uri, position):
         text_document=types.TextDocumentIdentifier(uri=uri), position=position))
 
 
+def insert_line(client, uri: str, version: int, line: int, text: str) -> None:
+    """didChange inserting `text` at the start of 0-based `line`."""
+    at = types.Position(line, 0)
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=text)]))
+
+
+async def hover_counts(client) -> tuple[int, int]:
+    counters = (await command(client, "codectx.status"))["counters"]
+    return counters["hovers"], counters["hoverCacheHits"]
+
+
 async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
-    await command(client, "codectx.status")
     await command(client, "codectx.ask", question="hi", maxTokens=1)  # model loaded
     main_uri = open_document(client, client.root / "main.py")
-    position = add_position(client)
+    position = add_position(client)  # after "café" on its line: non-ASCII columns
     first = await hover(client, main_uri, position)
-    assert "**add**" in first.contents.value and "def add(a, b):" in first.contents.value
+    assert "**add** (function, `util.py:4`)" in first.contents.value and "def add(a, b):" in first.contents.value
     start = position.character - 1
     assert (first.range.start, first.range.end) == (types.Position(ADD_LINE, start), types.Position(ADD_LINE, start + 3))
-    second = await hover(client, main_uri, position)
-    assert second.contents.value == first.contents.value
-    state = await command(client, "codectx.status")
-    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (2, 1)
+    main_position = types.Position(3, 5)  # `def main():` uses greet and add
+    main_first = await hover(client, main_uri, main_position)
+    assert "**main** (function, `main.py:4`)" in main_first.contents.value
+    assert (await hover(client, main_uri, main_position)).contents.value == main_first.contents.value
+    assert await hover_counts(client) == (3, 1)
 
     util_uri = open_document(client, client.root / "util.py")
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        text_document=types.VersionedTextDocumentIdentifier(uri=util_uri, version=2),
-        content_changes=[types.TextDocumentContentChangePartial(
-            range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="# edited\n")]))
-    third = await hover(client, main_uri, position)
-    assert "**add**" in third.contents.value
-    state = await command(client, "codectx.status")
-    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (3, 1)
+    insert_line(client, util_uri, 2, 0, "# edited\n")  # same file, but nothing add or main uses
+    moved = await hover(client, main_uri, position)
+    assert "**add** (function, `util.py:5`)" in moved.contents.value  # the new place, the cached answer
+    assert moved.contents.value.split("\n\n")[1] == first.contents.value.split("\n\n")[1]
+    assert (await hover(client, main_uri, main_position)).contents.value == main_first.contents.value
+    assert await hover_counts(client) == (5, 3)
+
+    insert_line(client, util_uri, 3, 10, "    name = name.strip()\n")  # inside greet, which main uses
+    await hover(client, main_uri, main_position)
+    assert await hover_counts(client) == (6, 3)  # main regenerated
+    await hover(client, main_uri, position)
+    assert await hover_counts(client) == (7, 4)  # add does not use greet: still cached
 
 
 async def test_hover_over_budget_returns_signature_and_docstring(raw_client, tiny_model):

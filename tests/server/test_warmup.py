@@ -1,49 +1,152 @@
-"""Background warm-up after start-up and after edits; the context view."""
+"""Background warm-up after start-up and after edits (per-file debounce, preemption); the context view."""
 from __future__ import annotations
+
+import asyncio
 
 from lsprotocol import types
 
+from server.lsp.app import CodectxServer
+from server.lsp.backend import start_backend
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
+from server.lsp.session import Session
+from server.lsp.settings import parse_settings
+from server.lsp.warmup import Warmup
 from tests.server.harness import command, default_options, open_document, start
 
 
-async def next_warmth(client, seen: int):
-    """Waits until more than `seen` codectx/warmth notifications arrived; returns the last."""
-    while len(client.warmth) <= seen:
+def finished(client) -> list:
+    """Warmth notifications sent after a finished warm-up (progress ones carry `prefilled`)."""
+    return [w for w in client.warmth if not hasattr(w, "prefilled")]
+
+
+async def next_finished(client, seen: int):
+    """Waits until more than `seen` warm-ups have finished; returns the last state."""
+    while len(finished(client)) <= seen:
         await client.wait_for_notification("codectx/warmth")
-    return client.warmth[-1]
+    return finished(client)[-1]
+
+
+def watch_warmth(client) -> None:
+    client.warmth = []
+
+    @client.feature("codectx/warmth")
+    def on_warmth(params):
+        client.warmth.append(params)
+
+
+def big_module(functions: int) -> str:
+    return "\n".join(f"def f{i}(x):\n    return x * {i}  # {'ü' * (i % 5)}" for i in range(functions)) + "\n"
 
 
 async def test_prefix_warms_up_after_start_and_after_an_edit(raw_client, tiny_model):
-    raw_client.warmth = []
-
-    @raw_client.feature("codectx/warmth")
-    def on_warmth(params):
-        raw_client.warmth.append(params)
-
+    watch_warmth(raw_client)
     await start(raw_client, "neovim", raw_client.root,
                 default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0}))
-    first = await next_warmth(raw_client, 0)
-    assert first.warm is True and first.prefixTokens > 0 and first.runs == 1
+    first = await next_finished(raw_client, 0)
+    assert first.warm is True and first.warmTokens == first.prefixTokens > 0 and first.runs == 1
+    assert first.lastRun.cachedTokens == 0 and first.lastRun.recomputedTokens == first.prefixTokens
 
     uri = open_document(raw_client, raw_client.root / "util.py")
     raw_client.text_document_did_change(types.DidChangeTextDocumentParams(
         text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
         content_changes=[types.TextDocumentContentChangePartial(
             range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="# ü\n")]))
-    second = await next_warmth(raw_client, 1)
+    second = await next_finished(raw_client, 1)
     assert second.warm is True and second.runs == 2 and second.prefixTokens > first.prefixTokens
+    # Only the invalidated tail was prefilled again.
+    assert 0 < second.lastRun.recomputedTokens < second.prefixTokens
+    assert second.lastRun.cachedTokens + second.lastRun.recomputedTokens == second.prefixTokens
     state = await command(raw_client, "codectx.status")
-    assert state["warmup"]["warm"] is True and state["prefixVersion"] == 1
-    assert state["engine"]["requests_served"] == 2
+    assert state["warmup"]["warm"] is True and state["warmup"]["warmFraction"] == 1.0
+    assert state["prefixVersion"] == 1 and state["engine"]["requests_served"] == 2
+    context = await command(raw_client, "codectx.showContext")
+    assert {row["cache"] for row in context["segments"]} == {"cached"}
+
+
+async def test_an_ask_preempts_a_running_warm_up(raw_client, tiny_model):
+    (raw_client.root / "big.py").write_text(big_module(200), encoding="utf-8")
+    watch_warmth(raw_client)
+    await start(raw_client, "vscode", raw_client.root,
+                default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0}))
+    while not raw_client.warmth:  # the start-up warm-up has prefilled its first chunk
+        await raw_client.wait_for_notification("codectx/warmth")
+    assert raw_client.warmth[0].running is True and raw_client.warmth[0].prefilled < raw_client.warmth[0].prefixTokens
+    answer = await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
+    assert finished(raw_client) == []  # answered before the background warm-up ended
+    assert answer["metrics"]["cached_tokens"] > 0  # restored what the warm-up had confirmed
+    done = await next_finished(raw_client, 0)
+    assert done.warm is True and done.runs == 1
+    assert done.lastRun.cachedTokens > 0  # the ask prefilled the rest of the prefix
+
+
+async def test_warm_up_is_debounced_per_file(tmp_path, tiny_model):
+    """A file still being edited holds back only the prefix from its own changed segment on."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("a.py", "b.py", "c.py"):
+        (root / name).write_text(f"def {name[0]}():\n    return '{name}'\n", encoding="utf-8")
+    settings, problems = parse_settings(default_options(tiny_model, warmup={"enabled": True}))
+    assert problems == []
+    server = CodectxServer()  # only its prompt builder; no transport
+    server.session = session = Session(settings, DocumentStore(UTF16), root)
+    backend = await asyncio.to_thread(start_backend, settings)
+    try:
+        session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
+        states: asyncio.Queue = asyncio.Queue()
+
+        def on_state(state: dict) -> None:
+            if "prefilled" not in state:  # finished warm-ups only
+                states.put_nowait(state)
+
+        warmup = Warmup(session, on_state)
+
+        warmup.schedule(0)
+        assert (await states.get())["warm"] is True
+        for name in ("a.py", "b.py"):
+            session.documents.open(types.TextDocumentItem(
+                uri=(root / name).as_uri(), language_id="python", version=2,
+                text=f"def {name[0]}():\n    return '{name} edited'\n"))
+            session.prompt.mark_dirty(root / name)
+        warmup.schedule(3600, root / "b.py")  # still typing in b.py
+        warmup.schedule(0, root / "a.py")     # a.py paused
+        state = await states.get()
+        keys = [s.key for s in session.prompt.prefix_segments()]
+        assert keys[-2:] == ["a.py", "b.py"]  # both edited files are hot, at the tail
+        assert state["pendingFiles"] == ["b.py"] and state["warm"] is False
+        b_tokens = len(session.prompt.prefix_segments()[-1].token_ids)
+        assert state["warmTokens"] == state["prefixTokens"] - b_tokens  # everything up to b.py
+
+        warmup.schedule(0, root / "b.py")  # b.py paused too
+        state = await states.get()
+        assert state["warm"] is True and state["pendingFiles"] == []
+        # b.py's segment, from the engine's checkpoint grid point before it (prefillChunk 16).
+        assert b_tokens <= state["lastRun"]["recomputedTokens"] < b_tokens + 16
+    finally:
+        warmup.stop()
+        session.close()
 
 
 async def test_show_context_lists_the_layout(client):
+    await command(client, "codectx.ask", question="hi", maxTokens=1)
     result = await command(client, "codectx.showContext")
     keys = [row["key"] for row in result["segments"]]
     assert keys[0] == "system" and {"util.py", "main.py"} <= set(keys)
     assert all(row["tokens"] > 0 for row in result["segments"])
+    assert {row["cache"] for row in result["segments"]} == {"cached"}  # the ask prefilled the prefix
     total = sum(row["tokens"] for row in result["segments"])
-    assert f"total: {total} tokens in {len(keys)} segments" in result["markdown"]
+    assert f"total: {total} tokens in {len(keys)} segments; {total} tokens cached" in result["markdown"]
+
+    # An edit: util.py's new segment is cold, what comes before it stays cached.
+    uri = open_document(client, client.root / "util.py")
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="#\n")]))
+    edited = await command(client, "codectx.showContext")
+    states = [row["cache"] for row in edited["segments"]]
+    changed = max(i for i, row in enumerate(edited["segments"]) if row["key"] == "util.py")
+    assert states[changed] == "cold" and "cached" in states[:changed]
 
 
 async def test_reset_forgets_conversations(client):

@@ -1,7 +1,9 @@
 """Hover: a short model explanation of the symbol under the cursor.
 
-Answers are cached by (definition hash, hash of the defining file): a new
-answer is generated only when the symbol's definition or its file changed.
+Answers are cached by (definition hash, dependencies hash): the xxh3 of the
+symbol's own text and the xxh3 over the definitions its text refers to. A new
+answer is generated only when one of those changed; edits elsewhere, even in
+the same file, keep the cached answer.
 When the model cannot answer within the latency budget, the signature and
 docstring are returned at once and the answer lands in the cache for the
 next hover.
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from ..prompt import Turn
 from ..session import Session
-from .symbols import DefinitionSite, find_definition
+from .symbols import DefinitionIndex, DefinitionSite
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +31,20 @@ class HoverAnswer:
 
 
 class HoverCache:
-    """Model answers by (definition hash, defining file hash), plus generations in flight."""
+    """Model answers by (definition hash, dependencies hash), plus generations in flight.
 
-    def __init__(self) -> None:
+    Args:
+        read_text: A file's current text (open buffer or disk), for the definition index.
+    """
+
+    def __init__(self, read_text) -> None:
+        self.index = DefinitionIndex(read_text)
         self.answers: dict[tuple[str, str], str] = {}
         self.pending: dict[tuple[str, str], asyncio.Task] = {}
+
+    def key(self, site: DefinitionSite, files: list[Path]) -> tuple[str, str]:
+        """What an answer about `site` depends on."""
+        return site.key, self.index.dependencies_hash(site, files)
 
 
 def render(site: DefinitionSite, explanation: str | None) -> str:
@@ -54,17 +65,17 @@ def hover_question(site: DefinitionSite) -> str:
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
-                  files: list[Path], read_text) -> HoverAnswer | None:
+                  files: list[Path]) -> HoverAnswer | None:
     """The hover answer for `name`, or None when no definition is found.
 
     Raises:
         NotReadyError: The model is still loading.
     """
-    site = find_definition(name, current, files, read_text)
+    site = cache.index.find(name, current, files)
     if site is None:
         return None
     session.counters.hovers += 1
-    key = (site.key, site.file_hash)
+    key = cache.key(site, files)
     if key in cache.answers:
         session.counters.hover_cache_hits += 1
         return HoverAnswer(render(site, cache.answers[key]), "cache")

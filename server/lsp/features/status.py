@@ -26,10 +26,17 @@ def status(session: Session, protocol: Any, warmup: Any) -> dict:
     }
 
 
-def show_context(session: Session) -> dict:
-    """The prefix layout as rows and as a markdown document for a virtual buffer."""
-    rows = session.prompt.layout()
-    lines = ["# codectx context", "", "| # | kind | key | tokens |", "|---|---|---|---|"]
-    lines += [f"| {i} | {r['kind']} | {r['key']} | {r['tokens']} |" for i, r in enumerate(rows)]
-    lines += ["", f"total: {sum(r['tokens'] for r in rows)} tokens in {len(rows)} segments"]
+def show_context(session: Session, cache_states: list[str]) -> dict:
+    """The prefix layout as rows and as a markdown document for a virtual buffer.
+
+    Args:
+        session: A ready session.
+        cache_states: "cached", "partial" or "cold" per prefix segment (`Warmup.segment_states`).
+    """
+    rows = [dict(row, cache=state) for row, state in zip(session.prompt.layout(), cache_states)]
+    lines = ["# codectx context", "", "| # | kind | key | tokens | cache |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | {r['kind']} | {r['key']} | {r['tokens']} | {r['cache']} |" for i, r in enumerate(rows)]
+    cached = sum(r["tokens"] for r in rows if r["cache"] == "cached")
+    lines += ["", f"total: {sum(r['tokens'] for r in rows)} tokens in {len(rows)} segments; "
+              f"{cached} tokens cached"]
     return {"segments": rows, "markdown": "\n".join(lines) + "\n"}

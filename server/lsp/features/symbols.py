@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -25,7 +26,6 @@ class DefinitionSite:
     path: Path
     definition: Definition
     snippet: str
-    file_hash: str
 
     @property
     def key(self) -> str:
@@ -58,22 +58,63 @@ def site_of(path: Path, text: str, definition: Definition, following: Iterable[D
     later = [d.line for d in following if d.line > definition.line]
     end = min(later + [definition.line + MAX_SNIPPET_LINES, len(lines) + 1])
     snippet = "\n".join(lines[definition.line - 1: end - 1]).rstrip()
-    return DefinitionSite(path, definition, snippet, xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass")))
+    return DefinitionSite(path, definition, snippet)
 
 
-def find_definition(name: str, current: Path, files: Iterable[Path],
-                    read_text: Callable[[Path], str]) -> DefinitionSite | None:
-    """Where `name` is defined: the current file first, then the workspace in order."""
-    for path in [current] + [p for p in files if p != current]:
+def references_in(site: DefinitionSite) -> tuple[str, ...]:
+    """Names the definition's own text refers to (tree-sitter reference tags), sorted."""
+    return extract(language_of(str(site.path)), textwrap.dedent(site.snippet)).references
+
+
+class DefinitionIndex:
+    """Definitions per file, re-parsed only when a file's text changes.
+
+    Args:
+        read_text: A file's current text (open buffer or disk).
+    """
+
+    def __init__(self, read_text: Callable[[Path], str]) -> None:
+        self.read_text = read_text
+        self._parsed: dict[Path, tuple[str, tuple[Definition, ...]]] = {}
+
+    def _definitions(self, path: Path) -> tuple[str, tuple[Definition, ...]] | None:
         try:
-            text = read_text(path)
+            text = self.read_text(path)
         except OSError:
-            continue
-        definitions = definitions_in(path, text)
-        for definition in definitions:
-            if definition.name == name:
-                return site_of(path, text, definition, definitions)
-    return None
+            return None
+        cached = self._parsed.get(path)
+        if cached is None or cached[0] != text:
+            cached = (text, definitions_in(path, text))
+            self._parsed[path] = cached
+        return cached
+
+    def find(self, name: str, current: Path, files: Iterable[Path]) -> DefinitionSite | None:
+        """Where `name` is defined: the current file first, then `files` in order."""
+        for path in [current] + [p for p in files if p != current]:
+            found = self._definitions(path)
+            if found is None:
+                continue
+            text, definitions = found
+            for definition in definitions:
+                if definition.name == name:
+                    return site_of(path, text, definition, definitions)
+        return None
+
+    def dependencies_hash(self, site: DefinitionSite, files: Iterable[Path]) -> str:
+        """xxh3 over the definitions `site` refers to (name and text of each, one level deep).
+
+        An edit changes this hash only when it changes the text of something the
+        symbol uses (or makes a used name resolve elsewhere).
+        """
+        files = list(files)
+        digest = xxhash.xxh3_64()
+        for name in references_in(site):
+            if name == site.definition.name:
+                continue
+            used = self.find(name, site.path, files)
+            if used is not None:
+                digest.update(f"{name}\0{used.path}\0{used.key}\0".encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
 
 def enclosing_definition(path: Path, text: str, line: int) -> DefinitionSite | None:
