@@ -1,0 +1,99 @@
+"""Helpers for tests/http: a tiny model with a tools-aware template, a server on an ephemeral port.
+
+The tiny model's chat template is ChatML plus a tools block and an
+`enable_thinking` switch, so tests can see tools and `chat_template_kwargs`
+reach the template.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from server.http.app import create_app
+from server.http.config import HttpConfig
+from server.http.runner import HttpServer
+from server.http.source import StandaloneSource
+from server.lsp.settings import MemorySettings, ModelSettings, Settings
+from tests.engine.tiny_models import build_tiny_model
+
+TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+WORKSPACE_FILES = {
+    "util.py": 'def add(a, b):\n    """Returns a + b."""\n    return a + b\n',
+    "main.py": "from util import add\n\n\ndef main():\n    print(add(1, 2))\n",
+}
+MAX_PROMPT_TOKENS = 2048
+MAX_BODY_BYTES = 64 * 1024
+
+
+def tiny_model_with_template(directory: Path) -> Path:
+    """The tiny llama (parameters of tests/server/conftest.py) with `TEMPLATE`."""
+    path = build_tiny_model(directory, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                            num_attention_heads=2, num_key_value_heads=1)
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def tiny_settings() -> Settings:
+    """Small prefill chunks (more checkpoints), greedy plain decoding, no disk archive."""
+    return Settings(model=ModelSettings(prefill_chunk=32, speculation="off"),
+                    memory=MemorySettings(archive_enabled=False))
+
+
+@dataclass
+class Api:
+    """A started server and what tests need to reach it."""
+
+    url: str
+    source: StandaloneSource
+    server: HttpServer
+
+    @property
+    def model_id(self) -> str:
+        return self.source.current().model_id
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        from server.http.prometheus import parse
+
+        return parse(httpx.get(self.url + "/metrics", timeout=30).text)
+
+    def state(self) -> dict:
+        return httpx.get(self.url + "/monitor/state", timeout=30).json()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)  # a poll interval, not a wait for an event
+
+
+def start_api(model: Path, workspace: Path | None, config: HttpConfig) -> Api:
+    source = StandaloneSource.start(str(model), workspace=workspace, settings=tiny_settings())
+    server = HttpServer(create_app(source, config), config.host, config.port)
+    server.start()
+    return Api(server.url, source, server)
