@@ -16,6 +16,14 @@ vim.api.nvim_create_user_command('CodectxStatus', function()
   require('codectx').show_status()
 end, { nargs = 0, desc = 'codectx: show model, warm-up and counters' })
 
+-- Code actions ("Explain selection", "Ask about selection") resolve to these commands; the
+-- answer goes to the ask float instead of being dropped.
+for _, name in ipairs({ 'codectx.ask', 'codectx.askAboutSelection' }) do
+  vim.lsp.commands[name] = function(command, ctx)
+    require('codectx.ask').run_command(command, ctx)
+  end
+end
+
 vim.keymap.set('n', '<Plug>(codectx-ask)', '<Cmd>CodectxAsk<CR>', { desc = 'codectx: ask' })
 vim.keymap.set('x', '<Plug>(codectx-ask)', ':CodectxAsk<CR>', { silent = true, desc = 'codectx: ask about the selected lines' })
 vim.keymap.set('n', '<Plug>(codectx-context)', '<Cmd>CodectxContext<CR>', { desc = 'codectx: show context' })

@@ -1,5 +1,6 @@
 -- :CodectxContext shows the prefix layout in a scratch buffer; :CodectxStatus summarizes the
--- server's status; the <Plug> mappings exist.
+-- server's status; the <Plug> mappings exist; the code actions "Explain selection" and "Ask
+-- about selection" answer in the ask float.
 local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)), 'harness.lua'))
 
 h.load_plugin()
@@ -40,4 +41,38 @@ for _, lhs in ipairs({ '<Plug>(codectx-ask)', '<Plug>(codectx-context)', '<Plug>
   h.check(vim.fn.maparg(lhs, 'n') ~= '', lhs .. ' is mapped in normal mode')
 end
 h.check(vim.fn.maparg('<Plug>(codectx-ask)', 'x') ~= '', '<Plug>(codectx-ask) is mapped in visual mode')
+
+-- Code actions go through Neovim's own code_action(): list, pick (vim.ui.select), resolve,
+-- then the client command registered by plugin/codectx.lua.
+local ask = require('codectx.ask')
+local function code_action(title)
+  local before = ask.last
+  vim.ui.select = function(items, _, on_choice)
+    for _, item in ipairs(items) do
+      if item.action.title == title then
+        return on_choice(item)
+      end
+    end
+    h.fail('no code action ' .. title, items)
+  end
+  vim.api.nvim_set_current_win(vim.fn.bufwinid(vim.fn.bufnr('util.py')))
+  vim.lsp.buf.code_action({ range = { start = { 4, 0 }, ['end'] = { 6, 0 } } })
+  h.wait(title .. ' to answer', function()
+    return ask.last ~= before and (ask.last.result ~= nil or ask.last.error ~= nil)
+  end)
+  local answer = ask.last
+  h.check(answer.error == nil, title .. ' answered', answer.error)
+  h.check(h.buffer_text(answer.buf) == answer.result.text, title .. ': the float holds the answer')
+  local title_chunks = vim.api.nvim_win_get_config(answer.win).title
+  vim.api.nvim_win_close(answer.win, true)
+  return vim.inspect(title_chunks)
+end
+h.check(code_action('codectx: Explain selection'):find('Explain the selected code.', 1, true),
+  'Explain selection asks to explain')
+vim.ui.input = function(_, on_confirm)
+  on_confirm('What is this for?')
+end
+h.check(code_action('codectx: Ask about selection'):find('What is this for?', 1, true),
+  'Ask about selection asks the question typed in')
+h.check(h.command(client, 'codectx.status').counters.asks == 2, 'the server answered both')
 h.log('ok context_status')

@@ -132,29 +132,36 @@ function M.stop(answer)
   end
 end
 
---- The whole lines `first`..`last` (1-based) of `bufnr` as an LSP range.
-local function line_range(bufnr, first, last, encoding)
+--- The whole lines `first`..`last` (1-based) of `bufnr` as an LSP selection.
+local function line_selection(bufnr, first, last, encoding)
   local text = vim.api.nvim_buf_get_lines(bufnr, last - 1, last, true)[1]
   return {
-    start = { line = first - 1, character = 0 },
-    ['end'] = { line = last - 1, character = vim.str_utfindex(text, encoding) },
+    uri = vim.uri_from_bufnr(bufnr),
+    range = {
+      start = { line = first - 1, character = 0 },
+      ['end'] = { line = last - 1, character = vim.str_utfindex(text, encoding) },
+    },
   }
 end
 
+---@class codectx.Selection
+---@field uri string
+---@field range lsp.Range In the client's position encoding.
+
 --- Asks `question`, streaming the answer into a new floating window.
 ---@param question string
----@param lines { [1]: integer, [2]: integer }? 1-based first and last line of the current buffer to ask about.
+---@param selection codectx.Selection? Code the question is about.
+---@param client vim.lsp.Client? Defaults to the current buffer's codectx client.
 ---@return codectx.Answer?
-function M.ask(question, lines)
+function M.ask(question, selection, client)
   local bufnr = vim.api.nvim_get_current_buf()
-  local client = codectx.require_client(bufnr)
+  client = client or codectx.require_client(bufnr)
   if not client then
     return nil
   end
   local argument = { question = question, maxTokens = config.options.max_tokens }
-  if lines then
-    argument.uri = vim.uri_from_bufnr(bufnr)
-    argument.range = line_range(bufnr, lines[1], lines[2], client.offset_encoding)
+  if selection then
+    argument.uri, argument.range = selection.uri, selection.range
   end
   local answer = { client = client, text = '' }
   answer.buf, answer.win = open_float(question)
@@ -183,20 +190,49 @@ function M.ask(question, lines)
   return answer
 end
 
+local function prompt(on_question)
+  vim.ui.input({ prompt = 'Ask codectx: ' }, function(question)
+    if question and question:match('%S') then
+      on_question(question)
+    end
+  end)
+end
+
 --- `:[range]CodectxAsk [question]`: asks about the repository, or about the lines of a range;
 --- prompts for the question when none is given.
 ---@param cmd vim.api.keyset.create_user_command.command_args
 function M.command(cmd)
-  local lines = cmd.range > 0 and { cmd.line1, cmd.line2 } or nil
-  if cmd.args ~= '' then
-    M.ask(cmd.args, lines)
+  local bufnr = vim.api.nvim_get_current_buf()
+  local client = codectx.require_client(bufnr)
+  if not client then
     return
   end
-  vim.ui.input({ prompt = 'Ask codectx: ' }, function(question)
-    if question and question:match('%S') then
-      M.ask(question, lines)
-    end
-  end)
+  local selection = cmd.range > 0 and line_selection(bufnr, cmd.line1, cmd.line2, client.offset_encoding) or nil
+  if cmd.args ~= '' then
+    M.ask(cmd.args, selection, client)
+  else
+    prompt(function(question)
+      M.ask(question, selection, client)
+    end)
+  end
+end
+
+--- Client side of the commands that codectx code actions resolve to (`vim.lsp.commands`):
+--- `codectx.ask` ("Explain selection") and `codectx.askAboutSelection` (prompts for the
+--- question) both answer in the float.
+---@param command lsp.Command
+---@param ctx { client_id: integer, bufnr: integer }
+function M.run_command(command, ctx)
+  local argument = (command.arguments or {})[1] or {}
+  local client = vim.lsp.get_client_by_id(ctx.client_id)
+  local selection = argument.uri and argument.range and { uri = argument.uri, range = argument.range } or nil
+  if command.command == 'codectx.askAboutSelection' then
+    prompt(function(question)
+      M.ask(question, selection, client)
+    end)
+  else
+    M.ask(argument.question, selection, client)
+  end
 end
 
 return M
