@@ -80,6 +80,26 @@ def file_text(path: str, language: str, content: str) -> str:
         f'<file path="{path}" language="{language}">\n</file>\n'
 
 
+def hot_file_text(path: str, language: str, content: str, replaces: bool) -> str:
+    """The current text of an edited file, for the hot tail.
+
+    Args:
+        path: The file's path.
+        language: Its language name.
+        content: Its current text.
+        replaces: True when an earlier copy of the file stays in its place above.
+    """
+    note = "edited; replaces the copy above" if replaces else "edited"
+    body = neutralize(content).rstrip()
+    head = f'<file path="{path}" language="{language}" note="{note}">\n'
+    return f"{head}{body}\n</file>\n" if body else f"{head}</file>\n"
+
+
+def deleted_text(path: str) -> str:
+    """The hot-tail note for a file deleted since the last build (its copy stays above)."""
+    return f'<file path="{path}" note="deleted; ignore the copy above"/>\n'
+
+
 MAP_DEFINITIONS_PER_FILE = 40
 
 

@@ -16,12 +16,14 @@ from context.chat import ChatTemplate
 from context.errors import BudgetError, WorkspaceError
 from context.home import codectx_home
 from context.graph import RepoGraph, SegmentTexts, WorkspaceFile
+from context.hot import HotTail
 from context.imports import ImportResolver
 from context.languages import language_of
 from context.layout import FileRow, Layout
 from context.order import dependency_order, pinned
 from context.scan import IgnoreRules, ScanRules, Skipped, SourceFile, keep_single, list_paths, scan
-from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
+from context.segments import (FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, deleted_text, hot_file_text,
+                               map_entry, neutralize, text_hash)
 from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
 from context.tokenizer import TextTokenizer
@@ -30,7 +32,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM = ("You are codectx, a coding assistant. The repository below is your context: "
                   "files appear whole inside <file> tags, and files that did not fit appear as "
-                  "signatures in the <map>. Files edited most recently come last. "
+                  "signatures in the <map>. A file edited since it was placed appears again at the end; "
+                  "that last copy is the current one. "
                   "Answer questions about this code precisely and cite paths.")
 DEFAULT_PINS = ("README*", "ARCHITECTURE*", "docs/architecture*", "DESIGN*")
 
@@ -52,6 +55,9 @@ class Workspace:
         max_file_bytes: Larger files are skipped.
         map_share: Part of the budget kept for the signature map when not all fits.
         hysteresis: Score bonus of files selected in the previous build.
+        hot_share: Part of the budget kept for the hot tail (current copies of edited
+            files); without a budget, the share of the prefix the tail may grow to. A tail
+            that outgrows it is folded back into place (a full rebuild).
         persist: Use the on-disk caches and state under $CODECTX_HOME.
         progress: Called as progress(done, total) while files are processed.
 
@@ -63,7 +69,7 @@ class Workspace:
                  pins: Sequence[str] = DEFAULT_PINS, include: Sequence[str] = (), exclude: Sequence[str] = (),
                  system: str = DEFAULT_SYSTEM, tools: str = "", template: ChatTemplate | None = None,
                  focus: Sequence[str] = (), max_file_bytes: int = 1 << 20, map_share: float = 0.1,
-                 hysteresis: float = 0.5, persist: bool = True,
+                 hysteresis: float = 0.5, hot_share: float = 0.15, persist: bool = True,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -77,18 +83,20 @@ class Workspace:
         self.focus = tuple(focus)
         self.map_share = map_share
         self.hysteresis = hysteresis
+        self.hot_share = hot_share
         self.persist = persist
         self.progress = progress
         self.tokens = TokenCache(tokenizer, persist=persist)
         self.tags = TagCache(persist=persist)
-        self._state_path = codectx_home() / "workspaces" / f"{xxhash.xxh3_64_hexdigest(str(self.root).encode())}.msgpack"
+        state_name = xxhash.xxh3_64_hexdigest(str(self.root).encode())
+        self._state_path = codectx_home() / "workspaces" / f"{state_name}.msgpack"
+        self._tail = HotTail(codectx_home() / "workspaces" / f"{state_name}.hot.msgpack" if persist else None)
         self._system_piece = self.template.frame(("system", "user"))[0]
         self._system_text = block(neutralize(system))
         self._tools_text = block(neutralize(tools)) if tools.strip() else ""
         self._files: dict[str, WorkspaceFile] = {}
-        self._hot: list[str] = []
+        self._recent: dict[str, str] = {}  # edited or changed on disk this session -> reason
         self._overlay: dict[str, str | None] = {}
-        self._hot_reason: dict[str, str] = {}
         self._selected: frozenset[str] = frozenset()
         self._rank: dict[str, float] = {}
         self._ignore = IgnoreRules(self.root)
@@ -108,11 +116,15 @@ class Workspace:
 
     # ----- cold build -------------------------------------------------------------------------
 
-    def build(self) -> Layout:
+    def build(self, fold: bool = False) -> Layout:
         """Scans, parses, orders and tokenizes the whole workspace.
 
-        Files changed on disk since the last build (per the persisted state) and files edited
-        through `update` in this session are hot: they go to the tail.
+        Args:
+            fold: Put edited files back in their places and empty the hot tail (reindex).
+                Otherwise the hot tail recorded by earlier `update`s (also by an earlier
+                process: it is persisted) is rebuilt as it was, so the prefix before it
+                stays the same across restarts. Files changed on disk since the last
+                build without such a record take their places (reason "changed on disk").
 
         Raises:
             BudgetError: The budget cannot hold the system and tools segments.
@@ -133,14 +145,17 @@ class Workspace:
             self._files[f.path] = self._entry(f)
             if self.progress and (n % 256 == 0 or n == total):
                 self.progress(n, total)
+        if fold:
+            self._recent.update((p, "edited") for p in self._tail)
+            self._tail.clear()
+        elif not len(self._tail) and self.persist:
+            self._tail.load()
+        current = self._place_built_copies()
         state = store.load(self._state_path) if self.persist else {}
         previous = state.get("hashes") or {}
-        if previous:
-            for path in sorted(self._files):
-                if previous.get(path) != self._files[path].content_hash and path not in self._hot:
-                    self._hot.append(path)
-                    self._hot_reason[path] = "hot (changed on disk)"
-        self._hot = [p for p in self._hot if p in self._files]
+        for path in sorted(self._files):
+            if previous and previous.get(path) != self._files[path].content_hash:
+                self._recent.setdefault(path, "changed on disk")
         if not self._selected:
             self._selected = frozenset(state.get("selected") or ())
         self._resolver = ImportResolver(self._files, self.root.name, self._read_go_mod())
@@ -148,17 +163,42 @@ class Workspace:
         self._skipped = tuple(result.skipped)
         self._layout = self._assemble()
         self._save_state()
+        segments = list(self._layout.segments)
+        for rel in self._tail:  # replay the hot tail over the built copies
+            self._set_file(rel, current.get(rel))
+            self._retail(segments, rel)
+        self._tail.save()
+        if len(self._tail) and self._overflows(segments) and not fold:
+            return self.build(fold=True)
+        self._layout = self._make_layout(segments, self._mapped, self._omitted)
         return self._layout
+
+    def _place_built_copies(self) -> dict[str, WorkspaceFile | None]:
+        """Puts each hot file's built text in `_files` for ordering; returns the current entries."""
+        current: dict[str, WorkspaceFile | None] = {}
+        for rel in self._tail:
+            now, built = self._files.pop(rel, None), self._tail.built(rel)
+            if built is not None and now is not None and now.text == built:
+                self._tail.remove(rel)  # back to the built text: nothing is hot
+                self._files[rel] = now
+                continue
+            current[rel] = now
+            if built is not None:
+                self._files[rel] = WorkspaceFile(rel, language_of(rel), text_hash(built), built, False, self.tags)
+        return current
 
     # ----- incremental update ------------------------------------------------------------------
 
     def update(self, path: str | Path, text: str | None) -> tuple[int, Layout]:
         """Applies one file's new text (edit or create) or its deletion (`text=None`).
 
-        The file becomes hot: its segment leaves its place and joins the tail (a file that is
-        already hot keeps its place in the tail). The map is not rebuilt (that would move every
-        later segment); `build` refreshes it. Only the changed file is hashed and tokenized (chunks
-        it did not touch hit the token cache); its tags are parsed at the next build.
+        Nothing before the hot tail moves: the file's built copy keeps its place and its
+        current text goes to the tail as a "hot" segment that says it replaces the copy
+        above (a deletion leaves a short note instead). Re-editing a hot file replaces its
+        hot segment; editing it back to the built text removes it. When the tail outgrows
+        `hot_share` (or the budget), the workspace is rebuilt with `build(fold=True)`.
+        The map is not rebuilt (that would move every later segment). Only the changed
+        file is hashed and tokenized; its tags are parsed at the next build.
 
         Args:
             path: Absolute, or relative to the root.
@@ -171,50 +211,32 @@ class Workspace:
         rel = self._relative(path)
         self._overlay[rel] = text
         segments = list(self._layout.segments)
-        old = next((i for i, s in enumerate(segments) if s.key == rel and s.kind in ("file", "hot")), None)
-        first = len(segments)
         if text is not None:
             item = keep_single(self.root, rel, self.rules, self._ignore, text)
             if isinstance(item, Skipped):
                 self._skipped = tuple(s for s in self._skipped if s.path != rel) + (item,)
                 text = None
-        if text is None:
-            if rel not in self._files:
-                self._layout = replace(self._layout, skipped=self._skipped)
-                return first, self._layout
-            del self._files[rel]
-            self._replaced.discard(rel)
-            if rel in self._hot:
-                self._hot.remove(rel)
-            if old is not None:
-                segments.pop(old)
-                first = old
-        else:
-            entry = self._entry(item)
-            current = self._files.get(rel)
-            if current is not None and current.content_hash == entry.content_hash and old is not None:
-                return first, self._layout
-            if current is None:
-                self._resolver.add(rel)
-            self._files[rel] = entry
-            self._hot_reason[rel] = "hot (edited)"
-            seg = self._file_segment("hot", rel, "hot (edited)")
-            if old is not None and segments[old].kind == "hot":
-                segments[old] = seg
-                first = old
-            else:
-                if old is not None:
-                    segments.pop(old)
-                    first = old
-                if rel in self._hot:
-                    self._hot.remove(rel)
-                self._hot.append(rel)
-                segments.append(seg)
-                first = min(first, len(segments) - 1)
-            for lst in (self._mapped, self._omitted):
-                if rel in lst:
-                    lst.remove(rel)
-        first = min(first, self._fit(segments, first, rel))
+        before = self._files.get(rel)
+        if text is None and before is None:
+            self._layout = replace(self._layout, skipped=self._skipped)
+            return len(segments), self._layout
+        entry = None if text is None else self._entry(item)
+        if entry is not None and before is not None and before.content_hash == entry.content_hash:
+            return len(segments), self._layout
+        if rel not in self._tail:
+            placed = self._layout.index_of("file", rel) is not None
+            self._tail.add(rel, before.text if placed and before is not None else None)
+        if entry is not None and before is None:
+            self._resolver.add(rel)
+        self._set_file(rel, entry)
+        self._recent[rel] = "edited"
+        for lst in (self._mapped, self._omitted):
+            if rel in lst:
+                lst.remove(rel)
+        first = self._retail(segments, rel)
+        if self._overflows(segments):
+            return self._fold()
+        self._tail.save()
         self._selected = frozenset(s.key for s in segments if s.kind in ("file", "hot"))
         self._layout = self._make_layout(segments, self._mapped, self._omitted)
         return first, self._layout
@@ -223,33 +245,54 @@ class Workspace:
         """Forgets an editor buffer given to `update`: the next `build` reads the disk version."""
         self._overlay.pop(self._relative(path), None)
 
-    def _fit(self, segments: list[Segment], first: int, edited: str) -> int:
-        """Evicts whole files until the budget holds; returns the first index it touched.
+    def _set_file(self, rel: str, entry: WorkspaceFile | None) -> None:
+        if entry is not None:
+            self._files[rel] = entry
+        elif rel in self._files:
+            del self._files[rel]
+            self._replaced.discard(rel)
 
-        Files already after `first` go first (they are recomputed anyway), lowest score first;
-        the edited file goes last.
-        """
-        if self.budget is None:
-            return first
+    def _retail(self, segments: list[Segment], rel: str) -> int:
+        """Puts `rel`'s hot segment (or none) in the tail; returns the index it touched."""
+        built = self._tail.built(rel)
+        entry = self._files.get(rel)
+        seg = None
+        if entry is None:
+            seg = None if built is None else self._segment("hot", rel, deleted_text(rel), "hot (deleted)")
+        elif built is None or entry.text != built:
+            text = hot_file_text(rel, entry.language, entry.text, replaces=built is not None)
+            seg = Segment("hot", rel, text, text_hash(text), self.tokens.encode_chunked([text])[0],
+                          "hot (edited)")
+        at = next((i for i, s in enumerate(segments) if s.kind == "hot" and s.key == rel), None)
+        if seg is None:
+            self._tail.remove(rel)
+            if at is not None:
+                segments.pop(at)
+            return len(segments) if at is None else at
+        if at is None:
+            segments.append(seg)
+            return len(segments) - 1
+        segments[at] = seg
+        return at
+
+    def _overflows(self, segments: list[Segment]) -> bool:
+        """True when the hot tail outgrows its share (of the budget, else of the prefix)."""
+        hot = sum(len(s) for s in segments if s.kind == "hot")
         total = sum(len(s) for s in segments)
-        touched = len(segments)
-        while total > self.budget:
-            victims = [i for i, s in enumerate(segments) if s.kind in ("file", "hot") and s.key != edited]
-            if not victims:
-                victims = [i for i, s in enumerate(segments) if s.kind in ("file", "hot")]
-            if not victims:
-                raise BudgetError(f"budget {self.budget} cannot hold the fixed segments")
-            if not self._rank:
-                self._rank = RepoGraph(self._files, self._resolver, {}).rank(self._hot)
-            pins = set(pinned([segments[i].key for i in victims], self.pins))
-            i = min(victims, key=lambda i: (i < first, segments[i].kind == "hot", segments[i].key in pins,
-                                            self._rank.get(segments[i].key, 0.0), segments[i].key))
-            victim = segments.pop(i)
-            total -= len(victim)
-            touched = min(touched, i)
-            self._omitted.append(victim.key)
-            log.debug("evicted %s to fit budget %d", victim.key, self.budget)
-        return touched
+        if self.budget is not None:
+            return hot > self._hot_room() or total > self.budget
+        return hot > self.hot_share * (total - hot)
+
+    def _hot_room(self) -> int:
+        return int(self.budget * self.hot_share) if self.budget is not None else 0
+
+    def _fold(self) -> tuple[int, Layout]:
+        """A full rebuild with every edit in place; returns (first changed index, layout)."""
+        old = self._layout.segments
+        log.debug("hot tail over its share: folding %d file(s) into place", len(self._tail))
+        new = self.build(fold=True).segments
+        first = next((i for i, (a, b) in enumerate(zip(old, new)) if a.hash != b.hash), min(len(old), len(new)))
+        return (len(new) if first == len(old) == len(new) else first), self._layout
 
     def _relative(self, path: str | Path) -> str:
         p = Path(path)
@@ -276,12 +319,11 @@ class Workspace:
             return None
 
     def _assemble(self) -> Layout:
+        """Every file in its place (pins, then dependency order); the hot tail is added after."""
         deps = self._graph.deps()
         pins = pinned(sorted(self._files), self.pins)
-        stable = [p for p in pins if p not in self._hot]
-        pinned_set = set(stable)
-        rest = [p for p in self._files if p not in pinned_set and p not in self._hot]
-        stable += dependency_order(sorted(rest), deps)
+        pinned_set = set(pins)
+        stable = pins + dependency_order(sorted(p for p in self._files if p not in pinned_set), deps)
         head = [self._segment("system", "system", self._system_piece + self._system_text, "instructions")]
         if self._tools_text:
             head.append(self._segment("tools", "tools", self._tools_text, "tool descriptions"))
@@ -293,13 +335,12 @@ class Workspace:
         map_seg = self._map_segment(mapped)
         if map_seg is not None:
             segments.append(map_seg)
-        reason = {p: "pinned" for p in pins}
         for p in stable:
             if p in whole:
-                segments.append(self._file_segment("file", p, reason.get(p, self._order_reason(p))))
-        for p in self._hot:
-            if p in whole:
-                segments.append(self._file_segment("hot", p, self._hot_reason.get(p, "hot")))
+                reason = "pinned" if p in pinned_set else self._order_reason(p)
+                if p in self._recent and p not in self._tail:
+                    reason = f"{reason}; {self._recent[p]}"
+                segments.append(self._file_segment("file", p, reason))
         self._selected = frozenset(whole)
         self._mapped, self._omitted = list(mapped), list(omitted)
         return self._make_layout(segments, mapped, omitted)
@@ -308,27 +349,31 @@ class Workspace:
         return f"rank {self._rank[path]:.4f}" if self.budget is not None and path in self._rank else "dependency order"
 
     def _select(self, stable: list[str], pins: list[str], fixed: int):
-        everything = stable + self._hot
+        """Whole, map-only and omitted files; `hot_share` of the budget stays free for edits."""
         if self.budget is None:
-            return set(everything), [], []
-        costs = self._file_costs(everything)
-        avail = self.budget - fixed
+            return set(stable), [], []
+        costs = self._file_costs(stable)
+        limit = self.budget - self._hot_room()
+        avail = limit - fixed
         if sum(costs.values()) <= avail:
-            return set(everything), [], []
-        self._rank = self._graph.rank([*pins, *self._hot, *self.focus])
+            return set(stable), [], []
+        recent = [p for p in self._recent if p in costs]
+        self._rank = self._graph.rank([*pins, *recent, *self.focus])
         score = budgeting.scores(self._rank, self._selected, self.hysteresis)
         for p in pins:
             score[p] = 1.0 + score[p]
-        hot, _, used = budgeting.greedy(self._hot[::-1], lambda b: [costs[p] for p in b], avail)
-        map_room = int(avail * self.map_share)
-        candidates = [p for p in budgeting.by_score(score) if p not in self._hot]
+        kept, _, used = budgeting.greedy(recent[::-1], lambda b: [costs[p] for p in b], avail)
+        frame = self._tokens_of(MAP_OPEN + MAP_CLOSE)
+        map_room = int(avail * self.map_share) + frame  # the share is for entries, not the frame
+        kept_set = set(kept)
+        candidates = [p for p in budgeting.by_score(score) if p not in kept_set and p in costs]
         taken, left, used2 = budgeting.greedy(candidates, lambda b: [costs[p] for p in b], avail - used - map_room)
-        left = [p for p in self._hot if p not in hot] + left
-        room = avail - used - used2 - self._tokens_of(MAP_OPEN + MAP_CLOSE)
+        left = [p for p in recent if p not in kept] + left
+        room = avail - used - used2 - frame
         mapped, omitted, _ = budgeting.greedy(
             left, lambda b: [len(t) for t in self.tokens.encode_many([self._map_text(p) for p in b])], room)
-        whole = set(hot) | set(taken)
-        while mapped and fixed + sum(costs[p] for p in whole) + len(self._map_segment(mapped)) > self.budget:
+        whole = set(kept) | set(taken)
+        while mapped and fixed + sum(costs[p] for p in whole) + len(self._map_segment(mapped)) > limit:
             omitted.insert(0, mapped.pop())  # tokenization of the joined map was not additive
         return whole, mapped, omitted
 

@@ -57,27 +57,50 @@ def test_shuffled_discovery_gives_identical_layout(repo, smol_tokenizer, monkeyp
         assert again.rows == reference.rows
 
 
-def test_edit_changes_only_its_segment_and_moves_it_to_the_tail(repo, smol_tokenizer):
+def _same(a, b) -> bool:
+    """Segments byte-identical (kind, key, text, hash and token ids)."""
+    return [(s.kind, s.key, s.text, s.hash, s.token_ids) for s in a] == \
+        [(s.kind, s.key, s.text, s.hash, s.token_ids) for s in b]
+
+
+def test_mid_repo_edit_keeps_every_segment_before_the_hot_tail(repo, smol_tokenizer):
     ws = Workspace(repo, smol_tokenizer, persist=False)
     before = ws.build().segments
     old = next(i for i, s in enumerate(before) if s.key == "pkg/util.py")
+    assert 0 < old < len(before) - 3  # really in the middle
     first, after = ws.update("pkg/util.py", "def helper(x):\n    return x * 3\n")
-    assert first == old
-    assert after.segments[:old] == before[:old]
-    assert [s.key for s in after.segments[old:-1]] == [s.key for s in before[old + 1:]]
-    assert after.segments[old:-1] == before[old + 1:]
+    assert first == len(before)
+    assert _same(after.segments[:len(before)], before)  # the built copy stays in its place
+    assert "x * 2" in after.segments[old].text
     tail = after.segments[-1]
     assert (tail.kind, tail.key, tail.reason) == ("hot", "pkg/util.py", "hot (edited)")
+    assert tail.text.startswith('<file path="pkg/util.py" language="python" note="edited; replaces the copy above">')
     assert "x * 3" in tail.text
+    assert after.tokens == sum(len(s) for s in before) + len(tail)  # both copies are counted
 
     # A second edit of the same (hot) file touches only the last segment.
     first, again = ws.update(repo / "pkg/util.py", "def helper(x):\n    return x * 4\n")
     assert first == len(again.segments) - 1
-    assert again.segments[:-1] == after.segments[:-1]
+    assert _same(again.segments[:-1], after.segments[:-1])
 
     # Same text: nothing changes.
     first, same = ws.update("pkg/util.py", "def helper(x):\n    return x * 4\n")
     assert first == len(same.segments) and same.segments == again.segments
+
+    # Back to the built text: the hot copy goes, the layout is the built one again.
+    first, undone = ws.update("pkg/util.py", (repo / "pkg/util.py").read_text())
+    assert first == len(before) and _same(undone.segments, before)
+
+
+def test_prompt_after_an_edit_tokenizes_like_the_template(repo, smol_tokenizer):
+    ws = Workspace(repo, smol_tokenizer, persist=False)
+    ws.build()
+    ws.update("pkg/core.py", "from .util import helper\n\n\nclass Core:\n    pass\n")
+    ws.update("gone.py", None)
+    ws.update("app.py", None)
+    segments = ws.prompt("What changed?")
+    rendered = ws.template.render(ws.layout.messages("What changed?"))
+    assert [t for s in segments for t in s.token_ids] == smol_tokenizer.encode(rendered)
 
 
 def test_hot_files_keep_the_order_they_became_hot(repo, smol_tokenizer):
@@ -96,14 +119,60 @@ def test_create_and_delete(repo, smol_tokenizer):
     before = ws.build().segments
     first, layout = ws.update("pkg/new.py", "NEW = 1\n")
     assert first == len(before) and layout.segments[-1].key == "pkg/new.py"
+    assert 'note="edited">' in layout.segments[-1].text  # nothing above to replace
     idx = next(i for i, s in enumerate(layout.segments) if s.key == "app.py")
     first, layout = ws.update("app.py", None)
-    assert first == idx and "app.py" not in [s.key for s in layout.segments]
+    assert first == len(before) + 1 and layout.segments[idx].key == "app.py"  # its copy stays
+    assert (layout.segments[-1].key, layout.segments[-1].reason) == ("app.py", "hot (deleted)")
+    assert layout.segments[-1].text == '<file path="app.py" note="deleted; ignore the copy above"/>\n'
+    first, layout = ws.update("pkg/new.py", None)  # only ever hot: it just leaves the tail
+    assert first == len(before) and [s.key for s in layout.segments[len(before):]] == ["app.py"]
     first, same = ws.update("never/was.py", None)
     assert first == len(same.segments)
     first, skipped = ws.update("node_modules/x/y.js", "x\n")
     assert first == len(skipped.segments)
     assert ("node_modules/x/y.js", "vendored") in [(s.path, s.reason) for s in skipped.skipped]
+    folded = ws.build(fold=True).segments
+    assert "app.py" not in [s.key for s in folded] and not [s for s in folded if s.kind == "hot"]
+
+
+def test_hot_tail_over_its_share_folds_back_into_place(repo, smol_tokenizer):
+    ws = Workspace(repo, smol_tokenizer, persist=False, hot_share=0.15)
+    before = ws.build()
+    edits = ["pkg/util.py", "crate/src/parser.rs", "web/src/lib.ts", "internal/store/store.go",
+             "native/vec.h", "java/com/demo/util/Strings.java"]
+    places = {p: before.index_of("file", p) for p in edits}
+    layout, firsts = before, []
+    for n, path in enumerate(edits):
+        text = (repo / path).read_text() + f"// edit {n}\n" * 3
+        first, layout = ws.update(path, text)
+        firsts.append(first)
+        if not [s for s in layout.segments if s.kind == "hot"]:
+            break
+    else:
+        pytest.fail("the hot tail never folded")
+    hot_before = sum(len(s) for s in before.segments) * 0.15
+    assert n > 0 and len(layout.segments) == len(before.segments)  # folded: one copy per file
+    assert firsts[-1] == min(places[p] for p in edits[:n + 1])    # recomputed from the first edit on
+    for p in edits[:n + 1]:
+        seg = layout.segments[layout.index_of("file", p)]
+        assert "edit" in seg.text and seg.reason.endswith("; edited")
+    assert hot_before > 0
+
+
+def test_restart_rebuilds_the_same_hot_tail(repo, smol_tokenizer):
+    ws = Workspace(repo, smol_tokenizer)
+    ws.build()
+    text = "def helper(x):\n    return x * 5\n"
+    (repo / "pkg/util.py").write_text(text)
+    ws.update("pkg/util.py", text)
+    restarted = Workspace(repo, smol_tokenizer).build()
+    assert _same(restarted.segments, ws.layout.segments)
+    folded = Workspace(repo, smol_tokenizer).build(fold=True)
+    assert not [s for s in folded.segments if s.kind == "hot"]
+    assert "x * 5" in folded.segments[folded.index_of("file", "pkg/util.py")].text
+    again = Workspace(repo, smol_tokenizer).build()  # the fold is remembered
+    assert _same(again.segments, folded.segments)
 
 
 def test_update_is_o_changed_file(repo, smol_tokenizer, monkeypatch):
@@ -119,7 +188,7 @@ def test_update_is_o_changed_file(repo, smol_tokenizer, monkeypatch):
     assert ws.tokens.misses == misses + 1
     monkeypatch.undo()
     monkeypatch.setattr(tags, "extract", lambda lang, text: parsed.append(lang) or real(lang, text))
-    ws.build()
+    ws.build(fold=True)
     assert parsed == ["rust"]  # only the changed file: the others hit the tag cache
 
 
@@ -127,25 +196,29 @@ def test_update_is_o_changed_file(repo, smol_tokenizer, monkeypatch):
 def test_budget_is_never_exceeded_and_selection_is_stable(repo, smol_tokenizer, budget):
     ws = Workspace(repo, smol_tokenizer, persist=False, budget=budget)
     layout = ws.build()
-    assert layout.tokens <= budget
+    assert layout.tokens <= budget - int(budget * ws.hot_share)  # room kept for the hot tail
     kinds = {s.kind for s in layout.segments}
     assert "map" in kinds
     whole = {s.key for s in layout.segments if s.kind == "file"}
+    edited = []
     for n in range(5):  # small edits to files that are in
         path = sorted(whole)[n % len(whole)] if whole else "app.py"
         text = (repo / path).read_text() + f"# edit {n}\n"
-        _, layout = ws.update(path, text)
+        previous = layout
+        first, layout = ws.update(path, text)
+        edited.append(path)
         assert layout.tokens <= budget
+        hot = [i for i, s in enumerate(layout.segments) if s.kind == "hot"]
+        if hot:  # in the tail: nothing before it moved
+            assert first >= hot[0] and _same(layout.segments[:hot[0]], previous.segments[:hot[0]])
+        else:    # folded: every edited file is whole, in its place
+            assert all(layout.index_of("file", p) is not None for p in edited)
         (repo / path).write_text(text)
-    hot = {s.key for s in layout.segments if s.kind == "hot"}
-    still = {s.key for s in layout.segments if s.kind == "file"}
-    assert still <= whole
-    evicted = whole - still - hot
-    assert all(r.reason.startswith("omitted") for r in layout.rows if r.path in evicted)
-    # Rebuild (hysteresis): the files that were in stay in.
-    rebuilt = ws.build()
-    assert rebuilt.tokens <= budget
-    assert {s.key for s in rebuilt.segments if s.kind in ("file", "hot")} >= still
+    # A fold keeps every edited file whole (edits are kept first) and empties the tail.
+    rebuilt = ws.build(fold=True)
+    assert rebuilt.tokens <= budget - int(budget * ws.hot_share)
+    assert all(rebuilt.index_of("file", p) is not None for p in edited)
+    assert not [s for s in rebuilt.segments if s.kind == "hot"]
 
 
 def test_hysteresis_keeps_selection_when_ranks_shift(repo, smol_tokenizer):
@@ -154,7 +227,6 @@ def test_hysteresis_keeps_selection_when_ranks_shift(repo, smol_tokenizer):
     first = {s.key for s in ws.build().segments if s.kind == "file"}
     # Shift ranks a little: one more file references helper().
     (repo / "extra.py").write_text("from pkg.util import helper\nhelper(1)\n")
-    ws._hot.clear()
     warm = {s.key for s in ws.build().segments if s.kind in ("file", "hot")}
     assert first <= warm
 
@@ -164,11 +236,13 @@ def test_budget_too_small_raises(repo, smol_tokenizer):
         Workspace(repo, smol_tokenizer, persist=False, budget=5).build()
 
 
-def test_changed_on_disk_since_last_build_is_hot(repo, smol_tokenizer):
-    Workspace(repo, smol_tokenizer).build()
+def test_changed_on_disk_since_last_build_takes_its_place(repo, smol_tokenizer):
+    built = Workspace(repo, smol_tokenizer).build()
     (repo / "pkg/util.py").write_text("def helper(x):\n    return 0\n")
     layout = Workspace(repo, smol_tokenizer).build()
-    assert (layout.segments[-1].key, layout.segments[-1].reason) == ("pkg/util.py", "hot (changed on disk)")
+    at = layout.index_of("file", "pkg/util.py")
+    assert at == built.index_of("file", "pkg/util.py") and not [s for s in layout.segments if s.kind == "hot"]
+    assert layout.segments[at].reason.endswith("; changed on disk") and "return 0" in layout.segments[at].text
 
 
 def test_persistent_token_cache_is_reused(repo, smol_tokenizer):
