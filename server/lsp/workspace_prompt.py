@@ -69,9 +69,9 @@ class WorkspacePrompt:
         self._dirty.clear()
 
     def rescan(self) -> None:
-        """Rebuilds the layout from disk and buffers (codectx.reindex, file events)."""
+        """Rebuilds the layout from disk and buffers, edits folded into place (codectx.reindex)."""
         self._flush()
-        self.workspace.build()
+        self.workspace.build(fold=True)
 
     def segments(self, turns: Sequence[Turn]) -> list[PromptSegment]:
         """The prompt for `turns`; the last turn is the question."""
