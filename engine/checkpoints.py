@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 PROTECTED_KINDS = frozenset({"header"})
 TAIL_KINDS = frozenset({"turn", "question", "header"})
+ANCHOR_KINDS = TAIL_KINDS | {"hot"}
+"""A cut goes at the end of every segment of these kinds and of the segment before one:
+the hot tail (current copies of edited files) starts on a checkpoint, so an edit
+recomputes only the tail, never a grid step of the stable files before it."""
 _TOMBSTONES = 4096
 
 
@@ -74,10 +78,11 @@ def cut_points(segments: Sequence[PromptSegment], interval: int | None = None) -
 
     Without `interval`, at the end of every non-empty segment. With it, on a
     grid of `interval` tokens that restarts at every *anchor*: the end of a
-    protected segment, of the last segment before the conversation tail, and of
-    every turn, question and header. Repository files therefore cost no extra
-    forward calls however many there are, an edit keeps everything up to the
-    grid point before it, and a follow-up question keeps the whole prefix.
+    protected segment, of the last segment before the hot tail or the
+    conversation tail, and of every hot file, turn, question and header.
+    Repository files therefore cost no extra forward calls however many there
+    are, an edit (a hot copy at the tail) keeps the whole stable prefix, and a
+    follow-up question keeps the whole prefix.
     """
     ends, pos = [], 0
     for seg in segments:
@@ -89,7 +94,7 @@ def cut_points(segments: Sequence[PromptSegment], interval: int | None = None) -
     anchors = set()
     for i, seg in enumerate(segments):
         nxt = segments[i + 1].kind if i + 1 < len(segments) else None
-        if seg.protected or seg.kind in PROTECTED_KINDS or seg.kind in TAIL_KINDS or nxt in TAIL_KINDS:
+        if seg.protected or seg.kind in PROTECTED_KINDS or seg.kind in ANCHOR_KINDS or nxt in ANCHOR_KINDS:
             anchors.add(ends[i])
     anchors.add(total)
     cuts, start = [], 0
