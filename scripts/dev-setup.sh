@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine: the Python venv with the dev
-# extras, the VS Code extension's Node packages, and Debian's Chromium for the /monitor test.
+# extras, the VS Code extension's Node packages, Debian's Chromium for the /monitor test and Emacs with
+# eglot for the Emacs editor test.
 # Idempotent: a second run only checks. Used by README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,15 @@ if ! command -v chromium >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+# --- Emacs + eglot (tests/editors/test_emacs_eglot.py runs docs/editors.md's Emacs setup) --
+# Debian 12: emacs-nox 28 + elpa-eglot (about 15 s); Emacs 29+ has eglot built in.
+if ! emacs --batch --eval "(require 'eglot)" >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends emacs-nox >/dev/null
+  if ! emacs --batch --eval "(require 'eglot)" >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends elpa-eglot >/dev/null
+  fi
 fi
