@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTECTED_KINDS = frozenset({"header"})
-TAIL_KINDS = frozenset({"turn", "question", "header"})
+TAIL_KINDS = frozenset({"turn", "question", "header", "answer"})
 ANCHOR_KINDS = TAIL_KINDS | {"hot"}
 """A cut goes at the end of every segment of these kinds and of the segment before one:
 the hot tail (current copies of edited files) starts on a checkpoint, so an edit
@@ -228,7 +228,7 @@ class CheckpointStore:
 
     def __init__(self, policy_fingerprint: str, budget_bytes: int,
                  max_branch_tokens: int = 8192, archive: CheckpointArchive | None = None,
-                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header"}),
+                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header", "answer"}),
                  interval: int | None = None):
         self.policy_fingerprint = policy_fingerprint
         self.budget_bytes = budget_bytes

@@ -339,9 +339,12 @@ class Engine:
                     self.model, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
                     prompt_ids=ids, mode=self.speculation, sampling=request.sampling,
                     draft=self.draft, metrics=metrics)
+            generated: list[int] = []
             for token in tokens:
                 metrics.decode_tokens += 1
                 pending_ids.append(token)
+                generated.append(token)
+                self.prefix.record_decoded(generated)  # periodic checkpoint of a long answer
                 text = stops.push(detok.add(token))
                 if text:
                     emit(text)

@@ -2,7 +2,7 @@
 
     prefix = PrefixCache(model, policy, kv_bits=16)
     logits = prefix.prefill(request, chunk, should_cancel, metrics)  # restore + prefill + record
-    ... decode on prefix.cache ...
+    ... decode on prefix.cache, calling prefix.record_decoded(generated) after each token ...
     prefix.rollback()   # after a cancel or an error: back to the last confirmed checkpoint
 
 The prefill restores the longest valid checkpoint, then runs the rest with
@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
 from engine import state
 from engine.archive import CheckpointArchive
-from engine.checkpoints import CheckpointStore
+from engine.checkpoints import Checkpoint, CheckpointStore
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
@@ -74,6 +75,7 @@ class PrefixCache:
             archive=self.archive, interval=policy.prefill_chunk)
         self.cache = cache if cache is not None else make_cache(model, policy.kv_bits,
                                                                 policy.kv_group_size)
+        self._decoding: tuple[list[PromptSegment], int] = ([], 0)  # the last prompt's layout and length
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
         self._update_stats()
@@ -93,7 +95,8 @@ class PrefixCache:
             RequestCancelled: From `should_cancel`; call `rollback()` afterwards.
         """
         ids = request.all_token_ids()
-        segments = request.segments or [PromptSegment("prompt", "", tuple(ids))]
+        segments = list(request.segments or [PromptSegment("prompt", "", tuple(ids))])
+        self._decoding = (segments, len(ids))
         bounds = self.store.boundaries(segments)
         plan = self.store.plan(bounds, len(ids))
         offset, miss = self.store.restore(self.cache, plan)
@@ -118,6 +121,31 @@ class PrefixCache:
         log.debug("prefill %s: %d cached, %d recomputed, miss=%s", request.request_id,
                   offset, len(ids) - offset, metrics.miss_reason)
         return logits
+
+    def record_decoded(self, generated: Sequence[int]) -> Checkpoint | None:
+        """Checkpoint a long generation every `policy.prefill_chunk` tokens (call after each token).
+
+        The boundary is the one a later prompt gets when it carries the answer as a
+        segment right after the response header (`[...][header][answer]`), so a
+        continuation restores it; a cancel rolls back to it, not to the prompt.
+
+        Args:
+            generated: Every token yielded so far for the last prefilled request; the
+                cache holds the prompt plus a prefix of them.
+
+        Returns:
+            The checkpoint, or None when the cache is not on the grid (or not on the line).
+        """
+        segments, prompt_len = self._decoding
+        interval = self.policy.prefill_chunk
+        done = state.attention_offset(self.cache) - prompt_len
+        if done <= 0 or done % interval or done > len(generated) or self.store.line_offset != prompt_len + done - interval:
+            return None
+        answer = PromptSegment("answer", "answer", tuple(generated[:done]))
+        b = self.store.boundaries([*segments, answer])[-1]
+        cp = self.store.record(self.cache, replace(b, protected=True))
+        self._update_stats()
+        return cp
 
     def rollback(self) -> int:
         """Drop unconfirmed state; return the tokens of confirmed state kept."""

@@ -40,7 +40,8 @@ class PromptSegment:
     """One piece of the prompt with its own identity.
 
     Args:
-        kind: "system", "tools", "map", "file", "hot", "turn", "question", "header".
+        kind: "system", "tools", "map", "file", "hot", "turn", "question", "header",
+            "answer" (the model's own answer so far, right after its header).
         key: A stable name inside its kind (a path for files).
         token_ids: The segment's tokens, tokenized on their own.
         protected: Checkpoints at the end of this segment are evicted last.
