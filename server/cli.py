@@ -33,7 +33,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "eval": Subcommand("server.eval_cmd:main", "measure what windowed prefill / 8-bit KV cost in answers"),
     "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model and the cache dir"),
     "context": Subcommand("server.context_cmd:main", "show the ordered, hashed segments built from a repository"),
-    "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio"),
+    "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio (--http: the OpenAI-compatible API)"),
+    "measure": Subcommand("server.measure_cmd:main", "time one request against a running codectx serve --http"),
 }
 
 

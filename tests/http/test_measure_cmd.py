@@ -1,0 +1,47 @@
+"""`codectx measure` against a running server: cold with --fresh, then continued runs restore."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from server.cli import main as cli_main
+from server.measure_cmd import main as measure_main
+
+FILE_TEXT = 'def fib(n):\n    """Fibonacci, slowly."""\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n' * 6
+
+
+def _run(capsys, *args: str) -> dict:
+    assert cli_main(["measure", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_fresh_is_cold_and_a_repeat_restores(api, tmp_path, capsys):
+    path = tmp_path / "fib.py"
+    path.write_text(FILE_TEXT, encoding="utf-8")
+    common = ("--file", str(path), "--url", api.url, "--max-tokens", "4")
+    cold = _run(capsys, *common, "--fresh")
+    assert cold["sha256"] == hashlib.sha256(FILE_TEXT.encode()).hexdigest()
+    assert cold["model"] == api.model_id and cold["fresh"] is True
+    assert cold["cached_tokens"] == 0 and cold["recomputed_tokens"] == cold["prompt_tokens"]
+    assert cold["prefill_tps"] > 0 and cold["decode_tokens"] >= 1
+    assert 0 < cold["ttft_s"] <= cold["total_s"] and cold["client_ttft_s"] is not None
+    _run(capsys, *common)
+    warm = _run(capsys, *common)
+    header = len(api.source.current().tokenizer.encode("<|im_start|>assistant\n"))
+    assert warm["prompt_tokens"] < cold["prompt_tokens"]  # no "Run <nonce>" line
+    assert warm["cached_tokens"] == warm["prompt_tokens"] - header
+    assert warm["recomputed_tokens"] == header
+
+
+def test_human_report_and_errors(api, tmp_path, capsys):
+    path = tmp_path / "small.py"
+    path.write_text("x = 1\n", encoding="utf-8")
+    assert measure_main(["--file", str(path), "--url", api.url, "--max-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "sha256 " + hashlib.sha256(b"x = 1\n").hexdigest() in out
+    assert "restored" in out and "tok/s" in out and "TTFT" in out
+    assert measure_main(["--file", str(path), "--url", api.url, "--model", "nope"]) == 1
+    assert "HTTP 404" in capsys.readouterr().err
+    assert measure_main(["--file", str(tmp_path / "missing.py"), "--url", api.url]) == 2
+    assert measure_main(["--file", str(path), "--url", "http://127.0.0.1:9"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
