@@ -1,0 +1,84 @@
+"""`codectx serve --stdio --http`: one process, one engine for the editor and the OpenAI API.
+
+The Done-when of issue #9: an OpenAI client pointed at codectx gets streamed
+answers whose cached_tokens reflect the editor's warm prefix.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+
+import httpx
+import openai
+import pytest_lsp
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from server.http.prometheus import parse
+from tests.server.harness import REPO_ROOT, command, default_options, start
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+PORT = _free_port()
+URL = f"http://127.0.0.1:{PORT}"
+
+
+def _config() -> ClientServerConfig:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
+               CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
+    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING",
+                                              "--stdio", "--http", f"127.0.0.1:{PORT}"], server_env=env)
+
+
+@pytest_lsp.fixture(config=_config())
+async def editor(lsp_client: LanguageClient, http_model, http_workspace):
+    await start(lsp_client, "vscode", http_workspace, default_options(http_model))
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def _wait_for_engine(http: httpx.AsyncClient, timeout: float = 120) -> dict:
+    """Polls /health until the language server has loaded the engine (503 until then)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            response = await http.get("/health")
+            if response.status_code == 200:
+                return response.json()
+            assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
+        except httpx.ConnectError:
+            pass
+        assert asyncio.get_running_loop().time() < deadline, "the engine did not load in time"
+        await asyncio.sleep(0.05)  # a poll interval, not a wait for an event
+
+
+async def test_openai_client_streams_over_the_editors_warm_prefix(editor: LanguageClient):
+    async with httpx.AsyncClient(base_url=URL, timeout=60) as http:
+        health = await _wait_for_engine(http)
+        assert health["repository"] is True
+        answer = await command(editor, "codectx.ask", question="What does util.py define?")
+        assert answer["finishReason"] in ("stop", "length")
+        context = await command(editor, "codectx.showContext")
+        prefix_tokens = sum(row["tokens"] for row in context["segments"])
+
+        client = openai.AsyncOpenAI(base_url=URL + "/v1", api_key="local", max_retries=0)
+        assert [m.id async for m in client.models.list()][-1] == "codectx"
+        stream = await client.chat.completions.create(
+            model="codectx", stream=True, max_tokens=6, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Who calls add?"}])
+        chunks = [chunk async for chunk in stream]
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        usage = chunks[-1].usage
+        assert pieces and usage.completion_tokens >= 1
+        assert usage.prompt_tokens > prefix_tokens
+        assert usage.prompt_tokens_details.cached_tokens >= prefix_tokens  # the editor's checkpoints
+
+        metrics = parse((await http.get("/metrics")).text)
+        assert metrics['codectx_engine_requests_total{outcome="served"}'] >= 2  # the ask and ours: one engine
+        assert metrics["codectx_http_cached_tokens_total"] == usage.prompt_tokens_details.cached_tokens
