@@ -59,11 +59,18 @@ class MemorySettings:
 
 @dataclass(frozen=True)
 class HoverSettings:
-    """Hover explanations."""
+    """Hover explanations.
+
+    Attributes:
+        use_warm_prefix: While edited files' new text is not prefilled yet (it
+            waits in the hot tail for warm-up), answer from the warm prefix (their
+            old copies) plus the question, which holds the symbol's current text.
+    """
 
     enabled: bool = True
     latency_budget_ms: int = 1500
     max_tokens: int = 96
+    use_warm_prefix: bool = True
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,21 @@ class PrefixRecord:
             count += 1
         return count
 
+    def without_cold_tail(self, segments: Sequence[PromptSegment]) -> list[PromptSegment]:
+        """`segments` minus the hot-tail segments not prefilled yet, when those are all that is cold.
+
+        An edited file's old copy keeps its place in the prefix and its new text
+        joins the hot tail; leaving that new text out until warm-up has prefilled
+        it makes a request cost only its question. Any other cold segment (the
+        prefix itself changed) keeps the prompt whole.
+        """
+        prefix = prefix_part(segments)
+        warm = self.common_segments(prefix)
+        cold = prefix[warm:]
+        if not cold or any(s.kind != "hot" for s in cold):
+            return list(segments)
+        return prefix[:warm] + list(segments[len(prefix):])
+
     def warm_tokens(self, segments: Sequence[PromptSegment], checkpoint_ends: Iterable[int] | None = None) -> int:
         """Tokens of `segments` the engine can restore instead of recomputing.
 

@@ -81,6 +81,8 @@ class Warmup:
         segments = self.settled(self.session.prompt.prefix_segments())
         total = sum(len(s.token_ids) for s in segments)
         if not segments or self.session.warm_tokens(segments) == total:
+            if self.on_state is not None:  # nothing to prefill: say so
+                self.on_state(self.state())
             return
         started = time.perf_counter()
         reported = -1

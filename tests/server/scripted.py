@@ -7,6 +7,12 @@ real: prompt building, tool-call parsing, the tools, the conversation.
 from __future__ import annotations
 
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
+from server.lsp.prompt import LocalPrompt
+from server.lsp.session import Session
+from server.lsp.settings import parse_settings
+from server.lsp.tools import TOOLS_PROMPT
 
 
 class ByteTokenizer:
@@ -51,3 +57,15 @@ class ScriptedEngine:
 
     def close(self) -> None:
         pass
+
+
+def session_for(root, outputs: list[str], **settings) -> tuple[Session, ScriptedEngine]:
+    """A session over `root` whose engine answers with `outputs` (settings as client JSON)."""
+    parsed, problems = parse_settings(settings or None)
+    if problems:
+        raise ValueError(f"bad test settings: {problems}")
+    session = Session(parsed, DocumentStore(UTF16), root)
+    engine = ScriptedEngine(outputs)
+    tokenizer = ByteTokenizer()
+    session.attach(engine, tokenizer, LocalPrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT), "scripted")
+    return session, engine

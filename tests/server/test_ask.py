@@ -132,3 +132,16 @@ async def test_shutdown_with_a_request_in_flight(client):
     client.exit(None)
     assert await client._server.wait() == 0  # noqa: SLF001 - pytest-lsp keeps the process here
     client.capabilities = None  # already shut down; the fixture must not repeat it
+
+
+async def test_a_client_work_done_token_carries_the_stream(client):
+    token = f"client-token-{client.kind}"
+    client.progress_reports[token] = []  # the client created it; the server must not create another
+    result = await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="codectx.ask", arguments=[{"question": "What does add do?", "maxTokens": 8}],
+        work_done_token=token))
+    reports = client.progress_reports[token]
+    assert reports[0].kind == "begin" and reports[-1].kind == "end"
+    deltas = [r.message for r in reports if r.kind == "report" and r.percentage is None]
+    assert result["text"] and "".join(deltas) == result["text"] == streamed(client)
+    assert not [t for t in client.progress_reports if str(t).startswith("codectx-ask")]

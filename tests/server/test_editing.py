@@ -5,6 +5,8 @@ import ast
 
 from lsprotocol import types
 
+from pytest_lsp import client_capabilities
+
 from tests.server.harness import apply_edits, command, default_options, open_document, start
 
 ADD_LINE = 4  # `    print(greet("café"), add(1, 2))` in main.py
@@ -116,6 +118,55 @@ async def test_code_actions_list_instantly_and_resolve(client):
     answer = await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command=explain.command.command, arguments=explain.command.arguments))
     assert answer["text"]
+
+    # "Ask about selection": the editor asks for a question, then calls codectx.ask with the selection.
+    ask = await client.code_action_resolve_async(by_action["ask"])
+    assert ask.command.command == "codectx.askAboutSelection"
+    (selection,) = ask.command.arguments
+    plain = await command(client, "codectx.ask", question="Is this right?", maxTokens=1)
+    asked = await command(client, "codectx.ask", question="Is this right?", maxTokens=1, **selection)
+    assert asked["metrics"]["prompt_tokens"] > plain["metrics"]["prompt_tokens"]  # the selection is in it
+
+    bugs = await client.code_action_resolve_async(by_action["findBugs"])
+    assert bugs.command.command == "codectx.findBugs"
+    found = await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=bugs.command.command, arguments=bugs.command.arguments))
+    assert len(client.diagnostics[uri]) == found["diagnostics"] >= 1
+
+
+async def test_write_tests_extends_an_existing_test_file(client):
+    existing = "from util import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    (client.root / "tests").mkdir()
+    (client.root / "tests" / "test_util.py").write_text(existing, encoding="utf-8")
+    uri = open_document(client, client.root / "util.py")
+    rng = types.Range(start=types.Position(4, 4), end=types.Position(4, 4))  # inside add
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=rng,
+        context=types.CodeActionContext(diagnostics=[])))
+    action = next(a for a in actions if a.data["action"] == "tests")
+    resolved = await client.code_action_resolve_async(action)
+    (change,) = resolved.edit.document_changes  # no CreateFile: the file exists
+    assert change.text_document.uri == (client.root / "tests" / "test_util.py").as_uri()
+    extended = apply_edits(existing, change.edits, client.init_result.capabilities.position_encoding)
+    assert extended.startswith(existing)
+    tests = [n.name for n in ast.parse(extended).body if isinstance(n, ast.FunctionDef)]
+    assert tests[0] == "test_add" and len(tests) >= 2 and len(set(tests)) == len(tests)
+
+
+async def test_hover_positions_in_utf32(raw_client, tiny_model):
+    capabilities = client_capabilities("visual-studio-code")
+    capabilities.general.position_encodings = ["utf-32"]
+    raw_client.init_result = await raw_client.initialize_session(types.InitializeParams(
+        capabilities=capabilities, root_uri=raw_client.root.as_uri(),
+        initialization_options=default_options(tiny_model)))
+    assert raw_client.init_result.capabilities.position_encoding == "utf-32"
+    await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
+    uri = open_document(raw_client, raw_client.root / "main.py")
+    line = (raw_client.root / "main.py").read_text(encoding="utf-8").splitlines()[ADD_LINE]
+    column = line.index("add(")  # code points: "café" counts 4
+    result = await hover(raw_client, uri, types.Position(ADD_LINE, column + 1))
+    assert result.contents.value.startswith("**add**")
+    assert (result.range.start.character, result.range.end.character) == (column, column + 3)
 
 
 async def test_find_bugs_publishes_diagnostics_cleared_on_change(client):

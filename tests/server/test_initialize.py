@@ -27,8 +27,9 @@ async def test_model_load_reports_progress_and_becomes_ready(client):
         command="codectx.ask", arguments=[{"question": "hi", "maxTokens": 1}]))
     result = await status(client)
     assert result["ready"] is True and result["model"]
-    kinds = [[r.kind for r in reports] for reports in client.progress_reports.values()]
-    assert ["begin", "end"] in kinds  # the model load
+    load = next(reports for token, reports in client.progress_reports.items() if str(token).startswith("codectx-load"))
+    assert [r.kind for r in load] == ["begin", "report", "end"]
+    assert load[0].title == "codectx: loading model" and load[1].message.startswith("scanning ")
 
 
 async def test_invalid_settings_show_message_and_fall_back(raw_client, tiny_model):

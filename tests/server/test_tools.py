@@ -5,15 +5,10 @@ import os
 
 import pytest
 
-from server.lsp.documents import DocumentStore
-from server.lsp.convert import UTF16
 from server.lsp.features.ask import Conversations, ask
-from server.lsp.prompt import LocalPrompt
-from server.lsp.session import Session
-from server.lsp.settings import parse_settings
-from server.lsp.tools import MAX_RESULT_CHARS, TOOLS_PROMPT, ToolCall, ToolError, WorkspaceTools, parse_tool_call
+from server.lsp.tools import MAX_RESULT_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
 from tests.server.conftest import SAMPLE_MAIN, SAMPLE_UTIL
-from tests.server.scripted import ByteTokenizer, ScriptedEngine
+from tests.server.scripted import ByteTokenizer, session_for
 
 
 @pytest.fixture()
@@ -29,16 +24,6 @@ def repo(tmp_path):
 def tools_for(root) -> WorkspaceTools:
     files = sorted(p for p in root.rglob("*.py"))
     return WorkspaceTools(root, lambda p: p.read_text(encoding="utf-8"), lambda: files)
-
-
-def session_for(root, outputs, **settings) -> tuple[Session, ScriptedEngine]:
-    parsed, problems = parse_settings(settings or None)
-    assert problems == []
-    session = Session(parsed, DocumentStore(UTF16), root)
-    engine = ScriptedEngine(outputs)
-    tokenizer = ByteTokenizer()
-    session.attach(engine, tokenizer, LocalPrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT), "scripted")
-    return session, engine
 
 
 def test_parse_tool_call_variants():

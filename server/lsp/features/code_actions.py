@@ -84,8 +84,11 @@ async def tests_insertion(session: Session, root: Path, path: Path, text: str, l
                             session.settings.ask.max_tokens)
     module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
     target = root / "tests" / f"test_{path.stem}.py"
-    existing = target.read_text(encoding="utf-8", errors="replace") if target.exists() else None
-    block = _test_block(name, draft)
+    existing = session.buffer_text(target)  # an open buffer's unsaved text wins
+    if existing is None and target.exists():
+        existing = target.read_text(encoding="utf-8", errors="replace")
+    taken = set(re.findall(r"^\s*(?:async\s+)?def\s+(\w+)", existing or "", re.M))
+    block = _test_block(_free_name(f"test_{name}", taken), draft, taken)
     if existing is None:
         return Insertion(target, 0, 0, f"from {module} import {name}\n\n\n{block}", create=True)
     lines = existing.splitlines()
@@ -94,16 +97,26 @@ async def tests_insertion(session: Session, root: Path, path: Path, text: str, l
         Insertion(target, len(lines) - 1, len(lines[-1]), separator + block)
 
 
-def _test_block(name: str, draft: str) -> str:
+def _free_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name_2`, `name_3`... if the test file already defines it."""
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate
+
+
+def _test_block(test_name: str, draft: str, taken: set[str]) -> str:
+    """The model's draft if it is Python defining new test functions; else a placeholder named `test_name`."""
     code = draft.strip().strip("`")
     try:
-        tree = ast.parse(code)
-        if any(isinstance(node, ast.FunctionDef) and node.name.startswith("test") for node in tree.body):
+        names = {node.name for node in ast.parse(code).body if isinstance(node, ast.FunctionDef)}
+        if any(name.startswith("test") for name in names) and not names & taken:
             return code.rstrip() + "\n"
     except (SyntaxError, ValueError):
         pass
     comments = "\n".join(f"    # {clean_line(line, 90)}" for line in draft.splitlines()[:8] if line.strip())
-    return (f"def test_{name}():\n    # codectx draft (not valid Python, kept for reference):\n"
+    return (f"def {test_name}():\n    # codectx draft (not valid Python, kept for reference):\n"
             f"{comments or '    # (empty)'}\n    raise NotImplementedError\n")
 
 

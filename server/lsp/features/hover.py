@@ -96,6 +96,8 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
 
 async def _generate(session: Session, site: DefinitionSite) -> str:
     segments = session.prompt.segments([Turn("user", hover_question(site))])
+    if session.settings.hover.use_warm_prefix:
+        segments = session.prefilled.without_cold_tail(segments)
     done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens)
     return done.text
 
