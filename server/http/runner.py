@@ -7,6 +7,7 @@ thread-safe.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from typing import Any
 
@@ -75,5 +76,25 @@ class HttpServer:
             self._thread.join(timeout=10)
 
     def run(self) -> None:
-        """Serve on the calling thread until Ctrl-C or SIGTERM (instead of `start`)."""
-        self._server.run()
+        """Serve on the calling (main) thread until Ctrl-C or SIGTERM, then return.
+
+        uvicorn shuts down gracefully on those signals and then raises them
+        again; the handlers installed here turn that into a normal return, so
+        the caller can close the engine (and flush its archive).
+        """
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._server.run()
+        except _Stopped:
+            pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class _Stopped(Exception):
+    """Raised by `_stop` once uvicorn has shut down on a signal."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
