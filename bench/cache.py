@@ -1,12 +1,15 @@
 """Checkpointed prefix cache vs mlx_lm.server's prompt cache, step by step, in one run.
 
-Scenario on a repository prefix (a copy of a source tree laid out by
-`context.Workspace` under a token budget): cold ask -> follow-up question ->
-edit a file in the middle -> ask -> restart -> ask. For each step and each
-system: prompt tokens, tokens restored from cache, tokens recomputed, time to
-first token. codectx runs in process (`Engine` with the disk archive on);
-mlx_lm.server runs as a subprocess on loopback with the same weights and its
-OpenAI API (`/v1/completions`, streaming; the prompt is the same text).
+Scenario on a repository prefix (codectx's own `context/` and `engine/` at a
+pinned commit, laid out by `context.Workspace` under a token budget): cold ask ->
+follow-up question -> edit a file in the middle -> ask -> restart -> ask. For
+each step and each system: prompt tokens, tokens restored from cache, tokens
+recomputed, time to first token. codectx runs in process (`Engine` with the disk
+archive on; the restart is a new `Engine` and a new `Workspace` over the same
+CODECTX_HOME). mlx_lm.server runs as a subprocess on loopback with the same
+weights, the same optimized BLAS and its OpenAI API (`/v1/completions`,
+streaming) and gets the same prompt text; after the edit it is also asked with
+the edit in place (the prompt a client without codectx's layout would send).
 
     python bench/cache.py                                  # default model, ~6k-token prefix
     python bench/cache.py --tiny --prefix-tokens 30000     # tiny random long-context model
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -36,6 +38,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
 import engine  # noqa: E402,F401  (optimized BLAS before MLX on Linux CPUs)
+from _common import machine  # noqa: E402
+
+PINNED_SOURCE = "954d1b43c48b65a62168f8f7a562fedec3d13cd9"
+"""The commit whose context/ and engine/ packages are the benchmark's repository."""
+HOT_SHARE = 0.15
+"""`Workspace.hot_share`: the budget is chosen so the stable prefix is about --prefix-tokens."""
+EDITED_SHARE = 0.5
+"""The edited file: the first from the middle of the prefix on whose hot copy fits in this part
+of the hot tail's room (a larger one would fold the tail back into place at once)."""
 
 QUESTIONS = ("What does the code in this repository do? Answer briefly.",
              "Which function should I read first?",
@@ -43,9 +54,11 @@ QUESTIONS = ("What does the code in this repository do? Answer briefly.",
 
 
 def source_tree(dest: Path) -> Path:
-    """A private copy of codectx's own context/ and engine/ packages (edits stay in the copy)."""
-    for pkg in ("context", "engine"):
-        shutil.copytree(ROOT / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.scm"))
+    """context/ and engine/ at `PINNED_SOURCE` in a private git work tree (edits stay in the copy)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", PINNED_SOURCE, "context", "engine"], cwd=ROOT,
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "--exclude=*.scm"], cwd=dest, input=archive, check=True)
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
     return dest
@@ -86,10 +99,13 @@ class Peer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlx_lm.server", "--model", str(self.model_dir), "--host",
-             "127.0.0.1", "--port", str(self.port), "--prefill-step-size", str(self.chunk),
-             "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        argv = ["mlx_lm.server", "--model", str(self.model_dir), "--host", "127.0.0.1", "--port",
+                str(self.port), "--prefill-step-size", str(self.chunk), "--log-level", "WARNING"]
+        # `import engine` first: the same optimized BLAS as codectx (engine/blas.py).
+        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import engine, runpy; "
+                f"sys.argv = {argv!r}; runpy.run_module('mlx_lm.server', run_name='__main__')")
+        self.proc = subprocess.Popen([sys.executable, "-c", code],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 300
         while time.time() < deadline:  # readiness: the port answers
             if self.proc.poll() is not None:
@@ -130,6 +146,7 @@ class Peer:
 
 def run(args) -> dict:
     from context.hf_tokenizer import HFTokenizer
+    from context.segments import file_text
     from context.workspace import Workspace
     from engine.engine import Engine
     from engine.loading import load_model
@@ -151,11 +168,19 @@ def run(args) -> dict:
         model_dir, spec, name = loaded.path, None, loaded.model_id
     loaded = load_model(spec, progress=False)
     tree = source_tree(work / "repo")
-    ws = Workspace(tree, HFTokenizer.from_dir(model_dir), budget=args.prefix_tokens, persist=False)
-    ws.build()
+    tokenizer = HFTokenizer.from_dir(model_dir)
+    budget = int(args.prefix_tokens / (1 - HOT_SHARE))
+
+    def new_workspace():
+        ws = Workspace(tree, tokenizer, budget=budget, hot_share=HOT_SHARE)
+        ws.build()
+        return ws
+
+    ws = new_workspace()
     files = [s for s in ws.layout.segments if s.kind == "file"]
-    target = files[len(files) // 2].key
-    prefix_tokens = sum(len(s) for s in ws.layout.segments)
+    middle = files[len(files) // 2:]
+    target = next((s for s in middle if len(s) <= budget * HOT_SHARE * EDITED_SHARE), middle[0]).key
+    prefix_tokens = ws.layout.tokens
 
     def new_engine():
         return Engine(loaded, prefill_chunk=args.chunk, archive_bytes=args.archive_bytes)
@@ -176,6 +201,10 @@ def run(args) -> dict:
                 ws.update(path, path.read_text())
             if step.startswith("restart"):
                 eng.close()
+                before = ws.layout.segments
+                ws = new_workspace()  # a new process would rebuild from disk + the persisted hot tail
+                if [x.hash for x in ws.layout.segments] != [x.hash for x in before]:
+                    raise RuntimeError("the restarted workspace laid the prefix out differently")
                 eng = new_engine()
                 if peer:
                     peer.stop()
@@ -188,21 +217,43 @@ def run(args) -> dict:
                                              "recomputed": m.recomputed_tokens, "ttft_s": m.ttft_s,
                                              "miss": m.miss_reason}}
             if step.startswith("edit"):
-                edited = next(s for s in segments if s.key == target)
-                row["edited_file_tokens"] = len(edited)
+                # Its hot copy, or (when the edit folded the tail) its segment in place.
+                edited = [s for s in segments if s.key == target and s.kind in ("hot", "file")]
+                row["edited_file_tokens"] = len(edited[-1])
+                row["folded"] = not any(s.kind == "hot" for s in edited)
                 row["question_tokens"] = sum(len(s) for s in segments if s.kind in ("question", "header"))
-                row["tokens_after_edit_point"] = m.prompt_tokens - m.cached_tokens
             if peer:
                 row["mlx_lm.server"] = peer.ask("".join(s.text for s in segments), args.max_tokens)
+                if step.startswith("edit"):
+                    current = ws._files[target]
+                    in_place = [file_text(target, current.language, current.text) if s.kind == "file"
+                                and s.key == target else s.text for s in segments if s.kind != "hot"]
+                    row["mlx_lm.server, edit in place"] = peer.ask("".join(in_place), args.max_tokens)
             rows.append(row)
             sys.stderr.write(json.dumps(row) + "\n")  # progress, step by step
     finally:
         eng.close()
         if peer:
             peer.stop()
-    return {"model": name, "prefix_tokens": prefix_tokens, "chunk": args.chunk,
-            "edited_file": target, "machine": platform.machine(), "steps": rows,
+    return {"model": name, "prefix_tokens": prefix_tokens, "budget": budget, "chunk": args.chunk,
+            "source": PINNED_SOURCE, "edited_file": target, "machine": machine(), "steps": rows,
+            "goals": goals(rows),
             "cache_stats": {k: v for k, v in eng.stats()["cache"].items() if k != "checkpoint_list"}}
+
+
+def goals(rows: list[dict]) -> dict:
+    """The issue's three goals, computed from the rows."""
+    by = {r["step"]: r for r in rows}
+    edit, cold, restart = by["edit mid file + ask"], by["cold ask"], by["restart + ask"]
+    out = {"edit_recomputed": edit["codectx"]["recomputed"],
+           "edit_file_plus_question": edit["edited_file_tokens"] + edit["question_tokens"],
+           "restart_ttft_over_cold": restart["codectx"]["ttft_s"] / cold["codectx"]["ttft_s"]}
+    out["edit_recomputed_ok"] = out["edit_recomputed"] <= out["edit_file_plus_question"]
+    out["restart_ok"] = out["restart_ttft_over_cold"] <= 0.2
+    for peer in ("mlx_lm.server", "mlx_lm.server, edit in place"):
+        if peer in edit and edit[peer]["ttft_s"]:
+            out[f"edit_ttft_speedup_vs_{peer}"] = edit[peer]["ttft_s"] / edit["codectx"]["ttft_s"]
+    return out
 
 
 def warm_up(eng, peer, tokenizer) -> None:
@@ -226,7 +277,7 @@ def table(result: dict) -> str:
             "|---|---|---:|---:|---:|---:|")
     lines = [head]
     for row in result["steps"]:
-        for system in ("codectx", "mlx_lm.server"):
+        for system in ("codectx", "mlx_lm.server", "mlx_lm.server, edit in place"):
             r = row.get(system)
             if r:
                 ttft = f"{r['ttft_s']:.2f}" if r["ttft_s"] is not None else "-"
@@ -253,7 +304,8 @@ def main() -> None:
     out = args.json or ROOT / "bench" / "results" / f"cache-{result['model']}-{args.prefix_tokens}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    sys.stdout.write(table(result) + f"\n\nprefix {result['prefix_tokens']} tokens; JSON: {out}\n")
+    sys.stdout.write(table(result) + f"\n\nprefix {result['prefix_tokens']} tokens; goals {result['goals']}; "
+                     f"JSON: {out}\n")
 
 
 if __name__ == "__main__":
