@@ -14,6 +14,9 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
                     turns: Sequence[tuple[str, str]] = ()) -> list[Segment]:
     """`[prefix…][turn…][question][header]`; each template piece joins the segment after it.
 
+    An assistant turn is two segments, `[header][answer]`, like the prompt that produced it
+    followed by its answer (unless the answer starts with whitespace: then one "turn").
+
     Args:
         layout: The workspace prefix.
         template: The chat template the layout was built with.
@@ -32,6 +35,12 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
     contents = [content for _, content in turns] + [question]
     kinds = ["turn"] * len(turns) + ["question"]
     for i, (kind, piece, content) in enumerate(zip(kinds, pieces[1:], contents)):
+        if roles[i + 1] == "assistant" and content[:1].strip():
+            # [answer header][answer]: the same cut as when the answer was generated, so the
+            # engine's checkpoints inside a long answer are found again (engine.prefix_cache).
+            out.append(Segment("header", f"turn{i}", piece, text_hash(piece), tokens.encode(piece), "answer header"))
+            out.append(Segment("answer", str(i), content, text_hash(content), tokens.encode(content), "assistant"))
+            continue
         text = piece + content
         out.append(Segment(kind, str(i) if kind == "turn" else "question", text, text_hash(text),
                            tokens.encode(text), roles[i + 1]))

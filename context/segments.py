@@ -16,7 +16,7 @@ import xxhash
 
 from context.tags import Definition
 
-KINDS = ("system", "tools", "map", "file", "hot", "turn", "question", "header")
+KINDS = ("system", "tools", "map", "file", "hot", "turn", "question", "header", "answer")
 PROTECTED_KINDS = frozenset({"question", "header"})
 """Checkpoints at the end of these are evicted last (input boundary, before the answer)."""
 

@@ -25,6 +25,9 @@ def test_segments_concatenate_to_rendered_template(request, which, budget, repo)
             rendered = ws.template.render(layout.messages(question, turns))
             assert "".join(s.text for s in segments) == rendered
             assert [t for s in segments for t in s.token_ids] == tok.encode(rendered)
+            if turns:  # the assistant turn is cut like the prompt that produced it: [header][answer]
+                assert [s.kind for s in segments[-5:]] == ["turn", "header", "answer", "question", "header"]
+                assert segments[-3].text == TURNS[1][1]
 
 
 @pytest.mark.parametrize("which", ["smol_tokenizer", "qwen_tokenizer"])
