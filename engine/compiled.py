@@ -1,4 +1,8 @@
-"""A compiled one-token decode step (`mx.compile`) over the model's own KV caches.
+"""A compiled decode step (`mx.compile`) over the model's own KV caches.
+
+One token per call for plain decoding (`decode_step_for`); up to
+`VERIFY_MAX_TOKENS` per call for speculative verification (`verify_step_for`:
+the last token and the drafts in one forward, traced once per length).
 
 mlx-lm caches are Python objects whose ``offset`` is an int and whose
 ``update_and_fetch`` returns a slice that grows by one each step, so compiling
@@ -44,20 +48,28 @@ class _BufferCache:
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        if n != 1 or window_size is not None:
-            raise ValueError("the compiled step decodes one token with full attention")
-        return mx.arange(self.keys.shape[2])[None] <= self.offset
+        if window_size is not None:
+            raise ValueError("the compiled step attends with full (causal) attention")
+        # Query i sits at position offset + i and sees every key up to it.
+        return mx.arange(self.keys.shape[2])[None] <= (self.offset + mx.arange(n))[:, None]
+
+
+VERIFY_MAX_TOKENS = 16
+"""Longest input `verify_step_for` compiles (the last token plus 15 drafts)."""
 
 
 class CompiledDecodeStep:
-    """``step(tokens, cache) -> logits`` for one token, compiled; falls back when it cannot apply.
+    """``step(tokens, cache) -> logits`` for a few tokens, compiled; falls back when it cannot apply.
 
     Args:
         model: An mlx-lm model (called as ``model(tokens, cache=...)``).
+        max_tokens: Longest input compiled; longer inputs take the plain call.
+            Each length is traced once per buffer capacity.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, max_tokens: int = 1) -> None:
         self.model = model
+        self.max_tokens = max_tokens
         self._compiled = mx.compile(self._trace)
         self.enabled = os.environ.get("CODECTX_COMPILE", "on").lower() not in {"off", "0", "false"}
         self.fallbacks = 0
@@ -65,12 +77,13 @@ class CompiledDecodeStep:
         self._probed = False
 
     def __call__(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
-        """Logits of shape (1, 1, vocab) for ``tokens`` of shape (1, 1); updates ``cache``."""
-        if not (self.enabled and self.applies(tokens, cache)):
+        """Logits of shape (1, n, vocab) for ``tokens`` of shape (1, n); updates ``cache``."""
+        if not (self.enabled and self.applies(tokens, cache, self.max_tokens)):
             self.fallbacks += 1
             return self.model(tokens, cache=cache)
+        n = tokens.shape[1]
         for c in cache:
-            _ensure_room(c)
+            _ensure_room(c, n)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
         try:
             logits, keys, values = self._compiled(tokens, offset, [c.keys for c in cache],
@@ -86,13 +99,14 @@ class CompiledDecodeStep:
         for c, k, v in zip(cache, keys, values):
             # The old buffers are referenced by the graph only: slice_update reuses them.
             c.keys, c.values = k, v
-            c.offset += 1
+            c.offset += n
         return logits
 
     @staticmethod
-    def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:
-        """True for one token, plain `KVCache` layers only, all filled to the same offset."""
-        return (tokens.shape == (1, 1) and len(cache) > 0
+    def applies(tokens: mx.array, cache: Sequence[Any], max_tokens: int = 1) -> bool:
+        """True for 1 .. max_tokens tokens, plain `KVCache` layers only, all at one offset."""
+        return (tokens.ndim == 2 and tokens.shape[0] == 1 and 1 <= tokens.shape[1] <= max_tokens
+                and len(cache) > 0
                 and all(type(c) is KVCache and c.keys is not None for c in cache)
                 and len({c.offset for c in cache}) == 1)
 
@@ -104,12 +118,12 @@ class CompiledDecodeStep:
         return logits, [c.keys for c in stand_ins], [c.values for c in stand_ins]
 
 
-def _ensure_room(cache: KVCache) -> None:
-    """Grow the buffers (as `KVCache` would) so that one more row fits."""
+def _ensure_room(cache: KVCache, n: int = 1) -> None:
+    """Grow the buffers (as `KVCache` would) so that `n` more rows fit."""
     capacity = cache.keys.shape[2]
-    if cache.offset < capacity:
+    if cache.offset + n <= capacity:
         return
-    extra = _GROWTH
+    extra = _GROWTH * ((n + _GROWTH - 1) // _GROWTH)
 
     def grown(buffer: mx.array) -> mx.array:
         pad = mx.zeros((*buffer.shape[:2], extra, buffer.shape[3]), dtype=buffer.dtype)
@@ -125,4 +139,13 @@ def decode_step_for(model: Any) -> Callable[[mx.array, Sequence[Any]], mx.array]
         step = CompiledDecodeStep(model)
         # nn.Module is a dict: object.__setattr__ keeps the step out of its parameters.
         object.__setattr__(model, "_codectx_decode_step", step)
+    return step
+
+
+def verify_step_for(model: Any) -> Callable[[mx.array, Sequence[Any]], mx.array]:
+    """The model's compiled multi-token step (speculative verification), kept on it."""
+    step = getattr(model, "_codectx_verify_step", None)
+    if step is None:
+        step = CompiledDecodeStep(model, max_tokens=VERIFY_MAX_TOKENS)
+        object.__setattr__(model, "_codectx_verify_step", step)
     return step

@@ -11,6 +11,7 @@ from typing import Any, Collection, Iterator, Sequence
 import mlx.core as mx
 
 from engine import generate
+from engine.compiled import verify_step_for
 from engine.errors import RequestCancelled
 from engine.lookup import PromptLookupDrafter
 from engine.request import Metrics, SamplingParams
@@ -78,6 +79,18 @@ def make_decoder(
     return SpeculativeDecoder(model, cache, history, drafter, sampling, guard, should_stop, forward)
 
 
+def _verify_forward(model: Any, cache: list[Any]) -> Any:
+    """One token: the decode loop's compiled step; more: the compiled verify step."""
+    verify = verify_step_for(model)
+
+    def forward(ids: mx.array) -> mx.array:
+        if ids.shape[1] == 1:
+            return generate.forward(model, ids, cache)
+        return verify(ids, cache)
+
+    return forward
+
+
 def speculative_decode(
     model: Any,
     cache: list[Any],
@@ -126,7 +139,7 @@ def speculative_decode(
     yield first
     decoder = make_decoder(
         mode, model, cache, list(prompt_ids) + [first], sampling, draft, stop,
-        forward=lambda ids: generate.forward(model, ids, cache),
+        forward=_verify_forward(model, cache),
     )
     produced = 1
     while produced < max_tokens:
