@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -146,8 +146,3 @@ def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int
         return fmt.sse(error_body(to_http_error(done.error)))
     return fmt.sse(fmt.chunk(request_id, params.model, created, finish_reason=done.finish_reason))
 
-
-def routes_payload(service: ChatService) -> list[tuple[str, Any, list[str]]]:
-    """(path, endpoint, methods) of the OpenAI routes."""
-    return [("/v1/models", service.models, ["GET"]),
-            ("/v1/chat/completions", service.chat_completions, ["POST"])]

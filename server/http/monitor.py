@@ -11,7 +11,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from . import prometheus
 from .activity import Activity
 
-PAGE = files(__package__).joinpath("static", "monitor.html")
+PAGE = files(__package__).joinpath("monitor.html")  # package data (pyproject: "*.html")
 
 
 class Monitor:
