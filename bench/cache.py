@@ -152,7 +152,12 @@ def run(args) -> dict:
     from engine.loading import load_model
 
     work = Path(tempfile.mkdtemp(prefix="codectx-bench-cache-"))
-    os.environ["CODECTX_HOME"] = str(work / "home")
+    default_dir = None
+    if not (args.random_like or args.tiny):  # the user's converted default model, not a new copy
+        from engine.default_model import ensure_default_model
+
+        default_dir = ensure_default_model(progress=False).directory
+    os.environ["CODECTX_HOME"] = str(work / "home")  # archive, token caches, workspace state
     if args.random_like:
         model_dir = random_like(Path(args.random_like), work / "random")
         spec, name = str(model_dir), Path(args.random_like).name + "-random"
@@ -164,8 +169,7 @@ def run(args) -> dict:
                                      max_position_embeddings=65536)
         spec, name = str(model_dir), "tiny"
     else:
-        loaded = load_model(None, progress=False)
-        model_dir, spec, name = loaded.path, None, loaded.model_id
+        model_dir, spec, name = default_dir, str(default_dir), Path(default_dir).name
     loaded = load_model(spec, progress=False)
     tree = source_tree(work / "repo")
     tokenizer = HFTokenizer.from_dir(model_dir)

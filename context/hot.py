@@ -14,8 +14,13 @@ keeps that small record on disk so a restarted server rebuilds the same layout.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from context import store
+from context.graph import WorkspaceFile
+from context.languages import language_of
+from context.segments import Segment, deleted_text, hot_file_text, text_hash
+from context.tags import TagCache
 
 HOT_STATE_VERSION = 1
 
@@ -24,10 +29,12 @@ class HotTail:
     """Files in the hot tail, in the order they became hot, with their built texts.
 
     Args:
+        share: Part of the budget the tail may use (of the stable prefix without a budget).
         path: Where the record is persisted (msgpack), or None to keep it in memory.
     """
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, share: float, path: Path | None = None) -> None:
+        self.share = share
         self.path = path
         self._built: dict[str, str | None] = {}
 
@@ -72,3 +79,64 @@ class HotTail:
         if self.path is not None:
             store.save(self.path, {"version": HOT_STATE_VERSION,
                                    "hot": [[rel, built] for rel, built in self._built.items()]})
+
+    def swap_in_built(self, files: dict[str, WorkspaceFile], tags: TagCache) -> dict[str, WorkspaceFile | None]:
+        """Puts each hot file's built text in `files` (so the build places it as before).
+
+        Files whose current text equals their built text leave the tail; files without a
+        copy in place leave `files`.
+
+        Returns:
+            path -> current entry (None: deleted) for the files still hot.
+        """
+        current: dict[str, WorkspaceFile | None] = {}
+        for rel in self:
+            now, built = files.pop(rel, None), self.built(rel)
+            if built is not None and now is not None and now.text == built:
+                self.remove(rel)  # back to the built text: nothing is hot
+                files[rel] = now
+                continue
+            current[rel] = now
+            if built is not None:
+                files[rel] = WorkspaceFile(rel, language_of(rel), text_hash(built), built, False, tags)
+        return current
+
+    def room(self, budget: int | None) -> int:
+        """Tokens of the budget kept free for the tail (0 without a budget)."""
+        return int(budget * self.share) if budget is not None else 0
+
+    def overflows(self, segments: list[Segment], budget: int | None) -> bool:
+        """True when the tail outgrows its share (of the budget, else of the prefix) or the budget."""
+        hot = sum(len(s) for s in segments if s.kind == "hot")
+        total = sum(len(s) for s in segments)
+        if budget is not None:
+            return hot > self.room(budget) or total > budget
+        return hot > self.share * (total - hot)
+
+    def place(self, segments: list[Segment], rel: str, entry: WorkspaceFile | None,
+              make: Callable[[str, str], Segment]) -> int:
+        """Puts `rel`'s hot segment (or none) in the tail of `segments`; returns the index touched.
+
+        Args:
+            segments: The layout's segments, changed in place.
+            rel: A path in the tail.
+            entry: The file's current text, or None when it is deleted.
+            make: Builds a hot segment from (text, reason).
+        """
+        built = self.built(rel)
+        seg = None
+        if entry is None:
+            seg = None if built is None else make(deleted_text(rel), "hot (deleted)")
+        elif built is None or entry.text != built:
+            seg = make(hot_file_text(rel, entry.language, entry.text, replaces=built is not None), "hot (edited)")
+        at = next((i for i, s in enumerate(segments) if s.kind == "hot" and s.key == rel), None)
+        if seg is None:
+            self.remove(rel)
+            if at is not None:
+                segments.pop(at)
+            return len(segments) if at is None else at
+        if at is None:
+            segments.append(seg)
+            return len(segments) - 1
+        segments[at] = seg
+        return at

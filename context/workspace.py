@@ -22,8 +22,7 @@ from context.languages import language_of
 from context.layout import FileRow, Layout
 from context.order import dependency_order, pinned
 from context.scan import IgnoreRules, ScanRules, Skipped, SourceFile, keep_single, list_paths, scan
-from context.segments import (FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, deleted_text, hot_file_text,
-                               map_entry, neutralize, text_hash)
+from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
 from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
 from context.tokenizer import TextTokenizer
@@ -90,7 +89,8 @@ class Workspace:
         self.tags = TagCache(persist=persist)
         state_name = xxhash.xxh3_64_hexdigest(str(self.root).encode())
         self._state_path = codectx_home() / "workspaces" / f"{state_name}.msgpack"
-        self._tail = HotTail(codectx_home() / "workspaces" / f"{state_name}.hot.msgpack" if persist else None)
+        self._tail = HotTail(hot_share, codectx_home() / "workspaces" / f"{state_name}.hot.msgpack"
+                             if persist else None)
         self._system_piece = self.template.frame(("system", "user"))[0]
         self._system_text = block(neutralize(system))
         self._tools_text = block(neutralize(tools)) if tools.strip() else ""
@@ -150,7 +150,7 @@ class Workspace:
             self._tail.clear()
         elif not len(self._tail) and self.persist:
             self._tail.load()
-        current = self._place_built_copies()
+        current = self._tail.swap_in_built(self._files, self.tags)
         state = store.load(self._state_path) if self.persist else {}
         previous = state.get("hashes") or {}
         for path in sorted(self._files):
@@ -168,24 +168,10 @@ class Workspace:
             self._set_file(rel, current.get(rel))
             self._retail(segments, rel)
         self._tail.save()
-        if len(self._tail) and self._overflows(segments) and not fold:
+        if len(self._tail) and self._tail.overflows(segments, self.budget) and not fold:
             return self.build(fold=True)
         self._layout = self._make_layout(segments, self._mapped, self._omitted)
         return self._layout
-
-    def _place_built_copies(self) -> dict[str, WorkspaceFile | None]:
-        """Puts each hot file's built text in `_files` for ordering; returns the current entries."""
-        current: dict[str, WorkspaceFile | None] = {}
-        for rel in self._tail:
-            now, built = self._files.pop(rel, None), self._tail.built(rel)
-            if built is not None and now is not None and now.text == built:
-                self._tail.remove(rel)  # back to the built text: nothing is hot
-                self._files[rel] = now
-                continue
-            current[rel] = now
-            if built is not None:
-                self._files[rel] = WorkspaceFile(rel, language_of(rel), text_hash(built), built, False, self.tags)
-        return current
 
     # ----- incremental update ------------------------------------------------------------------
 
@@ -234,7 +220,7 @@ class Workspace:
             if rel in lst:
                 lst.remove(rel)
         first = self._retail(segments, rel)
-        if self._overflows(segments):
+        if self._tail.overflows(segments, self.budget):
             return self._fold()
         self._tail.save()
         self._selected = frozenset(s.key for s in segments if s.kind in ("file", "hot"))
@@ -254,37 +240,10 @@ class Workspace:
 
     def _retail(self, segments: list[Segment], rel: str) -> int:
         """Puts `rel`'s hot segment (or none) in the tail; returns the index it touched."""
-        built = self._tail.built(rel)
-        entry = self._files.get(rel)
-        seg = None
-        if entry is None:
-            seg = None if built is None else self._segment("hot", rel, deleted_text(rel), "hot (deleted)")
-        elif built is None or entry.text != built:
-            text = hot_file_text(rel, entry.language, entry.text, replaces=built is not None)
-            seg = Segment("hot", rel, text, text_hash(text), self.tokens.encode_chunked([text])[0],
-                          "hot (edited)")
-        at = next((i for i, s in enumerate(segments) if s.kind == "hot" and s.key == rel), None)
-        if seg is None:
-            self._tail.remove(rel)
-            if at is not None:
-                segments.pop(at)
-            return len(segments) if at is None else at
-        if at is None:
-            segments.append(seg)
-            return len(segments) - 1
-        segments[at] = seg
-        return at
+        def make(text: str, reason: str) -> Segment:
+            return Segment("hot", rel, text, text_hash(text), self.tokens.encode_chunked([text])[0], reason)
 
-    def _overflows(self, segments: list[Segment]) -> bool:
-        """True when the hot tail outgrows its share (of the budget, else of the prefix)."""
-        hot = sum(len(s) for s in segments if s.kind == "hot")
-        total = sum(len(s) for s in segments)
-        if self.budget is not None:
-            return hot > self._hot_room() or total > self.budget
-        return hot > self.hot_share * (total - hot)
-
-    def _hot_room(self) -> int:
-        return int(self.budget * self.hot_share) if self.budget is not None else 0
+        return self._tail.place(segments, rel, self._files.get(rel), make)
 
     def _fold(self) -> tuple[int, Layout]:
         """A full rebuild with every edit in place; returns (first changed index, layout)."""
@@ -353,7 +312,7 @@ class Workspace:
         if self.budget is None:
             return set(stable), [], []
         costs = self._file_costs(stable)
-        limit = self.budget - self._hot_room()
+        limit = self.budget - self._tail.room(self.budget)
         avail = limit - fixed
         if sum(costs.values()) <= avail:
             return set(stable), [], []

@@ -12,9 +12,8 @@ from engine.generate import decode
 from engine.loading import load_model
 from engine.policy import CachePolicy
 from engine.prefix_cache import PrefixCache
-from engine.request import Metrics, PromptSegment, Request, TokenEvent
+from engine.request import Metrics, PromptSegment, Request, SamplingParams, TokenEvent
 from engine.sampling import make_sampler
-from engine.request import SamplingParams
 from tiny_models import build_tiny_model
 
 CHUNK = 16
