@@ -89,7 +89,7 @@ def test_ask_streams_into_the_float_and_cancels(workspace, tiny_model, tmp_path)
     assert stdout.count("cancelled with") == 2
 
 
-def test_context_and_status_commands(workspace, tiny_model, tmp_path):
+def test_context_status_and_code_actions(workspace, tiny_model, tmp_path):
     assert_passed(run_script("context_status.lua", workspace, tiny_model, tmp_path), "context_status.lua")
 
 

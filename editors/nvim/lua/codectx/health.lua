@@ -99,6 +99,26 @@ local function check_clients()
   end
 end
 
+--- The server command: `cmd[1]` must be executable. Returns its full path.
+---@param cmd string[]|fun(...): any
+---@return string?
+local function check_executable(cmd)
+  if type(cmd) ~= 'table' then
+    health.info('cmd is a function: not checked')
+    return nil
+  end
+  local exe = vim.fn.exepath(cmd[1])
+  if exe == '' then
+    health.error(('`%s` is not executable'):format(cmd[1]), {
+      'Install codectx (pip install -e /path/to/codectx) and put its bin directory on PATH',
+      "or set the command: vim.lsp.config('codectx', { cmd = { '/path/to/.venv/bin/codectx', 'serve' } })",
+    })
+    return nil
+  end
+  health.ok(('cmd: %s (%s)'):format(table.concat(cmd, ' '), exe))
+  return exe
+end
+
 function M.check()
   health.start('codectx: Neovim')
   if vim.fn.has('nvim-0.11') == 1 then
@@ -113,27 +133,17 @@ function M.check()
     health.error("no vim.lsp.config for 'codectx'", { "Put editors/nvim on 'runtimepath' (it holds lsp/codectx.lua)" })
     return
   end
-  local cmd = config.cmd
-  if type(cmd) ~= 'table' then
-    health.info('cmd is a function: not checked')
-  else
-    local exe = vim.fn.exepath(cmd[1])
-    if exe == '' then
-      health.error(('`%s` is not executable'):format(cmd[1]), {
-        'Install codectx (pip install -e /path/to/codectx) and put its bin directory on PATH',
-        "or set the command: vim.lsp.config('codectx', { cmd = { '/path/to/.venv/bin/codectx', 'serve' } })",
-      })
+  local exe = check_executable(config.cmd)
+
+  if exe then
+    health.start('codectx: Python and model')
+    local python = python_of(config.cmd, exe)
+    if python then
+      check_doctor(python, config.cmd_env)
     else
-      health.ok(('cmd: %s (%s)'):format(table.concat(cmd, ' '), exe))
-      health.start('codectx: Python and model')
-      local python = python_of(cmd, exe)
-      if python then
-        check_doctor(python, config.cmd_env)
-      else
-        health.warn('cannot tell which Python runs ' .. exe, { "Set require('codectx').setup({ python = '...' })" })
-      end
-      check_model(config.settings)
+      health.warn('cannot tell which Python runs ' .. exe, { "Set require('codectx').setup({ python = '...' })" })
     end
+    check_model(config.settings)
   end
 
   health.start('codectx: client')
