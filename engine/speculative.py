@@ -21,6 +21,9 @@ or any exception the cache goes back to where the round started.
 from __future__ import annotations
 
 import logging
+import statistics
+import time
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Protocol, Sequence
@@ -98,19 +101,25 @@ class SpeculationStats:
 class BreakEvenGuard:
     """Turns drafting off while it costs more than it saves (mode `auto`).
 
-    A round that verifies n tokens costs `1 + cost_per_token * (n - 1)` one-token
-    forwards plus `draft_cost` per drafted token, and emits `accepted + 1`
-    tokens. Over the last `window` drafting rounds, if emitted / cost falls
-    below `margin`, drafting pauses for `cooldown` plain tokens, then probes
-    again with a fresh window.
+    Each drafting round emits `accepted + 1` tokens at some cost, in units of
+    one plain (one-token) decode step. The cost is **measured** once a few
+    plain steps have been timed: the round's wall time over the median plain
+    step (capped at twice the model's estimate, so a one-off trace or a burst
+    of load does not count as the price of drafting). Until then it comes from
+    the cost model: `1 + (cost_per_token + draft_cost) * drafted`. Over the last
+    `window` drafting rounds, if emitted / cost falls below `margin`, drafting
+    pauses for `cooldown` plain steps (which also refresh the plain timing),
+    then probes again with a fresh window.
 
     Args:
-        cost_per_token: Measured extra cost of each verified token.
-        draft_cost: Cost of drafting one token (0 for prompt lookup).
+        cost_per_token: Prior extra cost of each verified token.
+        draft_cost: Prior cost of drafting one token (0 for prompt lookup).
         window: Drafting rounds to judge over.
         min_rounds: Rounds before the first judgement.
         margin: Break-even ratio (1.0 = as fast as plain decoding).
-        cooldown: Plain tokens to decode before probing again.
+        cooldown: Plain steps to decode before probing again.
+        clock: Seconds for timing rounds; None judges by the cost model only.
+        min_plain: Timed plain steps needed before measured costs are used.
     """
 
     def __init__(
@@ -121,6 +130,8 @@ class BreakEvenGuard:
         min_rounds: int = 4,
         margin: float = 1.0,
         cooldown: int = 64,
+        clock: Callable[[], float] | None = time.perf_counter,
+        min_plain: int = 3,
     ) -> None:
         self.cost_per_token = cost_per_token
         self.draft_cost = draft_cost
@@ -128,30 +139,57 @@ class BreakEvenGuard:
         self.min_rounds = min_rounds
         self.margin = margin
         self.cooldown = cooldown
-        self._rounds: list[tuple[int, float]] = []
+        self.clock = clock
+        self.min_plain = min_plain
+        self._rounds: list[tuple[int, float, float | None]] = []  # emitted, model cost, seconds
+        self._plain: deque[float] = deque(maxlen=32)
+        self._started: float | None = None
         self._paused_for = 0
         self.pauses = 0
+        self.last_ratio: float | None = None
 
     @property
     def active(self) -> bool:
         return self._paused_for == 0
 
+    @property
+    def plain_step_s(self) -> float | None:
+        """Median seconds of a plain step, once `min_plain` were timed."""
+        if len(self._plain) < self.min_plain:
+            return None
+        return statistics.median(self._plain)
+
+    def begin_round(self) -> None:
+        """Start timing a round (call before drafting)."""
+        self._started = self.clock() if self.clock is not None else None
+
     def record(self, drafted: int, accepted: int) -> None:
         """Account for one round (drafted == 0 means a plain step)."""
-        if not self.active:
-            self._paused_for -= 1
-            return
+        seconds = None
+        if self._started is not None:
+            seconds, self._started = self.clock() - self._started, None
         if drafted == 0:
+            if seconds is not None:
+                self._plain.append(seconds)
+            if not self.active:
+                self._paused_for -= 1
             return
-        cost = 1.0 + self.cost_per_token * drafted + self.draft_cost * drafted
-        self._rounds = (self._rounds + [(accepted + 1, cost)])[-self.window :]
+        model_cost = 1.0 + (self.cost_per_token + self.draft_cost) * drafted
+        self._rounds = (self._rounds + [(accepted + 1, model_cost, seconds)])[-self.window :]
         if len(self._rounds) < self.min_rounds:
             return
-        ratio = sum(e for e, _ in self._rounds) / sum(c for _, c in self._rounds)
+        ratio = sum(e for e, _, _ in self._rounds) / sum(self._costs())
+        self.last_ratio = ratio
         if ratio < self.margin:
-            log.info("speculation paused: %.2f tokens per forward-cost < %.2f", ratio, self.margin)
+            log.info("speculation paused: %.2f tokens per plain-step cost < %.2f", ratio, self.margin)
             self._paused_for, self._rounds = self.cooldown, []
             self.pauses += 1
+
+    def _costs(self) -> list[float]:
+        plain = self.plain_step_s
+        if plain is None or plain <= 0 or any(s is None for _, _, s in self._rounds):
+            return [c for _, c, _ in self._rounds]
+        return [min(s / plain, 2.0 * c) for _, c, s in self._rounds]
 
 
 def target_probs(logits: mx.array, sampling: SamplingParams) -> np.ndarray:
@@ -274,6 +312,8 @@ class SpeculativeDecoder:
         """
         if limit is not None and limit <= 0:
             return []
+        if self.guard is not None:
+            self.guard.begin_round()
         drafts = self._draft(limit)
         if self.should_stop():
             raise RequestCancelled("cancelled before verification")

@@ -294,7 +294,7 @@ def test_auto_mode_pauses_below_break_even_and_keeps_output(target):
     prompt = prompts()[1]
     reference = plain_greedy(target, prompt, 60)
     drafter = ScriptedDrafter(reference, len(prompt), k=6, wrong_at=0)  # always wrong
-    guard = BreakEvenGuard(cost_per_token=0.1, min_rounds=4, cooldown=20)
+    guard = BreakEvenGuard(cost_per_token=0.1, min_rounds=4, cooldown=20, clock=None)
     dec = SpeculativeDecoder(target, prefill(target, prompt), prompt, drafter, guard=guard)
     assert decode(dec, 60) == reference
     assert guard.pauses >= 1
@@ -305,7 +305,7 @@ def test_auto_mode_keeps_drafting_when_it_pays(target):
     prompt = prompts()[1]
     reference = plain_greedy(target, prompt, 60)
     drafter = ScriptedDrafter(reference, len(prompt), k=6, wrong_at=3)
-    guard = BreakEvenGuard(cost_per_token=0.1, min_rounds=4)
+    guard = BreakEvenGuard(cost_per_token=0.1, min_rounds=4, clock=None)
     dec = SpeculativeDecoder(target, prefill(target, prompt), prompt, drafter, guard=guard)
     assert decode(dec, 60) == reference
     assert guard.pauses == 0 and dec.stats.tokens_per_forward > 3
