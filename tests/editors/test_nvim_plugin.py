@@ -86,7 +86,7 @@ def test_attach_and_hover(workspace, tiny_model, tmp_path):
 
 def test_ask_streams_into_the_float_and_cancels(workspace, tiny_model, tmp_path):
     stdout = assert_passed(run_script("ask_cancel.lua", workspace, tiny_model, tmp_path), "ask_cancel.lua")
-    assert stdout.count("cancelled with") == 2
+    assert stdout.count("cancelled with") == 3
 
 
 def test_context_status_and_code_actions(workspace, tiny_model, tmp_path):

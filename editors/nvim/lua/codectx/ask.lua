@@ -107,7 +107,9 @@ local function on_result(answer, err, result)
   if err then
     answer.error = err
     set_footer(answer, 'error')
-    vim.notify('codectx: ask failed: ' .. (err.message or vim.inspect(err)), vim.log.levels.ERROR)
+    local message = 'codectx: ask failed: ' .. (err.message or vim.inspect(err))
+    append(answer, (answer.text == '' and '' or '\n\n') .. message)
+    vim.notify(message, vim.log.levels.ERROR)
     return
   end
   answer.result = result
