@@ -92,6 +92,38 @@ def build_model(shape: Shape, layers: int | None, seed: int = 0) -> nn.Module:
     return model
 
 
+class DequantizedLinear(nn.Module):
+    """A 4-bit linear layer that multiplies prefill chunks with its weights dequantized.
+
+    Decode-sized inputs (< `min_rows` tokens) keep the quantized kernel; larger
+    ones dequantize the weight (bf16) and use the dense matmul. An experiment for
+    the linear-layer bound measured by bench/prefill_profile.py, not engine code.
+    """
+
+    def __init__(self, inner: nn.QuantizedLinear, min_rows: int = 64):
+        super().__init__()
+        self.inner = inner
+        self.min_rows = min_rows
+
+    def __call__(self, x: mx.array) -> mx.array:
+        q = self.inner
+        if x.size // x.shape[-1] < self.min_rows:
+            return q(x)
+        w = mx.dequantize(q.weight, q.scales, q.biases, q.group_size, q.bits).astype(x.dtype)
+        y = x @ w.T
+        return y + q.bias if "bias" in q else y
+
+
+def dequantize_linears(model: nn.Module) -> int:
+    """Wrap every `QuantizedLinear` of the transformer blocks in `DequantizedLinear`."""
+    from mlx.utils import tree_unflatten
+
+    swaps = [(name, DequantizedLinear(m)) for name, m in model.named_modules()
+             if isinstance(m, nn.QuantizedLinear) and name.startswith("model.layers")]
+    model.update_modules(tree_unflatten(swaps))
+    return len(swaps)
+
+
 def attention_flops(n: int, chunk: int, policy: WindowPolicy, dense_from: int) -> float:
     """Multiply-adds x2 of QK^T and PV per head-dim unit, summed over queries."""
     total = 0
@@ -142,6 +174,8 @@ def run(argv: list[str] | None = None) -> dict:
                     help="device peak for the fraction column (default 989 on gpu: H200 dense bf16)")
     ap.add_argument("--warmup", type=int, default=None,
                     help="tokens prefilled untimed per mode first (default: enough for windowed chunks on gpu, 0 on cpu)")
+    ap.add_argument("--linear", choices=("quantized", "dequantized"), default="quantized",
+                    help="dequantized: prefill chunks multiply with bf16-dequantized weights (experiment)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -159,10 +193,12 @@ def run(argv: list[str] | None = None) -> dict:
 
     build_s = time.perf_counter()
     model = build_model(shape, a.layers)
+    lin = linear_flops_per_token(model)
+    if a.linear == "dequantized":
+        dequantize_linears(model)
     build_s = time.perf_counter() - build_s
     margs = model.args
     heads, hd, n_layers = margs.num_attention_heads, margs.head_dim, margs.num_hidden_layers
-    lin = linear_flops_per_token(model)
     if a.warmup is None:
         a.warmup = g + w + 2 * chunk + tail + chunk if a.device == "gpu" else 0
     if a.warmup:  # kernel compilation (JIT on CUDA) is not prefill time
@@ -188,7 +224,7 @@ def run(argv: list[str] | None = None) -> dict:
             mx.reset_peak_memory()
             secs = prefill(model, tokens, caches, chunk)
             flops = n * lin + attention_flops(n, chunk, policy, dense_from) * heads * hd * n_layers
-            row = dict(mode=mode, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
+            row = dict(mode=mode, linear=a.linear, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
                        peak_gib=round(mx.get_peak_memory() / 2**30, 3),
                        kv_gib=round(sum(c.nbytes for c in caches) / 2**30, 3),
                        tflops=round(flops / secs / 1e12, 3))
@@ -198,7 +234,7 @@ def run(argv: list[str] | None = None) -> dict:
             print(json.dumps(row), file=sys.stderr, flush=True)
             del caches
     result = dict(shape=a.shape, device=a.device, chunk=chunk, global_tokens=g, window_tokens=w,
-                  dense_tail=tail, layers=n_layers, weight_bits=shape.weight_bits, dtype=shape.dtype,
+                  dense_tail=tail, layers=n_layers, linear=a.linear, weight_bits=shape.weight_bits, dtype=shape.dtype,
                   build_s=round(build_s, 1), mlx=mx.__version__, platform=platform.platform(),
                   peak_tflops=peak, rows=rows)
     out = Path(a.out or f"bench/results/prefill-{a.shape}-{a.device}.json")

@@ -1,7 +1,7 @@
 """`codectx eval`: what approximation costs in answers, measured on generated tasks.
 
-Runs needle retrieval and variable tracking at the given context lengths and
-seeds under several arms (dense / windowed attention x 16 / 8-bit KV), prints
+Runs needle retrieval, variable tracking and code questions over a fixture
+repository at the given context lengths and seeds under several arms (dense / windowed attention x 16 / 8-bit KV), prints
 a table and writes JSON with the counts of tasks actually run and each item
 where an arm disagreed with the reference arm (the first one).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
+from typing import Any
 
 ARMS = {  # name -> (windowed, kv bits)
     "dense-16": (False, 16),
@@ -21,17 +21,50 @@ ARMS = {  # name -> (windowed, kv bits)
 }
 
 
+MAX_TOKENS = {"needle": 112, "variables": 40, "code": 24}
+"""Enough for 15 codes, five variable names, one fact."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model name, path or hub id (default: smollm2-135m)")
     parser.add_argument("--lengths", default="6000", help="context lengths in tokens, comma-separated")
     parser.add_argument("--seeds", default="0", help="seeds, comma-separated")
-    parser.add_argument("--tasks", default="needle,variables")
+    parser.add_argument("--tasks", default="needle,variables,code", help="of needle, variables, code")
     parser.add_argument("--arms", default="dense-16,window-16", help=f"first is the reference; of {list(ARMS)}")
     parser.add_argument("--window", default="1024,1024", help="G,W (defaults scaled for an 8k-context model)")
     parser.add_argument("--tail", type=int, default=256, help="dense tail before the question")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"answer length (default per task: {MAX_TOKENS})")
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--out", default=None, help="JSON path (default: stdout table only)")
+
+
+def fit_length(make, seed: int, tokens: int, count) -> Any:
+    """The task `make(seed, n)` whose context is about `tokens` long (n scaled from a probe).
+
+    Args:
+        make: A task maker taking (seed, size units).
+        seed: The task seed.
+        tokens: Target context length in tokens.
+        count: Tokens of a text under the model's tokenizer.
+    """
+    probe = 64
+    per_unit = count(make(seed, probe).context) / probe
+    return make(seed, max(1, int(tokens / per_unit)))
+
+
+def write_json(path: Path, model_id: str, window: tuple[int, int], tail: int, arms: list[str],
+               runs: list, summary: dict) -> None:
+    """The run so far: settings, counts of tasks run, summary, every answer and its timing."""
+    result = dict(model=model_id, window=list(window), tail=tail, arms=arms,
+                  tasks_run=len(runs), summary=summary,
+                  runs=[dict(kind=r.task.kind, seed=r.task.seed, tokens=r.context_tokens,
+                             answers={k: v.answers for k, v in r.results.items()},
+                             items={k: v.items for k, v in r.results.items()},
+                             seconds={k: round(v.seconds, 1) for k, v in r.results.items()})
+                        for r in runs])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
 
 
 def main(argv: list[str]) -> int:
@@ -42,8 +75,9 @@ def main(argv: list[str]) -> int:
     if not names or any(n not in ARMS for n in names):
         parser.error(f"--arms must name some of {list(ARMS)}")
 
+    from engine.eval.code_task import code_task
     from engine.eval.runner import Arm, run_tasks, summarize, table
-    from engine.eval.tasks import filler, needle_task, variable_task
+    from engine.eval.tasks import needle_task, variable_task
     from engine.loading import load_model
     from engine.window import WindowPolicy
 
@@ -51,25 +85,23 @@ def main(argv: list[str]) -> int:
     g, w = (int(x) for x in a.window.split(","))
     arms = [Arm(n, WindowPolicy(enabled=ARMS[n][0], global_tokens=g, window_tokens=w, dense_tail=a.tail),
                 ARMS[n][1]) for n in names]
-    sample = " ".join(filler(random.Random(0), 200))
-    per_sentence = len(loaded.tokenizer.encode(sample)) / 200
-    makers = {"needle": needle_task, "variables": variable_task}
-    tasks = [makers[kind](seed, int(length / per_sentence))
+    makers = {"needle": needle_task, "variables": variable_task, "code": code_task}
+    kinds = [k for k in a.tasks.split(",") if k]
+    if any(k not in makers for k in kinds):
+        parser.error(f"--tasks must name some of {list(makers)}")
+    count = lambda text: len(loaded.tokenizer.encode(text))  # noqa: E731
+    tasks = [fit_length(makers[kind], seed, length, count)
              for length in (int(x) for x in a.lengths.split(","))
              for seed in (int(x) for x in a.seeds.split(","))
-             for kind in a.tasks.split(",")]
-    runs = run_tasks(loaded.model, loaded.tokenizer, tasks, arms, chunk=a.chunk, max_tokens=a.max_tokens)
-    summary = summarize(runs, names[0])
+             for kind in kinds]
+    runs = []
+    for task in tasks:  # one at a time, so a long run leaves its JSON after every task
+        runs += run_tasks(loaded.model, loaded.tokenizer, [task], arms, chunk=a.chunk,
+                          max_tokens=a.max_tokens or MAX_TOKENS[task.kind])
+        summary = summarize(runs, names[0])
+        if a.out:
+            write_json(Path(a.out), loaded.model_id, (g, w), a.tail, names, runs, summary)
     print(table(summary, names[0]))
-    if a.out:
-        result = dict(model=loaded.model_id, window=[g, w], tail=a.tail, arms=names,
-                      tasks_run=len(runs), summary=summary,
-                      runs=[dict(kind=r.task.kind, seed=r.task.seed, tokens=r.context_tokens,
-                                 answers={k: v.answers for k, v in r.results.items()},
-                                 seconds={k: round(v.seconds, 1) for k, v in r.results.items()})
-                            for r in runs])
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -108,11 +108,12 @@ def found(answer: str, fact: str) -> bool:
 
 
 def score(task: Task, answers: list[str]) -> list[tuple[str, bool]]:
-    """Per-item results: (item, right) for each code (needle) or chain (variables)."""
+    """Per-item results: (item, right) for each code (needle), chain (variables) or fact (code)."""
     if len(answers) != len(task.questions):
         raise ValueError(f"{task.kind} task has {len(task.questions)} questions, got {len(answers)} answers")
     if task.kind == "needle":
         (q,), (a,) = task.questions, answers
         return [(code, found(a, code)) for code in q.expected]
-    return [(f"chain:{q.expected[0]}", all(found(a, v) for v in q.expected))
+    label = "fact" if task.kind == "code" else "chain"
+    return [(f"{label}:{q.expected[0]}", all(found(a, v) for v in q.expected))
             for q, a in zip(task.questions, answers)]
