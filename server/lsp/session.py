@@ -31,6 +31,7 @@ class Counters:
     cancelled: int = 0
     warmups: int = 0
     last_metrics: dict = field(default_factory=dict)
+    last_hover: dict | None = None  # firstTokenS/totalS from the hover request, promptTokens
 
 
 class Session:

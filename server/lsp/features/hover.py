@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
     Raises:
         NotReadyError: The model is still loading.
     """
+    started = time.perf_counter()
     site = cache.index.find(name, current, files)
     if site is None:
         return None
@@ -81,7 +83,7 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         return HoverAnswer(render(site, cache.answers[key]), "cache")
     task = cache.pending.get(key)
     if task is None:
-        task = asyncio.ensure_future(_generate(session, site))
+        task = asyncio.ensure_future(_generate(session, site, started))
         cache.pending[key] = task
         task.add_done_callback(lambda t: _store(cache, key, t))
     budget = session.settings.hover.latency_budget_ms / 1000
@@ -94,11 +96,21 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
     return HoverAnswer(render(site, text), "model")
 
 
-async def _generate(session: Session, site: DefinitionSite) -> str:
+async def _generate(session: Session, site: DefinitionSite, started: float) -> str:
+    """The model's explanation; records the hover's timings in `session.counters.last_hover`."""
     segments = session.prompt.segments([Turn("user", hover_question(site))])
     if session.settings.hover.use_warm_prefix:
         segments = session.prefilled.without_cold_tail(segments)
-    done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens)
+    first_token: list[float] = []
+
+    def on_text(_text: str) -> None:
+        if not first_token:
+            first_token.append(time.perf_counter() - started)
+
+    done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text)
+    session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
+                                   "totalS": time.perf_counter() - started,
+                                   "promptTokens": sum(len(s.token_ids) for s in segments)}
     return done.text
 
 

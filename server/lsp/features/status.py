@@ -19,6 +19,7 @@ def status(session: Session, protocol: Any, warmup: Any) -> dict:
                      "hoverCacheHits": counters.hover_cache_hits, "cancelled": counters.cancelled,
                      "warmups": counters.warmups},
         "lastMetrics": counters.last_metrics,
+        "lastHover": counters.last_hover,
         "engine": session.engine.stats() if session.engine is not None else None,
         "server": {"pendingRequests": protocol.pending_requests(),
                    "progressTokens": protocol.progress_tokens(),

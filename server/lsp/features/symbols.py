@@ -81,6 +81,7 @@ class DefinitionIndex:
         try:
             text = self.read_text(path)
         except OSError:
+            self._parsed.pop(path, None)
             return None
         cached = self._parsed.get(path)
         if cached is None or cached[0] != text:
