@@ -38,7 +38,8 @@ class HttpServer:
     """
 
     def __init__(self, app: Any, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+        # log_config=None: uvicorn logs through our handlers (stderr), never to stdout (the LSP channel).
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=2)
         self._server = _Server(config)
         self._thread = threading.Thread(target=self._server.run, name="codectx-http", daemon=True)
