@@ -68,7 +68,13 @@ def run(args: argparse.Namespace) -> int:
     except HttpConfigError as err:
         logger.error("%s", err)
         return 2
+    if getattr(args, "tcp", None):
+        logger.error("--http runs beside the language server on stdio (--stdio), not with --tcp")
+        return 2
     if args.stdio:
+        if args.workspace or args.model != "smollm2-135m":
+            logger.warning("with --stdio the editor's settings choose the model and the workspace; "
+                           "--model and --workspace are ignored")
         from server.lsp.app import server
 
         http = HttpServer(create_app(LspSource(server), config), config.host, config.port)

@@ -50,3 +50,14 @@ def test_off_loopback_without_a_key_refuses_to_start(tmp_path):
     process = _serve("--http", f"0.0.0.0:{_free_port()}", "--model", "unused", home=tmp_path)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "API key" in err
+
+
+def test_http_does_not_combine_with_tcp():
+    import argparse
+
+    from server.http.serve import run
+    from server.serve_cmd import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(["--http", "8000", "--tcp", "9000"])) == 2
