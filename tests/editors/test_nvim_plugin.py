@@ -8,6 +8,7 @@ is shown in the assertion message.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,22 @@ def test_context_status_and_code_actions(workspace, tiny_model, tmp_path):
 def test_checkhealth(workspace, tiny_model, tmp_path):
     stdout = assert_passed(run_script("health.lua", workspace, tiny_model, tmp_path), "health.lua")
     assert "codectx: server executable" in stdout and "codectx: client" in stdout
+
+
+def test_help_file_has_tags_for_every_command(tmp_path):
+    runtime = tmp_path / "rt"
+    shutil.copytree(REPO_ROOT / "editors" / "nvim" / "doc", runtime / "doc")
+    lua = ("vim.cmd.helptags(vim.fn.fnameescape(arg[1] .. '/doc'))\n"
+           "for _, tag in ipairs({ 'codectx.txt', ':CodectxAsk', ':CodectxContext', ':CodectxStatus', "
+           "'codectx-mappings', 'codectx-health' }) do\n"
+           "  vim.cmd.help(tag)\n"
+           "  assert(vim.fn.expand('%:t') == 'codectx.txt', tag)\n"
+           "  vim.cmd.helpclose()\n"
+           "end\n"
+           "io.stdout:write('ok help\\n')\n")
+    script = tmp_path / "help.lua"
+    script.write_text(f"vim.opt.runtimepath:prepend(arg[1])\n{lua}", encoding="utf-8")
+    env = dict(os.environ, **{f"XDG_{x}_HOME": str(tmp_path / x.lower()) for x in ("CONFIG", "DATA", "STATE", "CACHE")})
+    run = subprocess.run([str(NVIM), "--headless", "--clean", "-l", str(script), str(runtime)], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and "ok help" in run.stdout, f"{run.stdout}\n{run.stderr}"
