@@ -17,7 +17,6 @@ return {
   root_dir = function(bufnr, on_dir)
     on_dir(vim.fs.root(bufnr, { '.git' }) or vim.fn.getcwd())
   end,
-  settings = { codectx = {} },
   before_init = function(params, config)
     local settings = config.settings and config.settings.codectx
     if type(settings) == 'table' and next(settings) ~= nil then
