@@ -17,6 +17,7 @@ cancel or an error.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -38,6 +39,7 @@ from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
 from .sampling import make_sampler
 from .speculative import Mode
 from .speculative_decode import speculative_decode
+from .window import WindowPolicy, make_window_cache
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class Engine:
             (needs `draft`) or "auto" (speculates while it pays off); greedy
             output is the same in every mode (engine.speculative).
         draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto".
+        window: An `engine.window.WindowPolicy` for windowed prefill
+            (`approximation.enabled`); None or a disabled policy gives exact
+            attention. Which positions are windowed follows each request's
+            segment layout; the policy is part of the checkpoint fingerprint.
 
     Raises:
         ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
@@ -77,7 +83,7 @@ class Engine:
 
     def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  checkpoint_budget_bytes: int | None = None, archive_bytes: int = 0,
-                 speculation: str = "off", draft: Any = None) -> None:
+                 speculation: str = "off", draft: Any = None, window: Any = None) -> None:
         if kv_bits not in SUPPORTED_KV_BITS:
             raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
         if prefill_chunk < 1:
@@ -90,12 +96,11 @@ class Engine:
         self.speculation = Mode(speculation)  # ValueError names the modes
         self.draft = draft
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        policy = CachePolicy(model_id=str(getattr(loaded, "model_id", "")),
-                             weight_hash=str(getattr(loaded, "weight_hash", "")),
-                             dtype=model_dtype(self.model), kv_bits=kv_bits,
-                             kv_group_size=KV_GROUP_SIZE, prefill_chunk=prefill_chunk)
+        self.window = window
+        policy, cache = self._cache_policy(window)
         self.prefix = PrefixCache(self.model, policy, budget_bytes=checkpoint_budget_bytes,
-                                  archive_bytes=archive_bytes)
+                                  archive_bytes=archive_bytes, cache=cache, window=window)
+        self._pending_window: tuple[Any] | None = None
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -132,6 +137,15 @@ class Engine:
             self._active[request.request_id] = job
             self._enqueue(job)
         return handle
+
+    def set_window(self, window: Any) -> None:
+        """Use another window policy (or None: exact attention) from the next request on.
+
+        Checkpoints made under the old policy are not reused; the next request
+        over the same tokens reports "policy mismatch". Safe from any thread.
+        """
+        with self._lock:
+            self._pending_window = (window,)
 
     def cancel(self, request_id: str) -> None:
         """Stop a queued or running request; unknown or finished ids are ignored."""
@@ -186,6 +200,7 @@ class Engine:
             return {
                 "model_id": getattr(self.loaded, "model_id", None),
                 "kv_bits": self.kv_bits,
+                "window": None if self.window is None else dataclasses.asdict(self.window),
                 "prefill_chunk": self.prefill_chunk,
                 "requests_served": self._counts["served"],
                 "requests_cancelled": self._counts["cancelled"],
@@ -217,6 +232,35 @@ class Engine:
         self.close()
 
     # -- worker -----------------------------------------------------------
+
+    def _cache_policy(self, window: Any) -> tuple[CachePolicy, list[Any] | None]:
+        """The checkpoint policy and live cache for `window` (None: `engine.kv` caches).
+
+        8-bit KV always uses `engine.window`'s quantized cache, windowed or not:
+        its prefill attends over dequantized slices with the fused kernel
+        instead of mlx-lm's quantized attention.
+        """
+        windowed = window is not None and window.enabled
+        policy = CachePolicy(model_id=str(getattr(self.loaded, "model_id", "")),
+                             weight_hash=str(getattr(self.loaded, "weight_hash", "")),
+                             dtype=model_dtype(self.model), kv_bits=self.kv_bits,
+                             kv_group_size=KV_GROUP_SIZE, prefill_chunk=self.prefill_chunk,
+                             **(window.cache_policy_fields() if windowed else {}))
+        if not windowed and self.kv_bits == 16:
+            return policy, None
+        cache = make_window_cache(self.model, window if windowed else WindowPolicy(enabled=False),
+                                  self.kv_bits, KV_GROUP_SIZE)
+        return policy, cache
+
+    def _apply_pending_window(self) -> None:
+        with self._lock:
+            pending, self._pending_window = self._pending_window, None
+        if pending is None:
+            return
+        (self.window,) = pending
+        policy, cache = self._cache_policy(self.window)
+        if policy.fingerprint() != self.prefix.policy.fingerprint():
+            self.prefix.switch_policy(policy, cache, self.window)
 
     def _enqueue(self, job: _Job) -> None:
         """Queue `job` at its priority and original FIFO place (caller holds the lock)."""
@@ -253,6 +297,7 @@ class Engine:
             mx.clear_streams()
 
     def _serve(self, job: _Job) -> None:
+        self._apply_pending_window()
         with self._lock:
             self._running = job.request.request_id
         metrics = Metrics(queue_s=time.perf_counter() - job.submitted)

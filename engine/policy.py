@@ -16,7 +16,7 @@ import xxhash
 
 # Bump when a change to prefill/decode arithmetic can change cached state
 # (chunking rule, mask construction, quantization path).
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2  # 2: the engine's 8-bit KV attends over dequantized slices (engine.qkv)
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,10 @@ class CachePolicy:
         global_tokens: Windowed prefill's global region G; None for exact attention.
         window_tokens: Windowed prefill's recent window W; None for exact attention.
         dense_kinds: Segment kinds always prefilled with dense attention (the tail).
+        approximation: True when prefill attention is windowed (`approximation.enabled`).
+        dense_tail: Dense positions before the end of the stable segments (windowed only).
+        continuation_tail: Dense positions at the end of a plain token prompt (windowed only).
+        window_form: "block" or "query" (windowed only).
         prefill_chunk: Prefill chunk size; chunking is part of the numerics.
         numerics_version: `NUMERICS_VERSION` of the code that built the cache.
     """
@@ -44,6 +48,10 @@ class CachePolicy:
     global_tokens: int | None = None
     window_tokens: int | None = None
     dense_kinds: tuple[str, ...] = ()
+    approximation: bool = False
+    dense_tail: int | None = None
+    continuation_tail: int | None = None
+    window_form: str | None = None
     prefill_chunk: int = 512
     numerics_version: int = NUMERICS_VERSION
 

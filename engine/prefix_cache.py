@@ -8,6 +8,10 @@
 The prefill restores the longest valid checkpoint, then runs the rest with
 chunks restarting at every segment boundary (so warm and cold runs make the
 same forward calls) and records a checkpoint as each segment completes.
+
+With a window policy (`engine.window`), each request first sets where its
+dense tail starts (a function of its segment layout) on the window caches,
+and that position is folded into every boundary key it affects.
 """
 from __future__ import annotations
 
@@ -21,11 +25,12 @@ import mlx.core as mx
 
 from engine import state
 from engine.archive import CheckpointArchive
-from engine.checkpoints import Checkpoint, CheckpointStore
+from engine.checkpoints import Boundary, Checkpoint, CheckpointStore, Miss
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
 from engine.request import Metrics, PromptSegment, Request
+from engine.window import set_dense_from
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +65,62 @@ class PrefixCache:
         cache: The live per-layer cache to use (e.g. window caches); by default
             `engine.kv.make_cache` with the policy's KV bits. Its layers must
             speak the trim/offset/state vocabulary (see `engine.state`).
+        window: The `engine.window.WindowPolicy` of `cache` (its layers must be
+            window caches); None for caches that attend densely.
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
                  archive_bytes: int = 0, archive_root: Any = None,
-                 cache: list[Any] | None = None) -> None:
+                 cache: list[Any] | None = None, window: Any = None) -> None:
         self.model = model
-        self.policy = policy
-        fingerprint = policy.fingerprint()
-        self.archive = (CheckpointArchive(fingerprint, archive_bytes, archive_root)
-                        if archive_bytes > 0 else None)
-        self.store = CheckpointStore(
-            fingerprint, default_budget_bytes() if budget_bytes is None else budget_bytes,
-            archive=self.archive, interval=policy.prefill_chunk)
-        self.cache = cache if cache is not None else make_cache(model, policy.kv_bits,
-                                                                policy.kv_group_size)
-        self._decoding: tuple[list[PromptSegment], int] = ([], 0)  # the last prompt's layout and length
+        self._budget_bytes = default_budget_bytes() if budget_bytes is None else budget_bytes
+        self._archive_bytes = archive_bytes
+        self._archive_root = archive_root
+        self._retired: set[str] = set()  # token keys checkpointed under an earlier policy
+        # The last prompt's layout, length and layout key (for checkpoints during decode).
+        self._decoding: tuple[list[PromptSegment], int, Any] = ([], 0, None)
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
+        self._use(policy, cache, window)
+
+    def _use(self, policy: CachePolicy, cache: list[Any] | None, window: Any) -> None:
+        self.policy = policy
+        self.window = window if window is not None and window.enabled else None
+        fingerprint = policy.fingerprint()
+        self.archive = (CheckpointArchive(fingerprint, self._archive_bytes, self._archive_root)
+                        if self._archive_bytes > 0 else None)
+        self.store = CheckpointStore(fingerprint, self._budget_bytes, archive=self.archive,
+                                     interval=policy.prefill_chunk)
+        self.cache = cache if cache is not None else make_cache(self.model, policy.kv_bits,
+                                                                policy.kv_group_size)
         self._update_stats()
+
+    def switch_policy(self, policy: CachePolicy, cache: list[Any] | None = None,
+                      window: Any = None) -> None:
+        """Serve later requests under another policy (e.g. approximation switched off).
+
+        Checkpoints of the old policy are dropped; a later request over the same
+        tokens reports the miss as "policy mismatch".
+
+        Args:
+            policy: The new cache policy.
+            cache: A fresh live cache for it (default `engine.kv.make_cache`).
+            window: The window policy of `cache`, if any.
+        """
+        self._retired.update(cp.boundary.token_key for cp in self.store.checkpoints())
+        if self.archive is not None:
+            self.archive.close()
+        self._decoding = ([], 0, None)
+        self._use(policy, cache, window)
+
+    def _layout_key(self, request: Request, n_tokens: int) -> Callable[[int], int] | None:
+        """Set the request's dense start on the window caches; its boundary-key salt."""
+        window = self.window
+        if window is None:
+            return None
+        dense_from = window.dense_from(request.segments) if request.segments else window.dense_from_ids(n_tokens)
+        set_dense_from(self.cache, dense_from)
+        return lambda end: window.layout_key(end, dense_from)
 
     def prefill(self, request: Request, chunk_size: int, should_cancel: CancelCheck,
                 metrics: Metrics,
@@ -96,10 +138,12 @@ class PrefixCache:
         """
         ids = request.all_token_ids()
         segments = list(request.segments or [PromptSegment("prompt", "", tuple(ids))])
-        self._decoding = (segments, len(ids))
-        bounds = self.store.boundaries(segments)
+        layout_key = self._layout_key(request, len(ids))
+        self._decoding = (segments, len(ids), layout_key)
+        bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, len(ids))
         offset, miss = self.store.restore(self.cache, plan)
+        miss = self._name_policy_switch(miss, bounds, offset)
         metrics.cached_tokens = offset
         metrics.recomputed_tokens = 0
         metrics.miss_reason = str(miss) if miss else None
@@ -136,16 +180,23 @@ class PrefixCache:
         Returns:
             The checkpoint, or None when the cache is not on the grid (or not on the line).
         """
-        segments, prompt_len = self._decoding
+        segments, prompt_len, layout_key = self._decoding
         interval = self.policy.prefill_chunk
         done = state.attention_offset(self.cache) - prompt_len
         if done <= 0 or done % interval or done > len(generated) or self.store.line_offset != prompt_len + done - interval:
             return None
         answer = PromptSegment("answer", "answer", tuple(generated[:done]))
-        b = self.store.boundaries([*segments, answer])[-1]
+        b = self.store.boundaries([*segments, answer], layout_key)[-1]
         cp = self.store.record(self.cache, replace(b, protected=True))
         self._update_stats()
         return cp
+
+    def _name_policy_switch(self, miss: Miss | None, bounds: list[Boundary], offset: int) -> Miss | None:
+        """A "new prefix" whose tokens were checkpointed under a retired policy is a policy mismatch."""
+        if miss is None or miss.kind != "new prefix" or not self._retired:
+            return miss
+        first = next((b for b in bounds if b.end > offset), None)
+        return Miss("policy mismatch") if first is not None and first.token_key in self._retired else miss
 
     def rollback(self) -> int:
         """Drop unconfirmed state; return the tokens of confirmed state kept."""
@@ -167,6 +218,7 @@ class PrefixCache:
         cps = self.store.checkpoints()
         stats = {
             "policy": self.policy.fingerprint(),
+            "approximation": self.policy.approximation,
             "checkpoints": len(cps),
             "checkpoint_bytes": self.store.nbytes,
             "budget_bytes": self.store.budget_bytes,

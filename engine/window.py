@@ -35,6 +35,9 @@ from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore
 STABLE_KINDS = frozenset({"system", "tools", "map", "file"})
 """Segment kinds that may be windowed; hot files, turns, question and header are dense."""
 
+DENSE_KINDS = frozenset({"hot", "turn", "question", "header"})
+"""Segment kinds always prefilled densely (everything after the stable run)."""
+
 DIRECT_QUERY_LIMIT = 32
 """At most this many queries attend to the 8-bit history directly (decode,
 speculative verification); larger chunks use dequantized slices + the fused kernel."""
@@ -97,6 +100,19 @@ class WindowPolicy:
     def layout_key(self, boundary: int, dense_from: int) -> int:
         """The one layout number the state over [0, boundary) depends on."""
         return min(boundary, dense_from) if self.enabled else 0
+
+    def cache_policy_fields(self) -> dict:
+        """`engine.policy.CachePolicy` keyword arguments describing this policy.
+
+        Disabled (exact attention) gives the same fields as no window policy at
+        all, so exact attention keeps one fingerprint however it was asked for.
+        """
+        if not self.enabled:
+            return {}
+        return dict(approximation=True, global_tokens=self.global_tokens,
+                    window_tokens=self.window_tokens, dense_tail=self.dense_tail,
+                    continuation_tail=self.continuation_tail, window_form=self.form,
+                    dense_kinds=tuple(sorted(DENSE_KINDS)))
 
     def fingerprint_fields(self) -> dict:
         """Fields for the checkpoint policy fingerprint (G, W, tails, form)."""
