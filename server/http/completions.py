@@ -21,6 +21,7 @@ from .errors import (ContextLengthError, ModelNotFoundError, NotReadyError, erro
                      to_http_error)
 from .generation import Generation, result_unless_disconnected
 from .source import EngineSource, Served
+from .tool_calls import ToolCallStream, split_tool_calls
 
 
 class EventStreamResponse(StreamingResponse):
@@ -82,8 +83,9 @@ class ChatService:
         if done.finish_reason == "error":
             http = to_http_error(done.error)
             return JSONResponse(error_body(http), status_code=http.status)
-        return JSONResponse(fmt.completion(generation.tracked.request_id, params.model, done.text,
-                                           done.finish_reason, done.metrics))
+        text, calls = split_tool_calls(done.text) if params.tools else (done.text, [])
+        return JSONResponse(fmt.completion(generation.tracked.request_id, params.model, text,
+                                           done.finish_reason, done.metrics, calls))
 
     async def _segments(self, served: Served, params: ChatParams) -> list[PromptSegment]:
         if params.model == REPOSITORY_MODEL:
@@ -128,21 +130,34 @@ class ChatService:
 
     async def _stream(self, generation: Generation, params: ChatParams) -> AsyncIterator[bytes]:
         request_id, created = generation.tracked.request_id, int(time.time())
+
+        def content(text: str) -> bytes:
+            return fmt.sse(fmt.chunk(request_id, params.model, created, delta={"content": text}))
+
+        calls_stream = ToolCallStream() if params.tools else None
         yield fmt.sse(fmt.chunk(request_id, params.model, created, delta={"role": "assistant", "content": ""}))
         async for event in generation.events():
             if isinstance(event, TokenEvent):
-                if event.text:
-                    yield fmt.sse(fmt.chunk(request_id, params.model, created, delta={"content": event.text}))
+                text = calls_stream.push(event.text) if calls_stream else event.text
+                if text:
+                    yield content(text)
                 continue
-            yield from_done(event, request_id, params, created)
+            calls: list[dict] = []
+            if calls_stream is not None:
+                rest, calls = calls_stream.finish()
+                if rest:
+                    yield content(rest)
+            if calls:
+                yield fmt.sse(fmt.chunk(request_id, params.model, created, delta={"tool_calls": calls}))
+            yield from_done(event, request_id, params, created, "tool_calls" if calls else None)
             if params.include_usage:
                 yield fmt.sse(fmt.chunk(request_id, params.model, created, metrics=event.metrics))
         yield fmt.sse("[DONE]")
 
-
-def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int) -> bytes:
+def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int,
+              finish_reason: str | None = None) -> bytes:
     """The stream's closing chunk (or an error event when generation failed)."""
     if done.finish_reason == "error":
         return fmt.sse(error_body(to_http_error(done.error)))
-    return fmt.sse(fmt.chunk(request_id, params.model, created, finish_reason=done.finish_reason))
+    return fmt.sse(fmt.chunk(request_id, params.model, created, finish_reason=finish_reason or done.finish_reason))
 

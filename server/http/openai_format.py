@@ -7,7 +7,8 @@ from typing import Any
 
 from engine.request import Metrics
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop",
+                  "tool_calls": "tool_calls", None: None}
 
 
 def usage(metrics: Metrics) -> dict[str, Any]:
@@ -22,11 +23,16 @@ def codectx_metrics(metrics: Metrics) -> dict[str, Any]:
     return metrics.as_dict()
 
 
-def completion(request_id: str, model: str, text: str, finish_reason: str, metrics: Metrics) -> dict[str, Any]:
-    """A non-streaming `chat.completion` object."""
+def completion(request_id: str, model: str, text: str, finish_reason: str, metrics: Metrics,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A non-streaming `chat.completion` object (with `tool_calls` when the model made some)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None,
+                   "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in tool_calls]}
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": FINISH_REASONS[finish_reason]}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "tool_calls" if tool_calls else FINISH_REASONS[finish_reason]}],
             "usage": usage(metrics), "codectx": codectx_metrics(metrics)}
 
 
@@ -39,7 +45,7 @@ def chunk(request_id: str, model: str, created: int, *, delta: dict[str, Any] | 
         body.update(choices=[], usage=usage(metrics), codectx=codectx_metrics(metrics))
     else:
         body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None,
-                            "finish_reason": FINISH_REASONS[finish_reason] if finish_reason else None}]
+                            "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)}]
     return body
 
 
