@@ -116,3 +116,7 @@ def test_help_file_has_tags_for_every_command(tmp_path):
     run = subprocess.run([str(NVIM), "--headless", "--clean", "-l", str(script), str(runtime)], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0 and "ok help" in run.stdout, f"{run.stdout}\n{run.stderr}"
+
+
+def test_missing_model_shows_the_error(workspace, tiny_model, tmp_path):
+    assert_passed(run_script("errors.lua", workspace, tiny_model, tmp_path), "errors.lua")
