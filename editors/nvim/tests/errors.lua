@@ -30,6 +30,7 @@ h.check(vim.startswith(text, 'codectx: ask failed: ') and text:find(answer.error
   'the float shows the error', text)
 h.check(vim.inspect(vim.api.nvim_win_get_config(answer.win).footer):find('error', 1, true), 'the footer says error')
 h.check(#messages >= 1 and messages[#messages].level == vim.log.levels.ERROR, 'the error is notified', messages)
+h.check(next(require('codectx.ask').streaming) == nil, 'nothing is left streaming')
 vim.api.nvim_win_close(answer.win, true)
 
 vim.cmd('checkhealth codectx')

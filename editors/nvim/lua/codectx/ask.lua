@@ -62,9 +62,8 @@ local function set_footer(answer, text)
   end
 end
 
---- Appends `text` to the float's buffer: its first line continues the last buffer line.
-local function append(answer, text)
-  answer.text = answer.text .. text
+--- Writes `text` at the end of the float's buffer: its first line continues the last line.
+local function write(answer, text)
   local buf = answer.buf
   if not vim.api.nvim_buf_is_valid(buf) then
     return
@@ -99,16 +98,19 @@ function M.on_stream(_, params, ctx)
     answer.finish = params.finishReason
     M.streaming[id] = nil
   elseif params.text ~= '' then
-    append(answer, params.text)
+    answer.text = answer.text .. params.text
+    write(answer, params.text)
   end
 end
 
 local function on_result(answer, err, result)
+  -- An error before the answer began has no stream, so nothing else ends this entry.
+  M.streaming[key(answer.client.id, answer.request_id)] = nil
   if err then
     answer.error = err
     set_footer(answer, 'error')
     local message = 'codectx: ask failed: ' .. (err.message or vim.inspect(err))
-    append(answer, (answer.text == '' and '' or '\n\n') .. message)
+    write(answer, (answer.text == '' and '' or '\n\n') .. message)
     vim.notify(message, vim.log.levels.ERROR)
     return
   end
@@ -233,7 +235,7 @@ function M.run_command(command, ctx)
       M.ask(question, selection, client)
     end)
   else
-    M.ask(argument.question, selection, client)
+    M.ask(argument.question or '', selection, client)
   end
 end
 
