@@ -2,11 +2,12 @@
  * One ask at a time: `codectx.ask` through `workspace/executeCommand`, its `codectx/stream`
  * deltas shown as they come, and Stop as `$/cancelRequest` of that request.
  *
- * The client cannot learn the JSON-RPC id its connection gives a request, so the first
- * `kind: "ask"` stream notification after the request is sent names it. That is
- * unambiguous because asks are serialized: a new ask first stops the running one and
- * waits for its answer, and the server sends a request's last stream notification
- * before the answer.
+ * The client cannot learn the JSON-RPC id its connection gives a request, so the stream
+ * notifications of `kind: "ask"` that arrive while the ask runs name it. Asks are
+ * serialized (a new ask stops the running one and waits for its answer), but a cancelled
+ * ask is answered at once and its last deltas and its `done` may arrive later. Request ids
+ * grow, so ids seen during earlier asks are ignored, and a larger id replaces a smaller one
+ * (the earlier stream was such a tail). The final text comes from the result anyway.
  */
 import { CancellationTokenSource, Disposable, LSPErrorCodes, ResponseError } from 'vscode-languageserver-protocol';
 
@@ -26,7 +27,10 @@ export interface AskView {
 }
 
 interface RunningAsk {
+  question: string;
   source: CancellationTokenSource;
+  /** Ids up to this one belong to earlier asks. */
+  floor: number | undefined;
   requestId?: number | string;
   finished: Promise<AskOutcome>;
 }
@@ -34,6 +38,7 @@ interface RunningAsk {
 /** Runs asks one at a time against a server connection and streams them into a view. */
 export class AskSession {
   private current: RunningAsk | undefined;
+  private highestId: number | undefined;
 
   /**
    * @param server The connection (`LanguageClient` in the extension).
@@ -67,7 +72,9 @@ export class AskSession {
     }
     const source = new CancellationTokenSource();
     this.view.begin(args.question);
-    const running: RunningAsk = { source, finished: this.request(args, source) };
+    const running: RunningAsk = {
+      question: args.question, source, floor: this.highestId, finished: this.request(args, source),
+    };
     this.current = running;
     const outcome = await running.finished;
     if (this.current === running) {
@@ -102,12 +109,24 @@ export class AskSession {
   }
 
   private onStream(params: StreamParams): void {
-    const running = this.current;
-    if (running === undefined || params.kind !== 'ask') {
+    if (params.kind !== 'ask') {
       return;
     }
-    running.requestId ??= params.requestId;
-    if (params.requestId === running.requestId && params.text) {
+    const id = params.requestId;
+    if (typeof id === 'number') {
+      this.highestId = Math.max(this.highestId ?? id, id);
+    }
+    const running = this.current;
+    if (running === undefined || (typeof id === 'number' && running.floor !== undefined && id <= running.floor)) {
+      return;
+    }
+    if (running.requestId === undefined) {
+      running.requestId = id;
+    } else if (typeof id === 'number' && typeof running.requestId === 'number' && id > running.requestId) {
+      running.requestId = id;
+      this.view.begin(running.question);
+    }
+    if (id === running.requestId && params.text) {
       this.view.append(params.text);
     }
   }

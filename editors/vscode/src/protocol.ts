@@ -101,5 +101,8 @@ export interface ServerConnection {
 export function executeCommand<R>(
   server: ServerConnection, command: string, args?: object, token?: CancellationToken,
 ): Promise<R> {
-  return server.sendRequest<R>('workspace/executeCommand', { command, arguments: args ? [args] : [] }, token);
+  const params = { command, arguments: args ? [args] : [] };
+  // An explicit `undefined` token would make vscode-jsonrpc send the params as an array.
+  return token ? server.sendRequest<R>('workspace/executeCommand', params, token)
+    : server.sendRequest<R>('workspace/executeCommand', params);
 }

@@ -20,7 +20,12 @@ export class FakeConnection implements ServerConnection {
   private readonly handlers = new Map<string, Set<(params: any) => void>>();
   private waiters: (() => void)[] = [];
 
-  sendRequest<R>(method: string, params: unknown, token?: CancellationToken): Promise<R> {
+  sendRequest<R>(method: string, params: unknown, ...rest: (CancellationToken | undefined)[]): Promise<R> {
+    if (rest.length > 0 && rest[0] === undefined) {
+      // vscode-jsonrpc would send [params, null] as the params: the server rejects that.
+      return Promise.reject(new Error(`${method}: an undefined token makes the params an array`));
+    }
+    const token = rest[0];
     return new Promise<R>((resolve, reject) => {
       this.sent.push({ method, params, token, resolve: resolve as (r: unknown) => void, reject });
       this.waiters.splice(0).forEach((wake) => wake());

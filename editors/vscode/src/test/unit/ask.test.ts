@@ -39,7 +39,7 @@ test('deltas of the ask are streamed into the view; other requests and kinds are
   const running = session.run({ question: 'q' });
   const [sent] = await server.requests(1);
   server.notify(STREAM_METHOD, stream(7, 0, 'Hel'));
-  server.notify(STREAM_METHOD, stream(8, 0, 'other request'));
+  server.notify(STREAM_METHOD, stream(5, 0, 'an earlier request'));
   server.notify(STREAM_METHOD, stream(7, 1, 'hover', 'hover'));
   server.notify(STREAM_METHOD, stream(7, 1, 'lo'));
   server.notify(STREAM_METHOD, { requestId: 7, kind: 'ask', index: 2, text: '', done: true, finishReason: 'stop' });
@@ -99,4 +99,40 @@ test('stop without a running ask does nothing', async () => {
   const server = new FakeConnection();
   await new AskSession(server, new RecordingView()).stop();
   assert.equal(server.sent.length, 0);
+});
+
+test('late deltas of a cancelled ask do not reach the next one', async () => {
+  const server = new FakeConnection();
+  const view = new RecordingView();
+  const session = new AskSession(server, view);
+  session.listen();
+  const first = session.run({ question: 'first' });
+  const [firstSent] = await server.requests(1);
+  server.notify(STREAM_METHOD, stream(4, 0, 'one'));
+  firstSent.reject(new ResponseError(LSPErrorCodes.RequestCancelled, 'cancelled at once'));
+  await first;
+  const second = session.run({ question: 'second' });
+  const sent = await server.requests(2);
+  server.notify(STREAM_METHOD, stream(4, 1, ' tail of one'));
+  server.notify(STREAM_METHOD, { requestId: 4, kind: 'ask', index: 2, text: '', done: true, finishReason: 'cancelled' });
+  server.notify(STREAM_METHOD, stream(6, 0, 'two'));
+  sent[1].resolve(result('two'));
+  await second;
+  assert.deepEqual(view.events, ['begin:first', 'append:one', 'end:cancelled', 'begin:second', 'append:two', 'end:answered']);
+});
+
+test('an unseen earlier request is replaced by the larger id of the running ask', async () => {
+  const server = new FakeConnection();
+  const view = new RecordingView();
+  const session = new AskSession(server, view);
+  session.listen();
+  const running = session.run({ question: 'q' });
+  const [sent] = await server.requests(1);
+  server.notify(STREAM_METHOD, stream(2, 5, 'stale'));
+  server.notify(STREAM_METHOD, stream(3, 0, 'fresh'));
+  server.notify(STREAM_METHOD, stream(2, 6, 'stale again'));
+  sent.resolve(result('fresh'));
+  await running;
+  assert.deepEqual(view.events, ['begin:q', 'append:stale', 'begin:q', 'append:fresh', 'end:answered']);
+  assert.equal(view.text, 'fresh');
 });

@@ -21,7 +21,7 @@ test('the page allows only its own nonce-tagged script and the theme styles', ()
   const nonce = makeNonce();
   assert.notEqual(nonce, makeNonce());
   const html = askPanelHtml(nonce, 'vscode-resource:');
-  assert.match(html, new RegExp(`default-src 'none'; style-src vscode-resource: 'nonce-${nonce}'; script-src 'nonce-${nonce}';`));
+  assert.ok(html.includes(`default-src 'none'; style-src vscode-resource: 'nonce-${nonce}'; script-src 'nonce-${nonce}';`));
   assert.equal(html.match(/<script/g)!.length, 1);
   assert.ok(html.includes(`<script nonce="${nonce}">`));
   assert.ok(!/innerHTML/.test(html), 'text must be rendered with textContent');
