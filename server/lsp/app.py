@@ -14,7 +14,7 @@ from pygls.uris import to_fs_path
 from context.errors import TemplateError
 
 from . import convert, editing
-from .backend import start_backend
+from .backend import start_backend, window_policy
 from .documents import DocumentStore
 from .errors import InvalidArgumentsError, user_message
 from .features import ask as ask_feature
@@ -174,9 +174,11 @@ def did_close(ls: CodectxServer, params: types.DidCloseTextDocumentParams) -> No
 
 @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
 async def did_change_configuration(ls: CodectxServer, params: types.DidChangeConfigurationParams) -> None:
-    model_before = ls.session.settings.model
+    model_before, window_before = ls.session.settings.model, ls.session.settings.window
     ls.settings_problems = []
     await ls.fetch_configuration()
+    if ls.session.settings.window != window_before and ls.session.ready:
+        ls.session.engine.set_window(window_policy(ls.session.settings.window))  # from the next request on
     if ls.session.settings.model != model_before and ls.session.ready:
         ls.session.settings = dataclasses.replace(ls.session.settings, model=model_before)
         ls.show("codectx: model settings changed; restart the server to load the new model",

@@ -32,11 +32,21 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class WindowSettings:
-    """Windowed prefill (an attention policy of the cache, DESIGN.md)."""
+    """Windowed prefill: an attention policy of the KV cache (DESIGN.md, engine/window.py).
+
+    Attributes:
+        enabled: False gives exact attention everywhere (`approximation.enabled`).
+        global_tokens: G, the leading positions every prefill query sees.
+        window_tokens: W, the recent keys a prefill chunk sees.
+        dense_tail_tokens: Positions before the end of the stable segments that stay dense.
+        continuation_tail_tokens: Dense positions at the end of a plain token prompt.
+    """
 
     enabled: bool = True
-    global_tokens: int = 1024
-    window_tokens: int = 2048
+    global_tokens: int = 8192
+    window_tokens: int = 8192
+    dense_tail_tokens: int = 2048
+    continuation_tail_tokens: int = 128
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ class Settings:
 
 _MINIMUMS = {
     "kv_bits": 0, "prefill_chunk": 1, "global_tokens": 0, "window_tokens": 1,
+    "dense_tail_tokens": 0, "continuation_tail_tokens": 0,
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
     "latency_budget_ms": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
 }

@@ -49,6 +49,8 @@ async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
     main_position = types.Position(3, 5)  # `def main():` uses greet and add
     main_first = await hover(client, main_uri, main_position)
     assert "**main** (function, `main.py:4`)" in main_first.contents.value
+    last = (await command(client, "codectx.status"))["lastHover"]
+    assert 0 < last["firstTokenS"] <= last["totalS"] and last["promptTokens"] > 0
     assert (await hover(client, main_uri, main_position)).contents.value == main_first.contents.value
     assert await hover_counts(client) == (3, 1)
 

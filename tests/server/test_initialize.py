@@ -74,3 +74,22 @@ async def test_configuration_change_applies_without_restart(client):
     assert "hover.maxTokens" in client.messages[-1].message
     result = await command(client, "codectx.ask", question="Explain greet.")
     assert result["metrics"]["decode_tokens"] <= 2
+
+
+async def test_window_settings_reach_the_engine(client):
+    await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
+    again = await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
+    assert again["metrics"]["cached_tokens"] > 0
+    state = await status(client)
+    assert state["engine"]["window"] == {"enabled": True, "global_tokens": 8192, "window_tokens": 8192,
+                                         "dense_tail": 2048, "continuation_tail": 128, "form": "block"}
+
+    window = {"globalTokens": 16, "windowTokens": 32, "denseTailTokens": 8, "continuationTailTokens": 4}
+    client.set_configuration({"window": window, "hover": {"maxTokens": "many"}}, section="codectx")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    await client.wait_for_notification(types.WINDOW_SHOW_MESSAGE)  # sent once the settings are applied
+    windowed = await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
+    assert windowed["metrics"]["cached_tokens"] == 0  # checkpoints of the old policy are not reused
+    state = await status(client)
+    assert state["engine"]["window"] == {"enabled": True, "global_tokens": 16, "window_tokens": 32,
+                                         "dense_tail": 8, "continuation_tail": 4, "form": "block"}
