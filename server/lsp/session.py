@@ -125,6 +125,13 @@ class Session:
         checkpoints = self.engine.stats()["cache"].get("checkpoint_list", [])
         return self.prefilled.warm_tokens(prefix, [c["end"] for c in checkpoints])
 
+    def on_warm_prefix(self, segments: list[PromptSegment]) -> list[PromptSegment]:
+        """`segments` on the last prefilled prefix while edits wait for warm-up (`PrefixRecord.on_warm_prefix`)."""
+        if self.engine is None:
+            return segments
+        checkpoints = self.engine.stats()["cache"].get("checkpoint_list", [])
+        return self.prefilled.on_warm_prefix(segments, [c["end"] for c in checkpoints])
+
     def cancel_all(self) -> None:
         """Cancels every running engine request (shutdown)."""
         for request_id in list(self._running):

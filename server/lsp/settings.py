@@ -72,9 +72,10 @@ class HoverSettings:
     """Hover explanations.
 
     Attributes:
-        use_warm_prefix: While edited files' new text is not prefilled yet (it
-            waits in the hot tail for warm-up), answer from the warm prefix (their
-            old copies) plus the question, which holds the symbol's current text.
+        use_warm_prefix: While edits are not prefilled yet (warm-up waits for
+            the user to pause), answer from the last prefilled prefix (the
+            repository as the model last read it) plus the question, which holds
+            the symbol's current text: the hover then costs only its question.
     """
 
     enabled: bool = True

@@ -29,35 +29,38 @@ class PrefixRecord:
     """The prefix segments of the last request that finished its prefill."""
 
     def __init__(self) -> None:
-        self._segments: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+        self.segments: tuple[PromptSegment, ...] = ()
 
     def record(self, segments: Sequence[PromptSegment]) -> None:
         """Notes that `segments`' prefix part is now in the engine's checkpoints."""
-        self._segments = tuple((s.kind, s.key, tuple(s.token_ids)) for s in prefix_part(segments))
+        self.segments = tuple(prefix_part(segments))
 
     def common_segments(self, segments: Sequence[PromptSegment]) -> int:
         """How many leading segments of `segments` equal the record."""
         count = 0
-        for segment, recorded in zip(segments, self._segments):
-            if (segment.kind, segment.key, tuple(segment.token_ids)) != recorded:
+        for segment, recorded in zip(segments, self.segments):
+            if (segment.kind, segment.key, tuple(segment.token_ids)) != (
+                    recorded.kind, recorded.key, tuple(recorded.token_ids)):
                 break
             count += 1
         return count
 
-    def without_cold_tail(self, segments: Sequence[PromptSegment]) -> list[PromptSegment]:
-        """`segments` minus the hot-tail segments not prefilled yet, when those are all that is cold.
+    def on_warm_prefix(self, segments: Sequence[PromptSegment],
+                       checkpoint_ends: Iterable[int]) -> list[PromptSegment]:
+        """`segments` with their prefix replaced by the recorded (warm) one, when that helps.
 
-        An edited file's old copy keeps its place in the prefix and its new text
-        joins the hot tail; leaving that new text out until warm-up has prefilled
-        it makes a request cost only its question. Any other cold segment (the
-        prefix itself changed) keeps the prompt whole.
+        While edits are not prefilled yet, the last prefilled prefix (the
+        repository as the model last read it) plus this request's own segments
+        costs only the request. Used only when the engine still holds a
+        checkpoint at the recorded prefix's end; otherwise `segments` as given.
         """
         prefix = prefix_part(segments)
-        warm = self.common_segments(prefix)
-        cold = prefix[warm:]
-        if not cold or any(s.kind != "hot" for s in cold):
+        total = sum(len(s.token_ids) for s in self.segments)
+        if not self.segments or (len(prefix) == len(self.segments) == self.common_segments(prefix)):
             return list(segments)
-        return prefix[:warm] + list(segments[len(prefix):])
+        if total not in set(checkpoint_ends):
+            return list(segments)
+        return list(self.segments) + list(segments[len(prefix):])
 
     def warm_tokens(self, segments: Sequence[PromptSegment], checkpoint_ends: Iterable[int] | None = None) -> int:
         """Tokens of `segments` the engine can restore instead of recomputing.

@@ -185,3 +185,19 @@ async def test_find_bugs_publishes_diagnostics_cleared_on_change(client):
             range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="#\n")]))
     await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     assert list(client.diagnostics[uri]) == []
+
+
+async def test_hover_right_after_an_edit_reads_the_warm_prefix(client):
+    await command(client, "codectx.ask", question="hi", maxTokens=1)  # prefills the prefix
+    warm = await command(client, "codectx.showContext")
+    warm_tokens = sum(row["tokens"] for row in warm["segments"])
+    util_uri = open_document(client, client.root / "util.py")
+    insert_line(client, util_uri, 2, 0, "# edited, not prefilled yet\n")
+    edited = await command(client, "codectx.showContext")
+    assert {row["cache"] for row in edited["segments"]} != {"cached"}
+    await hover(client, util_uri, types.Position(9, 5))  # `def greet`, one line lower now
+    state = await command(client, "codectx.status")
+    metrics = state["lastMetrics"]
+    # The whole warm prefix was restored; only the hover's question was prefilled.
+    assert metrics["cached_tokens"] == warm_tokens
+    assert metrics["recomputed_tokens"] == state["lastHover"]["promptTokens"] - warm_tokens

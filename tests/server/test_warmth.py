@@ -27,14 +27,15 @@ def test_warm_tokens_follow_the_record_and_the_checkpoints():
     assert segment_states([SYSTEM, A, B], 4) == ["cached", "partial", "cold"]
 
 
-def test_only_a_cold_hot_tail_is_left_out():
+def test_edits_not_prefilled_yet_use_the_recorded_prefix():
     record = PrefixRecord()
+    assert record.on_warm_prefix([SYSTEM, A, *QUESTION], [5]) == [SYSTEM, A, *QUESTION]  # nothing recorded
     record.record([SYSTEM, A, B, *QUESTION])
-    hot = seg("hot", "a.py", 4, 5, 6)
-    assert record.without_cold_tail([SYSTEM, A, B, hot, *QUESTION]) == [SYSTEM, A, B, *QUESTION]
-    # A changed stable segment (no hot tail) keeps the prompt whole.
-    changed = [SYSTEM, seg("file", "a.py", 4, 99), B, *QUESTION]
-    assert record.without_cold_tail(changed) == changed
-    # Once warm-up has prefilled the hot segment, it stays.
-    record.record([SYSTEM, A, B, hot])
-    assert record.without_cold_tail([SYSTEM, A, B, hot, *QUESTION]) == [SYSTEM, A, B, hot, *QUESTION]
+    current = [SYSTEM, A, B, *QUESTION]
+    assert record.on_warm_prefix(current, [8]) == current  # already warm
+    edited = [SYSTEM, seg("file", "a.py", 4, 99), B, *QUESTION]
+    assert record.on_warm_prefix(edited, [8]) == [SYSTEM, A, B, *QUESTION]
+    hot = [SYSTEM, A, B, seg("hot", "a.py", 4, 5, 6), *QUESTION]
+    assert record.on_warm_prefix(hot, [3, 8]) == [SYSTEM, A, B, *QUESTION]
+    # Without a checkpoint at the recorded prefix's end (evicted) the prompt stays as given.
+    assert record.on_warm_prefix(edited, [3, 6]) == edited

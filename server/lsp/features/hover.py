@@ -100,7 +100,7 @@ async def _generate(session: Session, site: DefinitionSite, started: float) -> s
     """The model's explanation; records the hover's timings in `session.counters.last_hover`."""
     segments = session.prompt.segments([Turn("user", hover_question(site))])
     if session.settings.hover.use_warm_prefix:
-        segments = session.prefilled.without_cold_tail(segments)
+        segments = session.on_warm_prefix(segments)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:
