@@ -74,8 +74,9 @@ class Engine:
         draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto".
         window: An `engine.window.WindowPolicy` for windowed prefill
             (`approximation.enabled`); None or a disabled policy gives exact
-            attention. Which positions are windowed follows each request's
-            segment layout; the policy is part of the checkpoint fingerprint.
+            attention, and so does a window with G + W >= the model's context.
+            Which positions are windowed follows each request's segment
+            layout; the policy is part of the checkpoint fingerprint.
 
     Raises:
         ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
@@ -99,7 +100,8 @@ class Engine:
         self.window = window
         policy, cache = self._cache_policy(window)
         self.prefix = PrefixCache(self.model, policy, budget_bytes=checkpoint_budget_bytes,
-                                  archive_bytes=archive_bytes, cache=cache, window=window)
+                                  archive_bytes=archive_bytes, cache=cache,
+                                  window=window if policy.approximation else None)
         self._pending_window: tuple[Any] | None = None
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
@@ -240,7 +242,10 @@ class Engine:
         its prefill attends over dequantized slices with the fused kernel
         instead of mlx-lm's quantized attention.
         """
-        windowed = window is not None and window.enabled
+        context = getattr(self.loaded, "context_length", None)
+        # A window that cannot skip anything inside the model's context is exact attention.
+        windowed = (window is not None and window.enabled
+                    and not (context and window.global_tokens + window.window_tokens >= context))
         policy = CachePolicy(model_id=str(getattr(self.loaded, "model_id", "")),
                              weight_hash=str(getattr(self.loaded, "weight_hash", "")),
                              dtype=model_dtype(self.model), kv_bits=self.kv_bits,
@@ -260,7 +265,7 @@ class Engine:
         (self.window,) = pending
         policy, cache = self._cache_policy(self.window)
         if policy.fingerprint() != self.prefix.policy.fingerprint():
-            self.prefix.switch_policy(policy, cache, self.window)
+            self.prefix.switch_policy(policy, cache, self.window if policy.approximation else None)
 
     def _enqueue(self, job: _Job) -> None:
         """Queue `job` at its priority and original FIFO place (caller holds the lock)."""

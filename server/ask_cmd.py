@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     parser.add_argument("--kv-bits", type=int, choices=(8, 16), default=16, help="KV cache precision")
     parser.add_argument("--prefill-chunk", type=int, default=None, help="tokens per prefill step")
+    parser.add_argument("--window", default=None, metavar="G,W[,TAIL]",
+                        help="windowed prefill: global region G, recent window W, dense tail "
+                             "(default 8192,8192,2048; exact on models whose context is <= G + W)")
+    parser.add_argument("--no-approximation", action="store_true",
+                        help="exact attention everywhere (approximation.enabled = false)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     return parser
@@ -53,6 +58,25 @@ def repo_prompt(root: Path, tokenizer: Any, question: str, budget_tokens: int,
     segments = [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected)
                 for s in workspace.prompt(question)]
     return segments, layout
+
+
+def window_policy(spec: str | None, enabled: bool = True) -> Any:
+    """The `engine.window.WindowPolicy` for `--window G,W[,TAIL]` (None: exact attention).
+
+    Raises:
+        ValueError: For a malformed spec.
+    """
+    from engine.window import WindowPolicy
+
+    if not enabled:
+        return None
+    if spec is None:
+        return WindowPolicy()
+    parts = [int(x) for x in spec.split(",")]
+    if len(parts) not in (2, 3):
+        raise ValueError(f"expected G,W or G,W,TAIL, got {spec!r}")
+    return WindowPolicy(global_tokens=parts[0], window_tokens=parts[1],
+                        **({"dense_tail": parts[2]} if len(parts) == 3 else {}))
 
 
 def build_messages(question: str) -> list[dict[str, str]]:
@@ -87,7 +111,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except EngineError as error:
         err.write(f"codectx ask: {error}\n")
         return 1
-    options = {"kv_bits": args.kv_bits}
+    try:
+        window = window_policy(args.window, not args.no_approximation)
+    except ValueError as error:
+        err.write(f"codectx ask: --window: {error}\n")
+        return 2
+    options = {"kv_bits": args.kv_bits, "window": window}
     if args.prefill_chunk:
         options["prefill_chunk"] = args.prefill_chunk
     with Engine(loaded, **options) as engine:
