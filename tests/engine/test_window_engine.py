@@ -154,3 +154,15 @@ def test_hybrid_model_warm_equals_cold_with_the_window_on(tmp_path_factory):
             layout = ask(hybrid.tokenizer, repo, question)
             tokens, _ = run(eng, layout)
             assert tokens == cold(hybrid, layout, window=window)
+
+
+def test_speculative_decoding_over_the_window_cache_gives_the_same_tokens(tiny_loaded, repo):
+    from engine.draft_model import DraftModelDrafter
+
+    layout = ask(tiny_loaded.tokenizer, repo, "Where is main?")
+    # The model drafting for itself: every round drafts, so verification runs on the window cache.
+    drafter = DraftModelDrafter(tiny_loaded.model, k=3)
+    with Engine(tiny_loaded, prefill_chunk=16, window=WINDOW, speculation="draft", draft=drafter) as eng:
+        tokens, done = run(eng, layout, max_tokens=24)
+    assert done.metrics.drafted_tokens > 0
+    assert tokens == cold(tiny_loaded, layout, max_tokens=24, window=WINDOW)
