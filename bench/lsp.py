@@ -71,6 +71,7 @@ def big_text() -> str:
 
 
 def write_fixture(root: Path) -> Path:
+    """Writes the fixture repository under `root`; returns the 300-line file."""
     (root / "pkg").mkdir()
     (root / "pkg" / "__init__.py").write_text('"""The benchmark package."""\n', encoding="utf-8")
     for i in range(MODULES):
@@ -183,7 +184,7 @@ def edit(client: Client, uri: str, version: int, line: int) -> None:
 async def asks(args, root: Path, work: Path) -> tuple[list[dict], float]:
     client = Client(root, options(args, warmup=False), work / "asks.log")
     start_s = await client.start()
-    rows = [await client.ask("What does step5_0 compute?", args.ask_tokens)]
+    rows = [await client.ask("What does step3_0 compute?", args.ask_tokens)]
     rows[0]["case"] = "ask (cold prefix)"
     for question in ("What does Inventory.add_3 return?", "Which module does mod3 import?"):
         rows.append(dict(await client.ask(question, args.ask_tokens), case="ask (warm prefix)"))
@@ -198,21 +199,21 @@ async def hovers(args, root: Path, big: Path, work: Path, warm_prefix: bool, tag
     await client.warm_event.wait()
     ready_s = time.perf_counter() - started
     first_warmup = client.warmth[-1]
-    mod = root / "pkg" / "mod4.py"
+    mod = root / "pkg" / f"mod{MODULES - 1}.py"
     client.open(mod)
     uri = client.open(big)
     rows = []
     if warm_prefix:
-        for name in ("step4_1", "step4_2", "step4_3"):
+        for name in ("step3_1", "step3_2", "step3_3"):
             rows.append(await client.hover("hover (warm prefix)", mod, name))
-        rows.append(await client.hover("hover (cached answer)", mod, "step4_1"))
+        rows.append(await client.hover("hover (cached answer)", mod, "step3_1"))
     client.warm_event.clear()
     edit(client, uri, 2, BIG_LINES // 2)
     label = "useWarmPrefix" if warm_prefix else "exact prefix"
-    rows.append(await client.hover(f"edit 300 lines, hover at once ({label})", mod, "step4_4"))
+    rows.append(await client.hover(f"edit 300 lines, hover at once ({label})", mod, "step3_4"))
     await client.warm_event.wait()
     after_edit = client.warmth[-1]
-    rows.append(await client.hover("hover after the edit's warm-up", mod, "step4_5"))
+    rows.append(await client.hover("hover after the edit's warm-up", mod, "step3_5"))
     await client.close()
     info = {"ready_s": ready_s, "prefix_tokens": first_warmup.prefixTokens,
             "startup_warmup": vars_of(first_warmup.lastRun), "edit_warmup": vars_of(after_edit.lastRun)}
@@ -231,12 +232,15 @@ def median_of(rows: list[dict], case: str, key: str) -> float | None:
 async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="codectx-bench-lsp-") as tmp:
         work = Path(tmp)
-        root = work / "repo"
-        root.mkdir()
-        big = write_fixture(root)
-        ask_rows, start_s = await asks(args, root, work)
-        hover_rows, hover_info = await hovers(args, root, big, work, warm_prefix=True, tag="warm")
-        exact_rows, exact_info = await hovers(args, root, big, work, warm_prefix=False, tag="exact")
+        roots = {}
+        for name in ("asks", "warm", "exact"):  # one copy each: a workspace's state outlives its server
+            roots[name] = work / f"repo-{name}"
+            roots[name].mkdir()
+            write_fixture(roots[name])
+        big = Path("pkg") / "inventory.py"
+        ask_rows, start_s = await asks(args, roots["asks"], work)
+        hover_rows, hover_info = await hovers(args, roots["warm"], roots["warm"] / big, work, True, "warm")
+        exact_rows, exact_info = await hovers(args, roots["exact"], roots["exact"] / big, work, False, "exact")
     rows = ask_rows + hover_rows + exact_rows
     goals = {
         "warm_hover_first_token_ms": median_of(rows, "hover (warm prefix)", "first_token_ms"),
