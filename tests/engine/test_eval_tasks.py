@@ -75,12 +75,14 @@ def test_runner_on_a_tiny_model_window_covering_the_context_agrees_exactly(tiny_
     from engine.eval.runner import Arm, run_tasks
     from engine.window import WindowPolicy
 
-    tasks = [needle_task(0, 30), variable_task(0, 12)]
+    from engine.eval.code_task import QUESTIONS, code_task
+
+    tasks = [needle_task(0, 30), variable_task(0, 12), code_task(0, 2)]
     arms = [Arm("dense", WindowPolicy(enabled=False)),
             Arm("covering", WindowPolicy(global_tokens=4096, window_tokens=4096, dense_tail=16)),
             Arm("window-8", WindowPolicy(global_tokens=32, window_tokens=32, dense_tail=16), kv_bits=8)]
     runs = run_tasks(tiny_loaded.model, tiny_loaded.tokenizer, tasks, arms, chunk=64, max_tokens=4)
-    assert [r.task.kind for r in runs] == ["needle", "variables"]
+    assert [r.task.kind for r in runs] == ["needle", "variables", "code"]
     assert runs[0].context_tokens > 32 + 32 + 16  # the small window really windows
     for run in runs:
         assert run.results["covering"].answers == run.results["dense"].answers
@@ -88,3 +90,4 @@ def test_runner_on_a_tiny_model_window_covering_the_context_agrees_exactly(tiny_
     summary = summarize(runs, "dense")
     assert summary["variables"]["covering"]["identical"] == CHAINS
     assert summary["needle"]["window-8"]["items"] == 15
+    assert summary["code"]["covering"]["identical"] == summary["code"]["covering"]["answers"] == len(QUESTIONS)
