@@ -90,7 +90,7 @@ def run_tasks(model: Any, tokenizer: Any, tasks: Sequence[Task], arms: Sequence[
             run.results[arm.name] = ArmResult(arm.name, answers, score(task, answers),
                                               time.perf_counter() - tic)
             logger.info("%s seed %d (%d tokens) %s: %d/%d", task.kind, task.seed, n_ctx, arm.name,
-                        sum(ok for _, ok in run.results[arm.name].items), len(task.questions[0].expected))
+                        sum(ok for _, ok in run.results[arm.name].items), len(run.results[arm.name].items))
         runs.append(run)
     return runs
 
