@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.editors.test_nvim_plugin import SAMPLE_MAIN, SAMPLE_UTIL
-from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import build_server_test_model, write_sample_workspace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS = REPO_ROOT / "docs" / "editors.md"
@@ -97,8 +96,7 @@ def emacs_snippet() -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_hidden_layers=2,
-                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    return build_server_test_model(tmp_path_factory.mktemp("model"))
 
 
 def test_docs_eglot_configuration_hovers_and_streams(tiny_model, tmp_path):
@@ -106,8 +104,7 @@ def test_docs_eglot_configuration_hovers_and_streams(tiny_model, tmp_path):
     assert emacs, "emacs is missing: scripts/dev-setup.sh installs emacs-nox and elpa-eglot"
     workspace = tmp_path / "repo"
     workspace.mkdir()
-    (workspace / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
-    (workspace / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
+    write_sample_workspace(workspace)
     snippet, script = tmp_path / "codectx-eglot.el", tmp_path / "test.el"
     snippet.write_text(emacs_snippet(), encoding="utf-8")
     script.write_text(TEST_SCRIPT, encoding="utf-8")

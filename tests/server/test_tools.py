@@ -7,7 +7,7 @@ import pytest
 
 from server.lsp.features.ask import Conversations, ask
 from server.lsp.tools import MAX_RESULT_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
-from tests.server.conftest import SAMPLE_MAIN, SAMPLE_UTIL
+from tests.server.harness import write_sample_workspace
 from tests.server.scripted import ByteTokenizer, session_for
 
 
@@ -15,8 +15,7 @@ from tests.server.scripted import ByteTokenizer, session_for
 def repo(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
-    (root / "util.py").write_text(SAMPLE_UTIL, encoding="utf-8")
-    (root / "main.py").write_text(SAMPLE_MAIN, encoding="utf-8")
+    write_sample_workspace(root)
     (tmp_path / "secret.txt").write_text("do not read", encoding="utf-8")
     return root
 
