@@ -23,8 +23,17 @@ mx.eval(mx.matmul(mx.ones((64, 64)), mx.ones((64, 64))))
 """
 
 _DESCRIBE_PROBE = """
-import json, engine.blas
-print(json.dumps(engine.blas.describe(measure=True)))
+import json, time, engine.blas
+report = engine.blas.describe()
+import mlx.core as mx
+a = mx.random.normal((512, 512)); mx.eval(a)
+best = float("inf")
+for _ in range(5):
+    start = time.process_time()
+    mx.eval(mx.matmul(a, a))
+    best = min(best, time.process_time() - start)
+report["sgemm_cpu_seconds"] = best
+print(json.dumps(report))
 """
 
 
@@ -57,13 +66,15 @@ def test_off_keeps_the_bundled_reference_blas(tmp_path):
     assert Path(_sgemm_binding(run.stderr)).name.startswith("libblas-")
 
 
-def test_optimized_blas_is_much_faster_than_reference(tmp_path):
-    fast = json.loads(_python(_DESCRIBE_PROBE, tmp_path).stdout)
-    slow = json.loads(_python(_DESCRIBE_PROBE, tmp_path, CODECTX_BLAS="off").stdout)
+def test_optimized_blas_needs_much_less_cpu_than_reference(tmp_path):
+    # One BLAS thread and CPU time (not wall time): the work a matmul costs, which other
+    # processes on a shared CI machine do not change. Wall-clock speed belongs to bench/engine.py.
+    fast = json.loads(_python(_DESCRIBE_PROBE, tmp_path, CODECTX_BLAS_THREADS="1").stdout)
+    slow = json.loads(_python(_DESCRIBE_PROBE, tmp_path, CODECTX_BLAS_THREADS="1", CODECTX_BLAS="off").stdout)
     assert fast["interposed"] is True and fast["source"] == "cmeel-openblas (PyPI)"
     assert slow["library"] is None and "disabled" in slow["source"]
-    # Reference BLAS: a few GFLOP/s; OpenBLAS: tens to hundreds, even on a shared CPU.
-    assert fast["sgemm_gflops"] > 4 * slow["sgemm_gflops"]
+    # Reference BLAS: ~2 GFLOP/s of CPU time; OpenBLAS on one core: tens.
+    assert slow["sgemm_cpu_seconds"] > 4 * fast["sgemm_cpu_seconds"], (fast, slow)
 
 
 def test_a_missing_library_falls_back_without_raising(tmp_path):
