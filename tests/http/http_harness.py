@@ -19,7 +19,7 @@ from server.http.config import HttpConfig
 from server.http.runner import HttpServer
 from server.http.source import StandaloneSource
 from server.lsp.settings import MemorySettings, ModelSettings, Settings
-from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import build_server_test_model
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
@@ -40,9 +40,8 @@ MAX_BODY_BYTES = 64 * 1024
 
 
 def tiny_model_with_template(directory: Path) -> Path:
-    """The tiny llama (parameters of tests/server/conftest.py) with `TEMPLATE`."""
-    path = build_tiny_model(directory, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                            num_attention_heads=2, num_key_value_heads=1)
+    """The end-to-end suites' tiny llama (tests/server/harness.py) with `TEMPLATE`."""
+    path = build_server_test_model(directory)
     config_path = path / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["chat_template"] = TEMPLATE
