@@ -151,6 +151,7 @@ def build_tiny_model(
     seed: int = 0,
     vocab_size: int = 512,
     weight_scale: float = 2.0,
+    eos_token: str | None = EOS_TOKEN,
     **sizes,
 ) -> Path:
     """Write a tiny random-weight model directory and return its path.
@@ -162,6 +163,8 @@ def build_tiny_model(
         vocab_size: Target vocabulary size of the trained tokenizer.
         weight_scale: Multiplies every weight; 2.0 (the default) makes greedy
             output varied instead of one repeated token.
+        eos_token: The token that ends generation; None for a model that
+            only stops at max_tokens (for tests that must interrupt a stream).
         **sizes: Passed to the config builder (hidden_size, num_hidden_layers, ...).
 
     Returns:
@@ -181,7 +184,7 @@ def build_tiny_model(
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
-        "eos_token": EOS_TOKEN,
+        "eos_token": eos_token,
         "pad_token": "<|endoftext|>",
         "unk_token": None,
         "additional_special_tokens": list(SPECIAL_TOKENS),

@@ -84,8 +84,9 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     assert with_repo > without + 10
 
 
-def test_ask_interrupted_cancels_and_exits_130(cli_model):
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(cli_model),
+def test_ask_interrupted_cancels_and_exits_130(tmp_path):
+    endless = build_tiny_model(tmp_path / "endless", eos_token=None)  # the stream cannot end before SIGINT
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(endless),
                              "--max-tokens", "3000", "Tell me everything."],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
