@@ -88,7 +88,9 @@ def test_ask_interrupted_cancels_and_exits_130(tmp_path):
     endless = build_tiny_model(tmp_path / "endless", eos_token=None)  # the stream cannot end before SIGINT
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(endless),
                              "--max-tokens", "3000", "Tell me everything."],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a background job inherits SIGINT ignored, and Python keeps it so
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.read(1)  # the answer is streaming
         proc.send_signal(signal.SIGINT)
