@@ -31,6 +31,8 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from engine import cpu_attention
+
 logger = logging.getLogger(__name__)
 
 _GROWTH = KVCache.step
@@ -114,7 +116,8 @@ class CompiledDecodeStep:
                values: list[mx.array]) -> tuple[mx.array, list[mx.array], list[mx.array]]:
         self.traces += 1
         stand_ins = [_BufferCache(k, v, offset) for k, v in zip(keys, values)]
-        logits = self.model(tokens, cache=stand_ins)
+        with cpu_attention.suspended():  # NumPy cannot run inside a trace
+            logits = self.model(tokens, cache=stand_ins)
         return logits, [c.keys for c in stand_ins], [c.values for c in stand_ins]
 
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from . import cpu_attention
 from .errors import EngineClosedError, RequestCancelled
 from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
 from .handle import RequestHandle
@@ -91,6 +92,7 @@ class Engine:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.loaded = loaded
         self.model = loaded.model
+        self.attention = "numpy" if cpu_attention.install(self.model) else "mlx"
         self.tokenizer = loaded.tokenizer
         self.kv_bits = kv_bits
         self.prefill_chunk = prefill_chunk
@@ -204,6 +206,7 @@ class Engine:
                 "kv_bits": self.kv_bits,
                 "window": None if self.window is None else dataclasses.asdict(self.window),
                 "prefill_chunk": self.prefill_chunk,
+                "attention": self.attention,
                 "requests_served": self._counts["served"],
                 "requests_cancelled": self._counts["cancelled"],
                 "requests_failed": self._counts["failed"],
@@ -250,6 +253,7 @@ class Engine:
                              weight_hash=str(getattr(self.loaded, "weight_hash", "")),
                              dtype=model_dtype(self.model), kv_bits=self.kv_bits,
                              kv_group_size=KV_GROUP_SIZE, prefill_chunk=self.prefill_chunk,
+                             attention=self.attention,
                              **(window.cache_policy_fields() if windowed else {}))
         if not windowed and self.kv_bits == 16:
             return policy, None

@@ -37,6 +37,8 @@ class CachePolicy:
         continuation_tail: Dense positions at the end of a plain token prompt (windowed only).
         window_form: "block" or "query" (windowed only).
         prefill_chunk: Prefill chunk size; chunking is part of the numerics.
+        attention: Who computes attention: "mlx" (the model's own function) or
+            "numpy" (`engine.cpu_attention`, on the CPU).
         numerics_version: `NUMERICS_VERSION` of the code that built the cache.
     """
 
@@ -53,6 +55,7 @@ class CachePolicy:
     continuation_tail: int | None = None
     window_form: str | None = None
     prefill_chunk: int = 512
+    attention: str = "mlx"
     numerics_version: int = NUMERICS_VERSION
 
     def fingerprint(self) -> str:

@@ -18,6 +18,7 @@ from .backend import start_backend, window_policy
 from .documents import DocumentStore
 from .errors import InvalidArgumentsError, user_message
 from .features import ask as ask_feature
+from .features import hover as hover_feature
 from .features import status as status_feature
 from .prompt import LocalPrompt
 from .workspace_prompt import WorkspacePrompt
@@ -97,7 +98,8 @@ class CodectxServer(LanguageServer):
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
         self.tools = WorkspaceTools(self.session.root, self.read_text, lambda: prompt.files)
-        self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state))
+        self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state),
+                             lead_in=hover_feature.lead_in if self.session.settings.hover.enabled else None)
         stream.end("ready")
         self.warmup.schedule(0)
 

@@ -74,8 +74,9 @@ class HoverSettings:
     Attributes:
         use_warm_prefix: While edits are not prefilled yet (warm-up waits for
             the user to pause), answer from the last prefilled prefix (the
-            repository as the model last read it) plus the question, which holds
-            the symbol's current text: the hover then costs only its question.
+            repository as the model last read it) and its hover lead-in; when
+            the symbol's file changed since, the answer start quotes the
+            symbol's current text: the hover then costs only those tokens.
     """
 
     enabled: bool = True

@@ -37,9 +37,11 @@ class Warmup:
             and after every finished warm-up.
     """
 
-    def __init__(self, session: Session, on_state: Callable[[dict], None] | None = None) -> None:
+    def __init__(self, session: Session, on_state: Callable[[dict], None] | None = None,
+                 lead_in: Callable[[Session], list[PromptSegment]] | None = None) -> None:
         self.session = session
         self.on_state = on_state
+        self.lead_in = lead_in
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._task: asyncio.Task | None = None
         self.runs = 0
@@ -77,10 +79,26 @@ class Warmup:
         cut = next((i for i in range(warm, len(prefix)) if prefix[i].key in editing), len(prefix))
         return prefix[:cut]
 
+    def _with_lead_in(self, prefix: list[PromptSegment], settled: list[PromptSegment]) -> list[PromptSegment]:
+        """`settled` plus the hover lead-in's turn and header when the whole prefix is settled
+        and the engine holds no checkpoint at the lead-in's end yet."""
+        if self.lead_in is None or len(settled) != len(prefix):
+            return settled
+        lead = self.lead_in(self.session)
+        if [s.token_ids for s in lead[:len(prefix)]] != [s.token_ids for s in prefix]:
+            return settled
+        end = sum(len(s.token_ids) for s in lead)
+        held = self.session.engine.stats()["cache"].get("checkpoint_list", [])
+        if any(c["end"] == end and c["kind"] == lead[-1].kind for c in held):
+            return settled
+        return lead
+
     async def _run(self) -> None:
-        segments = self.settled(self.session.prompt.prefix_segments())
-        total = sum(len(s.token_ids) for s in segments)
-        if not segments or self.session.warm_tokens(segments) == total:
+        prefix = self.session.prompt.prefix_segments()
+        settled = self.settled(prefix)
+        total = sum(len(s.token_ids) for s in settled)
+        segments = self._with_lead_in(prefix, settled)
+        if not settled or (self.session.warm_tokens(settled) == total and segments is settled):
             if self.on_state is not None:  # nothing to prefill: say so
                 self.on_state(self.state())
             return
@@ -107,7 +125,7 @@ class Warmup:
             return
         self.runs += 1
         self.session.counters.warmups += 1
-        self.last_run = {"tokens": total, "cachedTokens": done.metrics.cached_tokens,
+        self.last_run = {"tokens": total, "leadInTokens": sum(len(s.token_ids) for s in segments[len(settled):]), "cachedTokens": done.metrics.cached_tokens,
                          "recomputedTokens": done.metrics.recomputed_tokens,
                          "missReason": done.metrics.miss_reason,
                          "seconds": round(time.perf_counter() - started, 4)}

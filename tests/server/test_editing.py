@@ -198,6 +198,7 @@ async def test_hover_right_after_an_edit_reads_the_warm_prefix(client):
     await hover(client, util_uri, types.Position(9, 5))  # `def greet`, one line lower now
     state = await command(client, "codectx.status")
     metrics = state["lastMetrics"]
-    # The whole warm prefix was restored; only the hover's question was prefilled.
+    # The whole warm prefix was restored; only the hover lead-in and answer start were prefilled.
     assert metrics["cached_tokens"] == warm_tokens
     assert metrics["recomputed_tokens"] == state["lastHover"]["promptTokens"] - warm_tokens
+    assert state["lastHover"]["quotesDefinition"] is True  # util.py changed: greet's current text is quoted

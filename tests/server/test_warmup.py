@@ -45,7 +45,10 @@ async def test_prefix_warms_up_after_start_and_after_an_edit(raw_client, tiny_mo
                 default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0}))
     first = await next_finished(raw_client, 0)
     assert first.warm is True and first.warmTokens == first.prefixTokens > 0 and first.runs == 1
-    assert first.lastRun.cachedTokens == 0 and first.lastRun.recomputedTokens == first.prefixTokens
+    # The prefix and, after it, the hover lead-in (hover turn + answer header).
+    assert first.lastRun.leadInTokens > 0
+    assert first.lastRun.cachedTokens == 0
+    assert first.lastRun.recomputedTokens == first.prefixTokens + first.lastRun.leadInTokens
 
     uri = open_document(raw_client, raw_client.root / "util.py")
     raw_client.text_document_did_change(types.DidChangeTextDocumentParams(
@@ -56,12 +59,20 @@ async def test_prefix_warms_up_after_start_and_after_an_edit(raw_client, tiny_mo
     assert second.warm is True and second.runs == 2 and second.prefixTokens > first.prefixTokens
     # Only the invalidated tail was prefilled again.
     assert 0 < second.lastRun.recomputedTokens < second.prefixTokens
-    assert second.lastRun.cachedTokens + second.lastRun.recomputedTokens == second.prefixTokens
+    assert (second.lastRun.cachedTokens + second.lastRun.recomputedTokens
+            == second.prefixTokens + second.lastRun.leadInTokens)
     state = await command(raw_client, "codectx.status")
     assert state["warmup"]["warm"] is True and state["warmup"]["warmFraction"] == 1.0
     assert state["prefixVersion"] == 1 and state["engine"]["requests_served"] == 2
     context = await command(raw_client, "codectx.showContext")
     assert {row["cache"] for row in context["segments"]} == {"cached"}
+
+    # A hover now computes only its answer start ("`add` is") after the warm lead-in.
+    await raw_client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(4, 5)))
+    hovered = (await command(raw_client, "codectx.status"))["lastHover"]
+    assert hovered["cachedTokens"] == second.prefixTokens + second.lastRun.leadInTokens
+    assert 0 < hovered["recomputedTokens"] <= 8 and hovered["quotesDefinition"] is False
 
 
 async def test_an_ask_preempts_a_running_warm_up(raw_client, tiny_model):
@@ -121,7 +132,8 @@ async def test_warm_up_is_debounced_per_file(tmp_path, tiny_model):
         state = await states.get()
         assert state["warm"] is True and state["pendingFiles"] == []
         # b.py's segment, from the engine's checkpoint grid point before it (prefillChunk 16).
-        assert b_tokens <= state["lastRun"]["recomputedTokens"] < b_tokens + 16
+        lead_in = state["lastRun"]["leadInTokens"]  # the hover lead-in after the prefix
+        assert b_tokens + lead_in <= state["lastRun"]["recomputedTokens"] < b_tokens + lead_in + 16
     finally:
         warmup.stop()
         session.close()

@@ -7,6 +7,12 @@ the same file, keep the cached answer.
 When the model cannot answer within the latency budget, the signature and
 docstring are returned at once and the answer lands in the cache for the
 next hover.
+
+The prompt is built for a fast first token: the stable prefix, a hover turn
+that names no symbol and the answer header form a *lead-in* shared by every
+hover (warm-up prefills it, see `server.lsp.warmup`); the model's answer is
+then started with the symbol's name ("`name` is"), so a hover computes only
+those few tokens before its first generated one.
 """
 from __future__ import annotations
 
@@ -16,8 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.request import PromptSegment
+
 from ..prompt import Turn
 from ..session import Session
+from ..warmth import prefix_part
 from .symbols import DefinitionIndex, DefinitionSite
 
 logger = logging.getLogger(__name__)
@@ -60,9 +69,44 @@ def render(site: DefinitionSite, explanation: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def hover_question(site: DefinitionSite) -> str:
-    return (f"In one or two sentences, explain `{site.definition.name}` "
-            f"({site.path.name}:{site.definition.line}):\n```\n{site.snippet}\n```")
+HOVER_INSTRUCTION = ("Explain one symbol of this repository, named at the start of your answer, "
+                     "in one or two sentences: what it does and how the code uses it.")
+"""The hover's user turn. It names no symbol, so the prompt up to the answer
+header is the same for every hover (the *lead-in*): warm-up prefills it and
+a hover computes only the few tokens of `answer_start`."""
+
+
+def lead_in(session: Session) -> list[PromptSegment]:
+    """The stable prefix + the hover turn + the answer header (what warm-up prefills for hovers)."""
+    return session.prompt.segments([Turn("user", HOVER_INSTRUCTION)])
+
+
+def answer_start(site: DefinitionSite, stale: bool) -> str:
+    """The start of the model's answer: the symbol's name, and its current text when the
+    prefix the model reads predates it (see `hover.useWarmPrefix`)."""
+    name = site.definition.name
+    if stale:
+        return f"`{name}` now reads:\n```\n{site.snippet}\n```\n`{name}` is"
+    return f"`{name}` is"
+
+
+def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str]:
+    """The lead-in (on the warm prefix when allowed) and the answer start for `site`, with its text."""
+    current = lead_in(session)
+    segments = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
+    stale = _text_of(segments, site, session.root) != _text_of(current, site, session.root)
+    start = answer_start(site, stale)
+    return segments + [PromptSegment("answer", "hover", tuple(session.tokenizer.encode(start)))], start
+
+
+def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | None) -> tuple[int, ...] | None:
+    """Tokens of the last prefix segment holding `site`'s file (its hot copy when edited)."""
+    try:
+        key = site.path.relative_to(root).as_posix() if root is not None else str(site.path)
+    except ValueError:
+        return None
+    held = [s.token_ids for s in prefix_part(segments) if s.kind in ("file", "hot") and s.key == key]
+    return tuple(held[-1]) if held else None
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
@@ -98,20 +142,29 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
 
 async def _generate(session: Session, site: DefinitionSite, started: float) -> str:
     """The model's explanation; records the hover's timings in `session.counters.last_hover`."""
-    segments = session.prompt.segments([Turn("user", hover_question(site))])
-    if session.settings.hover.use_warm_prefix:
-        segments = session.on_warm_prefix(segments)
+    segments, start_text = hover_segments(session, site)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:
         if not first_token:
             first_token.append(time.perf_counter() - started)
 
-    done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text)
+    done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text,
+                                  stop=("\n\n",))
     session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
                                    "totalS": time.perf_counter() - started,
-                                   "promptTokens": sum(len(s.token_ids) for s in segments)}
-    return done.text
+                                   "promptTokens": sum(len(s.token_ids) for s in segments),
+                                   "cachedTokens": done.metrics.cached_tokens,
+                                   "recomputedTokens": done.metrics.recomputed_tokens,
+                                   "quotesDefinition": "```" in start_text}
+    return _explanation(start_text, done.text)
+
+
+def _explanation(start: str, generated: str) -> str:
+    """The answer as the user reads it: the name sentence, without a quoted current text."""
+    if "```" in start:
+        start = start[start.rindex("```") + 3:].lstrip("\n")
+    return start + generated
 
 
 def _store(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> None:
