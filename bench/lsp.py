@@ -11,17 +11,20 @@ fixture repository (a small package plus one 300-line module) and measures:
   own TTFT (submit to first token) and the client's total, for model answers
   and for cached answers;
 * edit a 300-line file, then hover at once (before warm-up) with
-  `hover.useWarmPrefix` on (the default) and off; then after warm-up.
+  `hover.useWarmPrefix` on (the default) and off; then after warm-up;
+* the peer, in the same run: warm hovers on the same server with MLX's own
+  CPU attention (`CODECTX_CPU_ATTENTION=off`), i.e. without `engine.cpu_attention`.
 
 Goals on this CPU: warm hover first token < 300 ms; hover first token after an
 edit of a 300-line file < 1.5 s. Prints a table and writes JSON to bench/results/.
 
-    python bench/lsp.py [--model smollm2-135m] [--hover-tokens 96] [--ask-tokens 32]
+    python bench/lsp.py [--model smollm2-135m] [--hover-tokens 96] [--ask-tokens 32] [--no-peer]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -86,8 +89,8 @@ def write_fixture(root: Path) -> Path:
 class Client:
     """One `codectx serve` process and the notifications it sent."""
 
-    def __init__(self, root: Path, options: dict, log: Path) -> None:
-        self.root, self.options, self.log = root, options, log
+    def __init__(self, root: Path, options: dict, log: Path, env: dict | None = None) -> None:
+        self.root, self.options, self.log, self.env = root, options, log, env
         self.lsp = LanguageClient("codectx-bench", "0.1")
         self.streams: list[tuple[float, dict]] = []
         self.warmth: list = []
@@ -110,7 +113,8 @@ class Client:
 
     async def start(self) -> float:
         started = time.perf_counter()
-        await self.lsp.start_io(sys.executable, "-m", "server.serve_cmd", "--log-file", str(self.log), cwd=str(ROOT))
+        await self.lsp.start_io(sys.executable, "-m", "server.serve_cmd", "--log-file", str(self.log), cwd=str(ROOT),
+                                env=None if self.env is None else {**os.environ, **self.env})
         await self.lsp.initialize_async(types.InitializeParams(
             capabilities=types.ClientCapabilities(), root_uri=self.root.as_uri(),
             initialization_options=self.options))
@@ -192,6 +196,19 @@ async def asks(args, root: Path, work: Path) -> tuple[list[dict], float]:
     return rows, start_s
 
 
+async def peer_hovers(args, root: Path, work: Path) -> list[dict]:
+    """The peer: warm hovers on the same server with MLX's own CPU attention (CODECTX_CPU_ATTENTION=off)."""
+    client = Client(root, options(args, warmup=True), work / "hover-peer.log", env={"CODECTX_CPU_ATTENTION": "off"})
+    await client.start()
+    await client.warm_event.wait()
+    mod = root / "pkg" / f"mod{MODULES - 1}.py"
+    client.open(mod)
+    rows = [await client.hover("hover (warm prefix, MLX attention peer)", mod, name)
+            for name in ("step3_1", "step3_2", "step3_3")]
+    await client.close()
+    return rows
+
+
 async def hovers(args, root: Path, big: Path, work: Path, warm_prefix: bool, tag: str) -> tuple[list[dict], dict]:
     client = Client(root, options(args, warmup=True, warm_prefix=warm_prefix), work / f"hover-{tag}.log")
     started = time.perf_counter()
@@ -233,7 +250,7 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="codectx-bench-lsp-") as tmp:
         work = Path(tmp)
         roots = {}
-        for name in ("asks", "warm", "exact"):  # one copy each: a workspace's state outlives its server
+        for name in ("asks", "warm", "exact", "peer"):  # one copy each: a workspace's state outlives its server
             roots[name] = work / f"repo-{name}"
             roots[name].mkdir()
             write_fixture(roots[name])
@@ -241,9 +258,11 @@ async def main_async(args) -> dict:
         ask_rows, start_s = await asks(args, roots["asks"], work)
         hover_rows, hover_info = await hovers(args, roots["warm"], roots["warm"] / big, work, True, "warm")
         exact_rows, exact_info = await hovers(args, roots["exact"], roots["exact"] / big, work, False, "exact")
-    rows = ask_rows + hover_rows + exact_rows
+        peer_rows = await peer_hovers(args, roots["peer"], work) if args.peer else []
+    rows = ask_rows + hover_rows + exact_rows + peer_rows
     goals = {
         "warm_hover_first_token_ms": median_of(rows, "hover (warm prefix)", "first_token_ms"),
+        "peer_warm_hover_first_token_ms": median_of(rows, "hover (warm prefix, MLX attention peer)", "first_token_ms"),
         "edit_then_hover_first_token_ms": median_of(
             rows, "edit 300 lines, hover at once (useWarmPrefix)", "first_token_ms"),
     }
@@ -257,6 +276,8 @@ def main() -> int:
     parser.add_argument("--hover-tokens", type=int, default=96)
     parser.add_argument("--ask-tokens", type=int, default=32)
     parser.add_argument("--debounce-ms", type=int, default=750)
+    parser.add_argument("--no-peer", dest="peer", action="store_false",
+                        help="skip the peer session (warm hovers with CODECTX_CPU_ATTENTION=off)")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     headers = ["case", "what", "first token ms", "engine TTFT ms", "total ms", "cached tok", "recomputed tok",

@@ -1,0 +1,103 @@
+"""CPU attention: `engine.cpu_attention` (NumPy softmax) against MLX's own SDPA, same run.
+
+Loads the model (default: the default model), fills a plain KV cache with a
+`--context`-token prompt (through the NumPy path, timed: prefill tok/s), then
+times one forward of n new tokens over that context for each n, with the
+NumPy path and with the model's own MLX attention (`cpu_attention.suspended()`),
+alternating, and reports medians, their ratio and the largest logit difference.
+Also times the context prefill itself under MLX attention unless --skip-mlx-prefill.
+
+    python bench/cpu_attention.py [--context 4200] [--sizes 1,6,32,512] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import engine  # noqa: E402,F401  (BLAS preload before MLX)
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import KVCache  # noqa: E402
+
+from bench._common import machine, markdown_table, write_json  # noqa: E402
+from engine import cpu_attention  # noqa: E402
+from engine.loading import load_model  # noqa: E402
+
+CHUNK = 512
+
+
+def prefill(model, ids: mx.array, n: int) -> tuple[list[KVCache], float]:
+    cache = [KVCache() for _ in model.layers]
+    started = time.perf_counter()
+    for start in range(0, n, CHUNK):
+        model(ids[:, start:min(n, start + CHUNK)], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache, time.perf_counter() - started
+
+
+def forward_ms(model, cache: list[KVCache], tokens: mx.array) -> tuple[float, mx.array]:
+    started = time.perf_counter()
+    logits = model(tokens, cache=cache)
+    mx.eval(logits)
+    elapsed = time.perf_counter() - started
+    for c in cache:
+        c.trim(tokens.shape[1])
+    return 1000 * elapsed, logits
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model name or path (default: the default model)")
+    parser.add_argument("--context", type=int, default=4200)
+    parser.add_argument("--sizes", default="1,6,32,512")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-mlx-prefill", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    loaded = load_model(args.model, progress=False)
+    model = loaded.model
+    if not cpu_attention.install(model):
+        print("engine.cpu_attention does not apply here (not the CPU, or CODECTX_CPU_ATTENTION=off)")
+        return 1
+    vocab = model.args.vocab_size
+    ids = mx.array([[(i * 7919) % (vocab - 200) + 100 for i in range(args.context + max(sizes))]])
+    cache, numpy_prefill_s = prefill(model, ids, args.context)
+    mlx_prefill_s = None
+    if not args.skip_mlx_prefill:
+        with cpu_attention.suspended():
+            _, mlx_prefill_s = prefill(model, ids, args.context)
+    rows, table = [], []
+    for n in sizes:
+        tokens = ids[:, args.context:args.context + n]
+        times = {"numpy": [], "mlx": []}
+        diff = 0.0
+        for _ in range(args.repeats):
+            ms, ours = forward_ms(model, cache, tokens)
+            times["numpy"].append(ms)
+            with cpu_attention.suspended():
+                ms, theirs = forward_ms(model, cache, tokens)
+            times["mlx"].append(ms)
+            diff = max(diff, mx.abs(ours - theirs).max().item())
+        numpy_ms, mlx_ms = statistics.median(times["numpy"]), statistics.median(times["mlx"])
+        rows.append({"new_tokens": n, "numpy_ms": numpy_ms, "mlx_ms": mlx_ms, "speedup": mlx_ms / numpy_ms,
+                     "max_logit_diff": diff, "samples": times})
+        table.append([n, numpy_ms, mlx_ms, f"{mlx_ms / numpy_ms:.2f}x", f"{diff:.1e}"])
+    print(f"model {loaded.model_id}, context {args.context} tokens, {args.repeats} repeats (median)")
+    print(markdown_table(["new tokens", "NumPy attention ms", "MLX attention ms", "speedup", "max |Δlogit|"], table))
+    line = f"prefill of the {args.context}-token context (chunks of {CHUNK}): NumPy {args.context / numpy_prefill_s:.0f} tok/s"
+    if mlx_prefill_s is not None:
+        line += f", MLX {args.context / mlx_prefill_s:.0f} tok/s ({mlx_prefill_s / numpy_prefill_s:.2f}x)"
+    print(line)
+    result = {"machine": machine(), "args": vars(args), "model": loaded.model_id, "rows": rows,
+              "prefill_s": {"numpy": numpy_prefill_s, "mlx": mlx_prefill_s}}
+    print(f"wrote {write_json('cpu_attention', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
