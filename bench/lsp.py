@@ -12,6 +12,8 @@ fixture repository (a small package plus one 300-line module) and measures:
   and for cached answers;
 * edit a 300-line file, then hover at once (before warm-up) with
   `hover.useWarmPrefix` on (the default) and off; then after warm-up;
+* hovers on definitions prepared in the background (`hover.prefetch`) after
+  the file was opened (the other sessions run with `hover.prefetch` 0);
 * the peer, in the same run: warm hovers on the same server with MLX's own
   CPU attention (`CODECTX_CPU_ATTENTION=off`), i.e. without `engine.cpu_attention`.
 
@@ -95,6 +97,8 @@ class Client:
         self.streams: list[tuple[float, dict]] = []
         self.warmth: list = []
         self.warm_event = asyncio.Event()
+        self.prepared_event = asyncio.Event()
+        self.prepared_target = 0
         self.hover_hits = 0
 
         @self.lsp.feature("codectx/stream")
@@ -106,6 +110,9 @@ class Client:
             self.warmth.append(params)
             if not hasattr(params, "prefilled") and params.warm:
                 self.warm_event.set()
+            prefetch = getattr(params, "hoverPrefetch", None)
+            if self.prepared_target and prefetch is not None and prefetch.prepared >= self.prepared_target:
+                self.prepared_event.set()
 
         @self.lsp.feature(types.WINDOW_SHOW_MESSAGE)
         def on_message(params):
@@ -170,10 +177,11 @@ def row(kind: str, what: str, metrics: dict | None, total: float, first_token: f
             "miss_reason": metrics.get("miss_reason")}
 
 
-def options(args, warmup: bool, warm_prefix: bool = True) -> dict:
+def options(args, warmup: bool, warm_prefix: bool = True, prefetch: int = 0) -> dict:
     return {"model": {"name": args.model}, "memory": {"archiveEnabled": False},
             "warmup": {"enabled": warmup, "debounceMs": args.debounce_ms},
-            "hover": {"maxTokens": args.hover_tokens, "latencyBudgetMs": 600000, "useWarmPrefix": warm_prefix},
+            "hover": {"maxTokens": args.hover_tokens, "latencyBudgetMs": 600000, "useWarmPrefix": warm_prefix,
+                      "prefetch": prefetch},
             "ask": {"maxTokens": args.ask_tokens}}
 
 
@@ -207,6 +215,24 @@ async def peer_hovers(args, root: Path, work: Path) -> list[dict]:
             for name in ("step3_1", "step3_2", "step3_3")]
     await client.close()
     return rows
+
+
+async def prepared_hovers(args, root: Path, work: Path) -> tuple[list[dict], dict]:
+    """Hovers on definitions the server prepared in the background (`hover.prefetch`) after
+    the file was opened: the time until the user hovers is spent generating answers."""
+    client = Client(root, options(args, warmup=True, prefetch=3), work / "hover-prepared.log")
+    await client.start()
+    await client.warm_event.wait()
+    mod = root / "pkg" / f"mod{MODULES - 1}.py"
+    client.prepared_target = 3
+    opened = time.perf_counter()
+    client.open(mod)
+    await client.prepared_event.wait()
+    prepared_s = time.perf_counter() - opened
+    rows = [await client.hover("hover (prepared in the background)", mod, name)
+            for name in ("step3_0", "step3_1", "step3_2")]
+    await client.close()
+    return rows, {"three_prepared_after_open_s": prepared_s}
 
 
 async def hovers(args, root: Path, big: Path, work: Path, warm_prefix: bool, tag: str) -> tuple[list[dict], dict]:
@@ -250,7 +276,7 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="codectx-bench-lsp-") as tmp:
         work = Path(tmp)
         roots = {}
-        for name in ("asks", "warm", "exact", "peer"):  # one copy each: a workspace's state outlives its server
+        for name in ("asks", "warm", "exact", "peer", "prepared"):  # one copy each: a workspace's state outlives its server
             roots[name] = work / f"repo-{name}"
             roots[name].mkdir()
             write_fixture(roots[name])
@@ -259,15 +285,18 @@ async def main_async(args) -> dict:
         hover_rows, hover_info = await hovers(args, roots["warm"], roots["warm"] / big, work, True, "warm")
         exact_rows, exact_info = await hovers(args, roots["exact"], roots["exact"] / big, work, False, "exact")
         peer_rows = await peer_hovers(args, roots["peer"], work) if args.peer else []
-    rows = ask_rows + hover_rows + exact_rows + peer_rows
+        prepared_rows, prepared_info = await prepared_hovers(args, roots["prepared"], work)
+    rows = ask_rows + hover_rows + exact_rows + peer_rows + prepared_rows
     goals = {
         "warm_hover_first_token_ms": median_of(rows, "hover (warm prefix)", "first_token_ms"),
         "peer_warm_hover_first_token_ms": median_of(rows, "hover (warm prefix, MLX attention peer)", "first_token_ms"),
+        "prepared_hover_total_ms": median_of(rows, "hover (prepared in the background)", "total_ms"),
         "edit_then_hover_first_token_ms": median_of(
             rows, "edit 300 lines, hover at once (useWarmPrefix)", "first_token_ms"),
     }
     return {"machine": machine(), "args": vars(args), "server_start_s": start_s, "rows": rows,
-            "hover_session": hover_info, "exact_session": exact_info, "goals": goals}
+            "hover_session": hover_info, "exact_session": exact_info, "prepared_session": prepared_info,
+            "goals": goals}
 
 
 def main() -> int:

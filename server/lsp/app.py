@@ -19,6 +19,7 @@ from .documents import DocumentStore
 from .errors import InvalidArgumentsError, user_message
 from .features import ask as ask_feature
 from .features import hover as hover_feature
+from .features.hover_prefetch import HoverPrefetch
 from .features import status as status_feature
 from .prompt import LocalPrompt
 from .workspace_prompt import WorkspacePrompt
@@ -43,6 +44,8 @@ class CodectxServer(LanguageServer):
         self.conversations = ask_feature.Conversations()
         self.loaded: asyncio.Future | None = None
         self.warmup: Warmup | None = None
+        self.hover_cache = hover_feature.HoverCache(self.read_text)
+        self.prefetch: HoverPrefetch | None = None
         self.tools: WorkspaceTools | None = None
         self.settings_problems: list[str] = []
         self.start_up_task: asyncio.Task | None = None
@@ -98,10 +101,24 @@ class CodectxServer(LanguageServer):
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
         self.tools = WorkspaceTools(self.session.root, self.read_text, lambda: prompt.files)
-        self.warmup = Warmup(self.session, lambda state: self.protocol.notify(WARMTH_METHOD, state),
+        self.warmup = Warmup(self.session, self.on_warmth,
                              lead_in=hover_feature.lead_in if self.session.settings.hover.enabled else None)
+        self.prefetch = HoverPrefetch(self.session, self.hover_cache, busy=lambda: self.warmup.busy,
+                                      on_prepared=lambda: self.on_warmth(self.warmup.state()))
+        self.session.interactive_hooks = (self.prefetch.interactive_started, self.prefetch.interactive_done)
         stream.end("ready")
         self.warmup.schedule(0)
+
+    def on_warmth(self, state: dict) -> None:
+        """Sends `codectx/warmth` (warm-up state + prepared hovers); idle again: prepare hovers."""
+        self.protocol.notify(WARMTH_METHOD, dict(state, hoverPrefetch=self.prefetch.state()))
+        if not self.warmup.busy:
+            self.prefetch.kick()
+
+    def focus(self, path: Path | None, line: int) -> None:
+        """The user works at `path`:`line` (1-based): prepare hovers there (see `HoverPrefetch`)."""
+        if self.prefetch is not None and path is not None and self.session.settings.hover.enabled:
+            self.prefetch.focus_on(path, line)
 
     def make_prompt(self, tokenizer: Any) -> WorkspacePrompt | LocalPrompt:
         """The context package's prompt; the local one if its chat template is unusable there."""
@@ -157,6 +174,7 @@ def did_open(ls: CodectxServer, params: types.DidOpenTextDocumentParams) -> None
     doc = ls.session.documents.open(params.text_document)
     if ls.session.prompt is not None and doc.path is not None:
         ls.session.prompt.mark_dirty(doc.path)
+    ls.focus(doc.path, 1)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -166,6 +184,11 @@ def did_change(ls: CodectxServer, params: types.DidChangeTextDocumentParams) -> 
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=doc.uri, diagnostics=[]))
     if ls.warmup is not None and doc.path is not None:
         ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, doc.path)
+    if ls.prefetch is not None:
+        ls.prefetch.interrupt()  # the engine is warm-up's first
+        changes = params.content_changes
+        line = changes[-1].range.start.line + 1 if changes and hasattr(changes[-1], "range") else 1
+        ls.focus(doc.path, line)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
@@ -194,6 +217,8 @@ def did_change_watched(ls: CodectxServer, params: types.DidChangeWatchedFilesPar
         path = to_fs_path(change.uri)
         if ls.warmup is not None and path:
             ls.warmup.schedule(ls.session.settings.warmup.debounce_ms / 1000, Path(path))
+    if ls.prefetch is not None:
+        ls.prefetch.interrupt()
 
 
 @server.command("codectx.ask")
@@ -233,7 +258,9 @@ def _selection(ls: CodectxServer, options: dict) -> tuple[str | None, str | None
 
 @server.command("codectx.status")
 def status_command(ls: CodectxServer, *args: Any) -> dict:
-    return status_feature.status(ls.session, ls.protocol, ls.warmup)
+    state = status_feature.status(ls.session, ls.protocol, ls.warmup)
+    state["hoverPrefetch"] = ls.prefetch.state() if ls.prefetch is not None else None
+    return state
 
 
 @server.command("codectx.showContext")
@@ -260,6 +287,8 @@ async def reindex_command(ls: CodectxServer, *args: Any) -> dict:
 def shutdown(ls: CodectxServer, *args: Any) -> None:
     if ls.warmup is not None:
         ls.warmup.stop()
+    if ls.prefetch is not None:
+        ls.prefetch.stop()
     if ls.session.engine is not None:
         ls.session.cancel_all()
 

@@ -20,7 +20,7 @@ ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActi
 
 def register(server: Any) -> None:
     """Registers the editor features on `server` (a `CodectxServer`)."""
-    cache = hover.HoverCache(server.read_text)
+    cache = server.hover_cache
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def on_hover(ls, params: types.HoverParams) -> types.Hover | None:
@@ -34,8 +34,9 @@ def register(server: Any) -> None:
         if found is None:
             return None
         name, span = found
-        answer = await hover.explain(session, cache, name, Path(to_fs_path(params.text_document.uri)),
-                                     session.prompt.files)
+        path = Path(to_fs_path(params.text_document.uri))
+        answer = await hover.explain(session, cache, name, path, session.prompt.files)
+        ls.focus(path, params.position.line + 1)
         if answer is None:
             return None
         return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)

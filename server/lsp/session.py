@@ -55,6 +55,8 @@ class Session:
         self.prefix_version = 0  # bumped on every edit
         self.prefilled = PrefixRecord()
         self._running: set[str] = set()
+        # Called when an interactive request starts and ends (background work steps aside).
+        self.interactive_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -90,6 +92,16 @@ class Session:
             The request's `DoneEvent`.
         """
         self.require_ready()
+        hooks = self.interactive_hooks if priority == Priority.INTERACTIVE else None
+        if hooks is not None:
+            hooks[0]()
+        try:
+            return await self._generate(segments, max_tokens, on_text, stop, priority, on_prefill)
+        finally:
+            if hooks is not None:
+                hooks[1]()
+
+    async def _generate(self, segments, max_tokens, on_text, stop, priority, on_prefill) -> DoneEvent:
         request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority)
         loop = asyncio.get_running_loop()
         chunk_callback = None

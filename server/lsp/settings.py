@@ -77,12 +77,16 @@ class HoverSettings:
             repository as the model last read it) and its hover lead-in; when
             the symbol's file changed since, the answer start quotes the
             symbol's current text: the hover then costs only those tokens.
+        prefetch: Prepare the answers of this many definitions nearest to the
+            line last opened, hovered or edited, in the background while the
+            engine is idle (0: off).
     """
 
     enabled: bool = True
     latency_budget_ms: int = 1500
     max_tokens: int = 96
     use_warm_prefix: bool = True
+    prefetch: int = 8
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ _MINIMUMS = {
     "kv_bits": 0, "prefill_chunk": 1, "global_tokens": 0, "window_tokens": 1,
     "dense_tail_tokens": 0, "continuation_tail_tokens": 0,
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
-    "latency_budget_ms": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
+    "latency_budget_ms": 0, "prefetch": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
 }
 _CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "auto")}
 

@@ -133,6 +133,11 @@ class Warmup:
             self.on_state(self.state())
 
     @property
+    def busy(self) -> bool:
+        """A warm-up runs or waits for its timer."""
+        return self.running or bool(self._timers)
+
+    @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 

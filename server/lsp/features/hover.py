@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.request import PromptSegment
+from engine.request import Priority, PromptSegment
 
 from ..prompt import Turn
 from ..session import Session
@@ -125,23 +125,33 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
     if key in cache.answers:
         session.counters.hover_cache_hits += 1
         return HoverAnswer(render(site, cache.answers[key]), "cache")
-    task = cache.pending.get(key)
-    if task is None:
-        task = asyncio.ensure_future(_generate(session, site, started))
-        cache.pending[key] = task
-        task.add_done_callback(lambda t: _store(cache, key, t))
+    task = cache.pending.get(key) or start(session, cache, site, key, started)
     budget = session.settings.hover.latency_budget_ms / 1000
     try:
         text = await asyncio.wait_for(asyncio.shield(task), budget) if budget > 0 else None
     except asyncio.TimeoutError:
         text = None
+    except asyncio.CancelledError:
+        if not (task.cancelled() and not asyncio.current_task().cancelling()):
+            raise
+        text = None  # a background preparation of this answer was interrupted, not this hover
     if text is None:
         return HoverAnswer(render(site, None), "signature")
     return HoverAnswer(render(site, text), "model")
 
 
-async def _generate(session: Session, site: DefinitionSite, started: float) -> str:
-    """The model's explanation; records the hover's timings in `session.counters.last_hover`."""
+def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[str, str], started: float,
+          priority: Priority = Priority.INTERACTIVE) -> asyncio.Task:
+    """Starts generating the answer for `site`; it lands in `cache.answers` under `key`."""
+    task = asyncio.ensure_future(_generate(session, site, started, priority))
+    cache.pending[key] = task
+    task.add_done_callback(lambda t: _store(cache, key, t))
+    return task
+
+
+async def _generate(session: Session, site: DefinitionSite, started: float,
+                    priority: Priority = Priority.INTERACTIVE) -> str:
+    """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
     segments, start_text = hover_segments(session, site)
     first_token: list[float] = []
 
@@ -150,7 +160,11 @@ async def _generate(session: Session, site: DefinitionSite, started: float) -> s
             first_token.append(time.perf_counter() - started)
 
     done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text,
-                                  stop=("\n\n",))
+                                  stop=("\n\n",), priority=priority)
+    if done.finish_reason == "cancelled":
+        raise asyncio.CancelledError()
+    if priority != Priority.INTERACTIVE:
+        return _explanation(start_text, done.text)
     session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
                                    "totalS": time.perf_counter() - started,
                                    "promptTokens": sum(len(s.token_ids) for s in segments),

@@ -77,7 +77,8 @@ class DefinitionIndex:
         self.read_text = read_text
         self._parsed: dict[Path, tuple[str, tuple[Definition, ...]]] = {}
 
-    def _definitions(self, path: Path) -> tuple[str, tuple[Definition, ...]] | None:
+    def definitions(self, path: Path) -> tuple[str, tuple[Definition, ...]] | None:
+        """`path`'s current text and its definitions (None when it cannot be read)."""
         try:
             text = self.read_text(path)
         except OSError:
@@ -92,7 +93,7 @@ class DefinitionIndex:
     def find(self, name: str, current: Path, files: Iterable[Path]) -> DefinitionSite | None:
         """Where `name` is defined: the current file first, then `files` in order."""
         for path in [current] + [p for p in files if p != current]:
-            found = self._definitions(path)
+            found = self.definitions(path)
             if found is None:
                 continue
             text, definitions = found

@@ -1,0 +1,134 @@
+"""Hover answers prepared in the background, for the definitions where the user works.
+
+When the engine has nothing else to do (warm-up finished, no request running),
+the server generates the hover explanations of the definitions nearest to the
+*focus* (the line last opened, hovered or edited) in that file, nearest first,
+up to `hover.prefetch` of them, and puts them in the hover cache: a later hover
+on one of them is answered at once. A prepared answer is exactly what the hover
+would have generated (same prompt, same greedy decoding).
+
+Interactive work comes first. Every interactive request (hover on another
+symbol, ask, code action) interrupts a running preparation: its engine request
+is cancelled and rolled back, and the symbol is tried again once the
+interactive request is done. Edits interrupt it too and preparation waits
+until warm-up has caught up. Like warm-up, it is background work: off when
+`warmup.enabled` is false.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from engine.request import Priority
+
+from ..session import Session
+from . import hover
+from .symbols import DefinitionSite, site_of
+
+logger = logging.getLogger(__name__)
+
+
+class HoverPrefetch:
+    """Background preparation of hover answers for one session.
+
+    Args:
+        session: The session.
+        cache: The hover cache answers go to.
+        busy: True while warm-up has work to do (preparation waits for it).
+        on_prepared: Called after each prepared answer.
+    """
+
+    def __init__(self, session: Session, cache: hover.HoverCache, busy: Callable[[], bool],
+                 on_prepared: Callable[[], None] | None = None) -> None:
+        self.session = session
+        self.cache = cache
+        self.busy = busy
+        self.on_prepared = on_prepared
+        self.focus: tuple[Path, int] | None = None
+        self.prepared = 0
+        self.interrupted = 0
+        self._loop_task: asyncio.Task | None = None
+        self._current: asyncio.Task | None = None
+        self._interactive = 0
+
+    @property
+    def limit(self) -> int:
+        return self.session.settings.hover.prefetch
+
+    def focus_on(self, path: Path, line: int) -> None:
+        """Prepare around `path`:`line` (1-based) from now on."""
+        self.focus = (path, line)
+        self.kick()
+
+    def kick(self) -> None:
+        """Start preparing if there is something to prepare and nothing else runs."""
+        if self._loop_task is not None and not self._loop_task.done():
+            return
+        settings = self.session.settings
+        if (self.limit <= 0 or not settings.warmup.enabled or self.focus is None or not self.session.ready
+                or self._interactive):
+            return
+        self._loop_task = asyncio.ensure_future(self._run())
+
+    def interrupt(self) -> None:
+        """Cancel a running preparation (an interactive request or an edit needs the engine)."""
+        if self._current is not None and not self._current.done():
+            self._current.cancel()
+            self.interrupted += 1
+
+    def interactive_started(self) -> None:
+        self._interactive += 1
+        self.interrupt()
+
+    def interactive_done(self) -> None:
+        self._interactive -= 1
+        self.kick()
+
+    def state(self) -> dict:
+        return {"prepared": self.prepared, "interrupted": self.interrupted,
+                "running": self._current is not None and not self._current.done()}
+
+    async def _run(self) -> None:
+        while not self.busy() and not self._interactive:
+            site = self._next_site()
+            if site is None:
+                return
+            key = self.cache.key(site, self.session.prompt.files)
+            self._current = hover.start(self.session, self.cache, site, key, time.perf_counter(),
+                                        Priority.BACKGROUND)
+            try:
+                await asyncio.shield(self._current)
+            except asyncio.CancelledError:
+                if not self._current.cancelled():
+                    raise  # this loop itself was cancelled (stop)
+                logger.debug("hover preparation of %s interrupted", site.definition.name)
+                return
+            except Exception as err:  # noqa: BLE001 - a failed preparation only costs the cache entry
+                logger.warning("hover preparation of %s failed: %s", site.definition.name, err)
+                return
+            self.prepared += 1
+            if self.on_prepared is not None:
+                self.on_prepared()
+
+    def _next_site(self) -> DefinitionSite | None:
+        """The nearest definition to the focus without an answer, among the `limit` nearest."""
+        path, line = self.focus
+        parsed = self.cache.index.definitions(path)
+        if parsed is None:
+            return None
+        text, definitions = parsed
+        files = self.session.prompt.files
+        for definition in sorted(definitions, key=lambda d: abs(d.line - line))[: self.limit]:
+            site = site_of(path, text, definition, definitions)
+            key = self.cache.key(site, files)
+            if key not in self.cache.answers and key not in self.cache.pending:
+                return site
+        return None
+
+    def stop(self) -> None:
+        self.interrupt()
+        if self._loop_task is not None:
+            self._loop_task.cancel()

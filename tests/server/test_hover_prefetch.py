@@ -1,0 +1,84 @@
+"""Hover answers prepared in the background: used by later hovers, interrupted by interactive work."""
+from __future__ import annotations
+
+import asyncio
+
+from lsprotocol import types
+
+from engine.request import Priority
+from server.lsp.app import CodectxServer
+from server.lsp.backend import start_backend
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
+from server.lsp.features import hover
+from server.lsp.features.hover_prefetch import HoverPrefetch
+from server.lsp.prompt import Turn
+from server.lsp.session import Session
+from server.lsp.settings import parse_settings
+from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import command, default_options, open_document, start
+
+
+async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_client, tiny_model):
+    prepared = asyncio.Event()
+    warm = asyncio.Event()
+
+    @raw_client.feature("codectx/warmth")
+    def on_warmth(params):
+        if not hasattr(params, "prefilled") and params.warm:
+            warm.set()
+        if params.hoverPrefetch.prepared >= 2:
+            prepared.set()
+
+    await start(raw_client, "neovim", raw_client.root,
+                default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0},
+                                hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 2}))
+    await warm.wait()
+    uri = open_document(raw_client, raw_client.root / "util.py")  # focus: line 1; `add` and `greet` nearest
+    await prepared.wait()
+    before = await command(raw_client, "codectx.status")
+    answer = await raw_client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(3, 5)))  # def add
+    after = await command(raw_client, "codectx.status")
+    assert "**add** (function" in answer.contents.value and "`add` is" in answer.contents.value
+    assert after["counters"]["hoverCacheHits"] == before["counters"]["hoverCacheHits"] + 1
+    assert after["engine"]["requests_served"] == before["engine"]["requests_served"]  # no model call
+    assert after["hoverPrefetch"]["prepared"] == 2 and after["hoverPrefetch"]["running"] is False
+
+
+async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hovers_own_answer(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "calc.py").write_text("def double(x):\n    return 2 * x\n\n\ndef triple(x):\n    return 3 * x\n",
+                                  encoding="utf-8")
+    model = build_tiny_model(tmp_path / "endless", eos_token=None, hidden_size=64, num_hidden_layers=2,
+                             intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    settings, problems = parse_settings(default_options(
+        model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1}))
+    assert problems == []
+    server = CodectxServer()  # only its prompt builder; no transport
+    server.session = session = Session(settings, DocumentStore(UTF16), root)
+    backend = await asyncio.to_thread(start_backend, settings)
+    try:
+        session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
+        cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
+        prepared = asyncio.Event()
+        prefetch = HoverPrefetch(session, cache, busy=lambda: False, on_prepared=prepared.set)
+        session.interactive_hooks = (prefetch.interactive_started, prefetch.interactive_done)
+
+        prefetch.focus_on(root / "calc.py", 1)
+        await asyncio.sleep(0)  # one loop turn: the preparation of `double` has started
+        first = prefetch._current
+        assert first is not None and not first.done()
+        asked = await session.generate(session.prompt.segments([Turn("user", "hi")]), max_tokens=3)
+        assert asked.finish_reason == "length" and first.cancelled() and prefetch.interrupted == 1
+        assert not prepared.is_set()
+
+        await prepared.wait()  # resumed after the ask
+        assert prefetch.prepared == 1 and len(cache.answers) == 1
+        site = cache.index.find("double", root / "calc.py", session.prompt.files)
+        own = await hover._generate(session, site, 0.0, Priority.INTERACTIVE)
+        assert cache.answers[cache.key(site, session.prompt.files)] == own  # what the hover would generate
+    finally:
+        prefetch.stop()
+        session.close()
