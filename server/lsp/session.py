@@ -124,7 +124,8 @@ class Session:
                     return event
             raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
         except asyncio.CancelledError:
-            self.counters.cancelled += 1
+            if priority == Priority.INTERACTIVE:  # background work (warm-up, hover preparation) is not counted
+                self.counters.cancelled += 1
             self.engine.cancel(request.request_id)
             raise
         finally:

