@@ -130,3 +130,22 @@ def open_document(client: LanguageClient, path: Path) -> str:
     client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
         uri=uri, language_id="python", version=1, text=path.read_text(encoding="utf-8"))))
     return uri
+
+
+async def in_process_session(options: dict, root: Path):
+    """A `Session` with a started engine and the server's prompt builder, no transport
+    (for tests that drive warm-up or hover preparation directly). Close it when done."""
+    from server.lsp.app import CodectxServer
+    from server.lsp.backend import start_backend
+    from server.lsp.convert import UTF16
+    from server.lsp.documents import DocumentStore
+    from server.lsp.session import Session
+    from server.lsp.settings import parse_settings
+
+    settings, problems = parse_settings(options)
+    assert problems == [], problems
+    server = CodectxServer()
+    server.session = session = Session(settings, DocumentStore(UTF16), root)
+    backend = await asyncio.to_thread(start_backend, settings)
+    session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
+    return session

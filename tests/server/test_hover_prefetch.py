@@ -6,17 +6,11 @@ import asyncio
 from lsprotocol import types
 
 from engine.request import Priority
-from server.lsp.app import CodectxServer
-from server.lsp.backend import start_backend
-from server.lsp.convert import UTF16
-from server.lsp.documents import DocumentStore
 from server.lsp.features import hover
 from server.lsp.features.hover_prefetch import HoverPrefetch
 from server.lsp.prompt import Turn
-from server.lsp.session import Session
-from server.lsp.settings import parse_settings
 from tests.engine.tiny_models import build_tiny_model
-from tests.server.harness import command, default_options, open_document, start
+from tests.server.harness import command, default_options, in_process_session, open_document, start
 
 
 async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_client, tiny_model):
@@ -53,14 +47,9 @@ async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hover
                                   encoding="utf-8")
     model = build_tiny_model(tmp_path / "endless", eos_token=None, hidden_size=64, num_hidden_layers=2,
                              intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
-    settings, problems = parse_settings(default_options(
-        model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1}))
-    assert problems == []
-    server = CodectxServer()  # only its prompt builder; no transport
-    server.session = session = Session(settings, DocumentStore(UTF16), root)
-    backend = await asyncio.to_thread(start_backend, settings)
+    session = await in_process_session(default_options(
+        model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1}), root)
     try:
-        session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
         cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
         prepared = asyncio.Event()
         prefetch = HoverPrefetch(session, cache, busy=lambda: False, on_prepared=prepared.set)

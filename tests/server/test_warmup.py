@@ -5,14 +5,8 @@ import asyncio
 
 from lsprotocol import types
 
-from server.lsp.app import CodectxServer
-from server.lsp.backend import start_backend
-from server.lsp.convert import UTF16
-from server.lsp.documents import DocumentStore
-from server.lsp.session import Session
-from server.lsp.settings import parse_settings
 from server.lsp.warmup import Warmup
-from tests.server.harness import command, default_options, open_document, start
+from tests.server.harness import command, default_options, in_process_session, open_document, start
 
 
 def finished(client) -> list:
@@ -97,13 +91,8 @@ async def test_warm_up_is_debounced_per_file(tmp_path, tiny_model):
     root.mkdir()
     for name in ("a.py", "b.py", "c.py"):
         (root / name).write_text(f"def {name[0]}():\n    return '{name}'\n", encoding="utf-8")
-    settings, problems = parse_settings(default_options(tiny_model, warmup={"enabled": True}))
-    assert problems == []
-    server = CodectxServer()  # only its prompt builder; no transport
-    server.session = session = Session(settings, DocumentStore(UTF16), root)
-    backend = await asyncio.to_thread(start_backend, settings)
+    session = await in_process_session(default_options(tiny_model, warmup={"enabled": True}), root)
     try:
-        session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
         states: asyncio.Queue = asyncio.Queue()
 
         def on_state(state: dict) -> None:
