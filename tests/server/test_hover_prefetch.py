@@ -1,4 +1,5 @@
-"""Hover answers prepared in the background: used by later hovers, interrupted by interactive work."""
+"""Hover answers and answer heads prepared in the background: used by later hovers,
+interrupted by interactive work."""
 from __future__ import annotations
 
 import asyncio
@@ -21,14 +22,14 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     def on_warmth(params):
         if not hasattr(params, "prefilled") and params.warm:
             warm.set()
-        if params.hoverPrefetch.prepared >= 2:
+        if params.hoverPrefetch.prepared >= 1:
             prepared.set()
 
     await start(raw_client, "neovim", raw_client.root,
                 default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0},
-                                hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 2}))
+                                hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 1}))
     await warm.wait()
-    uri = open_document(raw_client, raw_client.root / "util.py")  # focus: line 1; `add` and `greet` nearest
+    uri = open_document(raw_client, raw_client.root / "util.py")  # focus: line 1; `add` is nearest, then `greet`
     await prepared.wait()
     before = await command(raw_client, "codectx.status")
     answer = await raw_client.text_document_hover_async(types.HoverParams(
@@ -37,7 +38,14 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     assert "**add** (function" in answer.contents.value and "`add` is" in answer.contents.value
     assert after["counters"]["hoverCacheHits"] == before["counters"]["hoverCacheHits"] + 1
     assert after["engine"]["requests_served"] == before["engine"]["requests_served"]  # no model call
-    assert after["hoverPrefetch"]["prepared"] == 2 and after["hoverPrefetch"]["running"] is False
+    assert after["hoverPrefetch"]["prepared"] == 1 and after["hoverPrefetch"]["startsPrepared"] == 2
+
+    # `greet` has only its answer head prefilled: the hover computes the one tail token.
+    answer = await raw_client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(8, 5)))  # def greet
+    assert "**greet** (function" in answer.contents.value and "`greet` is" in answer.contents.value
+    last = (await command(raw_client, "codectx.status"))["lastHover"]
+    assert last["startPrepared"] is True and last["recomputedTokens"] == 1
 
 
 async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hovers_own_answer(tmp_path):
@@ -66,7 +74,7 @@ async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hover
         await prepared.wait()  # resumed after the ask
         assert prefetch.prepared == 1 and len(cache.answers) == 1
         site = cache.index.find("double", root / "calc.py", session.prompt.files)
-        own = await hover._generate(session, site, 0.0, Priority.INTERACTIVE)
+        own = await hover._generate(session, cache, site, 0.0, Priority.INTERACTIVE)
         assert cache.answers[cache.key(site, session.prompt.files)] == own  # what the hover would generate
     finally:
         prefetch.stop()

@@ -22,6 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import xxhash
+
 from engine.request import Priority, PromptSegment
 
 from ..prompt import Turn
@@ -51,6 +54,7 @@ class HoverCache:
         self.index = DefinitionIndex(read_text)
         self.answers: dict[tuple[str, str], str] = {}
         self.pending: dict[tuple[str, str], asyncio.Task] = {}
+        self.starts: set[tuple[str, tuple[int, ...]]] = set()  # (lead-in digest, answer head) prefilled
 
     def key(self, site: DefinitionSite, files: list[Path]) -> tuple[str, str]:
         """What an answer about `site` depends on."""
@@ -81,22 +85,49 @@ def lead_in(session: Session) -> list[PromptSegment]:
     return session.prompt.segments([Turn("user", HOVER_INSTRUCTION)])
 
 
-def answer_start(site: DefinitionSite, stale: bool) -> str:
-    """The start of the model's answer: the symbol's name, and its current text when the
-    prefix the model reads predates it (see `hover.useWarmPrefix`)."""
+def answer_start(site: DefinitionSite, stale: bool) -> tuple[str, str]:
+    """The start of the model's answer as (head, tail): the symbol's name, and its current
+    text when the prefix the model reads predates it (see `hover.useWarmPrefix`); then " is"."""
     name = site.definition.name
     if stale:
-        return f"`{name}` now reads:\n```\n{site.snippet}\n```\n`{name}` is"
-    return f"`{name}` is"
+        return f"`{name}` now reads:\n```\n{site.snippet}\n```\n`{name}`", " is"
+    return f"`{name}`", " is"
 
 
-def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str]:
-    """The lead-in (on the warm prefix when allowed) and the answer start for `site`, with its text."""
+def hover_segments(session: Session, site: DefinitionSite,
+                   starts: set[tuple[str, tuple[int, ...]]] | None = None) -> tuple[list[PromptSegment], str]:
+    """The lead-in (on the warm prefix when allowed) and the answer start for `site`, with its text.
+
+    When `starts` says the engine holds this lead-in + answer head (prefilled by
+    `hover_prefetch`), head and tail are separate segments, so the hover restores
+    the head and computes only the tail's token; otherwise one segment (one forward call).
+    """
     current = lead_in(session)
     segments = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
     stale = _text_of(segments, site, session.root) != _text_of(current, site, session.root)
-    start = answer_start(site, stale)
-    return segments + [PromptSegment("answer", "hover", tuple(session.tokenizer.encode(start)))], start
+    head, tail = answer_start(site, stale)
+    encode = session.tokenizer.encode
+    head_ids = tuple(encode(head))
+    if starts is not None and (lead_digest(segments), head_ids) in starts:
+        return segments + [PromptSegment("answer", "hover", head_ids),
+                           PromptSegment("answer", "hover-tail", tuple(encode(tail)))], head + tail
+    return segments + [PromptSegment("answer", "hover", tuple(encode(head + tail)))], head + tail
+
+
+def start_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], tuple[str, tuple[int, ...]]]:
+    """The lead-in and the answer head of `site`, and the key `hover_segments` looks for."""
+    segments = lead_in(session)
+    head, _ = answer_start(site, False)
+    head_ids = tuple(session.tokenizer.encode(head))
+    return segments + [PromptSegment("answer", "hover", head_ids)], (lead_digest(segments), head_ids)
+
+
+def lead_digest(segments: list[PromptSegment]) -> str:
+    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows)."""
+    digest = xxhash.xxh3_64()
+    for segment in segments:
+        digest.update(np.asarray(segment.token_ids, dtype="<u4").tobytes())
+    return digest.hexdigest()
 
 
 def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | None) -> tuple[int, ...] | None:
@@ -143,16 +174,16 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
 def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[str, str], started: float,
           priority: Priority = Priority.INTERACTIVE) -> asyncio.Task:
     """Starts generating the answer for `site`; it lands in `cache.answers` under `key`."""
-    task = asyncio.ensure_future(_generate(session, site, started, priority))
+    task = asyncio.ensure_future(_generate(session, cache, site, started, priority))
     cache.pending[key] = task
     task.add_done_callback(lambda t: _store(cache, key, t))
     return task
 
 
-async def _generate(session: Session, site: DefinitionSite, started: float,
+async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, started: float,
                     priority: Priority = Priority.INTERACTIVE) -> str:
     """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
-    segments, start_text = hover_segments(session, site)
+    segments, start_text = hover_segments(session, site, cache.starts)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:
@@ -170,7 +201,8 @@ async def _generate(session: Session, site: DefinitionSite, started: float,
                                    "promptTokens": sum(len(s.token_ids) for s in segments),
                                    "cachedTokens": done.metrics.cached_tokens,
                                    "recomputedTokens": done.metrics.recomputed_tokens,
-                                   "quotesDefinition": "```" in start_text}
+                                   "quotesDefinition": "```" in start_text,
+                                   "startPrepared": len(segments) > 1 and segments[-2].key == "hover"}
     return _explanation(start_text, done.text)
 
 

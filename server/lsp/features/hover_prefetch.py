@@ -1,11 +1,17 @@
 """Hover answers prepared in the background, for the definitions where the user works.
 
 When the engine has nothing else to do (warm-up finished, no request running),
-the server generates the hover explanations of the definitions nearest to the
-*focus* (the line last opened, hovered or edited) in that file, nearest first,
-up to `hover.prefetch` of them, and puts them in the hover cache: a later hover
-on one of them is answered at once. A prepared answer is exactly what the hover
-would have generated (same prompt, same greedy decoding).
+the server works on the definitions nearest to the *focus* (the line last
+opened, hovered or edited) in that file, nearest first, in two tiers:
+
+1. answer heads: it prefills the hover lead-in plus "`` `name` ``" of up to
+   `MAX_STARTS` definitions (one short forward call each, no decoding), so a
+   hover on one of them restores that checkpoint and computes one token before
+   its first generated one (`hover.hover_segments`);
+2. answers: it generates the explanations of the `hover.prefetch` nearest and
+   puts them in the hover cache: a later hover on one of them is answered at
+   once. A prepared answer is exactly what the hover would have generated
+   (same prompt, same greedy decoding).
 
 Interactive work comes first. Every interactive request (hover on another
 symbol, ask, code action) interrupts a running preparation: its engine request
@@ -29,6 +35,8 @@ from . import hover
 from .symbols import DefinitionSite, site_of
 
 logger = logging.getLogger(__name__)
+MAX_STARTS = 32
+"""Answer heads prefilled per focus (the nearest definitions of the focused file)."""
 
 
 class HoverPrefetch:
@@ -49,6 +57,7 @@ class HoverPrefetch:
         self.on_prepared = on_prepared
         self.focus: tuple[Path, int] | None = None
         self.prepared = 0
+        self.starts = 0
         self.interrupted = 0
         self._loop_task: asyncio.Task | None = None
         self._current: asyncio.Task | None = None
@@ -88,41 +97,73 @@ class HoverPrefetch:
         self.kick()
 
     def state(self) -> dict:
-        return {"prepared": self.prepared, "interrupted": self.interrupted,
+        return {"prepared": self.prepared, "startsPrepared": self.starts, "interrupted": self.interrupted,
                 "running": self._current is not None and not self._current.done()}
 
     async def _run(self) -> None:
         while not self.busy() and not self._interactive:
-            site = self._next_site()
-            if site is None:
-                return
-            key = self.cache.key(site, self.session.prompt.files)
-            self._current = hover.start(self.session, self.cache, site, key, time.perf_counter(),
-                                        Priority.BACKGROUND)
+            start = self._next_start()
+            if start is not None:
+                job, done = self._prefill_start(*start), self._started_start
+            else:
+                site = self._next_site()
+                if site is None:
+                    return
+                key = self.cache.key(site, self.session.prompt.files)
+                job = hover.start(self.session, self.cache, site, key, time.perf_counter(), Priority.BACKGROUND)
+                done = self._prepared_answer
+            self._current = job
             try:
-                await asyncio.shield(self._current)
+                result = await asyncio.shield(job)
             except asyncio.CancelledError:
-                if not self._current.cancelled():
+                if not job.cancelled():
                     raise  # this loop itself was cancelled (stop)
-                logger.debug("hover preparation of %s interrupted", site.definition.name)
+                logger.debug("hover preparation interrupted")
                 return
             except Exception as err:  # noqa: BLE001 - a failed preparation only costs the cache entry
-                logger.warning("hover preparation of %s failed: %s", site.definition.name, err)
+                logger.warning("hover preparation failed: %s", err)
                 return
-            self.prepared += 1
-            if self.on_prepared is not None:
-                self.on_prepared()
+            done(result)
 
-    def _next_site(self) -> DefinitionSite | None:
-        """The nearest definition to the focus without an answer, among the `limit` nearest."""
+    def _prefill_start(self, segments, key) -> asyncio.Task:
+        async def prefill():
+            done = await self.session.generate(segments, max_tokens=0, priority=Priority.BACKGROUND)
+            if done.finish_reason == "cancelled":
+                raise asyncio.CancelledError()
+            return key
+        return asyncio.ensure_future(prefill())
+
+    def _started_start(self, key) -> None:
+        self.cache.starts.add(key)
+        self.starts += 1
+
+    def _prepared_answer(self, _text: str) -> None:
+        self.prepared += 1
+        if self.on_prepared is not None:
+            self.on_prepared()
+
+    def _nearest(self) -> list[DefinitionSite]:
+        """The focus file's definitions, nearest to the focus line first (at most `MAX_STARTS`)."""
         path, line = self.focus
         parsed = self.cache.index.definitions(path)
         if parsed is None:
-            return None
+            return []
         text, definitions = parsed
+        nearest = sorted(definitions, key=lambda d: abs(d.line - line))[:MAX_STARTS]
+        return [site_of(path, text, d, definitions) for d in nearest]
+
+    def _next_start(self):
+        """(segments, key) of the nearest definition whose answer head is not prefilled yet."""
+        for site in self._nearest():
+            segments, key = hover.start_segments(self.session, site)
+            if key not in self.cache.starts:
+                return segments, key
+        return None
+
+    def _next_site(self) -> DefinitionSite | None:
+        """The nearest definition to the focus without an answer, among the `limit` nearest."""
         files = self.session.prompt.files
-        for definition in sorted(definitions, key=lambda d: abs(d.line - line))[: self.limit]:
-            site = site_of(path, text, definition, definitions)
+        for site in self._nearest()[: self.limit]:
             key = self.cache.key(site, files)
             if key not in self.cache.answers and key not in self.cache.pending:
                 return site
