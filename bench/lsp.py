@@ -99,6 +99,8 @@ class Client:
         self.warm_event = asyncio.Event()
         self.prepared_event = asyncio.Event()
         self.prepared_target = 0
+        self.heads_event = asyncio.Event()
+        self.heads_target = 0
         self.hover_hits = 0
 
         @self.lsp.feature("codectx/stream")
@@ -113,6 +115,8 @@ class Client:
             prefetch = getattr(params, "hoverPrefetch", None)
             if self.prepared_target and prefetch is not None and prefetch.prepared >= self.prepared_target:
                 self.prepared_event.set()
+            if self.heads_target and prefetch is not None and prefetch.startsPrepared >= self.heads_target:
+                self.heads_event.set()
 
         @self.lsp.feature(types.WINDOW_SHOW_MESSAGE)
         def on_message(params):
@@ -177,11 +181,11 @@ def row(kind: str, what: str, metrics: dict | None, total: float, first_token: f
             "miss_reason": metrics.get("miss_reason")}
 
 
-def options(args, warmup: bool, warm_prefix: bool = True, prefetch: int = 0) -> dict:
+def options(args, warmup: bool, warm_prefix: bool = True, prefetch: int = 0, heads: bool = False) -> dict:
     return {"model": {"name": args.model}, "memory": {"archiveEnabled": False},
             "warmup": {"enabled": warmup, "debounceMs": args.debounce_ms},
             "hover": {"maxTokens": args.hover_tokens, "latencyBudgetMs": 600000, "useWarmPrefix": warm_prefix,
-                      "prefetch": prefetch},
+                      "prefetch": prefetch, "prefetchHeads": heads},
             "ask": {"maxTokens": args.ask_tokens}}
 
 
@@ -231,10 +235,25 @@ async def prepared_hovers(args, root: Path, work: Path) -> tuple[list[dict], dic
     prepared_s = time.perf_counter() - opened
     rows = [await client.hover("hover (prepared in the background)", mod, name)
             for name in ("step3_0", "step3_1", "step3_2")]
-    # The other definitions of the file have their answer heads prefilled (tier 1).
-    rows += [await client.hover("hover (answer head prepared)", mod, name) for name in ("step3_3", "step3_4", "step3_5")]
     await client.close()
     return rows, {"three_prepared_after_open_s": prepared_s}
+
+
+async def head_hovers(args, root: Path, work: Path) -> tuple[list[dict], dict]:
+    """Hovers on definitions whose answer heads were prefilled in the background
+    (`hover.prefetchHeads` on, `hover.prefetch` 0: no answers are prepared)."""
+    client = Client(root, options(args, warmup=True, heads=True), work / "hover-heads.log")
+    await client.start()
+    await client.warm_event.wait()
+    mod = root / "pkg" / f"mod{MODULES - 1}.py"
+    client.heads_target = FUNCTIONS_PER_MODULE
+    opened = time.perf_counter()
+    client.open(mod)
+    await client.heads_event.wait()
+    heads_s = time.perf_counter() - opened
+    rows = [await client.hover("hover (answer head prepared)", mod, name) for name in ("step3_1", "step3_3", "step3_5")]
+    await client.close()
+    return rows, {"heads_prepared_after_open_s": heads_s}
 
 
 async def hovers(args, root: Path, big: Path, work: Path, warm_prefix: bool, tag: str) -> tuple[list[dict], dict]:
@@ -278,7 +297,7 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="codectx-bench-lsp-") as tmp:
         work = Path(tmp)
         roots = {}
-        for name in ("asks", "warm", "exact", "peer", "prepared"):  # one copy each: a workspace's state outlives its server
+        for name in ("asks", "warm", "exact", "peer", "prepared", "heads"):  # one copy each: a workspace's state outlives its server
             roots[name] = work / f"repo-{name}"
             roots[name].mkdir()
             write_fixture(roots[name])
@@ -292,7 +311,8 @@ async def main_async(args) -> dict:
         peer_rows = await peer_hovers(args, roots["peer"], work) if "peer" in run and args.peer else []
         prepared_rows, prepared_info = (await prepared_hovers(args, roots["prepared"], work)
                                         if "prepared" in run else ([], None))
-    rows = ask_rows + hover_rows + exact_rows + peer_rows + prepared_rows
+        head_rows, head_info = await head_hovers(args, roots["heads"], work) if "heads" in run else ([], None)
+    rows = ask_rows + hover_rows + exact_rows + peer_rows + prepared_rows + head_rows
     goals = {
         "warm_hover_first_token_ms": median_of(rows, "hover (warm prefix)", "first_token_ms"),
         "peer_warm_hover_first_token_ms": median_of(rows, "hover (warm prefix, MLX attention peer)", "first_token_ms"),
@@ -303,6 +323,7 @@ async def main_async(args) -> dict:
     }
     return {"machine": machine(), "args": vars(args), "server_start_s": start_s, "rows": rows,
             "hover_session": hover_info, "exact_session": exact_info, "prepared_session": prepared_info,
+            "heads_session": head_info,
             "goals": goals}
 
 
@@ -312,7 +333,7 @@ def main() -> int:
     parser.add_argument("--hover-tokens", type=int, default=96)
     parser.add_argument("--ask-tokens", type=int, default=32)
     parser.add_argument("--debounce-ms", type=int, default=750)
-    parser.add_argument("--sessions", default="asks,warm,exact,peer,prepared",
+    parser.add_argument("--sessions", default="asks,warm,exact,peer,prepared,heads",
                         help="which server sessions to run (comma-separated)")
     parser.add_argument("--no-peer", dest="peer", action="store_false",
                         help="skip the peer session (warm hovers with CODECTX_CPU_ATTENTION=off)")
@@ -332,6 +353,8 @@ def main() -> int:
               f"warm-up after the edit {info['edit_warmup']}")
     if result["prepared_session"] is not None:
         print(f"\nprepared_session: {result['prepared_session']}")
+    if result["heads_session"] is not None:
+        print(f"heads_session: {result['heads_session']}")
     print(f"\ngoals: {result['goals']} (targets: warm hover < 300 ms, after an edit < 1500 ms)")
     print(f"wrote {write_json('lsp', result)}")
     return 0

@@ -80,6 +80,9 @@ class HoverSettings:
         prefetch: Prepare the answers of this many definitions nearest to the
             line last opened, hovered or edited, in the background while the
             engine is idle (0: off).
+        prefetch_heads: Also prefill the answer heads of the nearest 32
+            definitions (cheap: one short forward call each), so a hover on
+            one of them computes one token before its first generated one.
     """
 
     enabled: bool = True
@@ -87,6 +90,7 @@ class HoverSettings:
     max_tokens: int = 96
     use_warm_prefix: bool = True
     prefetch: int = 8
+    prefetch_heads: bool = True
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ async def start(client: LanguageClient, kind: str, root: Path, options: dict) ->
 
 def default_options(model: Path, **overrides) -> dict:
     options = {"model": {"name": str(model), "kvBits": 16, "prefillChunk": 16},
-               "ask": {"maxTokens": 12}, "hover": {"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 0},
+               "ask": {"maxTokens": 12}, "hover": {"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 0, "prefetchHeads": False},
                "warmup": {"enabled": False}, "memory": {"archiveEnabled": False}}
     options.update(overrides)
     return options

@@ -60,7 +60,8 @@ async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hover
     try:
         cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
         prepared = asyncio.Event()
-        prefetch = HoverPrefetch(session, cache, busy=lambda: False, on_prepared=prepared.set)
+        prefetch = HoverPrefetch(session, cache, busy=lambda: False,
+                                 on_prepared=lambda: prefetch.prepared and prepared.set())
         session.interactive_hooks = (prefetch.interactive_started, prefetch.interactive_done)
 
         prefetch.focus_on(root / "calc.py", 1)
@@ -72,7 +73,7 @@ async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hover
         assert not prepared.is_set()
 
         await prepared.wait()  # resumed after the ask
-        assert prefetch.prepared == 1 and len(cache.answers) == 1
+        assert prefetch.prepared == 1 and len(cache.answers) == 1 and prefetch.starts == 2
         site = cache.index.find("double", root / "calc.py", session.prompt.files)
         own = await hover._generate(session, cache, site, 0.0, Priority.INTERACTIVE)
         assert cache.answers[cache.key(site, session.prompt.files)] == own  # what the hover would generate

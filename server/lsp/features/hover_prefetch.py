@@ -4,8 +4,8 @@ When the engine has nothing else to do (warm-up finished, no request running),
 the server works on the definitions nearest to the *focus* (the line last
 opened, hovered or edited) in that file, nearest first, in two tiers:
 
-1. answer heads: it prefills the hover lead-in plus "`` `name` ``" of up to
-   `MAX_STARTS` definitions (one short forward call each, no decoding), so a
+1. answer heads (`hover.prefetchHeads`): it prefills the hover lead-in plus
+   "`` `name` ``" of up to `MAX_STARTS` definitions (one short forward call each, no decoding), so a
    hover on one of them restores that checkpoint and computes one token before
    its first generated one (`hover.hover_segments`);
 2. answers: it generates the explanations of the `hover.prefetch` nearest and
@@ -46,7 +46,7 @@ class HoverPrefetch:
         session: The session.
         cache: The hover cache answers go to.
         busy: True while warm-up has work to do (preparation waits for it).
-        on_prepared: Called after each prepared answer.
+        on_prepared: Called after each prepared answer or answer head.
     """
 
     def __init__(self, session: Session, cache: hover.HoverCache, busy: Callable[[], bool],
@@ -77,8 +77,8 @@ class HoverPrefetch:
         if self._loop_task is not None and not self._loop_task.done():
             return
         settings = self.session.settings
-        if (self.limit <= 0 or not settings.warmup.enabled or self.focus is None or not self.session.ready
-                or self._interactive):
+        if ((self.limit <= 0 and not settings.hover.prefetch_heads) or not settings.warmup.enabled
+                or self.focus is None or not self.session.ready or self._interactive):
             return
         self._loop_task = asyncio.ensure_future(self._run())
 
@@ -136,6 +136,8 @@ class HoverPrefetch:
     def _started_start(self, key) -> None:
         self.cache.starts.add(key)
         self.starts += 1
+        if self.on_prepared is not None:
+            self.on_prepared()
 
     def _prepared_answer(self, _text: str) -> None:
         self.prepared += 1
@@ -154,6 +156,8 @@ class HoverPrefetch:
 
     def _next_start(self):
         """(segments, key) of the nearest definition whose answer head is not prefilled yet."""
+        if not self.session.settings.hover.prefetch_heads:
+            return None
         for site in self._nearest():
             segments, key = hover.start_segments(self.session, site)
             if key not in self.cache.starts:

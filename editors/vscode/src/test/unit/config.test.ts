@@ -21,7 +21,7 @@ test('initializationOptions are the nested camelCase tree of the settings', () =
   const tree = serverSettings(manifest, manifestDefaults(manifest, { 'model.name': '/models/tiny', 'ask.maxTokens': 7 }));
   assert.deepEqual(tree.model, { name: '/models/tiny', kvBits: 16, prefillChunk: 256, speculation: 'lookup' });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
-  assert.deepEqual(tree.hover, { enabled: true, latencyBudgetMs: 1500, maxTokens: 96, useWarmPrefix: true, prefetch: 8 });
+  assert.deepEqual(tree.hover, { enabled: true, latencyBudgetMs: 1500, maxTokens: 96, useWarmPrefix: true, prefetch: 8, prefetchHeads: true });
   assert.deepEqual(Object.keys(tree), ['model', 'window', 'context', 'memory', 'hover', 'ask', 'warmup']);
   assert.equal('server' in tree || 'trace' in tree, false);
 });
