@@ -46,6 +46,7 @@ class CodectxServer(LanguageServer):
         self.warmup: Warmup | None = None
         self.hover_cache = hover_feature.HoverCache(self.read_text)
         self.prefetch: HoverPrefetch | None = None
+        self.early_focus: tuple[Path, int] | None = None
         self.tools: WorkspaceTools | None = None
         self.settings_problems: list[str] = []
         self.start_up_task: asyncio.Task | None = None
@@ -106,18 +107,29 @@ class CodectxServer(LanguageServer):
         self.prefetch = HoverPrefetch(self.session, self.hover_cache, busy=lambda: self.warmup.busy,
                                       on_prepared=lambda: self.on_warmth(self.warmup.state()))
         self.session.interactive_hooks = (self.prefetch.interactive_started, self.prefetch.interactive_done)
+        if self.early_focus is not None:
+            self.prefetch.focus = self.early_focus  # prepared once the start-up warm-up is done
         stream.end("ready")
         self.warmup.schedule(0)
 
     def on_warmth(self, state: dict) -> None:
         """Sends `codectx/warmth` (warm-up state + prepared hovers); idle again: prepare hovers."""
         self.protocol.notify(WARMTH_METHOD, dict(state, hoverPrefetch=self.prefetch.state()))
-        if not self.warmup.busy:
+        # Called from inside the warm-up task: look again once that task has ended.
+        asyncio.get_running_loop().call_soon(self._kick_if_idle)
+
+    def _kick_if_idle(self) -> None:
+        if self.warmup is not None and not self.warmup.busy:
             self.prefetch.kick()
 
     def focus(self, path: Path | None, line: int) -> None:
-        """The user works at `path`:`line` (1-based): prepare hovers there (see `HoverPrefetch`)."""
-        if self.prefetch is not None and path is not None and self.session.settings.hover.enabled:
+        """The user works at `path`:`line` (1-based): prepare hovers there (see `HoverPrefetch`).
+        Before the model is loaded (editors open documents at once) it is kept for later."""
+        if path is None or not self.session.settings.hover.enabled:
+            return
+        if self.prefetch is None:
+            self.early_focus = (path, line)
+        else:
             self.prefetch.focus_on(path, line)
 
     def make_prompt(self, tokenizer: Any) -> WorkspacePrompt | LocalPrompt:

@@ -28,8 +28,10 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     await start(raw_client, "neovim", raw_client.root,
                 default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0},
                                 hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 1}))
+    # Opened at once, like editors do (usually before the model is loaded): focus line 1;
+    # `add` is nearest, then `greet`. Preparation starts after the start-up warm-up.
+    uri = open_document(raw_client, raw_client.root / "util.py")
     await warm.wait()
-    uri = open_document(raw_client, raw_client.root / "util.py")  # focus: line 1; `add` is nearest, then `greet`
     await prepared.wait()
     before = await command(raw_client, "codectx.status")
     answer = await raw_client.text_document_hover_async(types.HoverParams(
