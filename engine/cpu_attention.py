@@ -1,15 +1,15 @@
 """Attention on MLX's CPU backend with NumPy's vectorized `exp`.
 
-On this CPU, MLX's `exp` runs at ~27 ns per element (6 ms for the 227k scores
-of 6 queries over 4,200 keys in one layer of SmolLM2-135M) while NumPy's
-SIMD `exp` takes 0.14 ms for the same array, so attention over a long
-context costs far more than the model's matmuls: a 512-token prefill chunk
-over 4k keys spent 24 s in MLX's fused SDPA fallback against 6 s here.
+On this CPU, MLX's `exp` was 19–45x slower than NumPy's SIMD `exp` over one
+layer's attention scores, so attention over a long context cost more than the
+model's matmuls: one 512-token chunk over 4,200 keys took 26.8 s with MLX's
+SDPA and 7.6 s here (`bench/cpu_attention.py`; numbers in docs/benchmarks.md,
+*Engine (CPU)* → 6).
 `install(model)` routes the model's attention through `attention` below:
 scores, softmax and the value product in NumPy (float32), per KV head with
 the query heads of a group stacked (grouped-query attention without copying
 keys). NumPy's own OpenBLAS is limited to one thread: two OpenBLAS thread
-pools spinning on two cores slowed everything down.
+pools on two cores were slower (same section).
 
 It applies only where it helps and is exact up to float32 rounding: the
 default device is the CPU, the arrays are float32/float16/bfloat16, there

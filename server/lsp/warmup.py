@@ -125,7 +125,9 @@ class Warmup:
             return
         self.runs += 1
         self.session.counters.warmups += 1
-        self.last_run = {"tokens": total, "leadInTokens": sum(len(s.token_ids) for s in segments[len(settled):]), "cachedTokens": done.metrics.cached_tokens,
+        self.last_run = {"tokens": total,
+                         "leadInTokens": sum(len(s.token_ids) for s in segments[len(settled):]),
+                         "cachedTokens": done.metrics.cached_tokens,
                          "recomputedTokens": done.metrics.recomputed_tokens,
                          "missReason": done.metrics.miss_reason,
                          "seconds": round(time.perf_counter() - started, 4)}

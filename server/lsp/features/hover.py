@@ -114,16 +114,25 @@ def hover_segments(session: Session, site: DefinitionSite,
     return segments + [PromptSegment("answer", "hover", tuple(encode(head + tail)))], head + tail
 
 
-def start_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], tuple[str, tuple[int, ...]]]:
-    """The lead-in and the answer head of `site`, and the key `hover_segments` looks for."""
-    segments = lead_in(session)
+def start_segments(session: Session, site: DefinitionSite, lead: list[PromptSegment] | None = None,
+                   digest: str | None = None) -> tuple[list[PromptSegment], tuple[str, tuple[int, ...]]]:
+    """The lead-in and the answer head of `site`, and the key `hover_segments` looks for.
+
+    `lead` and its `digest` may be passed in when several heads follow one lead-in.
+    """
+    lead = lead_in(session) if lead is None else lead
+    digest = lead_digest(lead) if digest is None else digest
     head, _ = answer_start(site, False)
     head_ids = tuple(session.tokenizer.encode(head))
-    return segments + [PromptSegment("answer", "hover", head_ids)], (lead_digest(segments), head_ids)
+    return lead + [PromptSegment("answer", "hover", head_ids)], (digest, head_ids)
 
 
 def lead_digest(segments: list[PromptSegment]) -> str:
-    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows)."""
+    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows).
+
+    Same bytes as `engine.checkpoints.token_bytes`, which cannot be imported here:
+    the server imports MLX only in `backend.py`.
+    """
     digest = xxhash.xxh3_64()
     for segment in segments:
         digest.update(np.asarray(segment.token_ids, dtype="<u4").tobytes())

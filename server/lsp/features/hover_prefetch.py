@@ -158,8 +158,10 @@ class HoverPrefetch:
         """(segments, key) of the nearest definition whose answer head is not prefilled yet."""
         if not self.session.settings.hover.prefetch_heads:
             return None
+        lead = hover.lead_in(self.session)  # once per call, not once per definition
+        digest = hover.lead_digest(lead)
         for site in self._nearest():
-            segments, key = hover.start_segments(self.session, site)
+            segments, key = hover.start_segments(self.session, site, lead, digest)
             if key not in self.cache.starts:
                 return segments, key
         return None
