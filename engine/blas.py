@@ -211,7 +211,8 @@ def _soname_copy(source: Path) -> Path:
     return target
 
 
-def _set_threads(lib: ctypes.CDLL) -> int | None:
+def thread_count() -> int:
+    """BLAS threads to use: ``CODECTX_BLAS_THREADS``, else the usable cores (at most 8)."""
     threads = min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
     configured = os.environ.get(ENV_THREADS, "").strip()
     if configured:
@@ -219,11 +220,25 @@ def _set_threads(lib: ctypes.CDLL) -> int | None:
             threads = max(1, int(configured))
         except ValueError:
             logger.warning("ignoring %s=%r (not an integer)", ENV_THREADS, configured)
-    for setter in ("openblas_set_num_threads", "MKL_Set_Num_Threads"):
+    return threads
+
+
+_THREAD_SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
+                   "openblas_set_num_threads64_", "MKL_Set_Num_Threads")
+
+
+def set_threads(lib: ctypes.CDLL, threads: int) -> bool:
+    """Set the thread count of a loaded BLAS (OpenBLAS, NumPy's bundled OpenBLAS, MKL)."""
+    for setter in _THREAD_SETTERS:
         if hasattr(lib, setter):
             getattr(lib, setter)(ctypes.c_int(threads))
-            return threads
-    return None
+            return True
+    return False
+
+
+def _set_threads(lib: ctypes.CDLL) -> int | None:
+    threads = thread_count()
+    return threads if set_threads(lib, threads) else None
 
 
 def _global_symbol_is(lib: ctypes.CDLL, name: str) -> bool:

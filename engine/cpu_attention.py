@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from engine import blas
+
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "CODECTX_CPU_ATTENTION"
@@ -76,7 +78,7 @@ def install(model: Any) -> bool:
         original = module.scaled_dot_product_attention
         _originals[module.__name__] = original
         module.scaled_dot_product_attention = _dispatcher(original)
-        _limit_numpy_blas_threads()
+        numpy_blas_threads(1)
         logger.info("CPU attention through NumPy for %s", module.__name__)
     return True
 
@@ -85,13 +87,19 @@ def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if sinks is not None or getattr(_local, "suspended", 0) or queries.dtype not in _FLOAT_TYPES:
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-        if hasattr(cache, "bits"):  # 8-bit triples (engine.window's direct path)
-            keys = mx.dequantize(*keys, group_size=cache.group_size, bits=cache.bits)
-            values = mx.dequantize(*values, group_size=cache.group_size, bits=cache.bits)
+        keys, values = dequantized(keys, values, cache)
         return attention(queries, keys, values, scale, mask)
 
     scaled_dot_product_attention.original = original
     return scaled_dot_product_attention
+
+
+def dequantized(keys, values, cache: Any) -> tuple[mx.array, mx.array]:
+    """Keys and values as `cache.update_and_fetch` returned them, 8-bit triples dequantized."""
+    if not hasattr(cache, "bits"):
+        return keys, values
+    return (mx.dequantize(*keys, group_size=cache.group_size, bits=cache.bits),
+            mx.dequantize(*values, group_size=cache.group_size, bits=cache.bits))
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
@@ -111,17 +119,29 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     """
     dtype = queries.dtype
     mx.eval(queries, keys, values)
-    B, H, n, D = queries.shape
-    H_kv, L = keys.shape[1], keys.shape[2]
+    out = attend(_numpy(queries), _numpy(keys), _numpy(values), scale, mask)
+    result = mx.array(out)
+    return result if dtype == mx.float32 else result.astype(dtype)
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+           mask: str | mx.array | None) -> np.ndarray:
+    """`attention` on float32 NumPy arrays, shapes as there; returns (B, H, n, D) float32."""
+    B, H, n, D = q.shape
+    H_kv, L = k.shape[1], k.shape[2]
     group = H // H_kv
-    q = _numpy(queries).reshape(B, H_kv, group, n, D) * np.float32(scale)
-    k, v = _numpy(keys), _numpy(values)
-    bias = _bias(mask, B, H_kv, group, n, L)
+    q = q.reshape(B, H_kv, group, n, D) * np.float32(scale)
+    # A causal mask only touches the last n keys: add its triangle there, not a bias over all L.
+    causal = isinstance(mask, str) and mask == "causal" and n > 1
+    triangle = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1) if causal else None
+    bias = None if causal else _bias(mask, B, H_kv, group, n, L)
     out = np.empty((B, H_kv, group, n, v.shape[-1]), dtype=np.float32)
     for b in range(B):
         for h in range(H_kv):
             scores = q[b, h].reshape(group * n, D) @ k[b, h].T
-            if bias is not None:
+            if triangle is not None:
+                scores.reshape(group, n, L)[:, :, L - n:] += triangle
+            elif bias is not None:
                 scores = scores.reshape(group, n, L)
                 scores += bias[b % bias.shape[0], h % bias.shape[1]]
                 scores = scores.reshape(group * n, L)
@@ -130,8 +150,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
             head = out[b, h].reshape(group * n, -1)
             np.matmul(scores, v[b, h], out=head)
             head /= scores.sum(axis=-1, keepdims=True)
-    result = mx.array(out.reshape(B, H, n, -1))
-    return result if dtype == mx.float32 else result.astype(dtype)
+    return out.reshape(B, H, n, -1)
 
 
 def _numpy(x: mx.array) -> np.ndarray:
@@ -159,22 +178,24 @@ def _bias(mask: str | mx.array | None, B: int, H_kv: int, group: int, n: int, L:
     return m.reshape(m.shape[0], H_kv, group, m.shape[2], m.shape[3])
 
 
-def _limit_numpy_blas_threads() -> None:
-    """One thread for NumPy's bundled OpenBLAS (MLX's BLAS keeps its own pool)."""
+def numpy_blas_threads(threads: int = 1) -> bool:
+    """Set the thread count of NumPy's bundled OpenBLAS (MLX's BLAS keeps its own pool).
+
+    Returns:
+        True when a bundled OpenBLAS was found and set.
+    """
     libs_dir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
     try:
         names = [f for f in os.listdir(libs_dir) if "openblas" in f]
     except OSError:
-        return
+        return False
+    found = False
     for name in names:
         try:
             lib = ctypes.CDLL(os.path.join(libs_dir, name))
         except OSError:
             continue
-        for symbol in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                       "openblas_set_num_threads"):
-            setter = getattr(lib, symbol, None)
-            if setter is not None:
-                setter(ctypes.c_int(1))
-                logger.debug("NumPy OpenBLAS (%s) limited to 1 thread", name)
-                break
+        if blas.set_threads(lib, threads):
+            logger.debug("NumPy OpenBLAS (%s): %d thread(s)", name, threads)
+            found = True
+    return found

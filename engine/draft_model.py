@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import cpu_attention
+from engine import cpu_forward
 from engine import generate
 from engine.checkpoints import Plan
 from engine.errors import DraftModelMismatchError
@@ -117,7 +117,7 @@ class DraftModelDrafter:
         self.should_stop = should_stop or (lambda: False)
         self._consumed: list[int] = []  # the tokens the cache holds, in order
         self.forwards = 0
-        attention = "numpy" if cpu_attention.install(model) else "mlx"
+        attention = cpu_forward.install(model)
         policy = CachePolicy(model_id=model_id, weight_hash="", dtype=model_dtype(model),
                              prefill_chunk=prefill_step, attention=attention)
         self.prefix = PrefixCache(model, policy, budget_bytes=checkpoint_budget_bytes,

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from . import cpu_attention
+from . import cpu_forward
 from .errors import EngineClosedError, RequestCancelled
 from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
 from .handle import RequestHandle
@@ -92,7 +92,7 @@ class Engine:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.loaded = loaded
         self.model = loaded.model
-        self.attention = "numpy" if cpu_attention.install(self.model) else "mlx"
+        self.attention = cpu_forward.install(self.model)
         self.tokenizer = loaded.tokenizer
         self.kv_bits = kv_bits
         self.prefill_chunk = prefill_chunk

@@ -15,6 +15,7 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
+from . import cpu_forward
 from .compiled import decode_step_for
 from .errors import RequestCancelled
 from .sampling import Sampler
@@ -27,15 +28,26 @@ ChunkCallback = Callable[[int, int], None]
 """Called after each prefill chunk with (tokens done, tokens total)."""
 
 
-def forward(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
+def forward(model: Any, tokens: mx.array, cache: list[Any], logits: str = "all") -> mx.array | None:
     """One model call: ids of shape (1, n) -> logits of shape (1, n, vocab).
 
-    A single token goes through the compiled decode step (`engine.compiled`),
-    which falls back to the plain call for caches it does not handle.
+    On the CPU, llama-architecture models run through `engine.cpu_forward`
+    (the layer arithmetic in NumPy). Otherwise a single token goes through the
+    compiled decode step (`engine.compiled`), which falls back to the plain
+    call for caches it does not handle.
+
+    Args:
+        logits: "all"; "last" gives (1, 1, vocab) for the last position only;
+            "none" when the caller needs only the cache filled (the result is
+            then None or an array that is never evaluated).
     """
+    numpy_forward = cpu_forward.forward_for(model)
+    if numpy_forward is not None and cpu_forward.applies(tokens, cache):
+        return numpy_forward(tokens, cache, logits)
     if tokens.shape == (1, 1):
         return decode_step_for(model)(tokens, cache)
-    return model(tokens, cache=cache)
+    out = model(tokens, cache=cache)
+    return out[:, -1:, :] if logits == "last" else out
 
 
 def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
@@ -108,8 +120,9 @@ def prefill(
     for start, end in spans:
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
-        out = forward(model, ids[:, start:end], cache)
-        if end == len(token_ids):
+        last = end == len(token_ids)
+        out = forward(model, ids[:, start:end], cache, logits="last" if last else "none")
+        if last:
             logits = out[:, -1, :]
             mx.eval(logits, _cache_state(cache))
         else:
@@ -153,7 +166,7 @@ def decode(
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during decode at token {step}")
         if step > 0:
-            logits = forward(model, token[None], cache)[:, -1, :]
+            logits = forward(model, token[None], cache, logits="last")[:, -1, :]
         token = sampler(logits)
         token_id = int(token.item())
         if token_id in eos_token_ids:

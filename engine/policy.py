@@ -37,8 +37,9 @@ class CachePolicy:
         continuation_tail: Dense positions at the end of a plain token prompt (windowed only).
         window_form: "block" or "query" (windowed only).
         prefill_chunk: Prefill chunk size; chunking is part of the numerics.
-        attention: Who computes attention: "mlx" (the model's own function) or
-            "numpy" (`engine.cpu_attention`, on the CPU).
+        attention: Who computes attention: "mlx" (the model's own function),
+            "numpy" (`engine.cpu_attention`, on the CPU) or "numpy-forward"
+            (`engine.cpu_forward`: the whole layer in NumPy, on the CPU).
         numerics_version: `NUMERICS_VERSION` of the code that built the cache.
     """
 

@@ -10,7 +10,7 @@ from typing import Any, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
-from engine import generate
+from engine import cpu_forward, generate
 from engine.compiled import verify_step_for
 from engine.errors import RequestCancelled
 from engine.lookup import PromptLookupDrafter
@@ -80,11 +80,12 @@ def make_decoder(
 
 
 def _verify_forward(model: Any, cache: list[Any]) -> Any:
-    """One token: the decode loop's compiled step; more: the compiled verify step."""
+    """One token, or any where the NumPy forward applies: `generate.forward`; more: the compiled verify step."""
     verify = verify_step_for(model)
+    numpy_forward = cpu_forward.forward_for(model) is not None
 
     def forward(ids: mx.array) -> mx.array:
-        if ids.shape[1] == 1:
+        if ids.shape[1] == 1 or numpy_forward:
             return generate.forward(model, ids, cache)
         return verify(ids, cache)
 

@@ -1,0 +1,221 @@
+"""The model's forward pass in NumPy, for llama-architecture models on MLX's CPU backend.
+
+Profiling a warm hover (7 new tokens over a 4,200-token context, default
+model) showed MLX's CPU backend spending most of the forward outside the
+arithmetic: a one-row matmul of the model's shapes ran at 2.5–8 GB/s of
+weights in MLX against ~13 GB/s in NumPy, and every op of the layer paid
+scheduling on top. `NumpyForward` runs the same layer arithmetic in NumPy,
+over zero-copy float32 views of the model's own weights (numbers in
+docs/benchmarks.md, *Engine (CPU)* → 7; `python bench/cpu_forward.py`).
+
+What stays in MLX is what gives the cache its meaning, so every cache the
+engine uses works unchanged and checkpoints keep their format: RoPE (the
+attention module's own `rope`, scaled variants included) and
+`cache.update_and_fetch` (plain, windowed and 8-bit caches) with the mask
+from `cache.make_mask`, exactly as the model file calls them. Attention is
+`engine.cpu_attention.attend`.
+
+It applies to mlx-lm's llama model file (SmolLM2, Llama, Mistral-style
+checkpoints) with float32 weights, full attention on every layer, no
+attention sinks and caches that all sit at one offset; `forward_for(model)`
+returns None for anything else, and the caller uses the model's own call.
+``CODECTX_CPU_FORWARD=off`` turns it off (``CODECTX_CPU_ATTENTION=off`` does too).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.base import create_attention_mask
+
+from engine import blas, cpu_attention
+
+ENV_SWITCH = "CODECTX_CPU_FORWARD"
+SUPPORTED_MODULES = frozenset({"mlx_lm.models.llama"})
+LOGITS = ("all", "last", "none")
+
+
+def enabled() -> bool:
+    """True when the NumPy forward may run in this process (CPU attention on, not switched off)."""
+    return os.environ.get(ENV_SWITCH, "on").lower() not in ("off", "0", "false") and cpu_attention.enabled()
+
+
+@dataclass(frozen=True)
+class _Linear:
+    weight: np.ndarray  # (out, in), a view of the MLX weight
+    bias: np.ndarray | None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x (n, in) -> (n, out)."""
+        if x.shape[0] == 1:
+            y = (self.weight @ x[0])[None]
+        elif x.shape[0] <= _SKINNY_ROWS:
+            y = (self.weight @ x.T).T  # OpenBLAS is faster this way round for a few rows
+        else:
+            y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
+_SKINNY_ROWS = 16
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attention_norm: np.ndarray
+    mlp_norm: np.ndarray
+    q: _Linear
+    k: _Linear
+    v: _Linear
+    o: _Linear
+    gate: _Linear
+    up: _Linear
+    down: _Linear
+    rope: nn.Module
+    scale: float
+    heads: int
+    kv_heads: int
+
+
+class NumpyForward:
+    """``forward(tokens, cache, logits=...)``: the model's call, computed in NumPy.
+
+    Args:
+        model: An mlx-lm llama `Model` with float32 weights (`supports(model)`).
+    """
+
+    def __init__(self, model: Any) -> None:
+        inner = model.model
+        self.eps = float(model.args.rms_norm_eps)
+        self.embed = _view(inner.embed_tokens.weight)
+        self.final_norm = _view(inner.norm.weight)
+        self.head = self.embed if model.args.tie_word_embeddings else _view(model.lm_head.weight)
+        self.layers = [_layer(block) for block in inner.layers]
+
+    def __call__(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
+        """Logits for ``tokens`` of shape (1, n), filling ``cache`` as the model's own call does.
+
+        Args:
+            tokens: Token ids, shape (1, n).
+            cache: One cache per layer (see `engine.kv`, `engine.window`).
+            logits: "all" gives (1, n, vocab), "last" (1, 1, vocab) for the last
+                position only, "none" returns None (the lm head is skipped).
+        """
+        if logits not in LOGITS:
+            raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
+        ids = np.asarray(tokens[0].astype(mx.int64) if tokens.dtype != mx.int64 else tokens[0])
+        x = self.embed[ids]
+        mask = create_attention_mask(x[None], cache[0])
+        with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: silu = -0
+            for layer, layer_cache in zip(self.layers, cache):
+                x = self._block(layer, x, mask, layer_cache)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
+        return mx.array(_Linear(self.head, None)(_rms_norm(x, self.final_norm, self.eps))[None])
+
+    def _block(self, layer: _Layer, x: np.ndarray, mask: Any, cache: Any) -> np.ndarray:
+        n = x.shape[0]
+        h = _rms_norm(x, layer.attention_norm, self.eps)
+        q = _heads(layer.q(h), layer.heads)
+        k = _heads(layer.k(h), layer.kv_heads)
+        v = _heads(layer.v(h), layer.kv_heads)
+        offset = cache.offset
+        queries = layer.rope(mx.array(q), offset=offset)
+        keys, values = cache.update_and_fetch(layer.rope(mx.array(k), offset=offset), mx.array(v))
+        keys, values = cpu_attention.dequantized(keys, values, cache)
+        mx.eval(queries, keys, values)
+        attended = cpu_attention.attend(np.asarray(queries), _float32(keys), _float32(values), layer.scale, mask)
+        x = x + layer.o(attended[0].transpose(1, 0, 2).reshape(n, -1))
+        h = _rms_norm(x, layer.mlp_norm, self.eps)
+        gate = layer.gate(h)
+        return x + layer.down(gate / (1 + np.exp(-gate)) * layer.up(h))
+
+
+def supports(model: Any) -> bool:
+    """True when `NumpyForward` computes exactly what `model`'s own call does."""
+    if type(model).__module__ not in SUPPORTED_MODULES or not hasattr(model, "model"):
+        return False
+    inner = model.model
+    if getattr(inner, "swa_idx", None) is not None or not hasattr(inner, "embed_tokens"):
+        return False
+    if inner.embed_tokens.weight.dtype != mx.float32:
+        return False
+    for block in inner.layers:
+        attention, mlp = block.self_attn, block.mlp
+        linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(lin) is not nn.Linear or lin.weight.dtype != mx.float32 for lin in linears):
+            return False
+    return True
+
+
+def forward_for(model: Any) -> NumpyForward | None:
+    """The model's NumPy forward (made once, kept on the model), or None where it does not apply."""
+    if not enabled():
+        return None
+    forward = getattr(model, "_codectx_numpy_forward", False)
+    if forward is False:
+        forward = NumpyForward(model) if supports(model) else None
+        if forward is not None:
+            # MLX's BLAS pool idles while NumPy computes: NumPy's gets the cores
+            # (engine.cpu_attention limits it to 1 while MLX runs the layers).
+            cpu_attention.numpy_blas_threads(blas.thread_count())
+        # nn.Module is a dict: object.__setattr__ keeps the forward out of its parameters.
+        object.__setattr__(model, "_codectx_numpy_forward", forward)
+    return forward
+
+
+def install(model: Any) -> str:
+    """Route `model` through the CPU paths that apply; returns the `CachePolicy.attention` kind.
+
+    "numpy-forward": `NumpyForward` runs the layers (and `engine.cpu_attention`
+    the model's own call where it does not apply); "numpy": only attention is
+    NumPy's; "mlx": neither (not on the CPU, or switched off).
+    """
+    if not cpu_attention.install(model):
+        return "mlx"
+    return "numpy-forward" if forward_for(model) is not None else "numpy"
+
+
+def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:
+    """True for one sequence (1, n) over caches that all hold the same number of tokens."""
+    return (tokens.ndim == 2 and tokens.shape[0] == 1 and len(cache) > 0
+            and len({getattr(c, "offset", None) for c in cache}) == 1 and cache[0].offset is not None)
+
+
+def _layer(block: Any) -> _Layer:
+    attention, mlp = block.self_attn, block.mlp
+    return _Layer(attention_norm=_view(block.input_layernorm.weight),
+                  mlp_norm=_view(block.post_attention_layernorm.weight),
+                  q=_linear(attention.q_proj), k=_linear(attention.k_proj), v=_linear(attention.v_proj),
+                  o=_linear(attention.o_proj), gate=_linear(mlp.gate_proj), up=_linear(mlp.up_proj),
+                  down=_linear(mlp.down_proj), rope=attention.rope, scale=float(attention.scale),
+                  heads=attention.n_heads, kv_heads=attention.n_kv_heads)
+
+
+def _linear(layer: nn.Linear) -> _Linear:
+    return _Linear(_view(layer.weight), _view(layer["bias"]) if "bias" in layer else None)
+
+
+def _view(array: mx.array) -> np.ndarray:
+    mx.eval(array)
+    return np.asarray(array)
+
+
+def _float32(array: mx.array) -> np.ndarray:
+    return np.asarray(array if array.dtype == mx.float32 else array.astype(mx.float32))
+
+
+def _heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(n, heads * D) -> (1, heads, n, D), contiguous."""
+    n = x.shape[0]
+    return np.ascontiguousarray(x.reshape(n, heads, -1).transpose(1, 0, 2))[None]
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x * (1 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))) * weight

@@ -1,0 +1,137 @@
+"""The NumPy forward: the model's own numbers and cache contents, for every cache the engine uses."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+from mlx_lm.models.cache import KVCache
+
+from engine import cpu_attention, cpu_forward
+from engine.kv import make_cache
+from engine.window import WindowPolicy, make_window_cache, set_dense_from
+
+TOKENS = mx.array([[5, 9, 11, 3, 7, 2, 99, 4, 17, 23, 64, 8, 1, 42, 77, 31, 12, 6, 90, 15]])
+
+
+def _model(seed: int = 3, **overrides) -> llama.Model:
+    fields = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-5,
+                  max_position_embeddings=512, rope_traditional=True, rope_theta=10000.0)
+    fields.update(overrides)
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs(**fields))
+    mx.eval(model.parameters())
+    return model
+
+
+def _own_call(model, tokens, cache):
+    with cpu_attention.suspended():  # MLX end to end
+        return model(tokens, cache=cache)
+
+
+def _close(a, b, tol=1e-4):
+    np.testing.assert_allclose(np.asarray(a.astype(mx.float32)), np.asarray(b.astype(mx.float32)),
+                               atol=tol, rtol=tol)
+
+
+def _run_both(model, make, splits):
+    """Feed TOKENS in `splits` chunks through the NumPy forward and the model's own call."""
+    forward = cpu_forward.NumpyForward(model)
+    ours, theirs = make(), make()
+    start = 0
+    for end in splits:
+        chunk = TOKENS[:, start:end]
+        _close(forward(chunk, ours), _own_call(model, chunk, theirs))
+        start = end
+    return ours, theirs
+
+
+@pytest.mark.parametrize("splits", [(20,), (6, 7, 20), (1, 2, 3, 4)])
+def test_matches_the_models_own_call_and_fills_the_same_cache(splits):
+    model = _model()
+    ours, theirs = _run_both(model, lambda: [KVCache() for _ in model.layers], splits)
+    for a, b in zip(ours, theirs):
+        assert a.offset == b.offset == splits[-1]
+        _close(a.keys[..., :a.offset, :], b.keys[..., :b.offset, :], tol=1e-5)
+        _close(a.values[..., :a.offset, :], b.values[..., :b.offset, :], tol=1e-5)
+
+
+def test_biases_and_untied_head_and_plain_rope():
+    model = _model(seed=5, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+                   rope_traditional=False)
+    assert cpu_forward.supports(model)
+    _run_both(model, lambda: [KVCache() for _ in model.layers], (9, 20))
+
+
+def test_windowed_and_8_bit_caches_match():
+    model = _model(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)  # head dim 64: 8-bit groups
+    policy = WindowPolicy(True, 4, 4, 2, 2, "block")
+
+    def windowed(bits):
+        def make():
+            cache = make_window_cache(model, policy, kv_bits=bits)
+            set_dense_from(cache, 16)
+            return cache
+        return make
+
+    _run_both(model, windowed(16), (8, 16, 17, 20))
+    _run_both(model, windowed(8), (8, 16, 17, 20))
+    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 20))
+
+
+def test_logits_last_and_none():
+    model = _model()
+    forward = cpu_forward.NumpyForward(model)
+    full = forward(TOKENS[:, :10], [KVCache() for _ in model.layers])
+    last = forward(TOKENS[:, :10], [KVCache() for _ in model.layers], logits="last")
+    assert last.shape == (1, 1, 128)
+    _close(last[:, 0], full[:, -1], tol=1e-6)
+    cache = [KVCache() for _ in model.layers]
+    assert forward(TOKENS[:, :10], cache, logits="none") is None
+    assert cache[0].offset == 10
+    with pytest.raises(ValueError, match="logits must be one of"):
+        forward(TOKENS[:, :2], cache, logits="first")
+
+
+def test_applies_only_where_it_computes_the_same(monkeypatch):
+    model = _model()
+    assert cpu_forward.install(model) == "numpy-forward"
+    assert cpu_forward.forward_for(model) is cpu_forward.forward_for(model)  # made once
+    half = _model()
+    half.set_dtype(mx.float16)
+    assert not cpu_forward.supports(half)
+    assert cpu_forward.supports(model)
+    cache = [KVCache() for _ in model.layers]
+    assert cpu_forward.applies(TOKENS[:, :3], cache)
+    assert not cpu_forward.applies(mx.concatenate([TOKENS, TOKENS])[:, :3], cache)  # batch of 2
+    other = _model()
+    monkeypatch.setenv(cpu_forward.ENV_SWITCH, "off")
+    assert cpu_forward.forward_for(other) is None
+    assert cpu_forward.install(other) == "numpy"
+
+
+def test_engine_generation_goes_through_it(tiny_loaded):
+    from engine.engine import Engine
+
+    forward = cpu_forward.forward_for(tiny_loaded.model)
+    assert forward is not None
+    calls = []
+    original = forward.__class__.__call__
+
+    def counting(self, tokens, cache, logits="all"):
+        calls.append((tokens.shape[1], logits))
+        return original(self, tokens, cache, logits)
+
+    engine = Engine(tiny_loaded, prefill_chunk=16)
+    try:
+        assert engine.attention == "numpy-forward"
+        forward.__class__.__call__ = counting
+        text = engine.generate_text(list(range(3, 40)), max_tokens=4)
+    finally:
+        forward.__class__.__call__ = original
+        engine.close()
+    assert isinstance(text, str)
+    # 37 prompt tokens in chunks of 16: two chunks without logits, the last with the last row only.
+    assert calls[:3] == [(16, "none"), (16, "none"), (5, "last")]
+    assert all(call == (1, "last") for call in calls[3:])
