@@ -8,8 +8,10 @@ SDPA and 7.6 s here (`bench/cpu_attention.py`; numbers in docs/benchmarks.md,
 `install(model)` routes the model's attention through `attention` below:
 scores, softmax and the value product in NumPy (float32), per KV head with
 the query heads of a group stacked (grouped-query attention without copying
-keys). NumPy's own OpenBLAS is limited to one thread: two OpenBLAS thread
-pools on two cores were slower (same section).
+keys). NumPy's own OpenBLAS is limited to one thread while MLX runs the
+layers: two OpenBLAS thread pools on two cores were slower (same section).
+`engine.cpu_forward` runs the whole layer in NumPy on top of `attend` and
+gives NumPy's pool the cores.
 
 It applies only where it helps and is exact up to float32 rounding: the
 default device is the CPU, the arrays are float32/float16/bfloat16, there

@@ -1,0 +1,132 @@
+"""CPU forward: `engine.cpu_forward` (layers in NumPy) against the model's MLX call, same run.
+
+Loads the model (default: the default model), fills a plain KV cache with a
+`--context`-token prompt through the NumPy forward (timed: prefill tok/s, in
+the engine's 256-token chunks), then times one forward of n new tokens over
+that context for each n, three ways (each way's calls in a row, after one untimed call):
+
+* ``numpy-forward``: `engine.cpu_forward.NumpyForward` (what the engine runs on the CPU);
+* ``mlx+numpy-attention``: the model's own call with `engine.cpu_attention` (the engine before it);
+* ``mlx``: the model's own call, MLX end to end (the peer: plain mlx-lm).
+
+Each forward asks for the last position's logits only, as prefill and decode
+do. Reports medians, ratios and the largest logit difference against ``mlx``.
+Also times the context prefill with the model's call and NumPy attention
+(``--mlx-prefill`` adds MLX end to end, ~2 min at 4,200 tokens).
+
+With ``--kv-bits 8`` the cache is the engine's 8-bit one (`QuantizedWindowKVCache`,
+window off): the NumPy paths dequantize the history, ``mlx`` attends over it
+with `quantized_matmul` for up to 32 new tokens.
+
+    python bench/cpu_forward.py [--context 4200] [--sizes 1,7,32,256] [--repeats 3] [--kv-bits 16]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import engine  # noqa: E402,F401  (BLAS preload before MLX)
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import KVCache  # noqa: E402
+
+from bench._common import machine, markdown_table, write_json  # noqa: E402
+from engine import blas, cpu_attention, cpu_forward  # noqa: E402
+from engine.generate import DEFAULT_PREFILL_CHUNK  # noqa: E402
+from engine.loading import load_model  # noqa: E402
+from engine.window import WindowPolicy, make_window_cache  # noqa: E402
+
+WAYS = ("numpy-forward", "mlx+numpy-attention", "mlx")
+
+
+def run(way: str, model, forward: cpu_forward.NumpyForward, tokens: mx.array, cache: list) -> mx.array:
+    """One forward the given way; logits of the last position, evaluated."""
+    if way == "numpy-forward":
+        cpu_attention.numpy_blas_threads(blas.thread_count())  # as cpu_forward.forward_for sets it
+        logits = forward(tokens, cache, logits="last")
+    else:
+        cpu_attention.numpy_blas_threads(1)  # as cpu_attention.install sets it
+        if way == "mlx":
+            with cpu_attention.suspended():
+                logits = model(tokens, cache=cache)[:, -1:]
+        else:
+            logits = model(tokens, cache=cache)[:, -1:]
+    mx.eval(logits, [c.state for c in cache])
+    return logits
+
+
+def new_cache(model, kv_bits: int) -> list:
+    if kv_bits == 16:
+        return [KVCache() for _ in model.layers]
+    return make_window_cache(model, WindowPolicy(enabled=False), kv_bits=kv_bits)
+
+
+def prefill_s(way: str, model, forward, ids: mx.array, n: int, kv_bits: int) -> tuple[list, float]:
+    cache = new_cache(model, kv_bits)
+    started = time.perf_counter()
+    for start in range(0, n, DEFAULT_PREFILL_CHUNK):
+        run(way, model, forward, ids[:, start:min(n, start + DEFAULT_PREFILL_CHUNK)], cache)
+    return cache, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model name or path (default: the default model)")
+    parser.add_argument("--context", type=int, default=4200)
+    parser.add_argument("--sizes", default="1,7,32,256")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-bits", type=int, default=16, choices=(8, 16))
+    parser.add_argument("--mlx-prefill", action="store_true", help="also prefill the context MLX end to end")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    loaded = load_model(args.model, progress=False)
+    model = loaded.model
+    if cpu_forward.install(model) != "numpy-forward":
+        print("engine.cpu_forward does not apply here (not the CPU, switched off, or not a float32 llama model)")
+        return 1
+    forward = cpu_forward.forward_for(model)
+    vocab = model.args.vocab_size
+    ids = mx.array([[(i * 7919) % (vocab - 200) + 100 for i in range(args.context + max(sizes))]])
+    prefill = {}
+    cache, prefill["numpy-forward"] = prefill_s("numpy-forward", model, forward, ids, args.context, args.kv_bits)
+    _, prefill["mlx+numpy-attention"] = prefill_s("mlx+numpy-attention", model, forward, ids, args.context, args.kv_bits)
+    if args.mlx_prefill:
+        _, prefill["mlx"] = prefill_s("mlx", model, forward, ids, args.context, args.kv_bits)
+    rows, table = [], []
+    for n in sizes:
+        tokens = ids[:, args.context:args.context + n]
+        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        logits = {}
+        for way in WAYS:  # one way at a time: a way's BLAS pool would spin into the next one's time
+            for repeat in range(args.repeats + 1):
+                started = time.perf_counter()
+                logits[way] = run(way, model, forward, tokens, cache)
+                if repeat:  # the first call of a way warms its threads up
+                    times[way].append(1000 * (time.perf_counter() - started))
+                for c in cache:
+                    c.trim(n)
+        diff = mx.abs(logits["numpy-forward"] - logits["mlx"]).max().item()
+        ms = {way: statistics.median(times[way]) for way in WAYS}
+        rows.append({"new_tokens": n, "ms": ms, "max_logit_diff_vs_mlx": diff, "samples": times})
+        table.append([n, ms["numpy-forward"], ms["mlx+numpy-attention"], ms["mlx"],
+                      f"{ms['mlx+numpy-attention'] / ms['numpy-forward']:.2f}x",
+                      f"{ms['mlx'] / ms['numpy-forward']:.2f}x", f"{diff:.1e}"])
+    print(f"model {loaded.model_id}, context {args.context} tokens, {args.repeats} repeats (median), "
+          f"{blas.thread_count()} BLAS threads, {args.kv_bits}-bit KV")
+    print(markdown_table(["new tokens", "NumPy forward ms", "MLX + NumPy attention ms", "MLX ms",
+                          "vs MLX + NumPy attention", "vs MLX", "max |Δlogit| vs MLX"], table))
+    print(f"prefill of the {args.context}-token context (chunks of {DEFAULT_PREFILL_CHUNK}): " + ", ".join(
+        f"{way} {args.context / s:.0f} tok/s" for way, s in prefill.items()))
+    result = {"machine": machine(), "args": vars(args), "model": loaded.model_id, "rows": rows,
+              "prefill_s": prefill, "blas_threads": blas.thread_count()}
+    print(f"wrote {write_json('cpu_forward', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
