@@ -44,6 +44,29 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time counters (/proc/stat: user, nice, system, idle, iowait, irq,
+    softirq, steal), or [] where there are none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            return [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def steal_share(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the hypervisor took from this machine between two `cpu_ticks()`.
+
+    On a shared host this is how contended the run was: the same work takes
+    longer when it is high, so read a run's timings together with it.
+    """
+    if len(before) < 8 or len(after) < 8:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    return delta[7] / total if total > 0 else None
+
+
 def write_json(name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
     """Write ``payload`` (plus a UTC timestamp) to ``<directory>/<name>-<timestamp>.json``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -35,7 +35,7 @@ import engine  # noqa: E402,F401  (BLAS preload before MLX)
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
-from bench._common import machine, markdown_table, write_json  # noqa: E402
+from bench._common import cpu_ticks, machine, markdown_table, steal_share, write_json  # noqa: E402
 from engine import blas, cpu_attention, cpu_forward  # noqa: E402
 from engine.generate import DEFAULT_PREFILL_CHUNK  # noqa: E402
 from engine.loading import load_model  # noqa: E402
@@ -90,6 +90,7 @@ def main() -> int:
         print("engine.cpu_forward does not apply here (not the CPU, switched off, or not a float32 llama model)")
         return 1
     forward = cpu_forward.forward_for(model)
+    ticks = cpu_ticks()
     vocab = model.args.vocab_size
     ids = mx.array([[(i * 7919) % (vocab - 200) + 100 for i in range(args.context + max(sizes))]])
     prefill = {}
@@ -122,8 +123,11 @@ def main() -> int:
                           "vs MLX + NumPy attention", "vs MLX", "max |Δlogit| vs MLX"], table))
     print(f"prefill of the {args.context}-token context (chunks of {DEFAULT_PREFILL_CHUNK}): " + ", ".join(
         f"{way} {args.context / s:.0f} tok/s" for way, s in prefill.items()))
+    steal = steal_share(ticks, cpu_ticks())
+    if steal is not None:
+        print(f"CPU time taken by the hypervisor (steal) during the run: {100 * steal:.0f}%")
     result = {"machine": machine(), "args": vars(args), "model": loaded.model_id, "rows": rows,
-              "prefill_s": prefill, "blas_threads": blas.thread_count()}
+              "prefill_s": prefill, "blas_threads": blas.thread_count(), "cpu_steal": steal}
     print(f"wrote {write_json('cpu_forward', result)}")
     return 0
 

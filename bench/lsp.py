@@ -17,6 +17,9 @@ fixture repository (a small package plus one 300-line module) and measures:
 * the peer, in the same run: warm hovers on the same server with MLX's own
   CPU attention (`CODECTX_CPU_ATTENTION=off`), i.e. without `engine.cpu_attention`.
 
+Each session also records the share of CPU time the hypervisor took (steal,
+from /proc/stat): on a shared host the same work is slower when it is high.
+
 Goals on this CPU: warm hover first token < 300 ms; hover first token after an
 edit of a 300-line file < 1.5 s. Prints a table and writes JSON to bench/results/.
 
@@ -39,7 +42,7 @@ from pygls.lsp.client import LanguageClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import machine, markdown_table, write_json  # noqa: E402
+from bench._common import cpu_ticks, machine, markdown_table, steal_share, write_json  # noqa: E402
 
 MODULES = 4
 FUNCTIONS_PER_MODULE = 6
@@ -303,15 +306,26 @@ async def main_async(args) -> dict:
             write_fixture(roots[name])
         big = Path("pkg") / "inventory.py"
         run = set(args.sessions.split(","))
-        ask_rows, start_s = await asks(args, roots["asks"], work) if "asks" in run else ([], None)
-        hover_rows, hover_info = (await hovers(args, roots["warm"], roots["warm"] / big, work, True, "warm")
-                                  if "warm" in run else ([], None))
-        exact_rows, exact_info = (await hovers(args, roots["exact"], roots["exact"] / big, work, False, "exact")
-                                  if "exact" in run else ([], None))
-        peer_rows = await peer_hovers(args, roots["peer"], work) if "peer" in run and args.peer else []
-        prepared_rows, prepared_info = (await prepared_hovers(args, roots["prepared"], work)
-                                        if "prepared" in run else ([], None))
-        head_rows, head_info = await head_hovers(args, roots["heads"], work) if "heads" in run else ([], None)
+        steal: dict[str, float | None] = {}
+
+        async def session(name: str, coro, skipped):
+            if name not in run:
+                coro.close()
+                return skipped
+            before = cpu_ticks()
+            result = await coro
+            steal[name] = steal_share(before, cpu_ticks())
+            return result
+
+        ask_rows, start_s = await session("asks", asks(args, roots["asks"], work), ([], None))
+        hover_rows, hover_info = await session(
+            "warm", hovers(args, roots["warm"], roots["warm"] / big, work, True, "warm"), ([], None))
+        exact_rows, exact_info = await session(
+            "exact", hovers(args, roots["exact"], roots["exact"] / big, work, False, "exact"), ([], None))
+        peer_rows = await session("peer", peer_hovers(args, roots["peer"], work), []) if args.peer else []
+        prepared_rows, prepared_info = await session("prepared", prepared_hovers(args, roots["prepared"], work),
+                                                     ([], None))
+        head_rows, head_info = await session("heads", head_hovers(args, roots["heads"], work), ([], None))
     rows = ask_rows + hover_rows + exact_rows + peer_rows + prepared_rows + head_rows
     goals = {
         "warm_hover_first_token_ms": median_of(rows, "hover (warm prefix)", "first_token_ms"),
@@ -323,7 +337,7 @@ async def main_async(args) -> dict:
     }
     return {"machine": machine(), "args": vars(args), "server_start_s": start_s, "rows": rows,
             "hover_session": hover_info, "exact_session": exact_info, "prepared_session": prepared_info,
-            "heads_session": head_info,
+            "heads_session": head_info, "cpu_steal": steal,
             "goals": goals}
 
 
@@ -355,6 +369,8 @@ def main() -> int:
         print(f"\nprepared_session: {result['prepared_session']}")
     if result["heads_session"] is not None:
         print(f"heads_session: {result['heads_session']}")
+    print("\nCPU time taken by the hypervisor (steal) per session: " + ", ".join(
+        f"{name} {'–' if share is None else f'{100 * share:.0f}%'}" for name, share in result["cpu_steal"].items()))
     print(f"\ngoals: {result['goals']} (targets: warm hover < 300 ms, after an edit < 1500 ms)")
     print(f"wrote {write_json('lsp', result)}")
     return 0

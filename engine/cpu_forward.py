@@ -44,6 +44,10 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "on").lower() not in ("off", "0", "false") and cpu_attention.enabled()
 
 
+_SKINNY_ROWS = 16
+"""Up to this many rows, `W @ x.T` (OpenBLAS ran it 1.3–1.5x faster than `x @ W.T` for 7 rows)."""
+
+
 @dataclass(frozen=True)
 class _Linear:
     weight: np.ndarray  # (out, in), a view of the MLX weight
@@ -54,13 +58,10 @@ class _Linear:
         if x.shape[0] == 1:
             y = (self.weight @ x[0])[None]
         elif x.shape[0] <= _SKINNY_ROWS:
-            y = (self.weight @ x.T).T  # OpenBLAS is faster this way round for a few rows
+            y = (self.weight @ x.T).T
         else:
             y = x @ self.weight.T
         return y if self.bias is None else y + self.bias
-
-
-_SKINNY_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,7 @@ class NumpyForward:
         """
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
-        ids = np.asarray(tokens[0].astype(mx.int64) if tokens.dtype != mx.int64 else tokens[0])
-        x = self.embed[ids]
+        x = self.embed[np.asarray(tokens[0])]
         mask = create_attention_mask(x[None], cache[0])
         with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: silu = -0
             for layer, layer_cache in zip(self.layers, cache):
@@ -184,8 +184,8 @@ def install(model: Any) -> str:
 
 def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:
     """True for one sequence (1, n) over caches that all hold the same number of tokens."""
-    return (tokens.ndim == 2 and tokens.shape[0] == 1 and len(cache) > 0
-            and len({getattr(c, "offset", None) for c in cache}) == 1 and cache[0].offset is not None)
+    offsets = {getattr(c, "offset", None) for c in cache}
+    return tokens.ndim == 2 and tokens.shape[0] == 1 and len(offsets) == 1 and None not in offsets
 
 
 def _layer(block: Any) -> _Layer:

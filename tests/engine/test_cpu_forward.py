@@ -111,27 +111,25 @@ def test_applies_only_where_it_computes_the_same(monkeypatch):
     assert cpu_forward.install(other) == "numpy"
 
 
-def test_engine_generation_goes_through_it(tiny_loaded):
+def test_engine_generation_goes_through_it(tiny_loaded, monkeypatch):
     from engine.engine import Engine
 
-    forward = cpu_forward.forward_for(tiny_loaded.model)
-    assert forward is not None
+    assert cpu_forward.forward_for(tiny_loaded.model) is not None
     calls = []
-    original = forward.__class__.__call__
+    original = cpu_forward.NumpyForward.__call__
 
     def counting(self, tokens, cache, logits="all"):
         calls.append((tokens.shape[1], logits))
         return original(self, tokens, cache, logits)
 
+    monkeypatch.setattr(cpu_forward.NumpyForward, "__call__", counting)
     engine = Engine(tiny_loaded, prefill_chunk=16)
     try:
         assert engine.attention == "numpy-forward"
-        forward.__class__.__call__ = counting
         text = engine.generate_text(list(range(3, 40)), max_tokens=4)
     finally:
-        forward.__class__.__call__ = original
         engine.close()
     assert isinstance(text, str)
     # 37 prompt tokens in chunks of 16: two chunks without logits, the last with the last row only.
     assert calls[:3] == [(16, "none"), (16, "none"), (5, "last")]
-    assert all(call == (1, "last") for call in calls[3:])
+    assert len(calls) > 3 and all(call == (1, "last") for call in calls[3:])
