@@ -75,16 +75,24 @@ function M.format_status(status)
   return lines
 end
 
---- `:CodectxStatus`: asks the server for `codectx.status` and shows a summary.
-function M.show_status()
+--- Runs `command` (no argument) on the attached client and hands its result to `on_result`;
+--- a missing client or an error is reported (as `what`) instead.
+local function run_command(command, what, on_result)
   local client = M.require_client()
   if not client then
     return
   end
-  M.execute(client, 'codectx.status', nil, function(err, status)
+  M.execute(client, command, nil, function(err, result)
     if err then
-      return report_error('status', err)
+      return report_error(what, err)
     end
+    on_result(result)
+  end)
+end
+
+--- `:CodectxStatus`: asks the server for `codectx.status` and shows a summary.
+function M.show_status()
+  run_command('codectx.status', 'status', function(status)
     vim.notify(table.concat(M.format_status(status), '\n'), vim.log.levels.INFO)
   end)
 end
@@ -94,14 +102,7 @@ local CONTEXT_BUFFER = 'codectx://context'
 --- `:CodectxContext`: the prefix layout (`codectx.showContext`) in a read-only scratch buffer,
 --- reused on the next call.
 function M.show_context()
-  local client = M.require_client()
-  if not client then
-    return
-  end
-  M.execute(client, 'codectx.showContext', nil, function(err, result)
-    if err then
-      return report_error('show context', err)
-    end
+  run_command('codectx.showContext', 'show context', function(result)
     local buf = vim.fn.bufnr(CONTEXT_BUFFER)
     if buf == -1 then
       buf = vim.api.nvim_create_buf(true, true)

@@ -14,6 +14,15 @@ function result(text: string): AskResult {
   };
 }
 
+/** A session listening for stream notifications on a fake connection, with a recording view. */
+function listeningSession(): { server: FakeConnection; view: RecordingView; session: AskSession } {
+  const server = new FakeConnection();
+  const view = new RecordingView();
+  const session = new AskSession(server, view);
+  session.listen();
+  return { server, view, session };
+}
+
 function stream(requestId: number, index: number, text: string, kind = 'ask') {
   return { requestId, kind, index, text, done: false };
 }
@@ -52,10 +61,7 @@ test('deltas of the ask are streamed into the view; other requests and kinds are
 });
 
 test('stop cancels the request token and ends the ask as cancelled', async () => {
-  const server = new FakeConnection();
-  const view = new RecordingView();
-  const session = new AskSession(server, view);
-  session.listen();
+  const { server, view, session } = listeningSession();
   const running = session.run({ question: 'long' });
   const [sent] = await server.requests(1);
   server.notify(STREAM_METHOD, stream(3, 0, 'partial'));
@@ -68,10 +74,7 @@ test('stop cancels the request token and ends the ask as cancelled', async () =>
 });
 
 test('a new ask stops the running one first, then streams under its own id', async () => {
-  const server = new FakeConnection();
-  const view = new RecordingView();
-  const session = new AskSession(server, view);
-  session.listen();
+  const { server, view, session } = listeningSession();
   const first = session.run({ question: 'first' });
   const [firstSent] = await server.requests(1);
   firstSent.token!.onCancellationRequested(() => firstSent.reject(new ResponseError(LSPErrorCodes.RequestCancelled, 'c')));
@@ -102,10 +105,7 @@ test('stop without a running ask does nothing', async () => {
 });
 
 test('late deltas of a cancelled ask do not reach the next one', async () => {
-  const server = new FakeConnection();
-  const view = new RecordingView();
-  const session = new AskSession(server, view);
-  session.listen();
+  const { server, view, session } = listeningSession();
   const first = session.run({ question: 'first' });
   const [firstSent] = await server.requests(1);
   server.notify(STREAM_METHOD, stream(4, 0, 'one'));
@@ -122,10 +122,7 @@ test('late deltas of a cancelled ask do not reach the next one', async () => {
 });
 
 test('an unseen earlier request is replaced by the larger id of the running ask', async () => {
-  const server = new FakeConnection();
-  const view = new RecordingView();
-  const session = new AskSession(server, view);
-  session.listen();
+  const { server, view, session } = listeningSession();
   const running = session.run({ question: 'q' });
   const [sent] = await server.requests(1);
   server.notify(STREAM_METHOD, stream(2, 5, 'stale'));
