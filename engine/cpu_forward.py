@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.base import create_attention_mask, quantized_scaled_dot_product_attention
 
 from engine import blas, cpu_attention
 
@@ -43,6 +43,12 @@ def enabled() -> bool:
     """True when the NumPy forward may run in this process (CPU attention on, not switched off)."""
     return os.environ.get(ENV_SWITCH, "on").lower() not in ("off", "0", "false") and cpu_attention.enabled()
 
+
+QUANTIZED_QUERY_LIMIT = 1
+"""Up to this many new tokens, 8-bit history is attended by MLX's `quantized_matmul`
+(mlx-lm's quantized attention) instead of being dequantized for NumPy: dequantizing
+4,200 positions cost more than the whole 16-bit forward of one token (docs/benchmarks.md,
+*Engine (CPU)* → 7)."""
 
 _SKINNY_ROWS = 16
 """Up to this many rows, `W @ x.T` (OpenBLAS ran it 1.3–1.5x faster than `x @ W.T` for 7 rows)."""
@@ -127,9 +133,13 @@ class NumpyForward:
         offset = cache.offset
         queries = layer.rope(mx.array(q), offset=offset)
         keys, values = cache.update_and_fetch(layer.rope(mx.array(k), offset=offset), mx.array(v))
-        keys, values = cpu_attention.dequantized(keys, values, cache)
-        mx.eval(queries, keys, values)
-        attended = cpu_attention.attend(np.asarray(queries), _float32(keys), _float32(values), layer.scale, mask)
+        if hasattr(cache, "bits") and n <= QUANTIZED_QUERY_LIMIT:
+            attended = _float32(quantized_scaled_dot_product_attention(
+                queries, keys, values, scale=layer.scale, mask=mask, group_size=cache.group_size, bits=cache.bits))
+        else:
+            keys, values = cpu_attention.dequantized(keys, values, cache)
+            mx.eval(queries, keys, values)
+            attended = cpu_attention.attend(np.asarray(queries), _float32(keys), _float32(values), layer.scale, mask)
         x = x + layer.o(attended[0].transpose(1, 0, 2).reshape(n, -1))
         h = _rms_norm(x, layer.mlp_norm, self.eps)
         gate = layer.gate(h)
@@ -208,7 +218,9 @@ def _view(array: mx.array) -> np.ndarray:
 
 
 def _float32(array: mx.array) -> np.ndarray:
-    return np.asarray(array if array.dtype == mx.float32 else array.astype(mx.float32))
+    array = array if array.dtype == mx.float32 else array.astype(mx.float32)
+    mx.eval(array)
+    return np.asarray(array)
 
 
 def _heads(x: np.ndarray, heads: int) -> np.ndarray:

@@ -80,6 +80,20 @@ def test_windowed_and_8_bit_caches_match():
     _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 20))
 
 
+def test_one_new_token_attends_8_bit_history_without_dequantizing(monkeypatch):
+    model = _model(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    calls = []
+    original = cpu_forward.quantized_scaled_dot_product_attention
+
+    def counting(queries, *args, **kwargs):
+        calls.append(queries.shape[2])
+        return original(queries, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_forward, "quantized_scaled_dot_product_attention", counting)
+    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 10, 20))
+    assert calls == [1, 1] * 2  # the two one-token chunks, once per layer; the others dequantize
+
+
 def test_logits_last_and_none():
     model = _model()
     forward = cpu_forward.NumpyForward(model)
