@@ -13,7 +13,8 @@ engine uses works unchanged and checkpoints keep their format: RoPE (the
 attention module's own `rope`, scaled variants included) and
 `cache.update_and_fetch` (plain, windowed and 8-bit caches) with the mask
 from `cache.make_mask`, exactly as the model file calls them. Attention is
-`engine.cpu_attention.attend`.
+`engine.cpu_attention.attend`, except for one new token over an 8-bit history,
+which mlx-lm's quantized attention reads without dequantizing it.
 
 It applies to mlx-lm's llama model file (SmolLM2, Llama, Mistral-style
 checkpoints) with float32 weights, full attention on every layer, no
