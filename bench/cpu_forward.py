@@ -46,16 +46,14 @@ WAYS = ("numpy-forward", "mlx+numpy-attention", "mlx")
 
 def run(way: str, model, forward: cpu_forward.NumpyForward, tokens: mx.array, cache: list) -> mx.array:
     """One forward the given way; logits of the last position, evaluated."""
+    # Each path sets NumPy's BLAS threads itself (cpu_attention.use_numpy_threads).
     if way == "numpy-forward":
-        cpu_attention.numpy_blas_threads(blas.thread_count())  # as cpu_forward.forward_for sets it
         logits = forward(tokens, cache, logits="last")
-    else:
-        cpu_attention.numpy_blas_threads(1)  # as cpu_attention.install sets it
-        if way == "mlx":
-            with cpu_attention.suspended():
-                logits = model(tokens, cache=cache)[:, -1:]
-        else:
+    elif way == "mlx":
+        with cpu_attention.suspended():
             logits = model(tokens, cache=cache)[:, -1:]
+    else:
+        logits = model(tokens, cache=cache)[:, -1:]
     mx.eval(logits, [c.state for c in cache])
     return logits
 

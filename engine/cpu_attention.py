@@ -80,7 +80,6 @@ def install(model: Any) -> bool:
         original = module.scaled_dot_product_attention
         _originals[module.__name__] = original
         module.scaled_dot_product_attention = _dispatcher(original)
-        numpy_blas_threads(1)
         logger.info("CPU attention through NumPy for %s", module.__name__)
     return True
 
@@ -90,6 +89,7 @@ def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         if sinks is not None or getattr(_local, "suspended", 0) or queries.dtype not in _FLOAT_TYPES:
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         keys, values = dequantized(keys, values, cache)
+        use_numpy_threads(1)  # MLX runs the layers around this call
         return attention(queries, keys, values, scale, mask)
 
     scaled_dot_product_attention.original = original
@@ -178,6 +178,22 @@ def _bias(mask: str | mx.array | None, B: int, H_kv: int, group: int, n: int, L:
     if m.shape[1] == 1:
         return m[:, :, None]
     return m.reshape(m.shape[0], H_kv, group, m.shape[2], m.shape[3])
+
+
+def use_numpy_threads(threads: int) -> None:
+    """Give NumPy's OpenBLAS `threads` threads unless it already has them (cheap per call).
+
+    The count is process-wide, and which one is right depends on who runs the
+    layers: 1 while MLX does (its own BLAS pool would fight NumPy's), all cores
+    while `engine.cpu_forward` does. Each path sets it before it computes.
+    """
+    global _numpy_threads
+    if _numpy_threads != threads:
+        numpy_blas_threads(threads)
+        _numpy_threads = threads
+
+
+_numpy_threads: int | None = None
 
 
 def numpy_blas_threads(threads: int = 1) -> bool:

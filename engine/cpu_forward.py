@@ -102,6 +102,7 @@ class NumpyForward:
         self.final_norm = _view(inner.norm.weight)
         self.head = self.embed if model.args.tie_word_embeddings else _view(model.lm_head.weight)
         self.layers = [_layer(block) for block in inner.layers]
+        self.threads = blas.thread_count()
 
     def __call__(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
         """Logits for ``tokens`` of shape (1, n), filling ``cache`` as the model's own call does.
@@ -114,6 +115,9 @@ class NumpyForward:
         """
         if logits not in LOGITS:
             raise ValueError(f"logits must be one of {LOGITS}, got {logits!r}")
+        # MLX's BLAS pool idles while NumPy computes: NumPy's gets the cores
+        # (engine.cpu_attention gives it 1 while MLX runs the layers).
+        cpu_attention.use_numpy_threads(self.threads)
         x = self.embed[np.asarray(tokens[0])]
         mask = create_attention_mask(x[None], cache[0])
         with np.errstate(over="ignore"):  # exp(-gate) overflows to inf for very negative gates: silu = -0
@@ -154,7 +158,13 @@ def supports(model: Any) -> bool:
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None or not hasattr(inner, "embed_tokens"):
         return False
-    if inner.embed_tokens.weight.dtype != mx.float32:
+    if type(inner.embed_tokens) is not nn.Embedding or inner.embed_tokens.weight.dtype != mx.float32:
+        return False
+    if not model.args.tie_word_embeddings and (type(model.lm_head) is not nn.Linear
+                                               or model.lm_head.weight.dtype != mx.float32):
+        return False
+    norms = [inner.norm] + [n for b in inner.layers for n in (b.input_layernorm, b.post_attention_layernorm)]
+    if any(norm.weight.dtype != mx.float32 for norm in norms):
         return False
     for block in inner.layers:
         attention, mlp = block.self_attn, block.mlp
@@ -172,10 +182,6 @@ def forward_for(model: Any) -> NumpyForward | None:
     forward = getattr(model, "_codectx_numpy_forward", False)
     if forward is False:
         forward = NumpyForward(model) if supports(model) else None
-        if forward is not None:
-            # MLX's BLAS pool idles while NumPy computes: NumPy's gets the cores
-            # (engine.cpu_attention limits it to 1 while MLX runs the layers).
-            cpu_attention.numpy_blas_threads(blas.thread_count())
         # nn.Module is a dict: object.__setattr__ keeps the forward out of its parameters.
         object.__setattr__(model, "_codectx_numpy_forward", forward)
     return forward

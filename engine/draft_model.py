@@ -213,7 +213,7 @@ class DraftModelDrafter:
             if self.should_stop():
                 return False
             chunk = tokens[len(self._consumed) : len(self._consumed) + self.prefill_step]
-            generate.forward(self.model, mx.array([chunk], dtype=mx.uint32), self.cache)
+            generate.forward(self.model, mx.array([chunk], dtype=mx.uint32), self.cache, logits="none")
             mx.eval([c.state for c in self.cache])
             self.forwards += 1
             self._consumed.extend(chunk)

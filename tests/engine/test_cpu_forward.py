@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models import llama
@@ -21,6 +22,9 @@ def _model(seed: int = 3, **overrides) -> llama.Model:
     fields.update(overrides)
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs(**fields))
+    norms = [model.model.norm] + [n for b in model.model.layers for n in (b.input_layernorm, b.post_attention_layernorm)]
+    for norm in norms:  # not all ones: a norm applied in the wrong place must change the numbers
+        norm.weight = mx.random.uniform(0.5, 1.5, norm.weight.shape)
     mx.eval(model.parameters())
     return model
 
@@ -64,9 +68,10 @@ def test_biases_and_untied_head_and_plain_rope():
     _run_both(model, lambda: [KVCache() for _ in model.layers], (9, 20))
 
 
-def test_windowed_and_8_bit_caches_match():
+@pytest.mark.parametrize("form", ["block", "query"])
+def test_windowed_and_8_bit_caches_match(form):
     model = _model(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)  # head dim 64: 8-bit groups
-    policy = WindowPolicy(True, 4, 4, 2, 2, "block")
+    policy = WindowPolicy(True, 2, 2, 2, 2, form)
 
     def windowed(bits):
         def make():
@@ -75,8 +80,10 @@ def test_windowed_and_8_bit_caches_match():
             return cache
         return make
 
-    _run_both(model, windowed(16), (8, 16, 17, 20))
-    _run_both(model, windowed(8), (8, 16, 17, 20))
+    probe = windowed(16)()[0]
+    assert probe.plan(8, 4).cut_end > probe.plan(8, 4).cut_start  # chunks 8-12 and 12-16 skip keys
+    _run_both(model, windowed(16), (8, 12, 16, 17, 20))
+    _run_both(model, windowed(8), (8, 12, 16, 17, 20))
     _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 20))
 
 
@@ -116,13 +123,29 @@ def test_applies_only_where_it_computes_the_same(monkeypatch):
     half.set_dtype(mx.float16)
     assert not cpu_forward.supports(half)
     assert cpu_forward.supports(model)
+    untied = _model(tie_word_embeddings=False)
+    assert cpu_forward.supports(untied)
+    untied.lm_head = nn.QuantizedLinear.from_linear(untied.lm_head, group_size=32, bits=8)
+    assert not cpu_forward.supports(untied)
     cache = [KVCache() for _ in model.layers]
     assert cpu_forward.applies(TOKENS[:, :3], cache)
     assert not cpu_forward.applies(mx.concatenate([TOKENS, TOKENS])[:, :3], cache)  # batch of 2
+    model(TOKENS[:, :2], cache=cache[:1] + [KVCache()])  # layer 0 holds 2 tokens, the other none
+    assert not cpu_forward.applies(TOKENS[:, 2:3], cache)
     other = _model()
     monkeypatch.setenv(cpu_forward.ENV_SWITCH, "off")
     assert cpu_forward.forward_for(other) is None
     assert cpu_forward.install(other) == "numpy"
+
+
+def test_numpy_threads_follow_who_runs_the_layers():
+    model = _model()
+    forward = cpu_forward.NumpyForward(model)
+    cpu_attention.install(model)
+    forward(TOKENS[:, :4], [KVCache() for _ in model.layers])
+    assert cpu_attention._numpy_threads == forward.threads
+    model(TOKENS[:, :4], cache=[KVCache() for _ in model.layers])  # MLX layers, NumPy attention
+    assert cpu_attention._numpy_threads == 1
 
 
 def test_engine_generation_goes_through_it(tiny_loaded, monkeypatch):
