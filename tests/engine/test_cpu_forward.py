@@ -39,14 +39,20 @@ def _close(a, b, tol=1e-4):
                                atol=tol, rtol=tol)
 
 
-def _run_both(model, make, splits):
+EIGHT_BIT_TOL = 1e-2
+"""8-bit caches quantize keys computed by two different matmuls (NumPy's, MLX's): a 1e-7
+difference can move a value across a rounding step, which showed as 4.7e-4 in the logits
+in one CI run (the full suite; not reproduced alone). Dropping the mask moves them by 3.3."""
+
+
+def _run_both(model, make, splits, tol=1e-4):
     """Feed TOKENS in `splits` chunks through the NumPy forward and the model's own call."""
     forward = cpu_forward.NumpyForward(model)
     ours, theirs = make(), make()
     start = 0
     for end in splits:
         chunk = TOKENS[:, start:end]
-        _close(forward(chunk, ours), _own_call(model, chunk, theirs))
+        _close(forward(chunk, ours), _own_call(model, chunk, theirs), tol)
         start = end
     return ours, theirs
 
@@ -83,8 +89,8 @@ def test_windowed_and_8_bit_caches_match(form):
     probe = windowed(16)()[0]
     assert probe.plan(8, 4).cut_end > probe.plan(8, 4).cut_start  # chunks 8-12 and 12-16 skip keys
     _run_both(model, windowed(16), (8, 12, 16, 17, 20))
-    _run_both(model, windowed(8), (8, 12, 16, 17, 20))
-    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 20))
+    _run_both(model, windowed(8), (8, 12, 16, 17, 20), EIGHT_BIT_TOL)
+    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 20), EIGHT_BIT_TOL)
 
 
 def test_one_new_token_attends_8_bit_history_without_dequantizing(monkeypatch):
@@ -97,7 +103,7 @@ def test_one_new_token_attends_8_bit_history_without_dequantizing(monkeypatch):
         return original(queries, *args, **kwargs)
 
     monkeypatch.setattr(cpu_forward, "quantized_scaled_dot_product_attention", counting)
-    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 10, 20))
+    _run_both(model, lambda: make_cache(model, kv_bits=8), (8, 9, 10, 20), EIGHT_BIT_TOL)
     assert calls == [1, 1] * 2  # the two one-token chunks, once per layer; the others dequantize
 
 
