@@ -11,7 +11,8 @@ that context for each n, three ways (each way's calls in a row, after one untime
 
 Each forward asks for the last position's logits only, as prefill and decode
 do. Reports medians, ratios and the largest logit difference against ``mlx``.
-Also times the context prefill with the model's call and NumPy attention
+Also measures one-row matmuls over the model's own weights (MLX vs NumPy, GB/s),
+and times the context prefill with the model's call and NumPy attention
 (``--mlx-prefill`` adds MLX end to end, ~2 min at 4,200 tokens).
 
 With ``--kv-bits 8`` the cache is the engine's 8-bit one (`QuantizedWindowKVCache`,
@@ -56,6 +57,35 @@ def run(way: str, model, forward: cpu_forward.NumpyForward, tokens: mx.array, ca
         logits = model(tokens, cache=cache)[:, -1:]
     mx.eval(logits, [c.state for c in cache])
     return logits
+
+
+def matmul_gbps(model, repeats: int = 5) -> tuple[float, float]:
+    """One-row matmuls over every layer's projection and MLP weights: MLX vs NumPy, GB/s of weights.
+
+    The weights are the model's own (a few hundred MB, so they stream from memory
+    as in a forward); NumPy runs with the thread count the NumPy forward uses.
+    """
+    weights = [lin.weight for block in model.model.layers
+               for lin in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj,
+                           block.self_attn.o_proj, block.mlp.gate_proj, block.mlp.up_proj, block.mlp.down_proj)]
+    arrays = [cpu_attention.as_numpy(w) for w in weights]
+    rows = {w.shape[1]: mx.random.normal((1, w.shape[1])) for w in weights}
+    mx.eval(list(rows.values()))
+    vectors = {d: cpu_attention.as_numpy(x)[0] for d, x in rows.items()}
+    total = sum(a.nbytes for a in arrays) / 1e9
+
+    def best(run) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - started)
+        return total / min(times)
+
+    mlx = best(lambda: mx.eval([rows[w.shape[1]] @ w.T for w in weights]))
+    cpu_attention.use_numpy_threads(blas.thread_count())
+    numpy = best(lambda: [a @ vectors[a.shape[1]] for a in arrays])
+    return mlx, numpy
 
 
 def new_cache(model, kv_bits: int) -> list:
@@ -121,11 +151,14 @@ def main() -> int:
                           "vs MLX + NumPy attention", "vs MLX", "max |Δlogit| vs MLX"], table))
     print(f"prefill of the {args.context}-token context (chunks of {DEFAULT_PREFILL_CHUNK}): " + ", ".join(
         f"{way} {args.context / s:.0f} tok/s" for way, s in prefill.items()))
+    mlx_gbps, numpy_gbps = matmul_gbps(model)
+    print(f"one-row matmuls over all layers' weights: MLX {mlx_gbps:.1f} GB/s, NumPy {numpy_gbps:.1f} GB/s")
     steal = steal_share(ticks, cpu_ticks())
     if steal is not None:
         print(f"CPU time taken by the hypervisor (steal) during the run: {100 * steal:.0f}%")
     result = {"machine": machine(), "args": vars(args), "model": loaded.model_id, "rows": rows,
-              "prefill_s": prefill, "blas_threads": blas.thread_count(), "cpu_steal": steal}
+              "prefill_s": prefill, "blas_threads": blas.thread_count(), "cpu_steal": steal,
+              "one_row_matmul_gbps": {"mlx": mlx_gbps, "numpy": numpy_gbps}}
     print(f"wrote {write_json('cpu_forward', result)}")
     return 0
 

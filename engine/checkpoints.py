@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import xxhash
 
 from engine import state
-from engine.request import PromptSegment
+from engine.request import PromptSegment, token_bytes
 
 if TYPE_CHECKING:
     from engine.archive import CheckpointArchive
@@ -37,11 +37,6 @@ ANCHOR_KINDS = TAIL_KINDS | {"hot"}
 the hot tail (current copies of edited files) starts on a checkpoint, so an edit
 recomputes only the tail, never a grid step of the stable files before it."""
 _TOMBSTONES = 4096
-
-
-def token_bytes(token_ids: Iterable[int]) -> bytes:
-    """Token ids as little-endian uint32 bytes (what hashes and stores compare)."""
-    return np.asarray(list(token_ids), dtype="<u4").tobytes()
 
 
 def _chain(prev: str, tokens: bytes) -> str:

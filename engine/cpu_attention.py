@@ -121,7 +121,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     """
     dtype = queries.dtype
     mx.eval(queries, keys, values)
-    out = attend(_numpy(queries), _numpy(keys), _numpy(values), scale, mask)
+    out = attend(as_numpy(queries), as_numpy(keys), as_numpy(values), scale, mask)
     result = mx.array(out)
     return result if dtype == mx.float32 else result.astype(dtype)
 
@@ -155,9 +155,11 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     return out.reshape(B, H, n, -1)
 
 
-def _numpy(x: mx.array) -> np.ndarray:
+def as_numpy(x: mx.array) -> np.ndarray:
+    """`x` evaluated, as a float32 NumPy array (a view when it already is float32)."""
     if x.dtype != mx.float32:
         x = x.astype(mx.float32)
+    mx.eval(x)
     return np.asarray(x)
 
 
@@ -196,18 +198,13 @@ def use_numpy_threads(threads: int) -> None:
 _numpy_threads: int | None = None
 
 
-def numpy_blas_threads(threads: int = 1) -> bool:
-    """Set the thread count of NumPy's bundled OpenBLAS (MLX's BLAS keeps its own pool).
-
-    Returns:
-        True when a bundled OpenBLAS was found and set.
-    """
+def numpy_blas_threads(threads: int = 1) -> None:
+    """Set the thread count of NumPy's bundled OpenBLAS (MLX's BLAS keeps its own pool)."""
     libs_dir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
     try:
         names = [f for f in os.listdir(libs_dir) if "openblas" in f]
     except OSError:
-        return False
-    found = False
+        return
     for name in names:
         try:
             lib = ctypes.CDLL(os.path.join(libs_dir, name))
@@ -215,5 +212,3 @@ def numpy_blas_threads(threads: int = 1) -> bool:
             continue
         if blas.set_threads(lib, threads):
             logger.debug("NumPy OpenBLAS (%s): %d thread(s)", name, threads)
-            found = True
-    return found

@@ -1,12 +1,12 @@
 """The model's forward pass in NumPy, for llama-architecture models on MLX's CPU backend.
 
-Profiling a warm hover (7 new tokens over a 4,200-token context, default
-model) showed MLX's CPU backend spending most of the forward outside the
-arithmetic: a one-row matmul of the model's shapes ran at 2.5–8 GB/s of
-weights in MLX against ~13 GB/s in NumPy, and every op of the layer paid
-scheduling on top. `NumpyForward` runs the same layer arithmetic in NumPy,
-over zero-copy float32 views of the model's own weights (numbers in
-docs/benchmarks.md, *Engine (CPU)* → 7; `python bench/cpu_forward.py`).
+A warm hover's forward (7 new tokens over a 4,200-token context, default
+model) took 323 ms with MLX running the layers and NumPy the attention.
+MLX's one-row matmuls over the model's own weights moved 7.6 GB/s of weights
+where NumPy's OpenBLAS moved 15.0 GB/s (`bench/cpu_forward.py` prints both).
+`NumpyForward` runs the same layer arithmetic in NumPy, over zero-copy
+float32 views of the model's own weights: 1.4x faster for those 7 tokens,
+2.7x against MLX end to end (docs/benchmarks.md, *Engine (CPU)* → 7).
 
 What stays in MLX is what gives the cache its meaning, so every cache the
 engine uses works unchanged and checkpoints keep their format: RoPE (the
@@ -34,6 +34,7 @@ import numpy as np
 from mlx_lm.models.base import create_attention_mask, quantized_scaled_dot_product_attention
 
 from engine import blas, cpu_attention
+from engine.cpu_attention import as_numpy
 
 ENV_SWITCH = "CODECTX_CPU_FORWARD"
 SUPPORTED_MODULES = frozenset({"mlx_lm.models.llama"})
@@ -98,9 +99,10 @@ class NumpyForward:
     def __init__(self, model: Any) -> None:
         inner = model.model
         self.eps = float(model.args.rms_norm_eps)
-        self.embed = _view(inner.embed_tokens.weight)
-        self.final_norm = _view(inner.norm.weight)
-        self.head = self.embed if model.args.tie_word_embeddings else _view(model.lm_head.weight)
+        self.embed = as_numpy(inner.embed_tokens.weight)
+        self.final_norm = as_numpy(inner.norm.weight)
+        tied = model.args.tie_word_embeddings
+        self.head = _Linear(self.embed if tied else as_numpy(model.lm_head.weight), None)
         self.layers = [_layer(block) for block in inner.layers]
         self.threads = blas.thread_count()
 
@@ -127,7 +129,7 @@ class NumpyForward:
             return None
         if logits == "last":
             x = x[-1:]
-        return mx.array(_Linear(self.head, None)(_rms_norm(x, self.final_norm, self.eps))[None])
+        return mx.array(self.head(_rms_norm(x, self.final_norm, self.eps))[None])
 
     def _block(self, layer: _Layer, x: np.ndarray, mask: Any, cache: Any) -> np.ndarray:
         n = x.shape[0]
@@ -139,12 +141,12 @@ class NumpyForward:
         queries = layer.rope(mx.array(q), offset=offset)
         keys, values = cache.update_and_fetch(layer.rope(mx.array(k), offset=offset), mx.array(v))
         if hasattr(cache, "bits") and n <= QUANTIZED_QUERY_LIMIT:
-            attended = _float32(quantized_scaled_dot_product_attention(
+            attended = as_numpy(quantized_scaled_dot_product_attention(
                 queries, keys, values, scale=layer.scale, mask=mask, group_size=cache.group_size, bits=cache.bits))
         else:
             keys, values = cpu_attention.dequantized(keys, values, cache)
             mx.eval(queries, keys, values)
-            attended = cpu_attention.attend(np.asarray(queries), _float32(keys), _float32(values), layer.scale, mask)
+            attended = cpu_attention.attend(np.asarray(queries), as_numpy(keys), as_numpy(values), layer.scale, mask)
         x = x + layer.o(attended[0].transpose(1, 0, 2).reshape(n, -1))
         h = _rms_norm(x, layer.mlp_norm, self.eps)
         gate = layer.gate(h)
@@ -207,8 +209,8 @@ def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:
 
 def _layer(block: Any) -> _Layer:
     attention, mlp = block.self_attn, block.mlp
-    return _Layer(attention_norm=_view(block.input_layernorm.weight),
-                  mlp_norm=_view(block.post_attention_layernorm.weight),
+    return _Layer(attention_norm=as_numpy(block.input_layernorm.weight),
+                  mlp_norm=as_numpy(block.post_attention_layernorm.weight),
                   q=_linear(attention.q_proj), k=_linear(attention.k_proj), v=_linear(attention.v_proj),
                   o=_linear(attention.o_proj), gate=_linear(mlp.gate_proj), up=_linear(mlp.up_proj),
                   down=_linear(mlp.down_proj), rope=attention.rope, scale=float(attention.scale),
@@ -216,18 +218,7 @@ def _layer(block: Any) -> _Layer:
 
 
 def _linear(layer: nn.Linear) -> _Linear:
-    return _Linear(_view(layer.weight), _view(layer["bias"]) if "bias" in layer else None)
-
-
-def _view(array: mx.array) -> np.ndarray:
-    mx.eval(array)
-    return np.asarray(array)
-
-
-def _float32(array: mx.array) -> np.ndarray:
-    array = array if array.dtype == mx.float32 else array.astype(mx.float32)
-    mx.eval(array)
-    return np.asarray(array)
+    return _Linear(as_numpy(layer.weight), as_numpy(layer["bias"]) if "bias" in layer else None)
 
 
 def _heads(x: np.ndarray, heads: int) -> np.ndarray:

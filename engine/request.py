@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Sequence
+from typing import Iterable, Sequence
+
+import numpy as np
 
 _ids = itertools.count(1)
 
@@ -142,3 +144,8 @@ class DoneEvent:
 
 
 Event = TokenEvent | DoneEvent
+
+
+def token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes (what hashes and stores compare)."""
+    return np.asarray(list(token_ids), dtype="<u4").tobytes()

@@ -22,10 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import xxhash
 
-from engine.request import Priority, PromptSegment
+from engine.request import Priority, PromptSegment, token_bytes
 
 from ..prompt import Turn
 from ..session import Session
@@ -128,14 +127,10 @@ def start_segments(session: Session, site: DefinitionSite, lead: list[PromptSegm
 
 
 def lead_digest(segments: list[PromptSegment]) -> str:
-    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows).
-
-    Same bytes as `engine.checkpoints.token_bytes`, which cannot be imported here:
-    the server imports MLX only in `backend.py`.
-    """
+    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows)."""
     digest = xxhash.xxh3_64()
     for segment in segments:
-        digest.update(np.asarray(segment.token_ids, dtype="<u4").tobytes())
+        digest.update(token_bytes(segment.token_ids))
     return digest.hexdigest()
 
 
