@@ -11,6 +11,7 @@ segments one by one gives the same ids as tokenizing the whole rendered prompt
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Sequence
@@ -19,6 +20,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from context.errors import TemplateError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = (
     "{% for message in messages %}"
@@ -68,6 +71,28 @@ class ChatTemplate:
         self._bos = bos_token
         self._eos = eos_token
         self._frame = lru_cache(maxsize=64)(self._compute_frame)
+        self.trims = False
+        """True when the template strips whitespace around message contents (Llama 3, Gemma):
+        the pieces still frame the prompt, and codectx strips what it controls (turns, the
+        question); the repository's system content keeps its final newline."""
+
+    @classmethod
+    def usable(cls, source: str | None, bos_token: str = "", eos_token: str = "") -> tuple[ChatTemplate, str | None]:
+        """The model's template if prompts can be split from it, else ChatML with a note saying why.
+
+        This is the one fallback for templates codectx cannot frame: the prompt is still
+        built by `context` from the workspace's layout (the same files, the same access
+        policy), only the chat framing around it changes.
+        """
+        try:
+            template = cls(source, bos_token, eos_token)
+            if template.frame(("system", "user"))[0] != template.frame(("system", "user", "assistant", "user"))[0]:
+                raise TemplateError("chat template renders the system message differently depending on later turns")
+            return template, None
+        except TemplateError as err:
+            note = f"the model's chat template cannot be split into segments ({err}); prompts use ChatML framing"
+            log.warning("%s", note)
+            return cls(None, bos_token, eos_token), note
 
     def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True) -> str:
         """The template's text for (role, content) messages.
@@ -103,8 +128,18 @@ class ChatTemplate:
             pieces.append(head)
         pieces.append(rest)
         probes = [_PROBES[i % len(_PROBES)] for i in range(len(roles))]
-        expected = pieces[0] + "".join(p + q for p, q in zip(probes, pieces[1:]))
-        if self.render(list(zip(roles, probes))) != expected:
-            raise TemplateError("chat template rewrites message contents (strip/trim?); "
-                                "segments cannot be split from it")
-        return tuple(pieces)
+        rendered = self.render(list(zip(roles, probes)))
+        if rendered == _join(pieces, probes):
+            return tuple(pieces)
+        if rendered == _join(pieces, [p.strip() for p in probes]):
+            self.trims = True
+            return tuple(pieces)
+        raise TemplateError("chat template rewrites message contents; segments cannot be split from it")
+
+    def content(self, text: str) -> str:
+        """A message content as the template will show it (stripped when the template trims)."""
+        return text.strip() if self.trims else text
+
+
+def _join(pieces: Sequence[str], contents: Sequence[str]) -> str:
+    return pieces[0] + "".join(c + p for c, p in zip(contents, pieces[1:]))

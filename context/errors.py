@@ -19,3 +19,7 @@ class BudgetError(ContextError):
 
 class QueryFileError(ContextError):
     """A tag query (.scm) that is missing or does not compile against its grammar."""
+
+
+class AccessDeniedError(ContextError):
+    """A workspace path the access policy refuses (outside the root, a secret, ignored, ...)."""

@@ -32,7 +32,7 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
     if pieces[0] != layout.system_piece:
         raise TemplateError("chat template renders the system message differently depending on later turns")
     out = list(layout.segments)
-    contents = [content for _, content in turns] + [question]
+    contents = [template.content(content) for _, content in turns] + [template.content(question)]
     kinds = ["turn"] * len(turns) + ["question"]
     for i, (kind, piece, content) in enumerate(zip(kinds, pieces[1:], contents)):
         if roles[i + 1] == "assistant" and content[:1].strip():

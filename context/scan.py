@@ -1,18 +1,14 @@
-"""Which files of a workspace become context, and why the others do not.
+"""What the scan keeps: the rules by name (vendored, lockfile, binary, generated, globs), and
+decoding file bytes into text. `context.access.AccessPolicy` applies them to every read.
 
-Files come from `git ls-files` (tracked + untracked-not-ignored) in a git
-work tree, else from a walk that honours `.gitignore`/`.ignore` files (pathspec).
 Every file left out is reported with its reason; nothing here raises on a bad file.
 """
 from __future__ import annotations
 
 import logging
 import os
-import stat
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import pathspec
 
@@ -102,115 +98,6 @@ class ScanResult:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def list_paths(root: Path) -> tuple[list[str], bool]:
-    """Candidate relative paths under `root` and whether git listed them."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=True, timeout=120,
-        ).stdout
-        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"],
-                             capture_output=True, check=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return _walk(root), False
-    if Path(top).resolve() != root.resolve() and _inside_ignored_or_nested(root):
-        return _walk(root), False
-    paths = sorted({p for p in out.decode("utf-8", "surrogateescape").split("\0") if p})
-    return paths, True
-
-
-def _inside_ignored_or_nested(root: Path) -> bool:
-    # A folder inside someone else's work tree but ignored there (e.g. a venv): git lists nothing.
-    result = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "."], capture_output=True)
-    return result.returncode == 0
-
-
-class IgnoreRules:
-    """`.gitignore` / `.ignore` files of a folder tree (for walks and for single new files)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._specs: dict[str, pathspec.GitIgnoreSpec | None] = {}
-
-    def _spec(self, rel_dir: str) -> pathspec.GitIgnoreSpec | None:
-        if rel_dir not in self._specs:
-            lines: list[str] = []
-            for name in (".gitignore", ".ignore"):
-                try:
-                    lines += (self.root / rel_dir / name).read_text(encoding="utf-8", errors="replace").splitlines()
-                except OSError:
-                    pass
-            self._specs[rel_dir] = pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
-        return self._specs[rel_dir]
-
-    def ignored(self, rel: str, is_dir: bool = False) -> bool:
-        """Whether a path is ignored by the ignore file of any folder above it."""
-        parts = rel.split("/")
-        for i in range(len(parts)):
-            base = "/".join(parts[:i])
-            spec = self._spec(base)
-            if spec is None:
-                continue
-            sub = "/".join(parts[i:]) + ("/" if is_dir else "")
-            if spec.match_file(sub):
-                return True
-        return False
-
-
-def _walk(root: Path) -> list[str]:
-    rules = IgnoreRules(root)
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel_dir = os.path.relpath(dirpath, root)
-        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
-        prefix = rel_dir + "/" if rel_dir else ""
-        keep = []
-        for d in sorted(dirnames):
-            if rules.ignored(prefix + d, is_dir=True):
-                continue
-            if d in VENDORED_DIRS or os.path.islink(os.path.join(dirpath, d)):
-                out.append(prefix + d + "/")  # reported as one skip, never entered
-            else:
-                keep.append(d)
-        dirnames[:] = keep
-        out.extend(prefix + f for f in filenames if not rules.ignored(prefix + f))
-    return sorted(out)
-
-
-def read_file(root: Path, rel: str, rules: ScanRules) -> SourceFile | Skipped:
-    """Reads one candidate file; a `Skipped` says why it was left out."""
-    if rel.endswith("/"):
-        link = os.path.islink(root / rel.rstrip("/"))
-        return Skipped(rel, "symlinked folder (not followed)" if link else "vendored")
-    reason = rules.path_reason(rel)
-    if reason:
-        return Skipped(rel, reason)
-    path = os.path.join(root, rel)
-    try:
-        if os.path.islink(path):
-            target = os.path.realpath(path)
-            real_root = os.path.realpath(root)
-            if os.path.commonpath([target, real_root]) != real_root:
-                return Skipped(rel, "symlink outside workspace")
-        st = os.stat(path)
-    except FileNotFoundError:
-        return Skipped(rel, "missing")
-    except OSError as err:  # ELOOP and friends
-        return Skipped(rel, f"unreadable ({err.strerror or err})")
-    if not stat.S_ISREG(st.st_mode):
-        return Skipped(rel, "not a regular file")
-    if st.st_size > rules.max_bytes:
-        return Skipped(rel, f"too large ({st.st_size} bytes)")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(rules.max_bytes + 1)
-    except FileNotFoundError:
-        return Skipped(rel, "missing")
-    except OSError as err:
-        return Skipped(rel, f"unreadable ({err.strerror or err})")
-    return decode(rel, data, rules)
-
-
 def decode(rel: str, data: bytes, rules: ScanRules) -> SourceFile | Skipped:
     """Decodes file bytes, or says why they are not text we keep."""
     if len(data) > rules.max_bytes:
@@ -229,44 +116,10 @@ def decode(rel: str, data: bytes, rules: ScanRules) -> SourceFile | Skipped:
     return SourceFile(rel, text, replaced=True)
 
 
-def _minified(text: str) -> bool:
+def minified(text: str) -> bool:
+    """True for long lines of code squeezed together (bundles, minified assets)."""
     lines = text.count("\n") + 1
     return len(text) > 4096 and len(text) / lines > 400
-
-
-def scan(root: Path, rules: ScanRules, paths: Sequence[str] | None = None) -> ScanResult:
-    """Reads the workspace's candidate files (or the given relative paths).
-
-    Args:
-        root: Workspace root.
-        rules: Include/exclude globs and size cap.
-        paths: Candidate paths; default `list_paths(root)`.
-
-    Returns:
-        Kept files sorted by path, and skipped files with reasons.
-    """
-    candidates = sorted(set(paths)) if paths is not None else list_paths(root)[0]
-    result = ScanResult()
-    for rel in candidates:
-        item = read_file(root, rel, rules)
-        if isinstance(item, SourceFile) and _minified(item.text):
-            item = Skipped(rel, "minified")
-        (result.files if isinstance(item, SourceFile) else result.skipped).append(item)
-    log.debug("scanned %s: %d kept, %d skipped", root, len(result.files), len(result.skipped))
-    return result
-
-
-def keep_single(root: Path, rel: str, rules: ScanRules, ignore: IgnoreRules, text: str) -> SourceFile | Skipped:
-    """Applies the scan rules to one file whose text came from the editor."""
-    if ignore.ignored(rel):
-        return Skipped(rel, "ignored")
-    reason = rules.path_reason(rel)
-    if reason:
-        return Skipped(rel, reason)
-    item = decode(rel, text.encode("utf-8", "surrogatepass"), rules)
-    if isinstance(item, SourceFile) and _minified(item.text):
-        return Skipped(rel, "minified")
-    return item
 
 
 def iter_reasons(skipped: Iterable[Skipped]) -> dict[str, int]:

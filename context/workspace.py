@@ -3,7 +3,6 @@ current with O(changed file) updates."""
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,7 +20,9 @@ from context.imports import ImportResolver
 from context.languages import language_of
 from context.layout import FileRow, Layout
 from context.order import dependency_order, pinned
-from context.scan import IgnoreRules, ScanRules, Skipped, SourceFile, keep_single, list_paths, scan
+from context.access import AccessPolicy
+from context.errors import AccessDeniedError
+from context.scan import ScanRules, Skipped, SourceFile
 from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
 from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
@@ -52,6 +53,7 @@ class Workspace:
         template: Chat template; default from `tokenizer.chat_template`.
         focus: Files open in the editor: rank is pulled toward them.
         max_file_bytes: Larger files are skipped.
+        deny: Secret patterns (gitignore syntax) added to the access policy's deny list.
         map_share: Part of the budget kept for the signature map when not all fits.
         hysteresis: Score bonus of files selected in the previous build.
         hot_share: Part of the budget kept for the hot tail (current copies of edited
@@ -69,7 +71,7 @@ class Workspace:
                  system: str = DEFAULT_SYSTEM, tools: str = "", template: ChatTemplate | None = None,
                  focus: Sequence[str] = (), max_file_bytes: int = 1 << 20, map_share: float = 0.1,
                  hysteresis: float = 0.5, hot_share: float = 0.15, persist: bool = True,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, deny: Sequence[str] = ()) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise WorkspaceError(f"workspace root is not a folder: {root}")
@@ -77,8 +79,11 @@ class Workspace:
         self.budget = budget
         self.pins = tuple(pins)
         self.rules = ScanRules(tuple(include), tuple(exclude), max_file_bytes)
-        self.template = template or ChatTemplate(tokenizer.chat_template, getattr(tokenizer, "bos_token", ""),
-                                                 getattr(tokenizer, "eos_token", ""))
+        self.access = AccessPolicy(self.root, self.rules, deny)
+        """The one gate for reading this workspace's files (also used by the server's features)."""
+        self.template, template_note = (template, None) if template is not None else ChatTemplate.usable(
+            tokenizer.chat_template, getattr(tokenizer, "bos_token", ""), getattr(tokenizer, "eos_token", ""))
+        self._template_notes = (template_note,) if template_note else ()
         self.focus = tuple(focus)
         self.map_share = map_share
         self.hysteresis = hysteresis
@@ -99,7 +104,6 @@ class Workspace:
         self._overlay: dict[str, str | None] = {}
         self._selected: frozenset[str] = frozenset()
         self._rank: dict[str, float] = {}
-        self._ignore = IgnoreRules(self.root)
         self._resolver = ImportResolver(())
         self._side_rows: tuple = (None, ())
         self._replaced: set[str] = set()
@@ -129,13 +133,12 @@ class Workspace:
         Raises:
             BudgetError: The budget cannot hold the system and tools segments.
         """
-        paths, _ = list_paths(self.root)
-        result = scan(self.root, self.rules, paths)
+        result = self.access.scan()
         self._files = {}
         self._replaced = set()
         files = {f.path: f for f in result.files}
         for rel, text in self._overlay.items():  # editor buffers win over the disk
-            item = None if text is None else keep_single(self.root, rel, self.rules, self._ignore, text)
+            item = None if text is None else self.access.admit(rel, text)
             files.pop(rel, None)
             if isinstance(item, SourceFile):
                 files[rel] = item
@@ -196,17 +199,35 @@ class Workspace:
         """
         rel = self._relative(path)
         self._overlay[rel] = text
+        return self._apply(rel, None if text is None else self.access.admit(rel, text))
+
+    def reload(self, path: str | Path) -> tuple[int, Layout]:
+        """Reads one file again from disk through the access policy (a file event).
+
+        A file that is gone is a deletion; one the policy refuses (a link out of the
+        workspace, a secret, a FIFO) leaves the context with its reason reported.
+
+        Returns:
+            As `update`.
+        """
+        rel = self._relative(path)
+        self._overlay.pop(rel, None)
+        self.access.changed(rel)
+        item = self.access.read(rel)
+        return self._apply(rel, None if isinstance(item, Skipped) and item.reason == "missing" else item)
+
+    def _apply(self, rel: str, item: SourceFile | Skipped | None) -> tuple[int, Layout]:
+        """Puts one file's new state (kept, refused or deleted) into the layout; see `update`."""
         segments = list(self._layout.segments)
-        if text is not None:
-            item = keep_single(self.root, rel, self.rules, self._ignore, text)
-            if isinstance(item, Skipped):
-                self._skipped = tuple(s for s in self._skipped if s.path != rel) + (item,)
-                text = None
+        self._skipped = tuple(s for s in self._skipped if s.path != rel)
+        if isinstance(item, Skipped):
+            self._skipped += (item,)
+            item = None
         before = self._files.get(rel)
-        if text is None and before is None:
+        if item is None and before is None:
             self._layout = replace(self._layout, skipped=self._skipped)
             return len(segments), self._layout
-        entry = None if text is None else self._entry(item)
+        entry = None if item is None else self._entry(item)
         if entry is not None and before is not None and before.content_hash == entry.content_hash:
             return len(segments), self._layout
         if rel not in self._tail:
@@ -254,13 +275,10 @@ class Workspace:
         return (len(new) if first == len(old) == len(new) else first), self._layout
 
     def _relative(self, path: str | Path) -> str:
-        p = Path(path)
-        if p.is_absolute():
-            try:
-                p = Path(os.path.abspath(p)).relative_to(self.root)
-            except ValueError as err:
-                raise WorkspaceError(f"{path} is outside the workspace {self.root}") from err
-        return p.as_posix()
+        try:
+            return self.access.relative(path)
+        except AccessDeniedError as err:
+            raise WorkspaceError(str(err)) from err
 
     def _entry(self, f: SourceFile) -> WorkspaceFile:
         if f.replaced:
@@ -272,10 +290,8 @@ class Workspace:
         return WorkspaceFile(f.path, language, h, f.text, f.replaced, self.tags)
 
     def _read_go_mod(self) -> str | None:
-        try:
-            return (self.root / "go.mod").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
+        item = self.access.read("go.mod")
+        return item.text if isinstance(item, SourceFile) else None
 
     def _assemble(self) -> Layout:
         """Every file in its place (pins, then dependency order); the hot tail is added after."""
@@ -365,7 +381,7 @@ class Workspace:
         if self._side_rows[0] != side:  # rebuilt only when the left-out files change
             self._side_rows = (side, tuple(self._left_out_rows(mapped, "map-only") +
                                            self._left_out_rows(omitted, "omitted (over budget)")))
-        notes = tuple(f"{p}: invalid UTF-8 replaced" for p in sorted(self._replaced))
+        notes = self._template_notes + tuple(f"{p}: invalid UTF-8 replaced" for p in sorted(self._replaced))
         layout = Layout(tuple(segments), self._side_rows[1], self._skipped, self.budget, self._system_piece, notes)
         if self.budget is not None and layout.tokens > self.budget:
             raise BudgetError(f"layout of {layout.tokens} tokens exceeds budget {self.budget}")

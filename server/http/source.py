@@ -70,7 +70,7 @@ class StandaloneSource:
     Args:
         backend: A `server.lsp.backend.Backend` (engine, tokenizer, model id).
         name: The name the model was asked for (accepted as an alias).
-        prompt: A workspace prompt (`WorkspacePrompt` or `LocalPrompt`), or None.
+        prompt: A `WorkspacePrompt`, or None.
     """
 
     def __init__(self, backend: Any, name: str = "", prompt: Any = None) -> None:
@@ -121,22 +121,14 @@ class StandaloneSource:
 
 
 def build_workspace_prompt(root: Path, tokenizer: Any, settings: Any) -> Any:
-    """The language server's prompt for `root`: `WorkspacePrompt`, or `LocalPrompt` when
-    the context package cannot frame this chat template (as the language server does)."""
-    from context.errors import TemplateError
-    from server.lsp.prompt import LocalPrompt
+    """The language server's prompt for `root` (`WorkspacePrompt`: one builder, one access policy)."""
     from server.lsp.tools import TOOLS_PROMPT
     from server.lsp.workspace_prompt import WorkspacePrompt
 
     def no_buffers(path: Path) -> None:
         return None
 
-    try:
-        return WorkspacePrompt(root, tokenizer, no_buffers, TOOLS_PROMPT, settings.context)
-    except TemplateError as err:
-        logger.warning("context cannot frame this chat template (%s); using the local prompt", err)
-        return LocalPrompt(root, tokenizer, no_buffers, system_extra=TOOLS_PROMPT,
-                           budget_tokens=settings.context.budget_tokens)
+    return WorkspacePrompt(root, tokenizer, no_buffers, TOOLS_PROMPT, settings.context)
 
 
 class LspSource:

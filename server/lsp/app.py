@@ -11,8 +11,6 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from context.errors import TemplateError
-
 from . import convert, editing
 from .backend import start_backend, window_policy
 from .documents import DocumentStore
@@ -21,7 +19,6 @@ from .features import ask as ask_feature
 from .features import hover as hover_feature
 from .features.hover_prefetch import HoverPrefetch
 from .features import status as status_feature
-from .prompt import LocalPrompt
 from .workspace_prompt import WorkspacePrompt
 from .protocol import CodectxProtocol
 from .session import Session
@@ -101,7 +98,7 @@ class CodectxServer(LanguageServer):
             self.show(user_message(err), types.MessageType.Error)
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
-        self.tools = WorkspaceTools(self.session.root, self.read_text, lambda: prompt.files)
+        self.tools = WorkspaceTools(prompt.access, self.read_text, lambda: prompt.files)
         self.warmup = Warmup(self.session, self.on_warmth,
                              lead_in=hover_feature.lead_in if self.session.settings.hover.enabled else None)
         self.prefetch = HoverPrefetch(self.session, self.hover_cache, busy=lambda: self.warmup.busy,
@@ -132,16 +129,10 @@ class CodectxServer(LanguageServer):
         else:
             self.prefetch.focus_on(path, line)
 
-    def make_prompt(self, tokenizer: Any) -> WorkspacePrompt | LocalPrompt:
-        """The context package's prompt; the local one if its chat template is unusable there."""
-        settings = self.session.settings
-        try:
-            return WorkspacePrompt(self.session.root, tokenizer, self.session.buffer_text, TOOLS_PROMPT,
-                                   settings.context)
-        except TemplateError as err:
-            logger.warning("context cannot frame this chat template (%s); using the local prompt", err)
-            return LocalPrompt(self.session.root, tokenizer, self.session.buffer_text,
-                               system_extra=TOOLS_PROMPT, budget_tokens=settings.context.budget_tokens)
+    def make_prompt(self, tokenizer: Any) -> WorkspacePrompt:
+        """The workspace's prompt (context owns the chat-template fallback and the access policy)."""
+        return WorkspacePrompt(self.session.root, tokenizer, self.session.buffer_text, TOOLS_PROMPT,
+                               self.session.settings.context)
 
     def mark_dirty(self, uri: str) -> None:
         """An open buffer or a file changed: the prompt picks it up next time."""
@@ -151,9 +142,12 @@ class CodectxServer(LanguageServer):
             self.session.prompt.mark_dirty(Path(path))
 
     def read_text(self, path: Path) -> str:
-        """A file's current text: the open buffer, else the disk."""
-        text = self.session.buffer_text(path)
-        return text if text is not None else path.read_text(encoding="utf-8", errors="replace")
+        """A file's current text (open buffer, else disk) through the workspace's access policy.
+
+        Raises:
+            ContextError: The policy refuses the file, or the workspace is not scanned yet.
+        """
+        return self.session.read_text(path)
 
 
 server = CodectxServer()

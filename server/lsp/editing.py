@@ -7,6 +7,8 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
+from context.errors import ContextError
+
 from . import convert
 from .errors import InvalidArgumentsError
 from .features import code_actions, hover
@@ -27,8 +29,10 @@ def register(server: Any) -> None:
         session = ls.session
         if not session.ready or not session.settings.hover.enabled:
             return None
-        doc = session.documents.get(params.text_document.uri)
-        text = doc.text if doc else session.documents.text(params.text_document.uri)
+        try:
+            text = document_text(ls, params.text_document.uri)
+        except InvalidArgumentsError:
+            return None  # not a file codectx reads: no explanation, and no error popup
         offset = convert.to_offset(text, params.position, session.documents.encoding)
         found = identifier_at(text, offset)
         if found is None:
@@ -92,8 +96,7 @@ async def _edit_for(ls, name: str, data: dict) -> types.WorkspaceEdit | None:
     if insertion is None:
         return None
     target_uri = from_fs_path(str(insertion.path))
-    target_text = text if insertion.path == path else (
-        "" if insertion.create else session.documents.text(target_uri))
+    target_text = text if insertion.path == path else ("" if insertion.create else document_text(ls, target_uri))
     doc = session.documents.get(target_uri)
     return convert.insertion_edit(target_uri, target_text, insertion.line, insertion.column, insertion.text,
                                   session.documents.encoding, doc.version if doc else None, insertion.create)
@@ -108,9 +111,26 @@ def document_range(ls, options: dict) -> tuple[str, str, types.Range]:
     try:
         uri = options["uri"]
         rng = convert.range_from_json(options["range"])
-        return uri, ls.session.documents.text(uri), rng
     except Exception as err:  # noqa: BLE001 - any malformed argument is the caller's error
         raise InvalidArgumentsError(f"expected 'uri' and 'range' of an open or readable file: {err}") from err
+    return uri, document_text(ls, uri), rng
+
+
+def document_text(ls, uri: Any) -> str:
+    """The text of a document (open buffer, else disk) through the workspace's access policy.
+
+    Raises:
+        InvalidArgumentsError: Not a file URI, or a file the policy refuses (outside the
+            workspace, a secret, ignored, ...); the message says why.
+        NotReadyError: The workspace is not scanned yet.
+    """
+    path = to_fs_path(uri) if isinstance(uri, str) else None
+    if not path:
+        raise InvalidArgumentsError(f"not a file URI: {uri!r}")
+    try:
+        return ls.session.read_text(Path(path))
+    except ContextError as err:
+        raise InvalidArgumentsError(f"codectx does not read {err}") from err
 
 
 def _line_span(text: str, lines: list[str], line: int) -> convert.Span:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from context.errors import AccessDeniedError
+from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, TokenEvent
 
 from .documents import DocumentStore
 from .errors import NotReadyError
-from .prompt import LocalPrompt
 from .settings import Settings
 from .warmth import PrefixRecord
 
@@ -49,7 +50,7 @@ class Session:
         self.root = root
         self.engine: Any = None
         self.tokenizer: Any = None
-        self.prompt: LocalPrompt | None = None
+        self.prompt: Any = None  # a `WorkspacePrompt` once loaded
         self.counters = Counters()
         self.model_id: str | None = None
         self.prefix_version = 0  # bumped on every edit
@@ -62,7 +63,7 @@ class Session:
     def ready(self) -> bool:
         return self.engine is not None and self.prompt is not None
 
-    def attach(self, engine: Any, tokenizer: Any, prompt: LocalPrompt, model_id: str) -> None:
+    def attach(self, engine: Any, tokenizer: Any, prompt: Any, model_id: str) -> None:
         """Installs the loaded engine (called once the model is loaded)."""
         self.engine, self.tokenizer, self.prompt, self.model_id = engine, tokenizer, prompt, model_id
 
@@ -77,6 +78,23 @@ class Session:
         """Unsaved text of an open buffer at `path`, else None."""
         doc = self.documents.by_path(path)
         return doc.text if doc is not None else None
+
+    def read_text(self, path: Path) -> str:
+        """A workspace file's current text (the open buffer, else the disk), through the
+        workspace's access policy: what the policy refuses is never read.
+
+        Raises:
+            NotReadyError: The workspace is not scanned yet.
+            AccessDeniedError: The policy refuses the path (with its reason).
+        """
+        if self.prompt is None:
+            raise NotReadyError("codectx is still scanning the workspace; try again in a moment")
+        access = self.prompt.access
+        text = self.buffer_text(path)
+        item = access.admit(path, text) if text is not None else access.read(path)
+        if isinstance(item, Skipped):
+            raise AccessDeniedError(f"{item.path}: {item.reason}")
+        return item.text
 
     async def generate(self, segments: list[PromptSegment], *, max_tokens: int,
                        on_text: Callable[[str], None] | None = None, stop: tuple[str, ...] = (),

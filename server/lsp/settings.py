@@ -56,6 +56,8 @@ class ContextSettings:
     budget_tokens: int = 6000
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    """Secret patterns (gitignore syntax) no read reaches, added to `context.access.DEFAULT_DENY`."""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 The tool list is declared in the stable prefix (`TOOLS_PROMPT`). Calls follow
 the Qwen/Hermes convention: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
-Tools never leave the workspace, never follow a link out of it and cap what
-they return.
+Every read goes through the workspace's access policy (`context.access`): tools
+never leave the workspace, never follow a link out of it, never read `.git/`,
+secrets or ignored files, and cap what they read and return.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from context.access import AccessPolicy
+from context.errors import ContextError
 
 MAX_RESULT_CHARS = 4000
 MAX_SEARCH_HITS = 20
@@ -62,16 +66,19 @@ def parse_tool_call(text: str) -> ToolCall | None:
 
 
 class WorkspaceTools:
-    """Runs tool calls inside `root`.
+    """Runs tool calls inside a workspace, every read through its access policy.
 
     Args:
-        root: The workspace folder.
-        read_text: Returns a file's current text (open buffer or disk).
-        files: Lists the workspace's files.
+        access: The workspace's `context.access.AccessPolicy` (names, links, secrets,
+            ignore rules, size cap).
+        read_text: Returns a file's current text (open buffer or disk) through the same
+            policy; raises `ContextError` for a file it refuses.
+        files: Lists the workspace's files (the prefix's files, already admitted).
     """
 
-    def __init__(self, root: Path, read_text: Callable[[Path], str], files: Callable[[], list[Path]]) -> None:
-        self.root = root.resolve()
+    def __init__(self, access: AccessPolicy, read_text: Callable[[Path], str], files: Callable[[], list[Path]]) -> None:
+        self.access = access
+        self.root = access.root
         self.read_text = read_text
         self.files = files
 
@@ -79,7 +86,7 @@ class WorkspaceTools:
         """The tool's result text (truncated to MAX_RESULT_CHARS).
 
         Raises:
-            ToolError: Unknown tool or invalid arguments.
+            ToolError: Unknown tool, invalid arguments or a file the policy refuses.
         """
         runners = {"read_file": self._read_file, "find_definition": self._find_definition, "search": self._search}
         if call.name not in runners:
@@ -90,32 +97,48 @@ class WorkspaceTools:
             raise ToolError(f"bad arguments for {call.name}: {err}") from err
         return result if len(result) <= MAX_RESULT_CHARS else result[:MAX_RESULT_CHARS] + "\n[truncated]"
 
-    def _inside(self, rel: str) -> Path:
-        path = (self.root / rel).resolve()
-        if not path.is_relative_to(self.root) or not path.is_file():
-            raise ToolError(f"{rel!r} is not a file inside the workspace")
-        return path
-
     def _read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
-        lines = self.read_text(self._inside(path)).splitlines()
-        chosen = lines[max(start_line, 1) - 1: end_line]
-        return "\n".join(f"{n}: {line}" for n, line in enumerate(chosen, start=max(start_line, 1)))
+        _require(path, str, "path")
+        _require(start_line, int, "start_line")
+        if end_line is not None:
+            _require(end_line, int, "end_line")
+        try:
+            text = self.read_text(self.root / self.access.relative(path))
+        except ContextError as err:
+            raise ToolError(f"{path!r} is not a file inside the workspace that codectx may read ({err})") from err
+        lines = text.splitlines()
+        first = max(start_line, 1)
+        chosen = lines[first - 1: end_line]
+        return "\n".join(f"{n}: {line}" for n, line in enumerate(chosen, start=first))
 
     def _find_definition(self, name: str) -> str:
+        _require(name, str, "name")
         pattern = re.compile(rf"^\s*(?:async\s+)?(?:def|class|function|func|fn)\s+{re.escape(name)}\b")
         hits = self._grep(pattern.search)
         return "\n".join(hits) or f"no definition of {name!r} found"
 
     def _search(self, text: str) -> str:
+        _require(text, str, "text")
+        if not text:
+            raise ToolError("search needs a non-empty 'text'")
         hits = self._grep(lambda line: text in line)
         return "\n".join(hits) or f"no line contains {text!r}"
 
     def _grep(self, matches: Callable[[str], object]) -> list[str]:
         hits = []
         for path in self.files():
-            for number, line in enumerate(self.read_text(path).splitlines(), start=1):
+            try:
+                text = self.read_text(path)
+            except ContextError:
+                continue
+            for number, line in enumerate(text.splitlines(), start=1):
                 if matches(line):
-                    hits.append(f"{path.relative_to(self.root).as_posix()}:{number}: {line.strip()}")
+                    hits.append(f"{path.relative_to(self.root).as_posix()}:{number}: {line.strip()[:200]}")
                     if len(hits) >= MAX_SEARCH_HITS:
                         return hits
         return hits
+
+
+def _require(value: object, kind: type, name: str) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ToolError(f"argument {name!r} must be {'a string' if kind is str else 'an integer'}, got {value!r}")

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Callable, Sequence
 
+from context.access import AccessPolicy
 from context.errors import WorkspaceError
 from context.workspace import Workspace
 from engine.request import PromptSegment
@@ -25,17 +26,17 @@ def _engine_segments(segments) -> list[PromptSegment]:
 
 
 class WorkspacePrompt:
-    """Adapter with the same methods as `LocalPrompt`, over `context.Workspace`.
+    """The server's prompt builder over `context.Workspace`.
 
     Args:
         root: The workspace folder.
         tokenizer: The model's tokenizer.
         buffer_text: An open buffer's text for a path, or None.
         tools: The tool list text (a prefix segment).
-        settings: Budget and include/exclude globs.
+        settings: Budget, include/exclude globs and the extra deny patterns.
 
     Raises:
-        ContextError: The workspace cannot be scanned or the chat template is unusable.
+        ContextError: The workspace cannot be scanned.
     """
 
     def __init__(self, root: Path, tokenizer, buffer_text: Callable[[Path], str | None], tools: str,
@@ -43,7 +44,7 @@ class WorkspacePrompt:
         self.root = root
         self.buffer_text = buffer_text
         self.workspace = Workspace(root, tokenizer, budget=settings.budget_tokens, include=settings.include,
-                                   exclude=settings.exclude, tools=tools)
+                                   exclude=settings.exclude, tools=tools, deny=settings.deny)
         self.workspace.build()
         self._dirty: set[Path] = set()
 
@@ -58,15 +59,23 @@ class WorkspacePrompt:
         self._dirty.add(path)
 
     def _flush(self) -> None:
+        """Open buffers go in as the editor has them, other paths are read again from disk;
+        both through the workspace's access policy."""
         for path in sorted(self._dirty):
             text = self.buffer_text(path)
-            if text is None and path.is_file():
-                text = path.read_text(encoding="utf-8", errors="replace")
             try:
-                self.workspace.update(path, text)
+                if text is not None:
+                    self.workspace.update(path, text)
+                else:
+                    self.workspace.reload(path)
             except WorkspaceError as err:  # a path outside the workspace
                 logger.debug("not in the workspace: %s (%s)", path, err)
         self._dirty.clear()
+
+    @property
+    def access(self) -> AccessPolicy:
+        """The workspace's access policy (every read of a workspace file goes through it)."""
+        return self.workspace.access
 
     def rescan(self) -> None:
         """Rebuilds the layout from disk and buffers, edits folded into place (codectx.reindex)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import chat_templates
-from context.chat import ChatTemplate
+from context.chat import DEFAULT_TEMPLATE, ChatTemplate
 from context.errors import TemplateError
 from context.workspace import Workspace
 
@@ -62,10 +62,29 @@ def test_frame_pieces_of_smollm2():
                       "<|im_end|>\n<|im_start|>assistant\n")
 
 
+STRIPPING = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+
+
+def test_template_that_trims_contents_is_framed_and_contents_are_stripped():
+    template = ChatTemplate(STRIPPING)
+    pieces = template.frame(["system", "user"])
+    assert template.trims and pieces[1] == "<|im_end|>\n<|im_start|>user\n"
+    assert template.content("  why?\n") == "why?"
+    rendered = template.render([("system", "sys"), ("user", template.content("  why?\n"))], False)
+    assert rendered == pieces[0] + "sys" + pieces[1] + "why?" + pieces[2]
+
+
 def test_template_that_rewrites_content_is_rejected():
-    stripping = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+    upper = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n{% endfor %}"
     with pytest.raises(TemplateError):
-        ChatTemplate(stripping).frame(["system", "user"])
+        ChatTemplate(upper).frame(["system", "user"])
+
+
+def test_unusable_template_falls_back_to_chatml_with_a_note():
+    template, note = ChatTemplate.usable("{% for m in messages %}{{ m.content | upper }}{% endfor %}")
+    assert template.source == DEFAULT_TEMPLATE and "cannot be split" in note
+    assert ChatTemplate.usable(chat_templates.SMOLLM2) [1] is None
+    assert ChatTemplate.usable("{% if %}")[1] is not None  # does not even compile
 
 
 def test_template_that_drops_content_is_rejected():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from context import scan as scanning
+from context.access import AccessPolicy
 from context import tags
 from context.errors import BudgetError
 from context.workspace import Workspace
@@ -45,13 +45,13 @@ def test_dependencies_come_before_dependents(repo, smol_tokenizer):
 
 def test_shuffled_discovery_gives_identical_layout(repo, smol_tokenizer, monkeypatch):
     reference = Workspace(repo, smol_tokenizer, persist=False, budget=600).build()
-    real = scanning.list_paths
+    real = AccessPolicy.listing
     for seed in range(3):
-        def shuffled(root, _real=real, _seed=seed):
-            paths, git = _real(root)
-            random.Random(_seed).shuffle(paths)
-            return paths, git
-        monkeypatch.setattr("context.workspace.list_paths", shuffled)
+        def shuffled(policy, _real=real, _seed=seed):
+            listing = _real(policy)
+            random.Random(_seed).shuffle(listing.paths)
+            return listing
+        monkeypatch.setattr(AccessPolicy, "listing", shuffled)
         again = Workspace(repo, smol_tokenizer, persist=False, budget=600).build()
         assert again.segments == reference.segments
         assert again.rows == reference.rows
@@ -181,7 +181,7 @@ def test_update_is_o_changed_file(repo, smol_tokenizer, monkeypatch):
     parsed: list[str] = []
     real = tags.extract
     monkeypatch.setattr(tags, "extract", lambda lang, text: parsed.append(lang) or real(lang, text))
-    monkeypatch.setattr("context.workspace.list_paths", lambda root: pytest.fail("update rescanned"))
+    monkeypatch.setattr(AccessPolicy, "listing", lambda policy: pytest.fail("update rescanned"))
     misses = ws.tokens.misses
     ws.update("crate/src/parser.rs", "pub struct Parser2;\n")
     assert parsed == []  # tags are parsed on the next build, not in the update

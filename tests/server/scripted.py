@@ -2,21 +2,25 @@
 
 The tiny random-weight model cannot produce tool calls, so these tests script
 the model's output (docs/protocol.md says so). Everything else in the loop is
-real: prompt building, tool-call parsing, the tools, the conversation.
+real: prompt building (context's workspace and access policy), tool-call
+parsing, the tools, the conversation.
 """
 from __future__ import annotations
 
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
-from server.lsp.prompt import LocalPrompt
 from server.lsp.session import Session
 from server.lsp.settings import parse_settings
 from server.lsp.tools import TOOLS_PROMPT
+from server.lsp.workspace_prompt import WorkspacePrompt
 
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids; ChatML-like rendering."""
+
+    fingerprint = "bytes-v1"
+    chat_template = None  # context frames prompts as ChatML
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -67,5 +71,6 @@ def session_for(root, outputs: list[str], **settings) -> tuple[Session, Scripted
     session = Session(parsed, DocumentStore(UTF16), root)
     engine = ScriptedEngine(outputs)
     tokenizer = ByteTokenizer()
-    session.attach(engine, tokenizer, LocalPrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT), "scripted")
+    prompt = WorkspacePrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT, parsed.context)
+    session.attach(engine, tokenizer, prompt, "scripted")
     return session, engine

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from context.access import AccessPolicy
 from server.lsp.features.ask import Conversations, ask
 from server.lsp.tools import MAX_RESULT_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
 from tests.server.harness import write_sample_workspace
@@ -22,7 +23,8 @@ def repo(tmp_path):
 
 def tools_for(root) -> WorkspaceTools:
     files = sorted(p for p in root.rglob("*.py"))
-    return WorkspaceTools(root, lambda p: p.read_text(encoding="utf-8"), lambda: files)
+    access = AccessPolicy(root)
+    return WorkspaceTools(access, access.read_text, lambda: files)
 
 
 def test_parse_tool_call_variants():

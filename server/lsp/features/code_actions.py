@@ -7,9 +7,12 @@ WorkspaceEdit of "add docstring" and "write tests" with the model.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from context.errors import ContextError
 
 from ..prompt import Turn
 from ..session import Session
@@ -85,8 +88,11 @@ async def tests_insertion(session: Session, root: Path, path: Path, text: str, l
     module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
     target = root / "tests" / f"test_{path.stem}.py"
     existing = session.buffer_text(target)  # an open buffer's unsaved text wins
-    if existing is None and target.exists():
-        existing = target.read_text(encoding="utf-8", errors="replace")
+    if existing is None and os.path.lexists(target):
+        try:
+            existing = session.read_text(target)
+        except ContextError:  # a test file codectx may not read is not one to append to
+            return None
     taken = set(re.findall(r"^\s*(?:async\s+)?def\s+(\w+)", existing or "", re.M))
     block = _test_block(_free_name(f"test_{name}", taken), draft, taken)
     if existing is None:

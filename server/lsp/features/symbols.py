@@ -9,10 +9,12 @@ from typing import Callable, Iterable
 
 import xxhash
 
+from context.errors import ContextError
 from context.languages import language_of
 from context.tags import Definition, extract
 
 from ..convert import Span
+from ..errors import NotReadyError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOCSTRING = re.compile(r'^\s*(?:"""|\'\'\')(.*?)(?:"""|\'\'\')', re.S)
@@ -81,7 +83,7 @@ class DefinitionIndex:
         """`path`'s current text and its definitions (None when it cannot be read)."""
         try:
             text = self.read_text(path)
-        except OSError:
+        except (OSError, ContextError, NotReadyError):  # gone, refused by the access policy, not scanned
             self._parsed.pop(path, None)
             return None
         cached = self._parsed.get(path)
