@@ -64,8 +64,11 @@ def git_environment() -> dict[str, str]:
     return env
 
 
-def git_plain(root: Path, args: Sequence[str], timeout: float) -> bytes:
+def git_plain(root: Path, args: Sequence[str], timeout: float, warnings: list[str] | None = None) -> bytes:
     """`git -C root ARGS` without overrides: only for commands that read configuration.
+
+    Args:
+        warnings: When given, receives the lines git wrote to stderr on success.
 
     Raises:
         GitError: git is missing, timed out or exited non-zero.
@@ -79,6 +82,8 @@ def git_plain(root: Path, args: Sequence[str], timeout: float) -> bytes:
     if done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise GitError(f"git {' '.join(args[:2])} exited {done.returncode}: {message[-1] if message else ''}")
+    if warnings is not None:
+        warnings.extend(done.stderr.decode("utf-8", "replace").splitlines())
     return done.stdout
 
 
@@ -106,11 +111,15 @@ def config_keys(root: Path, timeout: float = 30) -> list[str]:
     return [entry.split("\n", 1)[0] for entry in raw.decode("utf-8", "replace").split("\0") if entry]
 
 
-def run_git(root: Path, args: Sequence[str], timeout: float = GIT_TIMEOUT_S) -> bytes:
+def run_git(root: Path, args: Sequence[str], timeout: float = GIT_TIMEOUT_S,
+            warnings: list[str] | None = None) -> bytes:
     """Runs `git -C root ARGS` with repository-configured programs disarmed; returns stdout.
+
+    Args:
+        warnings: When given, receives the lines git wrote to stderr on success.
 
     Raises:
         GitError: git is missing, timed out or exited non-zero.
     """
     overrides = neutralizing_overrides(config_keys(root))
-    return git_plain(root, [*overrides, *args], timeout)
+    return git_plain(root, [*overrides, *args], timeout, warnings)

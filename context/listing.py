@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from context.ignore import IgnoreRules
 log = logging.getLogger(__name__)
 
 GIT_METADATA = ".git"
+_UNREADABLE = re.compile(r"warning: could not open directory '(?P<path>.+)': (?P<why>.+)$")
 METADATA_REASON = "git metadata (never read)"
 
 
@@ -73,12 +75,17 @@ def list_git(root: Path) -> Listing:
     Raises:
         GitError: git failed (the caller walks instead).
     """
-    tagged = _split(run_git(root, ["ls-files", "-z", "-t", "--cached", "--others", "--exclude-standard"]))
+    warnings: list[str] = []
+    tagged = _split(run_git(root, ["ls-files", "-z", "-t", "--cached", "--others", "--exclude-standard"],
+                            warnings=warnings))
     tracked = {entry[2:] for entry in tagged if not entry.startswith("? ")}
     paths = sorted({entry[2:] for entry in tagged})
     ignored = _split(run_git(root, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard",
                                     "--directory", "--no-empty-directory"]))
     skipped = [(p, "ignored") for p in sorted(ignored)]
+    for line in warnings:  # git skips a folder it cannot open with a warning, not an error
+        if (found := _UNREADABLE.match(line)) is not None:
+            skipped.append((found["path"], f"unreadable folder ({found['why']})"))
     if (root / GIT_METADATA).exists():
         skipped.insert(0, (GIT_METADATA + "/", METADATA_REASON))
     return Listing(paths, skipped, frozenset(tracked), git=True)

@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
+    from context.home import prepare_home  # before anything (BLAS preload) writes into it
+
+    for problem in prepare_home():
+        logging.getLogger("codectx").warning("%s", problem)
     return SUBCOMMANDS[args.command].load()(rest)
 
 
