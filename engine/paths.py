@@ -20,4 +20,3 @@ def codectx_home() -> Path:
 def models_dir() -> Path:
     """The directory holding converted and fetched models (``<home>/models``)."""
     return codectx_home() / "models"
-
