@@ -9,6 +9,12 @@ the archive holds one copy of a prefix however many boundaries it has.
 Every write is a temp file + rename; every load checks size and checksum. A
 corrupt, truncated, foreign or orphaned file is removed, never trusted. Writes
 run on a background thread (the MLX thread only hands over evaluated arrays).
+
+The archive is an optimization and fails safe: a folder that cannot be
+written (read-only, no permission, full) turns it off for the engine with one
+warning, and requests go on with in-memory checkpoints. File names come only
+from keys that have the engine's own form (16 hex digits) and resolve inside
+the policy directory; an index naming anything else is not trusted.
 """
 from __future__ import annotations
 
@@ -16,15 +22,19 @@ import io
 import logging
 import os
 import queue
+import stat
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import msgpack
 import xxhash
 
+from engine.archive_files import (is_plain_key, is_plain_policy, read_regular, write_atomically,
+                                  write_failure)
 from engine.checkpoints import Boundary
 from engine.errors import EngineError
 from engine.paths import codectx_home
@@ -35,6 +45,7 @@ log = logging.getLogger(__name__)
 INDEX_NAME = "index.msgpack"
 FORMAT_VERSION = 1
 _SUFFIX = ".safetensors"
+_MAX_INDEX_BYTES = 256 << 20  # an index this large was not written by the engine
 
 
 class ArchiveCorruptError(EngineError):
@@ -67,6 +78,20 @@ class ArchiveEntry:
         return cls(b.key, b.token_key, b.parent, b.start, b.end, b.tokens, b.kind,
                    b.protected, size, checksum, time.time())
 
+    @classmethod
+    def parse(cls, key: object, value: object) -> ArchiveEntry | None:
+        """The entry an index row describes, or None unless every field has the written form."""
+        if not is_plain_key(key) or not isinstance(value, dict) or set(value) != _ENTRY_FIELDS:
+            return None
+        e = cls(**value)
+        sound = (e.key == key and isinstance(e.token_key, str) and isinstance(e.kind, str)
+                 and (e.parent == "" or is_plain_key(e.parent)) and isinstance(e.tokens, bytes)
+                 and all(_is_int(v) and v >= 0 for v in (e.start, e.end, e.size))
+                 and e.start <= e.end and isinstance(e.protected, bool)
+                 and isinstance(e.checksum, str)
+                 and isinstance(e.last_used, (int, float)) and not isinstance(e.last_used, bool))
+        return e if sound else None
+
     def boundary(self) -> Boundary:
         return Boundary(self.key, self.token_key, self.parent, self.start, self.end,
                         self.tokens, self.kind, self.protected)
@@ -76,9 +101,7 @@ class ArchiveEntry:
         return (self.parent, self.start, self.end, self.tokens) == (b.parent, b.start, b.end, b.tokens)
 
 
-def _checksum(path: Path) -> tuple[int, str]:
-    data = path.read_bytes()
-    return len(data), xxhash.xxh3_64_hexdigest(data)
+_ENTRY_FIELDS = frozenset(f.name for f in fields(ArchiveEntry))
 
 
 class CheckpointArchive:
@@ -86,21 +109,32 @@ class CheckpointArchive:
 
     Args:
         policy_fingerprint: Names the directory; entries of other policies are never read.
-        cap_bytes: Size cap of this policy's directory; least recently used entries go first.
+        cap_bytes: Size cap of this policy's directory; least recently used entries go
+            first, when the archive opens and after every write.
         root: The archive root (default ``CODECTX_HOME/archive``).
+        off_reason: Start switched off for this reason, touching no file (an engine
+            whose archive failed keeps it off across policy switches).
     """
 
-    def __init__(self, policy_fingerprint: str, cap_bytes: int, root: Path | None = None):
+    def __init__(self, policy_fingerprint: str, cap_bytes: int, root: Path | None = None,
+                 off_reason: str | None = None):
         self.policy_fingerprint = policy_fingerprint
         self.cap_bytes = cap_bytes
         self.root = Path(root) if root is not None else archive_root()
         self.directory = self.root / policy_fingerprint
-        self._lock = threading.Lock()
+        self.off_reason = off_reason
+        self._lock = threading.RLock()
         self._entries: dict[str, ArchiveEntry] = {}
         self._corrupt: set[str] = set()
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
-        self._open()
+        if off_reason is None:
+            self._open()
+
+    @property
+    def state(self) -> str:
+        """``"on"``, or ``"off: <reason>"`` once the folder failed."""
+        return "on" if self.off_reason is None else f"off: {self.off_reason}"
 
     # -- reading (MLX thread) ---------------------------------------------
 
@@ -119,15 +153,28 @@ class CheckpointArchive:
         return key in self._corrupt
 
     def other_policy_has(self, token_key: str) -> bool:
-        """True if another policy's directory archived the same tokens."""
-        for index in self.root.glob(f"*/{INDEX_NAME}"):
-            if index.parent == self.directory:
-                continue
+        """True if another policy's directory archived the same tokens.
+
+        Looks only at plain-named real directories beside this one and at their
+        regular-file indexes; anything unreadable counts as not archived.
+        """
+        if self.off_reason is not None:
+            return False
+        try:
+            with os.scandir(self.root) as scan:
+                others = [d.path for d in scan if d.name != self.policy_fingerprint
+                          and is_plain_policy(d.name) and d.is_dir(follow_symlinks=False)]
+        except OSError:
+            return False
+        for directory in others:
             try:
-                entries = msgpack.unpackb(index.read_bytes(), raw=False)["entries"]
-            except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+                raw = msgpack.unpackb(read_regular(Path(directory) / INDEX_NAME, _MAX_INDEX_BYTES),
+                                      raw=False)
+                entries = raw["entries"].values()
+            except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                    msgpack.UnpackException):
                 continue
-            if any(e.get("token_key") == token_key for e in entries.values()):
+            if any(isinstance(e, dict) and e.get("token_key") == token_key for e in entries):
                 return True
         return False
 
@@ -135,12 +182,14 @@ class CheckpointArchive:
         """The KV span and recurrent snapshot of `entry`, after checking size and checksum.
 
         Raises:
-            ArchiveCorruptError: The file is missing, truncated or altered; the
-                entry and its descendants are removed.
+            ArchiveCorruptError: The file is missing, truncated or altered (the
+                entry and its descendants are removed), or the archive is off.
         """
+        if self.off_reason is not None or self.get(entry.key) is not entry:
+            raise ArchiveCorruptError(f"archive entry {entry.key} is gone ({self.state})")
         path = self._file(entry.key)
         try:
-            data = path.read_bytes()  # read once: checked, then parsed from memory
+            data = read_regular(path, entry.size)  # read once: checked, then parsed from memory
             if (len(data), xxhash.xxh3_64_hexdigest(data)) != (entry.size, entry.checksum):
                 raise ArchiveCorruptError(f"{path.name}: size/checksum mismatch")
             arrays = mx.load(io.BytesIO(data), format="safetensors")
@@ -159,6 +208,8 @@ class CheckpointArchive:
 
     def submit(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> None:
         """Queue a checkpoint for writing; `kv` and `recurrent` must be evaluated."""
+        if self.off_reason is not None:
+            return
         mx.eval(list(kv.values()) + list(recurrent.values()))
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive",
@@ -181,22 +232,35 @@ class CheckpointArchive:
         with self._lock:
             self._write_index()
 
-    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> ArchiveEntry:
-        """Write one checkpoint now (atomically) and enforce the size cap."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self._file(boundary.key)
-        tmp = final.with_name(f".{boundary.key}.{threading.get_ident()}.tmp{_SUFFIX}")
-        mx.save_safetensors(str(tmp), {**kv, **recurrent},
+    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> ArchiveEntry | None:
+        """Write one checkpoint now (atomically) and enforce the size cap.
+
+        Returns:
+            The entry, or None when the archive is off (or turned off by this write).
+        """
+        if self.off_reason is not None:
+            return None
+        if not is_plain_key(boundary.key):
+            log.warning("not archiving a checkpoint with the malformed key %r", boundary.key)
+            return None
+        buffer = io.BytesIO()  # serialized here so a short write raises (MLX's own file writes do not)
+        mx.save_safetensors(buffer, {**kv, **recurrent},
                             metadata={"key": boundary.key, "policy": self.policy_fingerprint})
-        size, checksum = _checksum(tmp)
-        os.replace(tmp, final)
-        entry = ArchiveEntry.from_boundary(boundary, size, checksum)
+        data = buffer.getvalue()
+        final = self._file(boundary.key)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_atomically(final, data)
+        except OSError as err:
+            self._turn_off(write_failure(err, final))
+            return None
+        entry = ArchiveEntry.from_boundary(boundary, len(data), xxhash.xxh3_64_hexdigest(data))
         with self._lock:
             self._entries[entry.key] = entry
             self._corrupt.discard(entry.key)
             self._enforce_cap()
             self._write_index()
-        return entry
+            return entry if self.off_reason is None else None
 
     def _write_loop(self) -> None:
         while True:
@@ -225,59 +289,119 @@ class CheckpointArchive:
     def _file(self, key: str) -> Path:
         return self.directory / f"{key}{_SUFFIX}"
 
+    def _turn_off(self, reason: str) -> None:
+        """Stop using the disk for this archive: one warning, then memory-only checkpoints."""
+        with self._lock:
+            if self.off_reason is None:
+                self.off_reason = reason
+                log.warning("archive off: %s (checkpoints stay in memory only)", reason)
+            self._entries.clear()
+
     def _open(self) -> None:
-        """Load the index; drop entries without a sound file and files without an entry."""
-        if not self.directory.is_dir():
+        """Load the index; drop entries without a sound file and files without an entry.
+
+        Then apply the size cap and save the index, so a folder that cannot be
+        written is found (and the archive turned off) before the first request.
+        """
+        if not is_plain_policy(self.policy_fingerprint):
+            self._turn_off(f"policy {self.policy_fingerprint!r} is not a plain directory name")
             return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if self.directory.is_symlink():
+                self._turn_off(f"{self.directory} is a symbolic link")
+                return
+            entries = self._read_index()
+            self._entries = {k: e for k, e in entries.items() if self._sound_file(e)}
+            with self._lock:
+                self._enforce_cap()
+                self._remove_unknown_files()
+                self._write_index()
+        except OSError as err:
+            self._turn_off(write_failure(err, self.directory))
+
+    def _read_index(self) -> dict[str, ArchiveEntry]:
         index = self.directory / INDEX_NAME
         try:
-            raw = msgpack.unpackb(index.read_bytes(), raw=False)
+            raw = msgpack.unpackb(read_regular(index, _MAX_INDEX_BYTES), raw=False)
             if raw.get("format") != FORMAT_VERSION or raw.get("policy") != self.policy_fingerprint:
                 raise ValueError("foreign index")
-            entries = {k: ArchiveEntry(**v) for k, v in raw["entries"].items()}
+            rows = raw["entries"].items()
         except FileNotFoundError:
-            entries = {}
-        except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as err:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                msgpack.UnpackException) as err:
             log.warning("ignoring archive index %s: %s", index, err)
-            entries = {}
-        for key, e in list(entries.items()):
-            path = self._file(key)
-            if not path.is_file() or path.stat().st_size != e.size:
-                log.warning("dropping archive entry %s (missing or truncated file)", key)
-                self._corrupt.add(key)
-                del entries[key]
-        self._entries = entries
-        known = {self._file(k).name for k in entries} | {INDEX_NAME}
-        for path in self.directory.iterdir():
-            if path.name not in known and path.is_file():
-                log.info("removing foreign archive file %s", path)
-                path.unlink(missing_ok=True)
-        with self._lock:
-            self._write_index()
+            return {}
+        entries, rejected = {}, []
+        for key, value in rows:
+            entry = ArchiveEntry.parse(key, value)
+            if entry is None:
+                rejected.append(key)
+            else:
+                entries[key] = entry
+        if rejected:
+            log.warning("dropping %d archive index entries that are not plain archive names "
+                        "(first: %r)", len(rejected), rejected[0])
+        return entries
+
+    def _sound_file(self, e: ArchiveEntry) -> bool:
+        """True when the entry's file is a regular file inside the directory with its size."""
+        path = self._file(e.key)
+        try:
+            info = path.lstat()
+            inside = path.resolve().parent == self.directory.resolve()  # defence in depth
+        except OSError:
+            info, inside = None, False
+        if info is None or not inside or not stat.S_ISREG(info.st_mode) or info.st_size != e.size:
+            log.warning("dropping archive entry %s (missing, truncated or not a plain file)", e.key)
+            self._corrupt.add(e.key)
+            return False
+        return True
+
+    def _remove_unknown_files(self) -> None:
+        """Unlink files and links the index does not name (links themselves, never targets)."""
+        known = {self._file(k).name for k in self._entries} | {INDEX_NAME}
+        with os.scandir(self.directory) as scan:
+            strays = [d for d in scan if d.name not in known and not d.is_dir(follow_symlinks=False)]
+        for stray in strays:
+            log.info("removing foreign archive file %s", stray.path)
+            Path(stray.path).unlink(missing_ok=True)
 
     def _remove_tree(self, key: str) -> None:
         doomed = {key}
         for e in sorted(self._entries.values(), key=lambda e: e.end):
             if e.parent in doomed:
                 doomed.add(e.key)
-        for k in doomed:
-            self._entries.pop(k, None)
-            self._file(k).unlink(missing_ok=True)
+        try:
+            for k in doomed:
+                if self._entries.pop(k, None) is not None:
+                    self._file(k).unlink(missing_ok=True)
+        except OSError as err:
+            self._turn_off(write_failure(err, self.directory))
 
     def _enforce_cap(self) -> None:
+        """Least recently used first, protected last; only leaves, so a kept entry keeps its prefix."""
         while self._entries and sum(e.size for e in self._entries.values()) > self.cap_bytes:
-            victim = min(self._entries.values(),
+            parents = {e.parent for e in self._entries.values()}
+            leaves = [e for e in self._entries.values() if e.key not in parents]
+            victim = min(leaves or self._entries.values(),  # no leaf only in a looping crafted index
                          key=lambda e: (e.protected, e.last_used, -e.end))
             self._remove_tree(victim.key)
 
     def _write_index(self) -> None:
-        if not self.directory.is_dir():
+        if self.off_reason is not None:
             return
         payload = msgpack.packb({
             "format": FORMAT_VERSION,
             "policy": self.policy_fingerprint,
             "entries": {k: asdict(e) for k, e in self._entries.items()},
         }, use_bin_type=True)
-        tmp = self.directory / f".{INDEX_NAME}.{threading.get_ident()}.tmp"
-        tmp.write_bytes(payload)
-        os.replace(tmp, self.directory / INDEX_NAME)
+        try:
+            write_atomically(self.directory / INDEX_NAME, payload)
+        except OSError as err:
+            self._turn_off(write_failure(err, self.directory / INDEX_NAME))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

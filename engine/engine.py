@@ -199,7 +199,11 @@ class Engine:
         return done.text
 
     def stats(self) -> dict[str, Any]:
-        """Counters for `codectx status` and benchmarks."""
+        """Counters for `codectx status` and benchmarks.
+
+        ``"archive"`` is None without a disk archive, else "on" or "off: <reason>".
+        """
+        archive = self.prefix.archive
         with self._lock:
             return {
                 "model_id": getattr(self.loaded, "model_id", None),
@@ -216,6 +220,7 @@ class Engine:
                 "running": self._running,
                 "closed": self._closed,
                 "cache": self.prefix.stats(),
+                "archive": None if archive is None else archive.state,
             }
 
     def close(self) -> None:

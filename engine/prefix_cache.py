@@ -87,7 +87,8 @@ class PrefixCache:
         self.policy = policy
         self.window = window if window is not None and window.enabled else None
         fingerprint = policy.fingerprint()
-        self.archive = (CheckpointArchive(fingerprint, self._archive_bytes, self._archive_root)
+        off = getattr(getattr(self, "archive", None), "off_reason", None)  # off stays off
+        self.archive = (CheckpointArchive(fingerprint, self._archive_bytes, self._archive_root, off)
                         if self._archive_bytes > 0 else None)
         self.store = CheckpointStore(fingerprint, self._budget_bytes, archive=self.archive,
                                      interval=policy.prefill_chunk)

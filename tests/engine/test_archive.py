@@ -140,3 +140,163 @@ def test_other_policy_is_a_named_miss(home, tiny_loaded, layout):
         tokens, done = run(other, layout)
     assert done.metrics.cached_tokens == 0 and done.metrics.miss_reason == "policy mismatch"
     assert tokens == cold(tiny_loaded, layout, kv_bits=8)
+
+
+# -- fail safe: unwritable folders, crafted indexes, the cap at open ----------------
+
+def _off_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "engine.archive" and r.getMessage().startswith("archive off:")]
+
+
+def _index(directory, entries: dict, policy: str = "pol") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"format": 1, "policy": policy, "entries": entries}
+    (directory / INDEX_NAME).write_bytes(msgpack.packb(payload, use_bin_type=True))
+
+
+def _row(key: str, size: int = 4, **over) -> dict:
+    row = {"key": key, "token_key": "t", "parent": "", "start": 0, "end": 2, "tokens": b"\0" * 8,
+           "kind": "file", "protected": False, "size": size, "checksum": "0", "last_used": 1.0}
+    return {**row, **over}
+
+
+def test_root_that_cannot_be_a_folder_turns_the_archive_off_once(tmp_path, caplog):
+    root = tmp_path / "archive"
+    root.write_text("a file where the archive folder should be")
+    archive = CheckpointArchive("pol", 1 << 20, root)
+    assert archive.state.startswith("off: cannot write") and str(root) in archive.state
+    for i in range(3):
+        archive.submit(_bound(i, (i,))[0], *_arrays(i))
+        assert archive.put(_bound(i, (i,))[1], *_arrays(i)) is None
+    archive.close()
+    assert len(archive) == 0 and archive.get(_bound(0, (0,))[0].key) is None
+    assert not archive.other_policy_has("anything")
+    assert len(_off_warnings(caplog)) == 1
+    assert root.read_text() == "a file where the archive folder should be"
+
+
+def test_folder_lost_while_writing_turns_the_archive_off_once(tmp_path, caplog):
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    first = _bound(1, (1,))[0]
+    assert archive.put(first, *_arrays(1)) is not None
+    for path in (tmp_path / "pol").iterdir():
+        path.unlink()
+    (tmp_path / "pol").rmdir()
+    (tmp_path / "pol").write_text("blocked")  # every later mkdir, write and rename fails
+    for i in range(2, 5):
+        archive.submit(_bound(i, (i,))[0], *_arrays(i))
+    archive.flush()
+    assert archive.state.startswith("off: ") and len(archive) == 0 and archive.get(first.key) is None
+    archive.close()
+    assert len(_off_warnings(caplog)) == 1
+
+
+def test_engine_with_an_unwritable_archive_answers_like_a_cold_engine(home, tiny_loaded, layout,
+                                                                       caplog):
+    (home / "archive").write_text("not a folder")
+    from engine.window import WindowPolicy
+
+    with Engine(tiny_loaded, prefill_chunk=16, archive_bytes=ARCHIVE_BYTES) as engine:
+        assert engine.stats()["archive"].startswith("off: cannot write")
+        first, _ = run(engine, layout)
+        second, done = run(engine, layout)  # in-memory checkpoints still serve
+        engine.set_window(WindowPolicy(global_tokens=32, window_tokens=32, dense_tail=16))
+        third, _ = run(engine, layout)  # a policy switch keeps the archive off, silently
+        assert engine.stats()["archive"].startswith("off: ")
+    assert first == second == cold(tiny_loaded, layout) and done.metrics.cached_tokens > 0
+    assert third and engine.stats()["requests_failed"] == 0
+    assert len(_off_warnings(caplog)) == 1
+
+
+def test_crafted_index_keys_never_touch_files_outside(tmp_path, caplog):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_bytes(b"keep me")
+    root = tmp_path / "deep" / "archive"
+    directory = root / "pol"
+    link_key = "ab" * 8
+    _index(directory, {
+        "../../../outside/victim": _row("../../../outside/victim", 7),
+        str(victim): _row(str(victim), 7),
+        "..": _row("..", 7),
+        "ABCDEF0123456789": _row("ABCDEF0123456789"),  # hex, but not the form the engine writes
+        "0123456789abcdef": _row("fedcba9876543210"),  # row names another key
+        link_key: _row(link_key, 7),
+    })
+    (directory / f"{link_key}.safetensors").symlink_to(victim)  # a link is not an entry
+    (directory / "stray.safetensors").symlink_to(victim)  # removing a link leaves its target
+    archive = CheckpointArchive("pol", 1 << 20, root)
+    assert archive.state == "on" and len(archive) == 0
+    assert victim.read_bytes() == b"keep me"
+    assert sorted(p.name for p in directory.iterdir()) == [INDEX_NAME]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "dropping 5 archive index entries" in messages and link_key in messages
+    b = _bound(7)[0]
+    assert archive.put(b, *_arrays(7)) is not None and archive.get(b.key) is not None
+
+
+def test_linked_or_crafted_policy_folders_are_not_used(tmp_path, caplog):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.safetensors").write_bytes(b"keep me")
+    root = tmp_path / "archive"
+    root.mkdir()
+    (root / "pol").symlink_to(outside, target_is_directory=True)
+    archive = CheckpointArchive("pol", 1 << 20, root)
+    assert archive.state.endswith("is a symbolic link")
+    assert archive.put(_bound(1)[0], *_arrays(1)) is None
+    crafted = CheckpointArchive("../outside", 1 << 20, root)
+    assert crafted.state.startswith("off: policy '../outside' is not a plain")
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.safetensors"]
+    assert len(_off_warnings(caplog)) == 2  # one per archive
+
+
+def test_other_policy_scan_skips_links_and_garbage(tmp_path):
+    b = _bound(3)[0]
+    root = tmp_path / "archive"
+    outside = tmp_path / "outside"
+    _index(outside, {b.key: _row(b.key, token_key=b.token_key)}, policy="evil")
+    root.mkdir()
+    (root / "evil").symlink_to(outside, target_is_directory=True)
+    _index(root / "garbage", {"x": ["not", "a", "row"]}, policy="garbage")
+    _index(root / "list", [], policy="list")
+    archive = CheckpointArchive("pol", 1 << 20, root)
+    assert not archive.other_policy_has(b.token_key)
+    _index(root / "real", {b.key: _row(b.key, token_key=b.token_key)}, policy="real")
+    assert archive.other_policy_has(b.token_key)
+
+
+def test_size_cap_is_applied_when_the_archive_opens(tmp_path):
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    entries = [archive.put(_bound(i, (i,))[0], *_arrays(i)) for i in range(4)]
+    archive.close()
+    size = entries[0].size
+    index = tmp_path / "pol" / INDEX_NAME
+    raw = msgpack.unpackb(index.read_bytes(), raw=False)
+    for i, e in enumerate(entries):  # oldest first; the oldest is protected
+        raw["entries"][e.key]["last_used"] = float(i)
+    raw["entries"][entries[0].key]["protected"] = True
+    index.write_bytes(msgpack.packb(raw, use_bin_type=True))
+    reopened = CheckpointArchive("pol", 2 * size, tmp_path)  # a lowered cap, nothing written yet
+    kept = {e.key for e in entries if reopened.get(e.key) is not None}
+    assert kept == {entries[0].key, entries[3].key}
+    files = sorted(p.name for p in (tmp_path / "pol").glob("*.safetensors"))
+    assert files == sorted(f"{k}.safetensors" for k in kept)
+    assert reopened.nbytes <= 2 * size
+    again = CheckpointArchive("pol", 2 * size, tmp_path)  # the trimmed index was saved
+    assert {e.key for e in entries if again.get(e.key) is not None} == kept
+
+
+def test_cap_evicts_leaves_first_so_a_kept_entry_keeps_its_prefix(tmp_path):
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    parent, child = _bound(5)
+    older = archive.put(parent, *_arrays(1))
+    newer = archive.put(child, *_arrays(2))
+    other = archive.put(_bound(6, (6,))[0], *_arrays(3))
+    older.last_used, other.last_used = 0.0, 1.0  # the prefix is oldest, its child newest
+    archive.close()
+    reopened = CheckpointArchive("pol", older.size + newer.size, tmp_path)
+    assert reopened.get(parent.key) is not None and reopened.get(child.key) is not None
+    assert reopened.get(other.key) is None
