@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the server until the client exits; returns the exit status."""
+    """Runs the server until the client exits; returns the exit status (on stdio: 0
+    after `shutdown` + `exit`, 1 for `exit` or end of input without `shutdown`)."""
     handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
@@ -50,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tcp:
         server.start_tcp(*args.tcp)
-    else:
-        server.start_io()
-    return 0
+        return 0
+    from server.lsp.stdio import serve_stdio
+
+    return serve_stdio(server)
 
 
 def main(argv: list[str] | None = None) -> int:

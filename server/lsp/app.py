@@ -289,8 +289,8 @@ async def reindex_command(ls: CodectxServer, *args: Any) -> dict:
     return {"files": len(ls.session.prompt.files)}
 
 
-@server.feature(types.SHUTDOWN)
-def shutdown(ls: CodectxServer, *args: Any) -> None:
+def _stop_background(ls: CodectxServer) -> None:
+    """Stops warm-up and hover preparation and cancels engine requests (idempotent)."""
     if ls.warmup is not None:
         ls.warmup.stop()
     if ls.prefetch is not None:
@@ -299,6 +299,15 @@ def shutdown(ls: CodectxServer, *args: Any) -> None:
         ls.session.cancel_all()
 
 
+@server.feature(types.SHUTDOWN)
+def shutdown(ls: CodectxServer, *args: Any) -> None:
+    _stop_background(ls)
+
+
 @server.feature(types.EXIT)
 def exit_(ls: CodectxServer, *args: Any) -> None:
+    """`exit` or end of input (`CodectxProtocol.finish`), with or without `shutdown` before."""
+    if ls.start_up_task is not None:
+        ls.start_up_task.cancel()
+    _stop_background(ls)
     ls.session.close()

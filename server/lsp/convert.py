@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from lsprotocol import types
 from pygls.protocol import default_converter
 
+from .errors import InvalidPositionError
+
 UTF8 = types.PositionEncodingKind.Utf8
 UTF16 = types.PositionEncodingKind.Utf16
 UTF32 = types.PositionEncodingKind.Utf32
 SUPPORTED_ENCODINGS = (UTF8, UTF16, UTF32)
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
+LINE_END = re.compile(r"\r\n|\r|\n")
+# Characters str.splitlines() also breaks at, though LSP does not.
+_OTHER_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_ASTRAL = re.compile("[\U00010000-\U0010FFFF]")  # two UTF-16 code units each
 _JSON = default_converter()
 
 
@@ -33,51 +38,91 @@ def choose_encoding(capabilities: types.ClientCapabilities) -> types.PositionEnc
 
 
 def unit_length(text: str, encoding: types.PositionEncodingKind) -> int:
-    """Length of `text` in the units of `encoding`."""
-    if encoding == UTF32:
+    """Length of `text` in the units of `encoding` (a lone surrogate counts as one code unit)."""
+    if encoding == UTF32 or text.isascii():
         return len(text)
     if encoding == UTF8:
         return len(text.encode("utf-8", "surrogatepass"))
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
-def _line_bounds(text: str) -> list[tuple[int, int]]:
-    """(start, end-without-terminator) offsets of every line."""
-    bounds, start = [], 0
-    for match in _LINE_END.finditer(text):
-        bounds.append((start, match.start()))
-        start = match.end()
-    bounds.append((start, len(text)))
-    return bounds
+def column_to_index(line: str, units: int, encoding: types.PositionEncodingKind) -> int:
+    """Code-point index of column `units` in `line` (no terminator).
 
-
-def _column_to_index(line: str, units: int, encoding: types.PositionEncodingKind) -> int:
-    if encoding == UTF32:
+    Past the end clamps to the end; a column inside a character rounds up to the
+    character's end. Costs O(len(line)) in C, whatever the encoding.
+    """
+    if encoding == UTF32 or line.isascii():
         return min(units, len(line))
-    seen = 0
-    for index, ch in enumerate(line):
-        if seen >= units:
-            return index
-        seen += unit_length(ch, encoding)
-    return len(line)
+    if encoding == UTF8:
+        data = line.encode("utf-8", "surrogatepass")
+        if units >= len(data):
+            return len(line)
+        while units < len(data) and data[units] & 0xC0 == 0x80:  # a continuation byte
+            units += 1
+        return len(data[:units].decode("utf-8", "surrogatepass"))
+    # UTF-16: index i is at column i + (astral characters before i).
+    for before, match in enumerate(_ASTRAL.finditer(line)):
+        at = match.start()
+        if units <= at + before:
+            return units - before
+        if units <= at + before + 2:
+            return at + 1
+    return min(units - len(_ASTRAL.findall(line)), len(line))
+
+
+def split_lines(text: str) -> list[str]:
+    """`text` as lines, each with its terminator; the last has none (and may be "")."""
+    if not _OTHER_BREAKS.search(text):
+        lines = text.splitlines(keepends=True)
+        if not lines or lines[-1][-1] in "\r\n":
+            lines.append("")
+        return lines
+    parts = LINE_END.split(text)
+    ends = LINE_END.findall(text)
+    return [part + end for part, end in zip(parts, ends)] + [parts[-1]]
+
+
+def _line_at(text: str, line: int) -> tuple[int, int]:
+    """(start, end-without-terminator) of 0-based `line`, scanning only up to it.
+
+    Raises:
+        InvalidPositionError: `line` is more than one past the last line.
+    """
+    start, count = 0, 0
+    for match in LINE_END.finditer(text):
+        if count == line:
+            return start, match.start()
+        start, count = match.end(), count + 1
+    if count == line:
+        return start, len(text)
+    if count + 1 == line:
+        return len(text), len(text)
+    raise InvalidPositionError(f"line {line} is past the end of the document ({count + 1} lines)")
 
 
 def to_offset(text: str, position: types.Position, encoding: types.PositionEncodingKind) -> int:
-    """Code-point offset of an LSP position; past-the-end values clamp to the end."""
-    bounds = _line_bounds(text)
-    if position.line >= len(bounds):
-        return len(text)
-    start, end = bounds[position.line]
-    return start + _column_to_index(text[start:end], position.character, encoding)
+    """Code-point offset of an LSP position.
+
+    A character past its line's end is the line's end; the line just past the last
+    one is the end of the document (both as LSP says).
+
+    Raises:
+        InvalidPositionError: A line more than one past the last.
+    """
+    start, end = _line_at(text, position.line)
+    return start + column_to_index(text[start:end], position.character, encoding)
 
 
 def to_position(text: str, offset: int, encoding: types.PositionEncodingKind) -> types.Position:
     """LSP position of a code-point offset into `text`."""
     offset = max(0, min(offset, len(text)))
-    bounds = _line_bounds(text)
-    line = next(i for i, (_, end) in enumerate(bounds) if offset <= end)
-    start, end = bounds[line]
-    return types.Position(line=line, character=unit_length(text[start:min(offset, end)], encoding))
+    line, start = 0, 0
+    for match in LINE_END.finditer(text, 0, offset):
+        line, start = line + 1, match.end()
+    end = LINE_END.search(text, start)
+    stop = min(offset, end.start() if end else len(text))
+    return types.Position(line=line, character=unit_length(text[start:max(start, stop)], encoding))
 
 
 @dataclass(frozen=True)
@@ -96,15 +141,6 @@ def to_span(text: str, rng: types.Range, encoding: types.PositionEncodingKind) -
 def to_range(text: str, span: Span, encoding: types.PositionEncodingKind) -> types.Range:
     """LSP range of a code-point span."""
     return types.Range(start=to_position(text, span.start, encoding), end=to_position(text, span.end, encoding))
-
-
-def apply_change(text: str, change: types.TextDocumentContentChangeEvent,
-                 encoding: types.PositionEncodingKind) -> str:
-    """Applies one `didChange` content change (incremental or whole)."""
-    if isinstance(change, types.TextDocumentContentChangePartial):
-        span = to_span(text, change.range, encoding)
-        return text[: span.start] + change.text + text[span.end:]
-    return change.text
 
 
 def markdown_hover(markdown: str, text: str, span: Span, encoding) -> types.Hover:
@@ -138,7 +174,7 @@ def diagnostic(text: str, span: Span, message: str, encoding) -> types.Diagnosti
 
 def position_at(text: str, line: int, column: int, encoding) -> types.Position:
     """LSP position of 0-based `line` and code-point `column` in `text`."""
-    lines = _LINE_END.split(text)
+    lines = LINE_END.split(text)
     prefix = lines[line][:column] if line < len(lines) else ""
     return types.Position(line=line, character=unit_length(prefix, encoding))
 

@@ -1,33 +1,72 @@
 """Open editor buffers, kept in sync incrementally.
 
 The unsaved text of an open buffer is what the model sees; closed files come
-from disk through the context layer.
+from disk through the context layer. A `didChange` applies all of its changes
+or none: a change that cannot apply (a range that ends before it starts, a line
+more than one past the end) leaves the buffer and its version as they were.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
-from .convert import apply_change
+from .buffer import LineBuffer
+from .errors import DocumentNotFoundError, DocumentNotOpenError, EditRejectedError, InvalidPositionError
 
 
-@dataclass
 class Document:
-    """One open buffer."""
+    """One open buffer.
 
-    uri: str
-    text: str
-    version: int
-    language_id: str = ""
+    Args:
+        uri: The document's URI.
+        text: Its text when opened.
+        version: The client's version number.
+        language_id: The client's language id.
+    """
+
+    def __init__(self, uri: str, text: str, version: int, language_id: str = "") -> None:
+        self.uri = uri
+        self.version = version
+        self.language_id = language_id
+        self.buffer = LineBuffer(text)
 
     @property
+    def text(self) -> str:
+        """The current text (joined lazily after edits, then cached)."""
+        return self.buffer.text
+
+    @cached_property
     def path(self) -> Path | None:
         """The file system path, or None for non-file URIs."""
         fs_path = to_fs_path(self.uri)
         return Path(fs_path) if fs_path else None
+
+    def apply(self, changes: Sequence[types.TextDocumentContentChangeEvent],
+              encoding: types.PositionEncodingKind) -> None:
+        """Applies `changes` in order, all or none.
+
+        Raises:
+            EditRejectedError: One change could not apply; the buffer is unchanged.
+        """
+        before, steps = self.buffer.cached_text, []
+        try:
+            for index, change in enumerate(changes):
+                if isinstance(change, types.TextDocumentContentChangePartial):
+                    steps.append(self.buffer.replace(change.range, change.text, encoding))
+                else:
+                    steps.append(self.buffer.replace_all(change.text))
+        except (EditRejectedError, InvalidPositionError) as err:
+            self.buffer.undo(steps, before)
+            where = f"change {index + 1} of {len(changes)}" if len(changes) > 1 else "the change"
+            raise EditRejectedError(f"edit of {self.uri} (version {self.version} kept) rejected, "
+                                    f"{where}: {err}") from err
+        except BaseException:
+            self.buffer.undo(steps, before)
+            raise
 
 
 class DocumentStore:
@@ -47,14 +86,18 @@ class DocumentStore:
         return doc
 
     def change(self, params: types.DidChangeTextDocumentParams) -> Document:
-        """Applies the changes in order and returns the updated document.
+        """Applies the changes in order (all or none) and returns the updated document.
 
         Raises:
-            KeyError: The document is not open.
+            DocumentNotOpenError: The document is not open.
+            EditRejectedError: A change could not apply; the document and its version
+                are unchanged.
         """
-        doc = self._docs[params.text_document.uri]
-        for change in params.content_changes:
-            doc.text = apply_change(doc.text, change, self.encoding)
+        uri = params.text_document.uri
+        doc = self._docs.get(uri)
+        if doc is None:
+            raise DocumentNotOpenError(f"didChange for {uri}, which is not open")
+        doc.apply(params.content_changes, self.encoding)
         doc.version = params.text_document.version
         return doc
 
@@ -68,15 +111,16 @@ class DocumentStore:
         """The buffer text, or the file on disk when the buffer is not open.
 
         Raises:
-            KeyError: Neither an open buffer nor a readable file.
+            KeyError: Neither an open buffer nor a readable file (a
+                `DocumentNotFoundError`, which requests answer with -32602).
         """
         if (doc := self._docs.get(uri)) is not None:
             return doc.text
         fs_path = to_fs_path(uri)
         try:
             return Path(fs_path).read_text(encoding="utf-8", errors="replace")
-        except (OSError, TypeError) as err:
-            raise KeyError(uri) from err
+        except (OSError, TypeError, ValueError) as err:
+            raise DocumentNotFoundError(uri, type(err).__name__) from err
 
     def by_path(self, path: Path) -> Document | None:
         """The open buffer for a file system path, if any."""

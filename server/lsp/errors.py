@@ -27,6 +27,8 @@ NOT_READY = -32003
 CONTEXT_FAILED = -32004
 ENGINE_CLOSED = -32005
 REQUEST_CANCELLED = -32800  # LSP's RequestCancelled
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
 
@@ -42,6 +44,44 @@ class UnknownCommandError(InvalidArgumentsError):
     """`workspace/executeCommand` with a command name we do not provide."""
 
 
+class InvalidParamsError(InvalidArgumentsError):
+    """Params (or a response's result) that do not match the method's LSP type."""
+
+
+class InvalidPositionError(InvalidArgumentsError):
+    """A position that cannot be in the document (a line more than one past its last)."""
+
+
+class DocumentNotOpenError(InvalidArgumentsError):
+    """A `didChange` for a document the client never opened (or already closed)."""
+
+
+class EditRejectedError(InvalidArgumentsError):
+    """A `didChange` that cannot apply (a reversed or impossible range); nothing changed."""
+
+
+class DocumentNotFoundError(InvalidArgumentsError, KeyError):
+    """A document that is neither open nor readable from disk.
+
+    A `KeyError` too, which is what `DocumentStore.text` has always raised.
+    """
+
+    def __init__(self, uri: str, reason: str = "") -> None:
+        super().__init__(uri)
+        self.uri, self.reason = uri, reason
+
+    def __str__(self) -> str:
+        return f"{self.uri} is not open and cannot be read" + (f" ({self.reason})" if self.reason else "")
+
+
+class InvalidRequestError(ServerError):
+    """A message that is JSON but not a JSON-RPC request, or a request after `shutdown`."""
+
+
+class ParseError(ServerError):
+    """A frame whose body is not JSON."""
+
+
 class NotReadyError(ServerError):
     """A request that needs the model or the workspace before they are loaded."""
 
@@ -55,12 +95,18 @@ _TABLE: list[tuple[type[BaseException], int, str]] = [
     (engine_errors.EngineError, MODEL_LOAD_FAILED, "Engine error: {err}"),
     (ContextError, CONTEXT_FAILED, "Could not build the repository context: {err}"),
     (InvalidArgumentsError, INVALID_PARAMS, "{err}"),
+    (InvalidRequestError, INVALID_REQUEST, "Invalid request: {err}"),
+    (ParseError, PARSE_ERROR, "Parse error: {err}"),
     (NotReadyError, NOT_READY, "{err}"),
 ]
 
 
 def to_rpc_error(err: BaseException) -> JsonRpcException:
     """The JSON-RPC error a client receives for `err`."""
+    if isinstance(err, JsonRpcInternalError) and err.data:
+        # pygls attaches the server's traceback; it goes to the log, not to the client.
+        logger.error("internal error: %s %s", err.message, err.data)
+        return JsonRpcInternalError(message=err.message)
     if isinstance(err, JsonRpcException):
         return err
     for kind, code, template in _TABLE:

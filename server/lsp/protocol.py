@@ -19,6 +19,21 @@ handler under a fresh internal id. That has four consequences we fix here:
 
 It also hands a command handler the `workDoneToken` of its
 `workspace/executeCommand` params (pygls passes only the arguments).
+
+Every message enters through `receive` (the stdio transport, `server.lsp.stdio`,
+calls it with decoded JSON), which answers what pygls would drop:
+
+* a message that is not JSON-RPC gets -32600, params of the wrong shape get
+  -32602 naming each bad field (pygls raised inside its read loop and never
+  answered), a request after `shutdown` gets -32600 (LSP), and a client
+  response we cannot read fails the request that waits for it;
+* a notification that cannot be structured or whose handler fails is logged,
+  and shown once per (method, document) with `window/showMessage`;
+* `exit` runs the user's exit handler and reports the status (0 after
+  `shutdown`, 1 without) to the transport instead of raising SystemExit
+  inside a handler;
+* pygls' own copy of every open document is not kept: `DocumentStore` is the
+  one copy, and pygls' re-joined the whole text on every edit.
 """
 from __future__ import annotations
 
@@ -27,16 +42,19 @@ import concurrent.futures
 import contextvars
 import inspect
 import logging
+import sys
 import uuid
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcMethodNotFound
 from pygls.feature_manager import is_thread_function
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
-from .errors import to_rpc_error
+from . import messages
+from .errors import InvalidParamsError, InvalidRequestError, ServerError, to_rpc_error
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +64,106 @@ _work_done_token: contextvars.ContextVar[Any] = contextvars.ContextVar("work_don
 
 class CodectxProtocol(LanguageServerProtocol):
     """The protocol class `CodectxServer` runs with."""
+
+    def __init__(self, server, converter) -> None:
+        messages.register_strict_primitives(converter)
+        super().__init__(server, converter)
+        self.exit_code: int | None = None
+        self.on_exit: Callable[[int], None] | None = None  # set by the transport
+        self._shown: set[tuple[str, str | None]] = set()
+
+    # -- receiving --------------------------------------------------------
+
+    def receive(self, data: Any) -> None:
+        """Handles one decoded JSON message; every request among them gets an answer."""
+        try:
+            envelope = messages.envelope(data)
+        except InvalidRequestError as err:
+            self.reply_error(messages.message_id(data), err)
+            return
+        if self._shutdown and envelope.method != types.EXIT:
+            if envelope.kind == "request":
+                self.reply_error(envelope.id, InvalidRequestError(f"{envelope.method} after shutdown"))
+            return
+        what = f"params for {envelope.method}" if envelope.method else f"response to request {envelope.id}"
+        try:
+            message = messages.structure(self._converter, data, messages.message_type(self, data, envelope.kind),
+                                         what)
+        except InvalidParamsError as err:
+            self._not_structured(envelope, data, err)
+            return
+        self.handle_message(message)
+
+    def _not_structured(self, envelope: messages.Envelope, data: dict, err: InvalidParamsError) -> None:
+        if envelope.kind == "request":
+            self.reply_error(envelope.id, err)
+        elif envelope.kind == "response":
+            logger.warning("%s", err)
+            if (future := self._request_futures.pop(envelope.id, None)) is not None and not future.done():
+                future.set_exception(err)
+        else:
+            params = data.get("params")
+            document = params.get("textDocument") if isinstance(params, dict) else None
+            uri = document.get("uri") if isinstance(document, dict) else None
+            self.notification_failed(envelope.method, uri if isinstance(uri, str) else None, err)
+
+    def reply_error(self, msg_id: int | str | None, err: BaseException) -> None:
+        """Answers request `msg_id` (None: one whose id is unknown) with `err`'s JSON-RPC error."""
+        error = to_rpc_error(err)
+        logger.warning("request %s rejected: %s (%s)", msg_id, error.message, error.code)
+        if msg_id is None:  # lsprotocol would leave out the `"id": null` JSON-RPC requires here
+            self._send_data({"jsonrpc": messages.JSONRPC_VERSION, "id": None,
+                             "error": {"code": error.code, "message": error.message}})
+        else:
+            self._send_response(msg_id, error=error.to_response_error())
+
+    def notification_failed(self, method: str, uri: str | None, err: BaseException) -> None:
+        """Logs a notification that could not be applied; shows it once per (method, document)."""
+        message = to_rpc_error(err).message
+        logger.error("%s%s not applied: %s", method, f" ({uri})" if uri else "", message)
+        if (method, uri) not in self._shown:
+            self._shown.add((method, uri))
+            self.notify(types.WINDOW_SHOW_MESSAGE, types.ShowMessageParams(
+                type=types.MessageType.Error, message=f"codectx: {method} not applied: {message}"))
+
+    def _handle_request(self, msg_id, method_name, params):
+        """pygls' dispatch, with failures answered through `errors.to_rpc_error`."""
+        try:
+            handler = self._get_handler(method_name)
+        except JsonRpcMethodNotFound as err:
+            logger.warning("request %s: unknown method %r", msg_id, method_name)
+            self._send_response(msg_id, error=err.to_response_error())
+            return
+        self._ctx_msg_id.set(msg_id)
+        try:
+            self._execute_handler(msg_id, handler, partial(self._send_handler_result, msg_id=msg_id),
+                                  args=(params,))
+        except Exception as err:  # noqa: BLE001 - answered through the one error map
+            self._request_futures.pop(msg_id, None)
+            self.reply_error(msg_id, err)
+
+    def _handle_notification(self, method_name, params):
+        """pygls' dispatch, with failures logged and shown (`notification_failed`)."""
+        if method_name == types.CANCEL_REQUEST:
+            self._handle_cancel_notification(params.id)
+            return
+        try:
+            handler = self._get_handler(method_name)
+        except JsonRpcMethodNotFound:
+            logger.info("ignoring notification for unknown method %r", method_name)
+            return
+        document = getattr(params, "text_document", None)
+        done = partial(self._notification_done, method=method_name, uri=getattr(document, "uri", None))
+        try:
+            self._execute_handler(None, handler, done, args=(params,))
+        except Exception as err:  # noqa: BLE001 - reported like a failing handler
+            self.notification_failed(method_name, getattr(document, "uri", None), err)
+
+    def _notification_done(self, future, *, method: str, uri: str | None) -> None:
+        if not future.cancelled() and (exc := future.exception()) is not None:
+            if not isinstance(exc, ServerError):
+                logger.error("%s handler failed", method, exc_info=exc)
+            self.notification_failed(method, uri, exc)
 
     def _execute_handler(self, msg_id, handler, callback, args=None, kwargs=None):
         """Runs `handler`; returns its future. Only client request ids are tracked."""
@@ -117,6 +235,55 @@ class CodectxProtocol(LanguageServerProtocol):
     def work_done_token(self) -> Any:
         """The client's `workDoneToken` of the command being run (None if it sent none)."""
         return _work_done_token.get()
+
+    @lsp_method(types.EXIT)
+    def lsp_exit(self, *args) -> None:
+        """Runs the user's exit handler, then ends the transport (see `finish`)."""
+        self.finish()
+
+    def finish(self) -> int:
+        """Runs the user's exit handler once and reports the exit status to the transport.
+
+        Called for `exit` and by the transport at end of input. The status is 0 if
+        `shutdown` came first, 1 otherwise (LSP). Without a transport callback it
+        exits like pygls: closes the writer and raises SystemExit.
+
+        Returns:
+            The exit status.
+        """
+        if self.exit_code is not None:
+            return self.exit_code
+        self.exit_code = 0 if self._shutdown else 1
+        if (handler := self.fm.features.get(types.EXIT)) is not None:
+            try:
+                handler(None)
+            except Exception:  # noqa: BLE001 - the process ends either way
+                logger.exception("the exit handler failed")
+        if self.on_exit is not None:
+            self.on_exit(self.exit_code)
+            return self.exit_code
+        if self.writer is not None:
+            self.writer.close()
+        sys.exit(self.exit_code)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        """The user's handler only (no pygls copy); this document's problems may be shown again."""
+        self._shown = {key for key in self._shown if key[1] != params.text_document.uri}
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_OPEN)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        """The user's handler only (no pygls copy)."""
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CHANGE)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        """The user's handler only (no pygls copy)."""
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CLOSE)) is not None:
+            yield user_handler, (params,), None
 
     @lsp_method(types.SHUTDOWN)
     def lsp_shutdown(self, *args):

@@ -7,6 +7,7 @@ from lsprotocol import types
 from server.lsp import convert
 from server.lsp.convert import UTF8, UTF16, UTF32, Span
 from server.lsp.documents import DocumentStore
+from server.lsp.errors import InvalidPositionError
 
 TEXT = "x = 'é😀z'\r\nb\rc\nlast"
 #        0123 4 5 6 7 8 ...
@@ -38,7 +39,12 @@ def test_lines_end_at_cr_crlf_and_lf_only():
 
 def test_positions_past_the_end_clamp():
     assert convert.to_offset(TEXT, types.Position(0, 999), UTF16) == TEXT.index("\r")
-    assert convert.to_offset(TEXT, types.Position(99, 0), UTF16) == len(TEXT)
+    assert convert.to_offset(TEXT, types.Position(4, 7), UTF16) == len(TEXT)  # the line after the last
+
+
+def test_a_line_more_than_one_past_the_end_is_rejected():
+    with pytest.raises(InvalidPositionError, match="line 5 is past the end of the document \\(4 lines\\)"):
+        convert.to_offset(TEXT, types.Position(5, 0), UTF16)
 
 
 def test_range_round_trip_covers_the_emoji():
