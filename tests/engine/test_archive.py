@@ -10,6 +10,7 @@ from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
 from engine.checkpoints import boundaries
 from engine.engine import Engine
 from engine.request import PromptSegment
+from engine.window import WindowPolicy
 
 ARCHIVE_BYTES = 64 << 20
 
@@ -195,8 +196,6 @@ def test_folder_lost_while_writing_turns_the_archive_off_once(tmp_path, caplog):
 def test_engine_with_an_unwritable_archive_answers_like_a_cold_engine(home, tiny_loaded, layout,
                                                                        caplog):
     (home / "archive").write_text("not a folder")
-    from engine.window import WindowPolicy
-
     with Engine(tiny_loaded, prefill_chunk=16, archive_bytes=ARCHIVE_BYTES) as engine:
         assert engine.stats()["archive"].startswith("off: cannot write")
         first, _ = run(engine, layout)
