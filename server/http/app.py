@@ -5,6 +5,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -14,6 +15,7 @@ from .auth import ApiKeyMiddleware
 from .completions import ChatService
 from .config import HttpConfig
 from .errors import HttpError, NotReadyError, error_response
+from .guard import RequestGuard
 from .monitor import Monitor
 from .source import EngineSource
 
@@ -33,12 +35,28 @@ def _guarded(endpoint: Endpoint) -> Endpoint:
     return call
 
 
+class _RouteError(HttpError):
+    """Starlette's routing errors (unknown path 404, method 405) in the OpenAI error shape."""
+
+    kind = "invalid_request_error"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, code={404: "not_found", 405: "method_not_allowed"}.get(status))
+        self.status = status
+
+
+async def _route_error(request: Request, exc: Exception) -> Response:
+    status, detail = getattr(exc, "status_code", 500), getattr(exc, "detail", "error")
+    return error_response(_RouteError(status, f"{detail}: {request.method} {request.url.path[:200]}"))
+
+
 def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
-    """The ASGI app: OpenAI routes, /health, /metrics and /monitor.
+    """The ASGI app: OpenAI routes, /health, /metrics and /monitor, behind the
+    Host/Origin guard (outermost, so a refused page learns nothing) and the key check.
 
     Args:
         source: Where the engine comes from.
-        config: Limits and the API key (validated here).
+        config: Limits, allowed hosts and origins, and the API key (validated here).
 
     Raises:
         HttpConfigError: A non-loopback address without an API key, or bad limits.
@@ -72,9 +90,6 @@ def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
         Route("/v1/models", _guarded(chat.models), methods=["GET"]),
         Route("/v1/chat/completions", _guarded(chat.chat_completions), methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
-    app.state.activity = activity
-    app.state.monitor = monitor
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
-    return app
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _route_error})
+    inner: Any = ApiKeyMiddleware(app, key=config.api_key) if config.api_key else app
+    return RequestGuard(inner, config)

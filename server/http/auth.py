@@ -1,4 +1,4 @@
-"""API-key check for every endpoint (ASGI middleware).
+"""API-key check for every endpoint (ASGI middleware); where the key comes from is keys.py.
 
 A key is accepted as ``Authorization: Bearer KEY`` (API clients) or as the
 password of HTTP Basic auth (so a browser can open /monitor); comparison is
@@ -52,3 +52,4 @@ class ApiKeyMiddleware:
                 await error_response(AuthError(message, code="invalid_api_key"))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+

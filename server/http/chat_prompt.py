@@ -6,8 +6,9 @@ Two layouts (docs/http.md, "How messages become segments"):
   model's chat template (tools and `chat_template_kwargs` included) and
   tokenized once, exactly like `Engine.chat_ids`. The token ids are then cut
   at message boundaries: one segment per message (the first system message is
-  kind "system", protected; the last message "question"; the rest "turn")
-  and the generation prompt as "header". The engine's checkpoints sit at
+  kind "system", protected; the last message "question"; the rest "turn";
+  past `MAX_MESSAGE_CUTS` messages the middle ones share a segment) and the
+  generation prompt as "header". The engine's checkpoints sit at
   those cuts, so a client that repeats its system prompt, tools and earlier
   turns restores them and recomputes only what is new.
 * **Repository model** (`repository_turns`): the client's messages become the
@@ -27,6 +28,8 @@ from .errors import BadRequestError
 
 REPOSITORY_MODEL = "codectx"
 """The model name that answers over the workspace prefix."""
+MAX_MESSAGE_CUTS = 64
+"""Messages (from the first) that each end a segment of their own; later ones share one."""
 
 
 def _template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -54,12 +57,28 @@ def render_messages(tokenizer: Any, messages: Sequence[dict[str, Any]], *, tools
                               code="template_error") from err
 
 
+def _cut_indices(count: int) -> set[int]:
+    """Which message ends get their own cut: the first `MAX_MESSAGE_CUTS`, and the two last.
+
+    Each cut costs one template rendering of the messages before it, so cutting
+    after every message of a long conversation would cost quadratic time; the
+    messages in between share one segment (the engine still checkpoints it on
+    its prefill grid).
+    """
+    return set(range(1, min(count, MAX_MESSAGE_CUTS) + 1)) | {count - 1, count}
+
+
 def _char_cuts(tokenizer: Any, messages: Sequence[dict[str, Any]], full: str, tools: Sequence[dict],
                template_kwargs: dict[str, Any]) -> list[int | None]:
-    """Character offset in `full` where each message ends (None where the template is not prefix-stable)."""
+    """Character offset in `full` where each message ends (None where the template is not
+    prefix-stable, or where the message shares the next one's segment)."""
     cuts: list[int | None] = []
     last = 0
+    wanted = _cut_indices(len(messages))
     for i in range(1, len(messages) + 1):
+        if i not in wanted:
+            cuts.append(None)
+            continue
         try:
             partial = render_messages(tokenizer, messages[:i], tools=tools, template_kwargs=template_kwargs,
                                       add_generation_prompt=False)
@@ -76,14 +95,17 @@ def message_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *, tool
                      template_kwargs: dict[str, Any] | None = None) -> list[PromptSegment]:
     """The prompt for `messages` on the plain model: one segment per message, then the header.
 
-    The concatenated ids equal `tokenizer.encode(render_messages(...))`.
+    The concatenated ids equal `tokenizer.encode(render_messages(...))`. CPU-bound
+    (template rendering and tokenization): the HTTP app runs it on a worker thread.
 
     Raises:
         BadRequestError: The template rejects these messages.
     """
     template_kwargs = template_kwargs or {}
     full = render_messages(tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
-    encoding = tokenizer.hf.backend_tokenizer.encode(full, add_special_tokens=False)
+    # encode_batch releases the GIL while it runs (encode does not), so a long prompt
+    # tokenized on a worker thread leaves the event loop free.
+    encoding = tokenizer.hf.backend_tokenizer.encode_batch([full], add_special_tokens=False)[0]
     ids = list(encoding.ids)
     starts = [start for start, _ in encoding.offsets]
     segments: list[PromptSegment] = []

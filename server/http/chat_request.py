@@ -14,9 +14,16 @@ from engine.request import SamplingParams
 from .errors import BadRequestError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize",
-                                      "bos_token", "eos_token"})
+# Template variables that would override what the server passes (or change what the
+# tokenizer returns) are refused; everything else reaches the template as a variable.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "tools", "add_generation_prompt", "tokenize", "bos_token", "eos_token", "conversation",
+    "documents", "chat_template", "continue_final_message", "sanitize_control_tokens", "padding",
+    "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs"})
 DEFAULT_MAX_TOKENS = 512
+MAX_MODEL_NAME = 256
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -115,11 +122,22 @@ def _template_kwargs(body: dict) -> dict[str, Any]:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    if not all(key.isidentifier() for key in kwargs):
+        raise BadRequestError("'chat_template_kwargs' keys must be identifiers", param="chat_template_kwargs")
     reserved = RESERVED_TEMPLATE_KWARGS & kwargs.keys()
     if reserved:
         raise BadRequestError(f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}",
                               param="chat_template_kwargs")
     return dict(kwargs)
+
+
+def _flag(body: dict, name: str, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequestError(f"'{name}' must be true or false", param=param or name)
+    return value
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatParams:
@@ -129,13 +147,15 @@ def parse_chat_request(body: dict[str, Any]) -> ChatParams:
         BadRequestError: A field has the wrong type or value (the error names it).
     """
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequestError("'model' must be a non-empty string", param="model")
-    if body.get("n", 1) != 1:
+    if not isinstance(model, str) or not model or len(model) > MAX_MODEL_NAME:
+        raise BadRequestError(f"'model' must be a non-empty string of at most {MAX_MODEL_NAME} characters",
+                              param="model")
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
         raise BadRequestError("only n=1 is supported", param="n")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequestError("'seed' must be an integer", param="seed")
+    if seed is not None and (type(seed) is not int or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise BadRequestError("'seed' must be a 64-bit integer", param="seed")
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise BadRequestError("'stream_options' must be an object", param="stream_options")
@@ -144,6 +164,6 @@ def parse_chat_request(body: dict[str, Any]) -> ChatParams:
     sampling = SamplingParams(temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
                               top_p=_number(body, "top_p", 1.0, 0.0, 1.0), seed=seed)
     return ChatParams(model=model, messages=_messages(body), max_tokens=_max_tokens(body), sampling=sampling,
-                      stop=_stop(body), stream=bool(body.get("stream", False)),
-                      include_usage=bool(stream_options.get("include_usage", False)),
+                      stop=_stop(body), stream=_flag(body, "stream"),
+                      include_usage=_flag(stream_options, "include_usage", "stream_options.include_usage"),
                       tools=_tools(body), template_kwargs=_template_kwargs(body))

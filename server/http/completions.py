@@ -13,13 +13,14 @@ from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
 
 from . import openai_format as fmt
 from .activity import Activity
-from .body import read_json_object
+from .body import parse_json_object, read_body, require_json_content_type
 from .chat_prompt import REPOSITORY_MODEL, message_segments, repository_turns
 from .chat_request import ChatParams, parse_chat_request
 from .config import HttpConfig
 from .errors import (ContextLengthError, ModelNotFoundError, NotReadyError, error_body,
                      to_http_error)
 from .generation import Generation, result_unless_disconnected
+from .prompt_limits import Workers, check_text_fits
 from .source import EngineSource, Served
 from .tool_calls import ToolCallStream, split_tool_calls
 
@@ -53,6 +54,7 @@ class ChatService:
         self.config = config
         self.activity = activity
         self.started = int(time.time())
+        self.workers = Workers(config.prompt_workers)
 
     def served(self) -> Served:
         served = self.source.current()
@@ -67,8 +69,9 @@ class ChatService:
 
     async def chat_completions(self, request: HttpRequest) -> Response:
         try:
-            body = await read_json_object(request, self.config.max_body_bytes)
-            params = parse_chat_request(body)
+            require_json_content_type(request)
+            raw = await read_body(request, self.config.max_body_bytes)
+            params = await self.workers.run(_parse, raw)
             served = self.served()
             segments = await self._segments(served, params)
             max_tokens = self._check_length(served, segments, params)
@@ -88,22 +91,33 @@ class ChatService:
                                            done.finish_reason, done.metrics, calls))
 
     async def _segments(self, served: Served, params: ChatParams) -> list[PromptSegment]:
+        """The prompt, built on a worker thread once its size says it may fit."""
+        texts = [m["content"] for m in params.messages]
         if params.model == REPOSITORY_MODEL:
             if not served.has_repository:
                 raise ModelNotFoundError(f"model '{REPOSITORY_MODEL}' needs a workspace (start with --workspace "
                                          "or alongside the editor)", param="model", code="model_not_found")
+            await self.workers.run(check_text_fits, served.tokenizer, texts, self._limit(served))
             return await self.source.repository_segments(repository_turns(params.messages, params.tools))
         if params.model not in (served.model_id, *served.aliases):
             names = ", ".join([served.model_id] + ([REPOSITORY_MODEL] if served.has_repository else []))
-            raise ModelNotFoundError(f"model '{params.model}' is not served here (available: {names})",
+            raise ModelNotFoundError(f"model '{params.model[:80]}' is not served here (available: {names})",
                                      param="model", code="model_not_found")
-        return message_segments(served.tokenizer, params.messages, tools=params.tools,
-                                template_kwargs=params.template_kwargs)
+
+        def build() -> list[PromptSegment]:
+            check_text_fits(served.tokenizer, texts, self._limit(served))
+            return message_segments(served.tokenizer, params.messages, tools=params.tools,
+                                    template_kwargs=params.template_kwargs)
+
+        return await self.workers.run(build)
+
+    def _limit(self, served: Served) -> int:
+        return min(self.config.max_prompt_tokens or served.context_length, served.context_length)
 
     def _check_length(self, served: Served, segments: list[PromptSegment], params: ChatParams) -> int:
         """The max_tokens to use; raises `ContextLengthError` for an oversize prompt."""
         prompt_tokens = sum(len(s.token_ids) for s in segments)
-        limit = min(self.config.max_prompt_tokens or served.context_length, served.context_length)
+        limit = self._limit(served)
         if prompt_tokens >= limit:
             raise ContextLengthError(f"the prompt has {prompt_tokens} tokens; this server accepts fewer than "
                                      f"{limit}")
@@ -153,6 +167,10 @@ class ChatService:
             if params.include_usage:
                 yield fmt.sse(fmt.chunk(request_id, params.model, created, metrics=event.metrics))
         yield fmt.sse("[DONE]")
+
+def _parse(raw: bytes) -> ChatParams:
+    return parse_chat_request(parse_json_object(raw))
+
 
 def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int,
               finish_reason: str | None = None) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from context.errors import ContextError
@@ -56,6 +57,13 @@ class AuthError(HttpError):
     kind = "authentication_error"
 
 
+class ForbiddenError(HttpError):
+    """A request from a host name or browser origin this server does not serve (403)."""
+
+    status = 403
+    kind = "invalid_request_error"
+
+
 class ModelNotFoundError(HttpError):
     """A `model` this server does not serve (404)."""
 
@@ -70,6 +78,20 @@ class PayloadTooLargeError(HttpError):
     kind = "invalid_request_error"
 
 
+class UnsupportedMediaTypeError(HttpError):
+    """A request body that is not declared as JSON (415)."""
+
+    status = 415
+    kind = "invalid_request_error"
+
+
+class ClientGoneError(HttpError):
+    """The client closed the connection or was cut off before its request arrived (nobody reads this)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
 class NotReadyError(HttpError):
     """The model is still loading (503)."""
 
@@ -81,6 +103,8 @@ def to_http_error(err: BaseException) -> HttpError:
     """The `HttpError` a client receives for `err`."""
     if isinstance(err, HttpError):
         return err
+    if isinstance(err, ClientDisconnect):
+        return ClientGoneError("the client disconnected before sending the whole request", code="client_closed")
     if isinstance(err, engine_errors.EngineClosedError):
         return NotReadyError("the engine is shut down", code="engine_closed")
     if isinstance(err, ContextError):

@@ -13,7 +13,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from .config import HttpConfig, HttpConfigError, key_from_env, parse_listen
+from .config import HttpConfig, HttpConfigError, parse_listen
+from .keys import resolve_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="serve the OpenAI-compatible API, /metrics and /monitor (host defaults to 127.0.0.1)")
     group.add_argument("--stdio", action="store_true",
                        help="with --http: also run the language server on stdio, sharing its engine")
-    group.add_argument("--api-key", help="require this key (Bearer) on every endpoint; default $CODECTX_API_KEY; "
-                                         "mandatory off loopback")
+    group.add_argument("--api-key-file", type=Path, metavar="PATH",
+                       help="require the key in this file (not readable by other users) on every endpoint; "
+                            "default $CODECTX_API_KEY; a key is mandatory off loopback")
+    group.add_argument("--api-key", help="the key itself (visible in the process list: prefer "
+                                         "$CODECTX_API_KEY or --api-key-file)")
+    group.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                       help="also answer requests sent to this host name (repeatable; loopback names and "
+                            "the bound address are always answered)")
+    group.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="let web pages from this origin (e.g. http://localhost:3000) call the API "
+                            "(repeatable)")
     group.add_argument("--model", default="smollm2-135m",
                        help="HTTP alone: the model to load (name, directory, .gguf or hub id)")
     group.add_argument("--workspace", type=Path,
@@ -42,25 +52,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="largest request body accepted (413 above)")
     group.add_argument("--max-prompt-tokens", type=int,
                        help="longest prompt accepted (400 above); default the model's context length")
+    group.add_argument("--max-connections", type=int, default=HttpConfig.max_connections,
+                       help="connections served at once; more get 503")
+    group.add_argument("--idle-timeout", type=float, default=HttpConfig.idle_timeout_s, metavar="SECONDS",
+                       help="close a connection that sends nothing for this long between requests")
+    group.add_argument("--request-timeout", type=float, default=HttpConfig.request_timeout_s, metavar="SECONDS",
+                       help="time a client has to send a whole request (headers and body); 408 after")
 
 
 def config_from(args: argparse.Namespace) -> HttpConfig:
     """The validated `HttpConfig` for parsed arguments.
 
     Raises:
-        HttpConfigError: Off loopback without a key, or bad limits.
+        HttpConfigError: Off loopback without a key, an unusable key file, or bad limits.
     """
     host, port = args.http
-    config = HttpConfig(host=host, port=port, api_key=key_from_env(args.api_key),
-                        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens)
+    config = HttpConfig(host=host, port=port, api_key=resolve_api_key(args.api_key, args.api_key_file),
+                        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                        allowed_hosts=tuple(args.allow_host), allowed_origins=tuple(args.allow_origin),
+                        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                        request_timeout_s=args.request_timeout)
     config.validate()
     return config
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs HTTP alone or beside the language server; returns the exit status."""
+    """Runs HTTP alone or beside the language server; returns the exit status.
+
+    The port is bound before the model loads, so a port in use fails at once
+    with one line and status 1; configuration errors give status 2.
+    """
     from .app import create_app
-    from .runner import HttpServer
+    from .runner import HttpServer, ListenError, bind_listener
     from .source import LspSource, StandaloneSource
 
     try:
@@ -71,24 +94,31 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "tcp", None):
         logger.error("--http runs beside the language server on stdio (--stdio), not with --tcp")
         return 2
+    try:
+        sock = bind_listener(config.host, config.port)
+    except ListenError as err:
+        logger.error("%s", err)
+        return 1
     if args.stdio:
         if args.workspace or args.model != "smollm2-135m":
             logger.warning("with --stdio the editor's settings choose the model and the workspace; "
                            "--model and --workspace are ignored")
         from server.lsp.app import server
 
-        http = HttpServer(create_app(LspSource(server), config), config.host, config.port)
+        http = HttpServer(create_app(LspSource(server), config), config.host, config.port, config, sock)
         http.start()
         try:
             server.start_io()
         finally:
             http.stop()
         return 0
-    source = StandaloneSource.start(args.model, workspace=args.workspace)
     try:
-        http = HttpServer(create_app(source, config), config.host, config.port)
-        logger.info("codectx HTTP API on http://%s:%d (monitor: /monitor)", config.host, config.port)
-        http.run()
+        source = StandaloneSource.start(args.model, workspace=args.workspace)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        HttpServer(create_app(source, config), config.host, config.port, config, sock).run()
     finally:
         source.close()
     return 0

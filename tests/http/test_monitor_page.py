@@ -83,7 +83,8 @@ def test_page_numbers_match_metrics(api, tmp_path):
     second = _chat(api, "second")
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     with api.client() as http:
-        assert http.post("/v1/chat/completions", content=b"not json").status_code == 400
+        assert http.post("/v1/chat/completions", content=b"not json",
+                         headers={"Content-Type": "application/json"}).status_code == 400
     dom = rendered(api, tmp_path)
     metrics = api.metrics()
     assert len(dom.metrics) >= 15
