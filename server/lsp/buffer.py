@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from lsprotocol import types
 
-from .convert import column_to_index, split_lines
-from .errors import EditRejectedError, InvalidPositionError
+from .convert import check_order, column_to_index, split_lines
+from .errors import InvalidPositionError
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,12 @@ class LineBuffer:
         """Replaces `rng` with `new_text`; returns what `undo` needs to take it back.
 
         Raises:
-            EditRejectedError: The range ends before it starts.
-            InvalidPositionError: A line more than one past the last.
+            InvalidPositionError: The range ends before it starts, or a line more than
+                one past the last.
         """
-        start, end = rng.start, rng.end
-        if (end.line, end.character) < (start.line, start.character):
-            raise EditRejectedError(f"the range ends ({end.line}:{end.character}) before it starts "
-                                    f"({start.line}:{start.character})")
-        first, column = self.locate(start, encoding)
-        last, end_column = self.locate(end, encoding)
+        check_order(rng)
+        first, column = self.locate(rng.start, encoding)
+        last, end_column = self.locate(rng.end, encoding)
         lines = self._lines
         region = lines[first][:column] + new_text + lines[last][end_column:]
         if first > 0 and region.startswith("\n") and lines[first - 1].endswith("\r"):

@@ -134,8 +134,22 @@ class Span:
 
 
 def to_span(text: str, rng: types.Range, encoding: types.PositionEncodingKind) -> Span:
-    """Code-point span of an LSP range."""
+    """Code-point span of an LSP range.
+
+    Raises:
+        InvalidPositionError: The range ends before it starts, or a line more than one
+            past the last.
+    """
+    check_order(rng)
     return Span(to_offset(text, rng.start, encoding), to_offset(text, rng.end, encoding))
+
+
+def check_order(rng: types.Range) -> None:
+    """Raises InvalidPositionError if `rng` ends before it starts."""
+    start, end = rng.start, rng.end
+    if (end.line, end.character) < (start.line, start.character):
+        raise InvalidPositionError(f"the range ends ({end.line}:{end.character}) before it starts "
+                                   f"({start.line}:{start.character})")
 
 
 def to_range(text: str, span: Span, encoding: types.PositionEncodingKind) -> types.Range:

@@ -59,7 +59,7 @@ class Document:
                     steps.append(self.buffer.replace(change.range, change.text, encoding))
                 else:
                     steps.append(self.buffer.replace_all(change.text))
-        except (EditRejectedError, InvalidPositionError) as err:
+        except InvalidPositionError as err:
             self.buffer.undo(steps, before)
             where = f"change {index + 1} of {len(changes)}" if len(changes) > 1 else "the change"
             raise EditRejectedError(f"edit of {self.uri} (version {self.version} kept) rejected, "

@@ -47,6 +47,11 @@ def test_a_line_more_than_one_past_the_end_is_rejected():
         convert.to_offset(TEXT, types.Position(5, 0), UTF16)
 
 
+def test_a_reversed_range_is_rejected():
+    with pytest.raises(InvalidPositionError, match=r"the range ends \(0:1\) before it starts \(0:3\)"):
+        convert.to_span(TEXT, types.Range(types.Position(0, 3), types.Position(0, 1)), UTF16)
+
+
 def test_range_round_trip_covers_the_emoji():
     span = Span(TEXT.index("😀"), TEXT.index("z"))
     rng = convert.to_range(TEXT, span, UTF16)
