@@ -14,6 +14,7 @@ from lsprotocol import types
 from pygls.protocol import default_converter
 
 from .errors import InvalidPositionError
+from .messages import register_strict_primitives
 
 UTF8 = types.PositionEncodingKind.Utf8
 UTF16 = types.PositionEncodingKind.Utf16
@@ -25,6 +26,7 @@ LINE_END = re.compile(r"\r\n|\r|\n")
 _OTHER_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _ASTRAL = re.compile("[\U00010000-\U0010FFFF]")  # two UTF-16 code units each
 _JSON = default_converter()
+register_strict_primitives(_JSON)  # command arguments come from the client too
 
 
 def choose_encoding(capabilities: types.ClientCapabilities) -> types.PositionEncodingKind:

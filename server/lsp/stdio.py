@@ -7,7 +7,7 @@ own loop swallowed: the process always ended with status 0.
 A daemon thread reads stdin (a blocked read never holds up the exit) and feeds
 `FrameParser`; the event loop hands each message to `CodectxProtocol.receive`.
 At most `_QUEUED` parsed messages wait for the loop, so a client that writes
-faster than the server reads is slowed down instead of filling memory.
+faster than the server reads is slowed down (its pipe fills) instead of filling memory.
 
 The process ends on `exit` (status 0 after `shutdown`, 1 without) or at end of
 input (the same statuses: end of input counts as `exit`).
@@ -29,7 +29,7 @@ from .framing import FrameParser, Message
 logger = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
-_QUEUED = 32
+_QUEUED = 4  # decoded messages waiting for the loop: at most 4 x 64 MiB bodies in memory
 _END = object()  # end of input
 
 

@@ -6,6 +6,9 @@ request. The server must log the framing error, answer the broken frame with
 the next header. pygls' reader never recognised a header again after a wrong
 Content-Length, and allocated whatever Content-Length said.
 
+`FrameParser` is also fed each case in pieces of every size (the reads of a pipe
+can split anywhere): the outcome must not depend on where the bytes were cut.
+
 The exit-status tests check LSP's rule (0 after `shutdown`, 1 without) for `exit`
 and for end of input.
 """
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from server.lsp.framing import MAX_CONTENT_LENGTH
+from server.lsp.framing import MAX_CONTENT_LENGTH, BrokenFrame, FrameParser, Message
 from tests.reliability.lsp_process import LspProcess, frame, workspace
 
 STATUS = {"command": "codectx.status", "arguments": []}
@@ -137,3 +140,16 @@ async def test_exit_status_follows_lsp(tmp_path, ending, code):
         assert await process.exit_code() == code
     finally:
         await process.close()
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_the_parser_recovers_however_the_bytes_are_split(case):
+    stream = BROKEN[case] + status_request(1)
+    for size in (1, 2, 3, 7, 64, 4096, len(stream)):
+        parser, events = FrameParser(), []
+        for start in range(0, len(stream), size):
+            events += parser.feed(stream[start:start + size])
+        messages = [e.data for e in events if isinstance(e, Message)]
+        assert any(isinstance(e, BrokenFrame) for e in events), (case, size)
+        assert messages[-1]["id"] == 1, (case, size)
+        assert [m["id"] for m in messages[:-1]] == ([903] if case == "garbage header line" else []), (case, size)
