@@ -112,14 +112,16 @@ def _max_tokens(body: dict) -> int:
 
 
 def _tools(body: dict) -> tuple[dict[str, Any], ...]:
-    tools = body.get("tools") or []
+    tools = body.get("tools")
+    tools = [] if tools is None else tools
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise BadRequestError("'tools' must be a list of objects", param="tools")
     return () if body.get("tool_choice") == "none" else tuple(tools)
 
 
 def _template_kwargs(body: dict) -> dict[str, Any]:
-    kwargs = body.get("chat_template_kwargs") or {}
+    kwargs = body.get("chat_template_kwargs")
+    kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise BadRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     if not all(key.isidentifier() for key in kwargs):
@@ -156,7 +158,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatParams:
     seed = body.get("seed")
     if seed is not None and (type(seed) is not int or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise BadRequestError("'seed' must be a 64-bit integer", param="seed")
-    stream_options = body.get("stream_options") or {}
+    stream_options = body.get("stream_options")
+    stream_options = {} if stream_options is None else stream_options
     if not isinstance(stream_options, dict):
         raise BadRequestError("'stream_options' must be an object", param="stream_options")
     if body.get("top_p") == 0:

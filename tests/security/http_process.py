@@ -87,7 +87,7 @@ class HttpProcess:
             raise AssertionError("the server did not log its URL:\n" + "".join(running.lines[-30:]))
         if not running.url:
             raise AssertionError(f"the server exited ({process.poll()}):\n" + "".join(running.lines[-30:]))
-        running.model_id = running.health().json()["model"]
+        running.model_id = model.name  # the id a model directory is served under
         return running
 
     def _drain(self) -> None:
