@@ -86,6 +86,7 @@ class Totals:
     recomputed_tokens: int = 0
     completion_tokens: int = 0
     rejected: int = 0  # answered with a 4xx before reaching the engine
+    refused: dict[str, int] = field(default_factory=dict)  # any request refused by the Host/Origin guard, by code
 
 
 class Activity:
@@ -122,6 +123,10 @@ class Activity:
         t.completion_tokens += done.metrics.decode_tokens
         return recent
 
+    def refuse(self, code: str) -> None:
+        """Count a request the Host/Origin guard refused (`code` as in its error body)."""
+        self.totals.refused[code] = self.totals.refused.get(code, 0) + 1
+
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready state for /monitor/state."""
         return {"active": [t.live() for t in self.active.values()],
@@ -130,4 +135,4 @@ class Activity:
                            "cached_tokens": self.totals.cached_tokens,
                            "recomputed_tokens": self.totals.recomputed_tokens,
                            "completion_tokens": self.totals.completion_tokens,
-                           "rejected": self.totals.rejected}}
+                           "rejected": self.totals.rejected, "refused": dict(self.totals.refused)}}

@@ -92,4 +92,4 @@ def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _route_error})
     inner: Any = ApiKeyMiddleware(app, key=config.api_key) if config.api_key else app
-    return RequestGuard(inner, config)
+    return RequestGuard(inner, config, activity.refuse)

@@ -16,13 +16,14 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Callable
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import HttpConfig, is_loopback, normalize_host_name, normalize_origin
-from .errors import BadRequestError, ForbiddenError, error_response
+from .errors import BadRequestError, ForbiddenError, HttpError, error_response
 
 WILDCARDS = ("0.0.0.0", "::", "")
 PREFLIGHT_HEADERS = [(b"access-control-allow-methods", b"GET, POST"),
@@ -57,10 +58,12 @@ class RequestGuard:
     Args:
         app: The wrapped ASGI app.
         config: The allowed names and origins, and the bound address.
+        on_refused: Called with the error code of each refused request (for /metrics).
     """
 
-    def __init__(self, app: ASGIApp, config: HttpConfig) -> None:
+    def __init__(self, app: ASGIApp, config: HttpConfig, on_refused: Callable[[str], None] | None = None) -> None:
         self.app = app
+        self.on_refused = on_refused
         self.hosts = frozenset(normalize_host_name(h) for h in (*config.allowed_hosts, config.host)
                                if h not in WILDCARDS)
         self.any_ip = config.host in WILDCARDS
@@ -77,6 +80,8 @@ class RequestGuard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or [] if k in _READ}
         refusal, cors = self._check(scope["method"], headers)
         if refusal is not None:
+            if self.on_refused is not None:
+                self.on_refused(refusal.code or "refused")
             await error_response(refusal)(scope, receive, send)
         elif cors is not None and scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             await Response(status_code=204, headers=dict(_text(_cors_headers(cors) + PREFLIGHT_HEADERS)))(
@@ -86,7 +91,7 @@ class RequestGuard:
         else:
             await self.app(scope, receive, send)
 
-    def _check(self, method: str, headers: dict[str, str]) -> tuple[Exception | None, str | None]:
+    def _check(self, method: str, headers: dict[str, str]) -> tuple[HttpError | None, str | None]:
         """(the error to answer with, or None; the origin to grant CORS to, or None)."""
         host = headers.get("host")
         if host is None:

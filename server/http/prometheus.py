@@ -59,6 +59,9 @@ def render(engine_stats: dict[str, Any] | None, totals: Totals, active: int) -> 
                    [({"finish_reason": k}, v) for k, v in sorted(totals.requests.items())])
     out += _family("codectx_http_rejected_requests_total", "counter",
                    "HTTP chat requests answered with a 4xx before reaching the engine.", [({}, totals.rejected)])
+    out += _family("codectx_http_refused_requests_total", "counter",
+                   "HTTP requests refused for their Host name or browser Origin, by error code.",
+                   [({"code": k}, v) for k, v in sorted(totals.refused.items())])
     out += _family("codectx_http_active_requests", "gauge", "HTTP chat requests in flight.", [({}, active)])
     for key, help_text in (("prompt_tokens", "Prompt tokens of completed HTTP chat requests."),
                            ("cached_tokens", "Prompt tokens restored from checkpoints."),

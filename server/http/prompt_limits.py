@@ -67,7 +67,3 @@ class Workers:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on a worker thread; its exception is raised here."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-
-    def close(self) -> None:
-        """Drop queued work and let the threads end (running work finishes on its own)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -110,6 +110,12 @@ class HttpProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
+    def metrics(self) -> dict[str, float]:
+        """/metrics parsed: sample (with labels) -> value."""
+        from server.http.prometheus import parse
+
+        return parse(httpx.get(self.url + "/metrics", timeout=30).text)
+
     def health(self, timeout: float = 30.0) -> httpx.Response:
         return httpx.get(self.url + "/health", timeout=timeout)
 

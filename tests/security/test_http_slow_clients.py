@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.security.http_process import HttpProcess, read_until_closed, status_and_json
+from tests.security.http_process import HttpProcess, raw_exchange, read_until_closed, status_and_json
 
 IDLE_S, REQUEST_S = 1.0, 2.0
 PACE_S = 0.2
@@ -108,4 +108,18 @@ def test_timeouts_are_logged_without_flooding(server):
     assert all(status_and_json(reply)[0] == 408 for reply in replies)
     warnings = [line for line in server.lines if "took over" in line]
     assert 1 <= len(warnings) <= 2, warnings  # at most one per 10 s, for 8 timeouts in this module
+    server.assert_answers()
+
+
+def test_malformed_requests_get_json_400s_and_a_short_log(server):
+    garbage = [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # a TLS hello
+               b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n",
+               b"GET /health HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
+               b"GET /health HTTP/1.1\r\n\r\n"]  # no Host
+    for _ in range(10):
+        for raw in garbage:
+            status, body = status_and_json(raw_exchange(server.port, raw))
+            assert status == 400 and body["error"]["code"] == "invalid_http"
+    warnings = [line for line in server.lines if "Invalid HTTP request" in line]
+    assert 1 <= len(warnings) <= 2, warnings  # 40 malformed requests, at most one line per 10 s
     server.assert_answers()
