@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from typing import NoReturn
 
 LOOPBACK = "127.0.0.1"
 
@@ -35,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the server until the client exits; returns the exit status (on stdio: 0
-    after `shutdown` + `exit`, 1 for `exit` or end of input without `shutdown`)."""
+    """Runs the server until the client exits; returns the exit status. On stdio the
+    process ends here instead, with 0 after `shutdown` + `exit` and 1 for `exit` or end
+    of input without `shutdown`."""
     handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
@@ -54,7 +57,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from server.lsp.stdio import serve_stdio
 
-    return serve_stdio(server)
+    _end_process(serve_stdio(server))
+
+
+def _end_process(status: int) -> NoReturn:
+    """Ends the process with `status` once the server has closed everything.
+
+    The engine runs MLX on a worker thread, and MLX's native threads can then abort
+    the interpreter's own teardown (std::terminate in a static destructor, status
+    -6 about once in twenty exits), which would turn LSP's exit status into a crash.
+    The engine is closed and stdout flushed by now, so the process ends here.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
