@@ -28,7 +28,8 @@ calls it with decoded JSON), which answers what pygls would drop:
   answered), a request after `shutdown` gets -32600 (LSP), and a client
   response we cannot read fails the request that waits for it;
 * a notification that cannot be structured or whose handler fails is logged,
-  and shown once per (method, document) with `window/showMessage`;
+  and shown once per (method, document) with `window/showMessage` (at most
+  `_MAX_SHOWN` in all);
 * `exit` runs the user's exit handler and reports the status (0 after
   `shutdown`, 1 without) to the transport instead of raising SystemExit
   inside a handler;
@@ -54,11 +55,12 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
 from . import messages
-from .errors import InvalidParamsError, InvalidRequestError, ServerError, to_rpc_error
+from .errors import InvalidParamsError, InvalidRequestError, to_rpc_error
 
 logger = logging.getLogger(__name__)
 
 _CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+_MAX_SHOWN = 100  # problems shown per session; a client sending garbage for many documents is only logged
 _work_done_token: contextvars.ContextVar[Any] = contextvars.ContextVar("work_done_token", default=None)
 
 
@@ -121,7 +123,7 @@ class CodectxProtocol(LanguageServerProtocol):
         """Logs a notification that could not be applied; shows it once per (method, document)."""
         message = to_rpc_error(err).message
         logger.error("%s%s not applied: %s", method, f" ({uri})" if uri else "", message)
-        if (method, uri) not in self._shown:
+        if (method, uri) not in self._shown and len(self._shown) < _MAX_SHOWN:
             self._shown.add((method, uri))
             self.notify(types.WINDOW_SHOW_MESSAGE, types.ShowMessageParams(
                 type=types.MessageType.Error, message=f"codectx: {method} not applied: {message}"))
@@ -161,9 +163,7 @@ class CodectxProtocol(LanguageServerProtocol):
 
     def _notification_done(self, future, *, method: str, uri: str | None) -> None:
         if not future.cancelled() and (exc := future.exception()) is not None:
-            if not isinstance(exc, ServerError):
-                logger.error("%s handler failed", method, exc_info=exc)
-            self.notification_failed(method, uri, exc)
+            self.notification_failed(method, uri, exc)  # to_rpc_error logs an unexpected one's traceback
 
     def _execute_handler(self, msg_id, handler, callback, args=None, kwargs=None):
         """Runs `handler`; returns its future. Only client request ids are tracked."""
