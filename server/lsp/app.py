@@ -233,6 +233,9 @@ async def ask_command(ls: CodectxServer, *args: Any) -> dict:
     question = options.get("question")
     if not isinstance(question, str) or not question.strip():
         raise InvalidArgumentsError("codectx.ask needs a non-empty string 'question'")
+    _check_option(options, "maxTokens", int, lambda v: v >= 1, "a positive integer")
+    _check_option(options, "conversationId", str, lambda v: bool(v), "a non-empty string")
+    _check_option(options, "tools", bool, lambda v: True, "true or false")
     session = await ls.ready_session()
     selection, path = _selection(ls, options)
     stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress(),
@@ -251,6 +254,15 @@ async def ask_command(ls: CodectxServer, *args: Any) -> dict:
         raise
     finally:
         stream.end(reason)
+
+
+def _check_option(options: dict, name: str, kind: type, valid: Any, what: str) -> None:
+    """Raises InvalidArgumentsError unless `options[name]` is absent/null or a valid `kind`."""
+    value = options.get(name)
+    if value is None:
+        return
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or not valid(value):
+        raise InvalidArgumentsError(f"'{name}' must be {what}, got {value!r}")
 
 
 def _selection(ls: CodectxServer, options: dict) -> tuple[str | None, str | None]:

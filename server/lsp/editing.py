@@ -54,6 +54,8 @@ def register(server: Any) -> None:
 
     @server.feature(types.CODE_ACTION_RESOLVE)
     async def on_resolve(ls, action: types.CodeAction) -> types.CodeAction:
+        if not isinstance(action.data or {}, dict):
+            raise InvalidArgumentsError("codeAction/resolve: 'data' must be the object codectx sent")
         data = dict(action.data or {})
         name, arguments = data.get("action"), {"uri": data.get("uri"), "range": data.get("range")}
         if name == "explain":
