@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 LOOPBACK = "127.0.0.1"
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+"""Addresses that bind every interface."""
 API_KEY_ENV = "CODECTX_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -93,7 +95,7 @@ def normalize_host_name(name: str) -> str:
     """
     value = name.strip().lower().rstrip(".")
     bare = value.strip("[]")
-    if not bare or any(c in value for c in "/@ ") or (":" in bare and not _is_ip(bare)):
+    if not bare or any(c in value for c in "/@ ") or (":" in bare and not is_ip_literal(bare)):
         raise HttpConfigError(f"--allow-host takes a host name or address without a port, got {name!r}")
     return bare
 
@@ -117,7 +119,8 @@ def normalize_origin(origin: str) -> str:
     return value
 
 
-def _is_ip(value: str) -> bool:
+def is_ip_literal(value: str) -> bool:
+    """True for an IPv4 or IPv6 address (without brackets)."""
     try:
         ipaddress.ip_address(value)
     except ValueError:

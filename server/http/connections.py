@@ -54,33 +54,31 @@ class ConnectionLimits:
         max_connections: Connections served at once.
         idle_timeout_s: Silence allowed while no request is in progress.
         request_timeout_s: Time allowed to send one whole request.
+        lingering: Refused connections still open for their 503 to be read.
     """
 
     max_connections: int = 64
     idle_timeout_s: float = 5.0
     request_timeout_s: float = 30.0
     lingering: set[Any] = field(default_factory=set)
-    refused: int = 0
 
     def protocol_factory(self) -> Callable[..., GuardedH11Protocol]:
         """What uvicorn's ``Config(http=...)`` takes: builds a protocol bound to these limits."""
         return functools.partial(GuardedH11Protocol, limits=self)
 
-    def refuse(self, transport: asyncio.Transport, open_connections: int) -> bool:
-        """Answer 503 and close; returns True when the transport lingers for the client to read it."""
-        self.refused += 1
+    def refuse(self, transport: asyncio.Transport, open_connections: int) -> None:
+        """Answer 503 and close (after `LINGER_S` for the client to read it, or at once past the cap)."""
         logger.warning("refused a connection: %d are open, the limit is %d (--max-connections)",
                        open_connections, self.max_connections)
         if len(self.lingering) >= self.max_connections:
             transport.abort()
-            return False
+            return
         transport.write(raw_error(
             503, "Service Unavailable", f"too many open connections (the limit is {self.max_connections}); "
             "try again in a moment", "too_many_connections", "server_error", ("Retry-After: 1",)))
         transport.write_eof()
         self.lingering.add(transport)
         asyncio.get_running_loop().call_later(LINGER_S, self.release, transport)
-        return True
 
     def release(self, transport: asyncio.Transport) -> None:
         """Close a refused connection for good."""
@@ -175,7 +173,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         if kind == "request":
-            logger.warning("closed a connection from %s that took over %.0f s to send its request",
+            logger.warning("closed a connection from %s that took over %g s to send its request",
                            _peer(self.client), self.limits.request_timeout_s)
             if self.cycle is None or not self.cycle.response_started:
                 self.transport.write(raw_error(

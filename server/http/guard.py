@@ -15,17 +15,16 @@
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Callable
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .config import HttpConfig, is_loopback, normalize_host_name, normalize_origin
+from .config import (WILDCARD_HOSTS, HttpConfig, is_ip_literal, is_loopback, normalize_host_name,
+                     normalize_origin)
 from .errors import BadRequestError, ForbiddenError, HttpError, error_response
 
-WILDCARDS = ("0.0.0.0", "::", "")
 PREFLIGHT_HEADERS = [(b"access-control-allow-methods", b"GET, POST"),
                      (b"access-control-allow-headers", b"authorization, content-type"),
                      (b"access-control-max-age", b"600")]
@@ -44,14 +43,6 @@ def split_host(value: str) -> tuple[str, int | None]:
     return name.rstrip("."), int(port) if port.isdigit() and len(port) <= 5 else None
 
 
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
 class RequestGuard:
     """ASGI middleware that refuses foreign Host names and browser origins (403, OpenAI error body).
 
@@ -65,13 +56,13 @@ class RequestGuard:
         self.app = app
         self.on_refused = on_refused
         self.hosts = frozenset(normalize_host_name(h) for h in (*config.allowed_hosts, config.host)
-                               if h not in WILDCARDS)
-        self.any_ip = config.host in WILDCARDS
+                               if h not in WILDCARD_HOSTS)
+        self.any_ip = config.host in WILDCARD_HOSTS
         self.origins = frozenset(normalize_origin(o) for o in config.allowed_origins)
 
     def host_allowed(self, name: str) -> bool:
         """True for loopback names, the bound address, allowed names (and IP literals on a wildcard bind)."""
-        return is_loopback(name) or name in self.hosts or (self.any_ip and _is_ip(name))
+        return is_loopback(name) or name in self.hosts or (self.any_ip and is_ip_literal(name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

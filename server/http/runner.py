@@ -17,12 +17,11 @@ from typing import Any
 
 import uvicorn
 
-from .config import HttpConfig
+from .config import WILDCARD_HOSTS, HttpConfig
 from .connections import ConnectionLimits
 from .log_limit import limited_logger
 
 logger = logging.getLogger(__name__)
-WILDCARDS = ("0.0.0.0", "::")
 KERNEL_BACKLOG = 2048
 
 
@@ -131,7 +130,7 @@ class HttpServer:
     @property
     def url(self) -> str:
         """Where a client on this machine reaches the server."""
-        host = "127.0.0.1" if self.host in WILDCARDS else self.host
+        host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
     def stop(self) -> None:

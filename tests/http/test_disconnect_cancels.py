@@ -19,6 +19,11 @@ def _decoding(api) -> dict | None:
     return next((r for r in api.state()["active"] if r["phase"] == "decode" and r["decode_tokens"] > 0), None)
 
 
+def _engine_idle(api) -> None:
+    """The workspace warm-up (background, queued at start) is done, so the live cache is ours alone."""
+    wait_until(lambda: api.metrics()["codectx_engine_queued_requests"] == 0, what="the warm-up to finish")
+
+
 def _greedy_answer(api) -> str:
     with api.client() as http:
         body = {"model": api.model_id, "messages": MESSAGES, "max_tokens": 16}
@@ -39,6 +44,7 @@ def _assert_cancelled_and_rolled_back(api, request_id: str, cancelled_before: fl
 
 
 def test_closing_a_stream_cancels_generation(api):
+    _engine_idle(api)
     expected = _greedy_answer(api)
     before = api.metrics()['codectx_engine_requests_total{outcome="cancelled"}']
     body = {"model": api.model_id, "messages": MESSAGES, "max_tokens": LONG, "stream": True}
@@ -53,6 +59,7 @@ def test_closing_a_stream_cancels_generation(api):
 
 
 def test_dropping_a_non_streaming_request_cancels_generation(api):
+    _engine_idle(api)
     before = api.metrics()['codectx_engine_requests_total{outcome="cancelled"}']
     url = urlparse(api.url)
     body = json.dumps({"model": api.model_id, "messages": MESSAGES, "max_tokens": LONG}).encode()

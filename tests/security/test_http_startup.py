@@ -120,3 +120,12 @@ def test_the_key_from_the_environment_needs_no_warning(security_model, tmp_path)
     finally:
         assert server.stop() == 0
     assert "process list" not in server.log() and KEY not in server.log()
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--allow-origin", "*", "no wildcard"), ("--allow-origin", "http://localhost:3000/app", "no path"),
+    ("--allow-origin", "localhost:3000", "origin such as"), ("--allow-host", "evil.example:80", "without a port"),
+    ("--allow-host", "http://evil.example", "without a port")])
+def test_malformed_allow_options_are_refused(security_model, tmp_path, option, value, message):
+    result = _run("--http", "127.0.0.1:0", "--model", str(security_model), option, value, home=tmp_path)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
