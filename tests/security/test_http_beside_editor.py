@@ -1,0 +1,86 @@
+"""`serve --stdio --http`: a huge HTTP prompt does not stall the editor's language server.
+
+One process serves LSP on stdio (driven by pytest-lsp) and HTTP on loopback.
+While an HTTP client's 400,000-character message is rendered and tokenized
+(about 1.2M tokens with the 1M-context tiny model, then refused as too long),
+the editor keeps asking `codectx.status`; each answer must come back in a
+fraction of the time the HTTP request takes.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+
+import httpx
+import pytest_lsp
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from tests.server.harness import REPO_ROOT, command, default_options, start
+
+CONTENT = "\u20ac" * 400_000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+PORT = _free_port()
+URL = f"http://127.0.0.1:{PORT}"
+
+
+def _config() -> ClientServerConfig:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
+               CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
+    env.pop("CODECTX_API_KEY", None)
+    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING",
+                                              "--stdio", "--http", f"127.0.0.1:{PORT}"], server_env=env)
+
+
+@pytest_lsp.fixture(config=_config())
+async def editor(lsp_client: LanguageClient, security_model, security_workspace):
+    await start(lsp_client, "vscode", security_workspace, default_options(security_model))
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def _engine_up(http: httpx.AsyncClient, timeout: float = 120) -> str:
+    """The served model id, once the language server has loaded the engine (503 until then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            response = await http.get("/health")
+            if response.status_code == 200:
+                return response.json()["model"]
+        except httpx.ConnectError:
+            pass
+        assert time.monotonic() < deadline, "the engine did not load in time"
+        await asyncio.sleep(0.05)  # a poll interval, not a wait for an event
+
+
+async def test_lsp_requests_answer_while_a_huge_http_prompt_is_tokenized(editor: LanguageClient):
+    async with httpx.AsyncClient(base_url=URL, timeout=120) as http:
+        model = await _engine_up(http)
+        started = time.perf_counter()
+        huge = asyncio.ensure_future(http.post("/v1/chat/completions", json={
+            "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": CONTENT}]}))
+        latencies = []
+        while not huge.done():
+            asked = time.perf_counter()
+            status = await command(editor, "codectx.status")
+            latencies.append(time.perf_counter() - asked)
+            assert status["model"] == model
+        response = await huge
+        seconds = time.perf_counter() - started
+        assert response.status_code == 400
+        assert "the prompt has" in response.json()["error"]["message"]  # really tokenized
+        assert seconds > 0.5, f"the huge request took only {seconds:.2f} s: too fast to show anything"
+        assert len(latencies) >= 5 and max(latencies) < seconds / 3, (max(latencies), seconds)
+        print(f"huge HTTP request {seconds:.2f} s; {len(latencies)} codectx.status answers meanwhile, "
+              f"max {max(latencies) * 1000:.0f} ms")
+        health = await http.get("/health")
+        assert health.status_code == 200
