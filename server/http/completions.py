@@ -168,7 +168,9 @@ class ChatService:
                 yield fmt.sse(fmt.chunk(request_id, params.model, created, metrics=event.metrics))
         yield fmt.sse("[DONE]")
 
+
 def _parse(raw: bytes) -> ChatParams:
+    """The body parsed and validated (CPU work: runs on a worker thread)."""
     return parse_chat_request(parse_json_object(raw))
 
 
