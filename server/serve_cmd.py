@@ -13,6 +13,8 @@ import os
 import sys
 from typing import NoReturn
 
+from context.home import prepare_home
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -45,10 +47,15 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
     logging.getLogger("pygls").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
 
+    for problem in prepare_home():  # `python -m server.serve_cmd` does not pass through server.cli
+        logging.getLogger("codectx").warning("%s", problem)
     if args.http:
         from server.http.serve import run as run_http
 
-        return run_http(args)
+        status = run_http(args)
+        if args.stdio:
+            _end_process(status)
+        return status
 
     from server.lsp.app import server
 

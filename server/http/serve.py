@@ -105,13 +105,14 @@ def run(args: argparse.Namespace) -> int:
                            "--model and --workspace are ignored")
         from server.lsp.app import server
 
+        from server.lsp.stdio import serve_stdio
+
         http = HttpServer(create_app(LspSource(server), config), config.host, config.port, config, sock)
         http.start()
         try:
-            server.start_io()
+            return serve_stdio(server)  # our framing and LSP's exit codes, as without --http
         finally:
             http.stop()
-        return 0
     try:
         source = StandaloneSource.start(args.model, workspace=args.workspace)
     except BaseException:
