@@ -72,11 +72,15 @@ class AccessPolicy:
         """
         text = os.fspath(path)
         if "\0" in text or not text.strip():
-            raise AccessDeniedError(f"{text!r} is not a file name")
+            raise AccessDeniedError(f"{quoted_name(text)} is not a file name")
+        try:
+            os.fsencode(text)
+        except UnicodeEncodeError as err:  # a lone surrogate from JSON: no file can have this name
+            raise AccessDeniedError(f"{quoted_name(text)} is not a file name") from err
         full = os.path.normpath(os.path.join(self.root, text))
         rel = os.path.relpath(full, self.root)
         if rel == "." or rel == ".." or rel.startswith(".." + os.sep) or os.path.isabs(rel):
-            raise AccessDeniedError(f"{text} is outside the workspace {self.root}")
+            raise AccessDeniedError(f"{quoted_name(text)} is outside the workspace {self.root}")
         return rel.replace(os.sep, "/")
 
     def refusal(self, rel: str, is_dir: bool = False) -> str | None:
@@ -125,7 +129,7 @@ class AccessPolicy:
         """
         item = self.read(path)
         if isinstance(item, Skipped):
-            raise AccessDeniedError(f"{item.path}: {item.reason}")
+            raise AccessDeniedError(f"{quoted_name(item.path)}: {item.reason}")
         return item.text
 
     def _text(self, rel: str, data: bytes) -> SourceFile | Skipped:
@@ -206,6 +210,11 @@ class AccessPolicy:
         """Tells the policy that `rel` changed on disk (an ignore file's rules are re-read)."""
         if is_ignore_file(rel):
             self.ignore.forget(rel)
+
+
+def quoted_name(name: str, limit: int = 120) -> str:
+    """`name` quoted for a message, shortened: a message never carries a megabyte-long name."""
+    return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} characters)"
 
 
 def _inside(path: str, root: Path) -> bool:

@@ -4,10 +4,14 @@ A repository's own configuration (`.git/config`, files it includes, `.gitattribu
 can name programs that git runs on its behalf: an fsmonitor hook (run even by
 `git ls-files`), hooks, clean/smudge filters, textconv and external diff drivers,
 pagers, editors, credential helpers. `run_git` reads the configuration first and
-overrides every key that names a program with a harmless value on the command line
-(`-c` has the last word over every config file), points `core.hooksPath` at nothing,
-never pages, never takes optional locks and drops inherited `GIT_*` variables (which
-could point git at another repository or program).
+overrides every key that names a program with a harmless value at command-line scope
+(which has the last word over every config file): through `GIT_CONFIG_COUNT` /
+`GIT_CONFIG_KEY_n` / `GIT_CONFIG_VALUE_n`, which take any key as it is, and also as `-c`
+for keys without "=" (`-c` splits at the first "=", so `filter.a=b.clean` cannot be named
+there; git before 2.31 only reads `-c`). It points `core.hooksPath` at nothing, never
+pages, never takes optional locks and drops inherited `GIT_*` variables (which could
+point git at another repository or program). A configuration it cannot read in
+`CONFIG_TIMEOUT_S` (an include that is a FIFO blocks git forever) means no git at all.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Mapping, Sequence
 log = logging.getLogger(__name__)
 
 GIT_TIMEOUT_S = 120
+CONFIG_TIMEOUT_S = 5  # `git config --list` takes milliseconds; past this the repository is not listed by git
 
 # The last component of a config key that names a program, and what it becomes. `cat` keeps
 # textconv output meaningful, `true` makes a diff/merge driver a no-op, "" clears a list
@@ -64,18 +69,28 @@ def git_environment() -> dict[str, str]:
     return env
 
 
-def git_plain(root: Path, args: Sequence[str], timeout: float, warnings: list[str] | None = None) -> bytes:
-    """`git -C root ARGS` without overrides: only for commands that read configuration.
+def git_plain(root: Path, args: Sequence[str], timeout: float, warnings: list[str] | None = None,
+              config: Mapping[str, str] | None = None) -> bytes:
+    """`git -C root ARGS`; without `config` only for commands that read configuration.
 
     Args:
         warnings: When given, receives the lines git wrote to stderr on success.
+        config: Keys set at command-line scope (see the module docstring).
 
     Raises:
         GitError: git is missing, timed out or exited non-zero.
     """
-    command = ["git", "--no-pager", "-C", str(root), *args]
+    env = git_environment()
+    options: list[str] = []
+    if config:
+        env["GIT_CONFIG_COUNT"] = str(len(config))
+        for n, (key, value) in enumerate(sorted(config.items())):
+            env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
+            if "=" not in key:
+                options += ["-c", f"{key}={value}"]
+    command = ["git", "--no-pager", "-C", str(root), *options, *args]
     try:
-        done = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=git_environment(),
+        done = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=env,
                               timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError) as err:
         raise GitError(f"git {args[0] if args else ''}: {err}") from err
@@ -87,8 +102,8 @@ def git_plain(root: Path, args: Sequence[str], timeout: float, warnings: list[st
     return done.stdout
 
 
-def neutralizing_overrides(config_keys: Sequence[str]) -> list[str]:
-    """`-c key=value` arguments that disarm every program-valued key in `config_keys` (and `_ALWAYS`)."""
+def neutralizing_overrides(config_keys: Sequence[str]) -> dict[str, str]:
+    """key -> harmless value for every program-valued key in `config_keys` (and `_ALWAYS`)."""
     values = dict(_ALWAYS)
     for key in config_keys:
         last = key.rsplit(".", 1)[-1].lower()
@@ -96,18 +111,18 @@ def neutralizing_overrides(config_keys: Sequence[str]) -> list[str]:
             values[key] = _PROGRAM_KEYS[last]
         if key.lower().startswith("pager."):
             values[key] = "false"
-    return [arg for key, value in sorted(values.items()) for arg in ("-c", f"{key}={value}")]
+    return values
 
 
-def config_keys(root: Path, timeout: float = 30) -> list[str]:
+def config_keys(root: Path, timeout: float = CONFIG_TIMEOUT_S) -> list[str]:
     """Every key git's configuration holds for `root` (repository, includes, global).
 
     `git config --list` reads configuration only; it runs none of it.
+
+    Raises:
+        GitError: The configuration could not be read (then nothing is run on it).
     """
-    try:
-        raw = git_plain(root, ["config", "--null", "--list"], timeout)
-    except GitError:
-        return []
+    raw = git_plain(root, ["config", "--null", "--list"], timeout)
     return [entry.split("\n", 1)[0] for entry in raw.decode("utf-8", "replace").split("\0") if entry]
 
 
@@ -122,4 +137,4 @@ def run_git(root: Path, args: Sequence[str], timeout: float = GIT_TIMEOUT_S,
         GitError: git is missing, timed out or exited non-zero.
     """
     overrides = neutralizing_overrides(config_keys(root))
-    return git_plain(root, [*overrides, *args], timeout, warnings)
+    return git_plain(root, args, timeout, warnings, overrides)

@@ -78,6 +78,10 @@ class IgnoreRules:
         rel = os.path.relpath(root, self.top).replace(os.sep, "/")
         self._prefix = "" if rel == "." else rel + "/"
         self._specs: dict[str, pathspec.GitIgnoreSpec | None] = {}
+        # folder -> (offset into a top-relative path, spec) of every ignore file that applies
+        # inside it: a deep path costs one lookup, not one per level.
+        self._chains: dict[str, tuple[tuple[int, pathspec.GitIgnoreSpec], ...]] = {}
+        self._folders: dict[str, bool] = {}  # top-relative folder -> ignored (itself or by a parent)
         repo_wide = [read_small_file(git_dir / "info" / "exclude") if git_dir is not None else None]
         if (excludes := global_excludes_file()) is not None:
             repo_wide.append(read_small_file(excludes))
@@ -85,28 +89,66 @@ class IgnoreRules:
 
     def _dir_spec(self, rel_dir: str) -> pathspec.GitIgnoreSpec | None:
         if rel_dir not in self._specs:
-            folder = self.top / rel_dir if rel_dir else self.top
-            text = "\n".join(t for t in (read_small_file(folder / n) for n in IGNORE_FILES) if t)
+            folder = os.path.join(self.top, rel_dir) if rel_dir else str(self.top)
+            text = "\n".join(t for t in (read_small_file(os.path.join(folder, n)) for n in IGNORE_FILES) if t)
             self._specs[rel_dir] = _spec(text)
         return self._specs[rel_dir]
+
+    def _chain(self, folder: str) -> tuple[tuple[int, pathspec.GitIgnoreSpec], ...]:
+        """The specs of `folder` and every folder above it (top-relative), outermost first."""
+        todo = []
+        while folder not in self._chains:  # a loop, not recursion: folders nest to any depth
+            todo.append(folder)
+            if not folder:
+                break
+            folder = folder.rpartition("/")[0]
+        chain = self._chains.get(folder, ())
+        for name in reversed(todo):
+            spec = self._dir_spec(name)
+            if spec is not None:
+                chain = (*chain, (len(name) + 1 if name else 0, spec))
+            self._chains[name] = chain
+        return chain
+
+    def _decide(self, full: str, is_dir: bool) -> bool:
+        """git's verdict on one top-relative path, its folders aside: the deepest ignore file
+        with a matching pattern decides (its last match: ignore, or re-include with "!"),
+        then `info/exclude`, then the global excludes file."""
+        suffix = "/" if is_dir else ""
+        for offset, spec in reversed(self._chain(full.rpartition("/")[0])):
+            verdict = spec.check_file(full[offset:] + suffix).include
+            if verdict is not None:
+                return verdict
+        for spec in self._repo_wide:
+            verdict = spec.check_file(full + suffix).include
+            if verdict is not None:
+                return verdict
+        return False
+
+    def _folder_ignored(self, folder: str) -> bool:
+        """Whether a top-relative folder is ignored, itself or through a folder above it."""
+        todo = []
+        while folder and folder not in self._folders:
+            todo.append(folder)
+            folder = folder.rpartition("/")[0]
+        verdict = self._folders.get(folder, False)
+        for name in reversed(todo):
+            verdict = verdict or self._decide(name, is_dir=True)
+            self._folders[name] = verdict
+        return verdict
 
     def forget(self, rel: str) -> None:
         """Drops the cached rules of `rel`'s folder (its ignore file changed)."""
         parent = (self._prefix + rel).rpartition("/")[0]
         self._specs.pop(parent, None)
+        self._chains.clear()
+        self._folders.clear()
 
     def ignored(self, rel: str, is_dir: bool = False) -> bool:
-        """Whether a root-relative path is ignored by any ignore file above it (or repository-wide)."""
+        """Whether git would ignore a root-relative path. As in git, nothing inside an ignored
+        folder can be re-included, and a deeper ignore file overrides a shallower one."""
         full = self._prefix + rel
-        suffix = "/" if is_dir else ""
-        if any(spec.match_file(full + suffix) for spec in self._repo_wide):
-            return True
-        parts = full.split("/")
-        for i in range(len(parts)):
-            spec = self._dir_spec("/".join(parts[:i]))
-            if spec is not None and spec.match_file("/".join(parts[i:]) + suffix):
-                return True
-        return False
+        return self._folder_ignored(full.rpartition("/")[0]) or self._decide(full, is_dir)
 
 
 def is_ignore_file(rel: str) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from context.access import quoted_name
 from context.errors import AccessDeniedError
 from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, TokenEvent
@@ -93,7 +94,7 @@ class Session:
         text = self.buffer_text(path)
         item = access.admit(path, text) if text is not None else access.read(path)
         if isinstance(item, Skipped):
-            raise AccessDeniedError(f"{item.path}: {item.reason}")
+            raise AccessDeniedError(f"{quoted_name(item.path)}: {item.reason}")
         return item.text
 
     async def generate(self, segments: list[PromptSegment], *, max_tokens: int,

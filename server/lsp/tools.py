@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from context.access import AccessPolicy
+from context.access import AccessPolicy, quoted_name
 from context.errors import ContextError
 
 MAX_RESULT_CHARS = 4000
+MAX_ERROR_CHARS = 500
 MAX_SEARCH_HITS = 20
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -33,7 +34,16 @@ Tools:
 
 
 class ToolError(Exception):
-    """A tool call that cannot be run (bad JSON, unknown tool, path outside the workspace)."""
+    """A tool call that cannot be run (bad JSON, unknown tool, path outside the workspace).
+
+    The message goes back to the model, so it is cut to `MAX_ERROR_CHARS` (a call may carry
+    a megabyte-long name).
+    """
+
+    def __init__(self, message: str) -> None:
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS] + " [truncated]"
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -55,8 +65,8 @@ def parse_tool_call(text: str) -> ToolCall | None:
     body = text[start + len(CALL_OPEN): end if end >= 0 else len(text)].strip()
     try:
         data = json.loads(body)
-    except json.JSONDecodeError as err:
-        raise ToolError(f"tool call is not JSON: {body[:80]!r}") from err
+    except (ValueError, RecursionError) as err:  # also an integer of 5,000 digits, arrays nested 100,000 deep
+        raise ToolError(f"tool call is not JSON that codectx reads ({str(err)[:120]}): {body[:80]!r}") from err
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ToolError("tool call needs a string 'name'")
     arguments = data.get("arguments") or {}
@@ -102,14 +112,18 @@ class WorkspaceTools:
         _require(start_line, int, "start_line")
         if end_line is not None:
             _require(end_line, int, "end_line")
+        if start_line < 1 or (end_line is not None and end_line < start_line):
+            raise ToolError(f"lines are numbered from 1 and end_line may not come before start_line "
+                            f"(got start_line={start_line}, end_line={end_line})")
         try:
             text = self.read_text(self.root / self.access.relative(path))
         except ContextError as err:
-            raise ToolError(f"{path!r} is not a file inside the workspace that codectx may read ({err})") from err
+            raise ToolError(f"{quoted_name(path)} is not a file inside the workspace that codectx may read ({err})") from err
         lines = text.splitlines()
-        first = max(start_line, 1)
-        chosen = lines[first - 1: end_line]
-        return "\n".join(f"{n}: {line}" for n, line in enumerate(chosen, start=first))
+        if start_line > max(len(lines), 1):
+            raise ToolError(f"{quoted_name(path)} has {len(lines)} lines; start_line {start_line} is past its end")
+        chosen = lines[start_line - 1: end_line]
+        return "\n".join(f"{n}: {line}" for n, line in enumerate(chosen, start=start_line))
 
     def _find_definition(self, name: str) -> str:
         _require(name, str, "name")

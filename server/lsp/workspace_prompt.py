@@ -98,3 +98,11 @@ class WorkspacePrompt:
         self._flush()
         return [{"kind": s.kind, "key": s.key, "tokens": len(s.token_ids), "reason": s.reason}
                 for s in self.workspace.layout.segments]
+
+    def skipped(self) -> list[dict]:
+        """Files and folders the access policy left out, with the reason (call after `layout`)."""
+        return [{"path": s.path, "reason": s.reason} for s in self.workspace.layout.skipped]
+
+    def notes(self) -> list[str]:
+        """Notes on the prefix (a chat template framed as ChatML, invalid UTF-8 replaced)."""
+        return list(self.workspace.layout.notes)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from context.scan import Skipped, iter_reasons
+
 from ..session import Session
 
 
@@ -28,7 +30,8 @@ def status(session: Session, protocol: Any, warmup: Any) -> dict:
 
 
 def show_context(session: Session, cache_states: list[str]) -> dict:
-    """The prefix layout as rows and as a markdown document for a virtual buffer.
+    """The prefix layout as rows and as a markdown document for a virtual buffer, with the
+    files the access policy left out (and why) and the layout's notes.
 
     Args:
         session: A ready session.
@@ -40,4 +43,9 @@ def show_context(session: Session, cache_states: list[str]) -> dict:
     cached = sum(r["tokens"] for r in rows if r["cache"] == "cached")
     lines += ["", f"total: {sum(r['tokens'] for r in rows)} tokens in {len(rows)} segments; "
               f"{cached} tokens cached"]
-    return {"segments": rows, "markdown": "\n".join(lines) + "\n"}
+    skipped, notes = session.prompt.skipped(), session.prompt.notes()
+    if skipped:
+        counts = iter_reasons(Skipped(s["path"], s["reason"]) for s in skipped)
+        lines.append(f"skipped: {len(skipped)} ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+    lines += [f"note: {note}" for note in notes]
+    return {"segments": rows, "skipped": skipped, "notes": notes, "markdown": "\n".join(lines) + "\n"}

@@ -1,0 +1,139 @@
+"""Links, secrets and paths outside the workspace never reach the prompt, whatever event names them.
+
+The old build read a path named by `workspace/didChangeWatchedFiles` (and on didClose) from
+disk as it was, so `notes.py -> /outside/secret.py` put the outside file into the prompt.
+These tests drive the real language server: they create such links, send the file events
+and document notifications an editor would send, and read the prefix back with
+`codectx.showContext` (every file segment, its tokens, and every skip with its reason).
+The in-process tests check the segment texts themselves.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from lsprotocol import types
+
+from context.workspace import Workspace
+from tests.security.lsp_session import (ask, did_close, did_open, did_save, file_event, hover, prefix_tokens,
+                                        prompt_keys, served, show_context, skip_reasons)
+from tests.server.harness import write_sample_workspace
+from tests.server.scripted import ByteTokenizer
+
+SECRET = "S3CRET-"
+OUTSIDE_TEXT = f"TOKEN = '{SECRET}outside'\n"
+CREATED, CHANGED = types.FileChangeType.Created, types.FileChangeType.Changed
+
+
+@pytest.fixture()
+def layout(tmp_path):
+    """(workspace, outside folder): a sample workspace with a .env, and secrets next to it."""
+    outside = tmp_path / "outside"
+    (outside / "pkg").mkdir(parents=True)
+    (outside / "secret.py").write_text(OUTSIDE_TEXT, encoding="utf-8")
+    (outside / "pkg" / "deep.py").write_text(f"DEEP = '{SECRET}deep'\n", encoding="utf-8")
+    (tmp_path / "ws").mkdir()
+    root = write_sample_workspace(tmp_path / "ws")
+    (root / ".env").write_text(f"API_KEY={SECRET}env\n", encoding="utf-8")
+    (root / "real.py").write_text("REAL = 1\n", encoding="utf-8")
+    return root, outside
+
+
+def plant_links(root, outside) -> dict[str, str]:
+    """Links an attacker can commit or create; returns path -> the reason the policy must give."""
+    os.symlink(outside / "secret.py", root / "notes.py")
+    os.symlink(".env", root / "env_link.py")
+    os.symlink(outside / "pkg", root / "linked")
+    os.symlink(root / "env_link.py", root / "chain.py")  # a link to a link to .env
+    return {"notes.py": "symlink outside workspace", "env_link.py": "symlink to .env: secret (deny list)",
+            "linked/deep.py": "symlink outside workspace", "chain.py": "symlink to .env: secret (deny list)"}
+
+
+async def test_file_events_and_buffers_for_links_leave_the_prompt_unchanged(layout):
+    root, outside = layout
+    async with served(root) as client:
+        before = await show_context(client)
+        assert prompt_keys(before) == {"util.py", "main.py", "real.py"}
+        assert skip_reasons(before) == {".env": "secret (deny list)"}
+
+        expected = plant_links(root, outside)
+        events = [file_event(root / p) for p in expected] + [
+            file_event(root / ".env", CHANGED), file_event(outside / "secret.py", CHANGED),
+            types.FileEvent(uri=(root / "..").as_uri() + "/outside/secret.py", type=CREATED)]
+        client.workspace_did_change_watched_files(types.DidChangeWatchedFilesParams(changes=events))
+        after_events = await show_context(client)
+        assert prompt_keys(after_events) == prompt_keys(before)
+        assert prefix_tokens(after_events) == prefix_tokens(before)  # not one token came in
+        reasons = skip_reasons(after_events)
+        assert {p: reasons.get(p) for p in expected} == expected and reasons[".env"] == "secret (deny list)"
+
+        # An editor opens the links (it read the outside text through them), saves and closes them.
+        for rel in expected:
+            did_open(client, root / rel, OUTSIDE_TEXT)
+        for rel in expected:
+            did_save(client, root / rel, OUTSIDE_TEXT)
+        opened = await show_context(client)
+        assert prompt_keys(opened) == prompt_keys(before) and prefix_tokens(opened) == prefix_tokens(before)
+        assert await hover(client, root / "notes.py", 0, 1) is None  # refused quietly, no error popup
+        for rel in expected:
+            did_close(client, root / rel)
+        closed = await show_context(client)
+        assert prompt_keys(closed) == prompt_keys(before) and prefix_tokens(closed) == prefix_tokens(before)
+        assert {p: skip_reasons(closed).get(p) for p in expected} == expected
+
+        # A kept file swapped for a link out: its text leaves the prompt (a deletion note), the secret stays out.
+        (root / "real.py").unlink()
+        os.symlink(outside / "secret.py", root / "real.py")
+        client.workspace_did_change_watched_files(types.DidChangeWatchedFilesParams(
+            changes=[file_event(root / "real.py", CHANGED)]))
+        swapped = await show_context(client)
+        assert skip_reasons(swapped)["real.py"] == "symlink outside workspace"
+        hot = [row for row in swapped["segments"] if row["kind"] == "hot"]
+        assert [(row["key"], row["reason"]) for row in hot] == [("real.py", "hot (deleted)")]
+
+        await ask(client)  # the server still answers normally
+        main = root / "main.py"
+        did_open(client, main, main.read_text(encoding="utf-8"))
+        answer = await hover(client, main, 4, main.read_text(encoding="utf-8").splitlines()[4].index("add(") + 1)
+        assert answer is not None and "**add**" in answer.contents.value
+
+
+def segment_texts(ws: Workspace) -> str:
+    return "".join(s.text for s in ws.layout.segments)
+
+
+def test_reload_and_buffers_keep_link_targets_out_of_the_segments(layout):
+    root, outside = layout
+    ws = Workspace(root, ByteTokenizer(), persist=False)
+    ws.build()
+    expected = plant_links(root, outside)
+    for rel in expected:
+        ws.reload(rel)
+        ws.update(rel, OUTSIDE_TEXT)  # an editor buffer of the link
+        ws.reload(rel)  # closed again
+    ws.reload(".env")
+    texts = segment_texts(ws)
+    assert SECRET not in texts and "REAL = 1" in texts
+    assert {s.path: s.reason for s in ws.layout.skipped if s.path in expected} == expected
+    ws.build(fold=True)  # a full rebuild (reindex) lists and reads everything again
+    assert SECRET not in segment_texts(ws)
+    rebuilt = {s.path: s.reason for s in ws.layout.skipped}
+    assert rebuilt["linked/"] == "symlinked folder (not followed)" and "linked/deep.py" not in rebuilt
+    assert {p: rebuilt[p] for p in ("notes.py", "env_link.py", "chain.py")} == \
+        {p: expected[p] for p in ("notes.py", "env_link.py", "chain.py")}
+
+
+def test_committed_links_in_a_git_work_tree_are_refused(layout):
+    root, outside = layout
+    expected = plant_links(root, outside)
+    subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)  # links are committed as links
+    ws = Workspace(root, ByteTokenizer(), persist=False)
+    ws.build()
+    skipped = {s.path: s.reason for s in ws.layout.skipped}
+    assert SECRET not in segment_texts(ws)
+    assert skipped["notes.py"] == expected["notes.py"] and skipped["env_link.py"] == expected["env_link.py"]
+    assert skipped["linked"] == "symlink outside workspace"  # git lists a folder link as one entry
+    assert skipped[".env"] == "secret (deny list)" and skipped[".git/"] == "git metadata (never read)"
+    assert {row.path for row in ws.layout.rows} == {"util.py", "main.py", "real.py"}
