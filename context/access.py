@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Sequence
 
 import pathspec
 
-from context.errors import AccessDeniedError
+from context.errors import AccessDeniedError, WorkspaceError
 from context.ignore import IgnoreRules, is_ignore_file
 from context.listing import GIT_METADATA, METADATA_REASON, Listing, git_tree, list_git, walk
 from context.git import GitError
@@ -49,13 +50,19 @@ class AccessPolicy:
         root: The workspace folder.
         rules: The scan's rules (include/exclude globs, size cap).
         deny: Extra secret patterns (gitignore syntax) on top of `DEFAULT_DENY`.
+
+    Raises:
+        WorkspaceError: A `deny` pattern is not a valid pattern.
     """
 
     def __init__(self, root: str | Path, rules: ScanRules = ScanRules(), deny: Sequence[str] = ()) -> None:
         self.root = Path(root).resolve()
         self.rules = rules
         self.deny = tuple(DEFAULT_DENY) + tuple(deny)
-        self._deny = pathspec.GitIgnoreSpec.from_lines(self.deny)
+        try:
+            self._deny = pathspec.GitIgnoreSpec.from_lines(self.deny)
+        except (ValueError, re.error) as err:  # a deny pattern that cannot work must not fail open
+            raise WorkspaceError(f"invalid deny pattern in {list(deny)!r}: {err}") from err
         self.tree = git_tree(self.root)
         self.ignore = IgnoreRules(self.root, *(self.tree.top, self.tree.git_dir) if self.tree else ())
         self._tracked: frozenset[str] = frozenset()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from functools import lru_cache
 from pathlib import Path
@@ -58,8 +59,25 @@ def global_excludes_file() -> Path | None:
 
 
 def _spec(text: str | None) -> pathspec.GitIgnoreSpec | None:
+    """An ignore file's rules. Lines that are not valid patterns are left out, as git leaves
+    them out: a repository's ignore file is untrusted input and must not stop the scan."""
     lines = text.splitlines() if text else []
-    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+    if not lines:
+        return None
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except (ValueError, re.error):
+        kept = [line for line in lines if _compiles(line)]
+        log.info("ignore rules: left out %d line(s) that are not valid patterns", len(lines) - len(kept))
+        return pathspec.GitIgnoreSpec.from_lines(kept) if kept else None
+
+
+def _compiles(line: str) -> bool:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([line])
+    except (ValueError, re.error):
+        return False
+    return True
 
 
 class IgnoreRules:

@@ -3,6 +3,7 @@ current with O(changed file) updates."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -214,14 +215,19 @@ class Workspace:
         self._overlay.pop(rel, None)
         self.access.changed(rel)
         item = self.access.read(rel)
-        return self._apply(rel, None if isinstance(item, Skipped) and item.reason == "missing" else item)
+        gone = isinstance(item, Skipped) and not os.path.lexists(self.root / rel)  # also a refused name
+        # Editors report every write under .git/ (objects, index, logs): one row each would pile up.
+        quiet = isinstance(item, Skipped) and _inside_skipped_folder(rel, self._skipped)
+        return self._apply(rel, None if gone else item, quiet)
 
-    def _apply(self, rel: str, item: SourceFile | Skipped | None) -> tuple[int, Layout]:
-        """Puts one file's new state (kept, refused or deleted) into the layout; see `update`."""
+    def _apply(self, rel: str, item: SourceFile | Skipped | None, quiet: bool = False) -> tuple[int, Layout]:
+        """Puts one file's new state (kept, refused or deleted) into the layout; see `update`.
+        `quiet`: a refusal is not listed (a folder above it is listed already)."""
         segments = list(self._layout.segments)
         self._skipped = tuple(s for s in self._skipped if s.path != rel)
         if isinstance(item, Skipped):
-            self._skipped += (item,)
+            if not quiet:
+                self._skipped += (item,)
             item = None
         before = self._files.get(rel)
         if item is None and before is None:
@@ -410,3 +416,10 @@ class Workspace:
         from context.prompt import prompt_segments
 
         return prompt_segments(self._layout, self.template, self.tokens, question, turns)
+
+
+def _inside_skipped_folder(rel: str, skipped: Sequence[Skipped]) -> bool:
+    """True when a folder above `rel` is already reported as skipped (".git/", an ignored folder)."""
+    folders = {s.path for s in skipped if s.path.endswith("/")}
+    parts = rel.split("/")
+    return any("/".join(parts[:i]) + "/" in folders for i in range(1, len(parts)))

@@ -118,7 +118,8 @@ class WorkspaceTools:
         try:
             text = self.read_text(self.root / self.access.relative(path))
         except ContextError as err:
-            raise ToolError(f"{quoted_name(path)} is not a file inside the workspace that codectx may read ({err})") from err
+            raise ToolError(
+                f"{quoted_name(path)} is not a file inside the workspace that codectx may read ({err})") from err
         lines = text.splitlines()
         if start_line > max(len(lines), 1):
             raise ToolError(f"{quoted_name(path)} has {len(lines)} lines; start_line {start_line} is past its end")

@@ -167,3 +167,18 @@ def test_single_path_ignore_rules_agree_with_git(tmp_path):
     sub = AccessPolicy(tmp_path / "a")
     assert {p for p in CANDIDATES if p.startswith("a/") and sub.refusal(p[2:]) == "ignored"} == \
         {p for p in by_git if p.startswith("a/")}
+
+
+@pytest.mark.parametrize("mode", ["walk", "git"])
+def test_invalid_ignore_lines_are_left_out_as_git_does(tmp_path, mode):
+    """A repository's .gitignore is untrusted: lines that are no valid pattern used to stop the scan."""
+    root = write_sample_workspace(tmp_path)
+    (root / ".gitignore").write_text("[z-a]\n\\\n!\n*.log\nprivate.py\n", encoding="utf-8")
+    (root / "private.py").write_text("KEY = 1\n", encoding="utf-8")
+    (root / "run.log").write_text("log\n", encoding="utf-8")
+    if mode == "git":
+        subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
+    layout = run_context(root)
+    assert {row["path"] for row in layout["files"]} == {"util.py", "main.py", ".gitignore"}
+    skipped = {row["path"]: row["reason"] for row in layout["skipped"]}
+    assert skipped["private.py"] == "ignored" and skipped["run.log"] == "ignored"

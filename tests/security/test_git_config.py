@@ -167,7 +167,8 @@ def _plain_git(repo: Path, trap: Trap) -> None:
 
 def _codectx_run_git(repo: Path, trap: Trap) -> None:
     """`context.git.run_git(repo, ARGS)` in a child process (with a terminal when the trap needs one)."""
-    code = "import sys; from pathlib import Path; from context.git import run_git; run_git(Path(sys.argv[1]), sys.argv[2:])"
+    code = ("import sys; from pathlib import Path; from context.git import run_git; "
+            "run_git(Path(sys.argv[1]), sys.argv[2:])")
     argv = [sys.executable, "-c", code, str(repo), *trap.args]
     if trap.tty:
         _run_in_pty(argv, REPO_ROOT)

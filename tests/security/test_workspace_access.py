@@ -14,11 +14,13 @@ import subprocess
 
 import pytest
 from lsprotocol import types
+from pygls.exceptions import JsonRpcServerError
 
+from context.scan import Skipped
 from context.workspace import Workspace
 from tests.security.lsp_session import (ask, did_close, did_open, did_save, file_event, hover, prefix_tokens,
                                         prompt_keys, served, show_context, skip_reasons)
-from tests.server.harness import write_sample_workspace
+from tests.server.harness import command, write_sample_workspace
 from tests.server.scripted import ByteTokenizer
 
 SECRET = "S3CRET-"
@@ -136,4 +138,32 @@ def test_committed_links_in_a_git_work_tree_are_refused(layout):
     assert skipped["notes.py"] == expected["notes.py"] and skipped["env_link.py"] == expected["env_link.py"]
     assert skipped["linked"] == "symlink outside workspace"  # git lists a folder link as one entry
     assert skipped[".env"] == "secret (deny list)" and skipped[".git/"] == "git metadata (never read)"
+    assert {row.path for row in ws.layout.rows} == {"util.py", "main.py", "real.py"}
+
+
+async def test_an_invalid_deny_setting_is_a_clear_error_not_an_open_door(layout):
+    root, _ = layout
+    async with served(root, context={"deny": ["[z-a]"]}) as client:
+        with pytest.raises(JsonRpcServerError, match=r"invalid deny pattern in \['\[z-a\]'\]"):
+            await show_context(client)
+        status = await command(client, "codectx.status")
+        assert status["ready"] is False and status["prefixVersion"] == 0
+
+
+def test_events_under_git_metadata_and_for_gone_secrets_do_not_pile_up(layout):
+    """Editors report every write under .git/ (objects, index, logs): each used to add a skip row."""
+    root, _ = layout
+    subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    ws = Workspace(root, ByteTokenizer(), persist=False)
+    before = ws.build().skipped
+    assert {s.path for s in before} == {".git/", ".env"}
+    for n in range(300):
+        ws.reload(f".git/objects/{n % 256:02x}/{n:038x}")
+        ws.reload(f".env.{n}")  # a secret that is gone (a Deleted event)
+    ws.reload(".git/index")
+    assert ws.layout.skipped == before and SECRET not in segment_texts(ws)
+    ws.update(".git/config", "[core]\n\tfsmonitor = evil\n")  # an editor buffer of git metadata: refused, listed
+    assert ws.layout.skipped == (*before, Skipped(".git/config", "git metadata (never read)"))
+    assert "fsmonitor" not in segment_texts(ws)
     assert {row.path for row in ws.layout.rows} == {"util.py", "main.py", "real.py"}
