@@ -57,6 +57,9 @@ class AccessPolicy:
 
     def __init__(self, root: str | Path, rules: ScanRules = ScanRules(), deny: Sequence[str] = ()) -> None:
         self.root = Path(root).resolve()
+        self.given_root = Path(os.path.abspath(root))
+        """The root as the caller named it: an editor that opened the workspace through a
+        symlinked folder sends paths under it (`relative` accepts both)."""
         self.rules = rules
         self.deny = tuple(DEFAULT_DENY) + tuple(deny)
         try:
@@ -72,7 +75,8 @@ class AccessPolicy:
     def relative(self, path: str | Path) -> str:
         """`path` (absolute, or relative to the root) as a root-relative POSIX path.
 
-        Lexical only: `..` may not climb out, links are judged when reading.
+        Lexical only: `..` may not climb out, links are judged when reading. An absolute
+        path may name the root as resolved or as given (both are the same folder).
 
         Raises:
             AccessDeniedError: The path is outside the workspace or not a usable name.
@@ -84,11 +88,11 @@ class AccessPolicy:
             os.fsencode(text)
         except UnicodeEncodeError as err:  # a lone surrogate from JSON: no file can have this name
             raise AccessDeniedError(f"{quoted_name(text)} is not a file name") from err
-        full = os.path.normpath(os.path.join(self.root, text))
-        rel = os.path.relpath(full, self.root)
-        if rel == "." or rel == ".." or rel.startswith(".." + os.sep) or os.path.isabs(rel):
-            raise AccessDeniedError(f"{quoted_name(text)} is outside the workspace {self.root}")
-        return rel.replace(os.sep, "/")
+        for root in dict.fromkeys((self.root, self.given_root)):
+            rel = os.path.relpath(os.path.normpath(os.path.join(root, text)), root)
+            if not (rel in (".", "..") or rel.startswith(".." + os.sep) or os.path.isabs(rel)):
+                return rel.replace(os.sep, "/")
+        raise AccessDeniedError(f"{quoted_name(text)} is outside the workspace {self.root}")
 
     def refusal(self, rel: str, is_dir: bool = False) -> str | None:
         """Why a root-relative path may not be read, judged by its name alone; None if it may."""

@@ -80,7 +80,7 @@ class Workspace:
         self.budget = budget
         self.pins = tuple(pins)
         self.rules = ScanRules(tuple(include), tuple(exclude), max_file_bytes)
-        self.access = AccessPolicy(self.root, self.rules, deny)
+        self.access = AccessPolicy(root, self.rules, deny)  # the root as given: editors send paths under it
         """The one gate for reading this workspace's files (also used by the server's features)."""
         self.template, template_note = (template, None) if template is not None else ChatTemplate.usable(
             tokenizer.chat_template, getattr(tokenizer, "bos_token", ""), getattr(tokenizer, "eos_token", ""))

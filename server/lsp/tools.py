@@ -88,7 +88,7 @@ class WorkspaceTools:
 
     def __init__(self, access: AccessPolicy, read_text: Callable[[Path], str], files: Callable[[], list[Path]]) -> None:
         self.access = access
-        self.root = access.root
+        self.root = access.given_root  # the editor's paths (open buffers are found by them)
         self.read_text = read_text
         self.files = files
 
@@ -148,7 +148,7 @@ class WorkspaceTools:
                 continue
             for number, line in enumerate(text.splitlines(), start=1):
                 if matches(line):
-                    hits.append(f"{path.relative_to(self.root).as_posix()}:{number}: {line.strip()[:200]}")
+                    hits.append(f"{self.access.relative(path)}:{number}: {line.strip()[:200]}")
                     if len(hits) >= MAX_SEARCH_HITS:
                         return hits
         return hits

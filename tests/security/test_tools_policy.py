@@ -160,3 +160,15 @@ async def test_ask_with_an_unparsable_call_answers(repo):
     result = await ask(session, "Read it.", on_text=lambda t: None, conversations=Conversations(),
                        tools=tools_of(session))
     assert result.finish_reason == "stop" and result.tool_calls == [] and len(engine.requests) == 1
+
+
+def test_tools_of_a_workspace_opened_through_a_symlinked_folder(repo):
+    alias = repo.parent / "alias"
+    os.symlink(repo, alias)
+    session, _ = session_for(alias, ["unused"])
+    tools = tools_of(session)
+    assert tools.run(ToolCall("search", {"text": "def add"})) == "util.py:4: def add(a, b):"
+    assert tools.run(ToolCall("read_file", {"path": str(alias / "util.py"), "start_line": 4, "end_line": 4})) == \
+        "4: def add(a, b):"
+    with pytest.raises(ToolError, match="symlink outside workspace"):
+        tools.run(ToolCall("read_file", {"path": str(alias / "link.py")}))

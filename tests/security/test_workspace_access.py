@@ -167,3 +167,28 @@ def test_events_under_git_metadata_and_for_gone_secrets_do_not_pile_up(layout):
     assert ws.layout.skipped == (*before, Skipped(".git/config", "git metadata (never read)"))
     assert "fsmonitor" not in segment_texts(ws)
     assert {row.path for row in ws.layout.rows} == {"util.py", "main.py", "real.py"}
+
+
+async def test_a_workspace_opened_through_a_symlinked_folder_keeps_working(layout):
+    """Editors send paths under the folder the user opened (macOS /tmp is /private/tmp): those
+    paths are inside; links out of the workspace are still refused."""
+    root, outside = layout
+    alias = root.parent / "alias"
+    os.symlink(root, alias)
+    async with served(alias) as client:
+        before = await show_context(client)
+        (alias / "extra.py").write_text("def extra():\n    return 2\n", encoding="utf-8")
+        os.symlink(outside / "secret.py", alias / "notes.py")
+        client.workspace_did_change_watched_files(types.DidChangeWatchedFilesParams(
+            changes=[file_event(alias / "extra.py"), file_event(alias / "notes.py")]))
+        util = alias / "util.py"
+        did_open(client, util, util.read_text(encoding="utf-8") + "\n\ndef more():\n    return 3\n")
+        after = await show_context(client)
+        assert prompt_keys(after) == prompt_keys(before) | {"extra.py"}
+        assert [row["key"] for row in after["segments"] if row["kind"] == "hot"] == ["extra.py", "util.py"]
+        assert skip_reasons(after)["notes.py"] == "symlink outside workspace"
+        main = alias / "main.py"
+        did_open(client, main, main.read_text(encoding="utf-8"))
+        answer = await hover(client, main, 4, main.read_text(encoding="utf-8").splitlines()[4].index("add(") + 1)
+        assert answer is not None and "**add**" in answer.contents.value
+        await ask(client)
