@@ -96,6 +96,8 @@ class AccessPolicy:
 
     def refusal(self, rel: str, is_dir: bool = False) -> str | None:
         """Why a root-relative path may not be read, judged by its name alone; None if it may."""
+        if not _is_utf8(rel):  # git and the walk give such names surrogate-escaped; no tokenizer takes them
+            return "file name is not UTF-8"
         parts = rel.split("/")
         if GIT_METADATA in parts:
             return METADATA_REASON
@@ -115,7 +117,7 @@ class AccessPolicy:
             return Skipped(os.fspath(path), str(err))
         reason = self.refusal(rel) or self._link_refusal(rel)
         if reason:
-            return Skipped(rel, reason)
+            return Skipped(printable(rel), reason)
         item = self._read_bytes(rel)
         if isinstance(item, Skipped):
             return item
@@ -129,7 +131,7 @@ class AccessPolicy:
             return Skipped(os.fspath(path), str(err))
         reason = self.refusal(rel) or self._link_refusal(rel)
         if reason:
-            return Skipped(rel, reason)
+            return Skipped(printable(rel), reason)
         return self._text(rel, text.encode("utf-8", "surrogatepass"))
 
     def read_text(self, path: str | Path) -> str:
@@ -209,7 +211,7 @@ class AccessPolicy:
         if paths is None:
             listing = self.listing()
             paths = listing.paths
-            result.skipped.extend(Skipped(p, reason) for p, reason in listing.skipped)
+            result.skipped.extend(Skipped(printable(p), reason) for p, reason in listing.skipped)
         for rel in sorted(set(paths)):
             item = self.read(rel)
             (result.files if isinstance(item, SourceFile) else result.skipped).append(item)
@@ -221,6 +223,19 @@ class AccessPolicy:
         """Tells the policy that `rel` changed on disk (an ignore file's rules are re-read)."""
         if is_ignore_file(rel):
             self.ignore.forget(rel)
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(name: str) -> str:
+    """`name` with the bytes of a non-UTF-8 file name shown as U+FFFD (for reports and JSON)."""
+    return name if _is_utf8(name) else name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def quoted_name(name: str, limit: int = 120) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.lsp_session import ask, prompt_keys, served, show_context, tiny_model
+from tests.security.lsp_session import ask, prompt_keys, served, show_context, skip_reasons, tiny_model
 from tests.server.harness import REPO_ROOT, write_sample_workspace
 
 DEPTH = 1500  # above Python's default recursion limit (1000)
@@ -107,13 +107,31 @@ def test_tree_past_path_max_reports_where_the_os_refused(deep):
     assert bottom.startswith(folder) and reason == "unreadable folder (File name too long)"
 
 
-async def test_language_server_on_a_deep_tree_is_ready_and_answers(deep):
+async def test_language_server_on_a_hostile_tree_is_ready_and_answers(deep):
     root, bottom = deep("d")
+    (root / os.fsdecode(b"bad\xff.py")).write_bytes(b"X = 1\n")  # git allows any bytes in a name
     model = {"name": str(tiny_model()), "kvBits": 16, "prefillChunk": 512}  # the deep path is ~1,500 tokens
     async with served(root, model=model) as client:
         context = await show_context(client)
         assert prompt_keys(context) == {"util.py", "main.py", bottom}
+        assert skip_reasons(context) == {"bad\ufffd.py": "file name is not UTF-8"}
         await ask(client)
+
+
+@pytest.mark.parametrize("mode", ["walk", "git"])
+def test_file_names_that_are_not_utf8_are_reported_not_fatal(tmp_path, mode):
+    """Such a name used to reach the tokenizer and stop the scan with a TypeError."""
+    root = write_sample_workspace(tmp_path)
+    (root / os.fsdecode(b"bad\xff.py")).write_bytes(b"X = 1\n")
+    (root / os.fsdecode(b"dir\xfe")).mkdir()
+    (root / os.fsdecode(b"dir\xfe") / "inner.py").write_bytes(b"Y = 1\n")
+    (root / "new\nline.py").write_bytes(b"Z = 1\n")  # odd but UTF-8: kept
+    if mode == "git":
+        subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
+    layout = run_context(root)
+    assert {row["path"] for row in layout["files"]} == {"util.py", "main.py", "new\nline.py"}
+    skipped = {row["path"]: row["reason"] for row in layout["skipped"] if row["path"] != ".git/"}
+    assert skipped == {"bad\ufffd.py": "file name is not UTF-8", "dir\ufffd/inner.py": "file name is not UTF-8"}
 
 
 @pytest.mark.parametrize("mode", ["walk", "git"])
