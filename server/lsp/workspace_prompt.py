@@ -21,6 +21,11 @@ from .settings import ContextSettings
 logger = logging.getLogger(__name__)
 
 
+def _text(content: str) -> str:
+    """`content` without lone surrogates (JSON can carry "\\ud800"; tokenizers refuse it)."""
+    return content.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def _engine_segments(segments) -> list[PromptSegment]:
     return [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected) for s in segments]
 
@@ -86,7 +91,8 @@ class WorkspacePrompt:
         """The prompt for `turns`; the last turn is the question."""
         self._flush()
         *earlier, question = turns
-        return _engine_segments(self.workspace.prompt(question.content, [(t.role, t.content) for t in earlier]))
+        return _engine_segments(self.workspace.prompt(_text(question.content),
+                                                      [(t.role, _text(t.content)) for t in earlier]))
 
     def prefix_segments(self) -> list[PromptSegment]:
         """The stable prefix alone: what warm-up prefills."""

@@ -95,6 +95,7 @@ async def test_file_events_and_buffers_for_links_leave_the_prompt_unchanged(layo
         assert [(row["key"], row["reason"]) for row in hot] == [("real.py", "hot (deleted)")]
 
         await ask(client)  # the server still answers normally
+        await ask(client, "What is \ud800 in util.py?")  # a lone surrogate from JSON reaches no tokenizer
         main = root / "main.py"
         did_open(client, main, main.read_text(encoding="utf-8"))
         answer = await hover(client, main, 4, main.read_text(encoding="utf-8").splitlines()[4].index("add(") + 1)
