@@ -8,7 +8,6 @@ so root's bypass of permission bits is gone, exactly as for an unprivileged user
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -22,7 +21,6 @@ from tests.server.harness import REPO_ROOT, write_sample_workspace
 
 DEPTH = 1500  # above Python's default recursion limit (1000)
 BOTTOM = "bottom.py"
-_PR_CAPBSET_DROP, _EINVAL = 24, 22
 
 
 def make_deep(root: Path, name: str, depth: int = DEPTH) -> str:
@@ -74,20 +72,25 @@ def deep(tmp_path):
         remove_deep(tmp_path, name)
 
 
-def _drop_capabilities() -> None:
-    """Runs in the child before exec: an empty bounding set leaves uid 0 without any capability."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in range(64):
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != _EINVAL:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+# Run as a program before the CLI: empties the capability bounding set (so the exec'd CLI, uid 0,
+# gets no capability, and permission bits apply to it), checks CAP_DAC_OVERRIDE is gone, execs.
+_WITHOUT_CAPABILITIES = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for cap in range(64):\n"
+    "    libc.prctl(24, cap, 0, 0, 0)\n"  # PR_CAPBSET_DROP; EINVAL past the last capability
+    "if libc.prctl(23, 1, 0, 0, 0) != 0:\n"  # PR_CAPBSET_READ of CAP_DAC_OVERRIDE
+    "    sys.exit('capabilities could not be dropped')\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
 
 
 def run_context(root: Path, unprivileged: bool = False) -> dict:
     """`codectx context --repo ROOT --json` with the tiny model's tokenizer; asserts exit status 0."""
-    extra = {"preexec_fn": _drop_capabilities} if unprivileged and os.geteuid() == 0 else {}
-    done = subprocess.run([sys.executable, "-m", "server.cli", "context", "--repo", str(root), "--json",
-                           "--tokenizer", str(tiny_model())], cwd=REPO_ROOT, capture_output=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), check=False, **extra)
+    command = ["-m", "server.cli", "context", "--repo", str(root), "--json", "--tokenizer", str(tiny_model())]
+    if unprivileged and os.geteuid() == 0:
+        command = ["-c", _WITHOUT_CAPABILITIES, *command]
+    done = subprocess.run([sys.executable, *command], cwd=REPO_ROOT, capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), check=False)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     return json.loads(done.stdout)
 
