@@ -1,6 +1,6 @@
 """The real language server (`python -m server.serve_cmd` over stdio) for the workspace-access tests.
 
-`served(root, model)` starts one server process with pytest-lsp's client, initializes it
+`served(root, model_dir)` starts one server process with pytest-lsp's client, initializes it
 on `root` with the tiny random-weight model of tests/server/harness.py and VS Code's
 capabilities, and shuts it down afterwards. Every wait is for the answer itself,
 bounded by `TIMEOUT` (`showContext` and `ask` wait for the model load and the scan).

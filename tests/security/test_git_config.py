@@ -71,9 +71,13 @@ def _script(path: Path, marks: Path, name: str, then: str) -> str:
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment of a user's shell: no GIT_* or PAGER overrides that would hide a trap."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k not in ("PAGER", "EDITOR")}
-    return dict(env, TERM="xterm")
+    """A user's shell without GIT_*/PAGER/EDITOR overrides that would hide a trap, and with an
+    empty home and no system config (a global core.hooksPath would disarm a control)."""
+    home = Path(os.environ["CODECTX_HOME"]) / "git-home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") and k not in ("PAGER", "EDITOR", "VISUAL", "XDG_CONFIG_HOME")}
+    return dict(env, TERM="xterm", HOME=str(home), GIT_CONFIG_NOSYSTEM="1")
 
 
 def _git(repo: Path, *args: str) -> None:
