@@ -283,7 +283,7 @@ async def run_phase(phase: str, seconds: float, budget: list[int], peer: LspPeer
         actions += [(lambda: half_open(host, int(port), tally), 0.5)] * 8
     before, started = process_sample(peer.pid), time.monotonic()
     samples: list[dict] = []
-    sampler = asyncio.ensure_future(sample(peer.pid, samples, started))
+    sampler = asyncio.ensure_future(sample(peer, samples, started))
     await asyncio.gather(*(worker(deadline, tally, budget, action, pause) for action, pause in actions))
     sampler.cancel()
     after = process_sample(peer.pid)
@@ -293,10 +293,21 @@ async def run_phase(phase: str, seconds: float, budget: list[int], peer: LspPeer
             "answered_valid": len(latencies), "samples": samples}
 
 
-async def sample(pid: int, samples: list[dict], started: float, every: float = 5.0) -> None:
-    """The server's RSS, descriptors and threads every `every` seconds (for growth over time)."""
+async def sample(peer: LspPeer, samples: list[dict], started: float, every: float = 5.0) -> None:
+    """Every `every` seconds: the server's RSS, descriptors and threads, and what its engine says
+    its checkpoints hold (growth there is bounded by `memory.checkpointBytes`, not a leak)."""
     while True:
-        samples.append({"t": round(time.monotonic() - started, 1), **process_sample(pid)})
+        row = {"t": round(time.monotonic() - started, 1), **process_sample(peer.pid)}
+        try:
+            reply = await peer.call("workspace/executeCommand", {"command": "codectx.status", "arguments": []}, 10)
+            engine = (reply.get("result") or {}).get("engine") or {}
+            cache, mlx = engine.get("cache") or {}, engine.get("mlx_memory") or {}
+            row.update(checkpoint_kib=cache.get("checkpoint_bytes", 0) // 1024,
+                       live_cache_kib=cache.get("live_cache_bytes", 0) // 1024,
+                       mlx_active_kib=mlx.get("active_bytes", 0) // 1024, mlx_cache_kib=mlx.get("cache_bytes", 0) // 1024)
+        except asyncio.TimeoutError:
+            pass
+        samples.append(row)
         await asyncio.sleep(every)
 
 
@@ -319,7 +330,10 @@ async def main_async(args: argparse.Namespace) -> int:
             await peer.initialize(tmp_path / "ws", {
                 "model": {"name": model, "prefillChunk": 64}, "ask": {"maxTokens": 8},
                 "hover": {"maxTokens": 8, "prefetch": 0, "prefetchHeads": False},
-                "warmup": {"debounceMs": 200}})
+                "warmup": {"debounceMs": 200},
+                # A small checkpoint budget, reached within the first minute: after that, growth
+                # of the process's memory is not the cache filling up.
+                "memory": {"checkpointBytes": args.checkpoint_mib << 20}})
             await peer.wait_ready(300)
             uris = [await peer.open(path) for path in files]
             tally = Tally()
@@ -380,6 +394,7 @@ def main() -> int:
                                                                         "(half each)")
     parser.add_argument("--model", help="model name or directory (default: a tiny random-weight llama)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-mib", type=int, default=8, help="the server's checkpoint memory budget")
     return asyncio.run(main_async(parser.parse_args()))
 
 

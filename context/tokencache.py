@@ -12,11 +12,15 @@ import xxhash
 
 from context import store
 from context.home import codectx_home
+from context.lru import LRUDict
 from context.tokenizer import BatchTextTokenizer, TextTokenizer
 
 log = logging.getLogger(__name__)
 
 _MAX_SAVED_TOKENS = 64_000_000
+MAX_LIVE_TOKENS = 4_000_000
+"""Token ids kept in memory (~36 bytes a token as Python ints: at most ~150 MB), several times a
+large repository's prefix; older entries are re-read from disk or re-tokenized when needed."""
 """Entries not used in this session are dropped from the file beyond this many tokens."""
 
 
@@ -77,7 +81,8 @@ class TokenCache:
         self.path = path or codectx_home() / "tokens" / f"{tokenizer.fingerprint}.msgpack"
         self.persist = persist
         self._stored_data: dict[bytes, bytes] | None = None if persist else {}
-        self._live: dict[bytes, tuple[int, ...]] = {}
+        # Every edit adds the changed chunk's ids: bounded, least recently used first out.
+        self._live: LRUDict[bytes, tuple[int, ...]] = LRUDict(MAX_LIVE_TOKENS, weight=len)
         self._counts_path = self.path.with_name(self.path.stem + ".counts.msgpack")
         self._counts: dict[bytes, int] = store.load(self._counts_path) if persist else {}
         self._dirty = False

@@ -221,6 +221,8 @@ class Engine:
                 "closed": self._closed,
                 "cache": self.prefix.stats(),
                 "archive": None if archive is None else archive.state,
+                "mlx_memory": {"active_bytes": mx.get_active_memory(), "cache_bytes": mx.get_cache_memory(),
+                               "peak_bytes": mx.get_peak_memory()},
             }
 
     def close(self) -> None:

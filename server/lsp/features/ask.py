@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+from context.lru import LRUDict
+
 from ..prompt import Turn
 from ..session import Session
 from ..tools import CALL_CLOSE, ToolError, WorkspaceTools, parse_tool_call
@@ -29,11 +31,15 @@ class AskResult:
                 "conversationId": self.conversation_id, "toolCalls": self.tool_calls}
 
 
+MAX_CONVERSATIONS = 64
+
+
 class Conversations:
     """Turns of earlier asks, by conversation id."""
 
-    def __init__(self) -> None:
-        self._turns: dict[str, list[Turn]] = {}
+    def __init__(self, capacity: int = MAX_CONVERSATIONS) -> None:
+        # Bounded: every ask without an id starts one, and a client may send any ids.
+        self._turns: LRUDict[str, list[Turn]] = LRUDict(capacity)
 
     def get(self, conversation_id: str | None) -> tuple[str, list[Turn]]:
         if conversation_id is None or conversation_id not in self._turns:

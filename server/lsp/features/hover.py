@@ -24,6 +24,8 @@ from pathlib import Path
 
 import xxhash
 
+from context.lru import LRUDict
+
 from engine.request import Priority, PromptSegment, token_bytes
 
 from ..prompt import Turn
@@ -32,6 +34,8 @@ from ..warmth import prefix_part
 from .symbols import DefinitionIndex, DefinitionSite
 
 logger = logging.getLogger(__name__)
+MAX_ANSWERS = 4096
+MAX_STARTS = 1024  # answer heads the engine may still hold (it evicts by its own budget)
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,10 @@ class HoverCache:
 
     def __init__(self, read_text) -> None:
         self.index = DefinitionIndex(read_text)
-        self.answers: dict[tuple[str, str], str] = {}
+        # Bounded: every edit of a definition or of what it uses makes a new key.
+        self.answers: LRUDict[tuple[str, str], str] = LRUDict(MAX_ANSWERS)
         self.pending: dict[tuple[str, str], asyncio.Task] = {}
-        self.starts: set[tuple[str, tuple[int, ...]]] = set()  # (lead-in digest, answer head) prefilled
+        self.starts: LRUDict[tuple[str, tuple[int, ...]], bool] = LRUDict(MAX_STARTS)  # (lead-in digest, head)
 
     def key(self, site: DefinitionSite, files: list[Path]) -> tuple[str, str]:
         """What an answer about `site` depends on."""
@@ -94,7 +99,7 @@ def answer_start(site: DefinitionSite, stale: bool) -> tuple[str, str]:
 
 
 def hover_segments(session: Session, site: DefinitionSite,
-                   starts: set[tuple[str, tuple[int, ...]]] | None = None) -> tuple[list[PromptSegment], str]:
+                   starts: LRUDict[tuple[str, tuple[int, ...]], bool] | None = None) -> tuple[list[PromptSegment], str]:
     """The lead-in (on the warm prefix when allowed) and the answer start for `site`, with its text.
 
     When `starts` says the engine holds this lead-in + answer head (prefilled by

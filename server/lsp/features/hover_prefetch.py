@@ -134,7 +134,7 @@ class HoverPrefetch:
         return asyncio.ensure_future(prefill())
 
     def _started_start(self, key) -> None:
-        self.cache.starts.add(key)
+        self.cache.starts[key] = True
         self.starts += 1
         if self.on_prepared is not None:
             self.on_prepared()
