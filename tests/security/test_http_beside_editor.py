@@ -79,7 +79,10 @@ async def test_lsp_requests_answer_while_a_huge_http_prompt_is_tokenized(editor:
         assert response.status_code == 400
         assert "the prompt has" in response.json()["error"]["message"]  # really tokenized
         assert seconds > 0.5, f"the huge request took only {seconds:.2f} s: too fast to show anything"
-        assert len(latencies) >= 5 and max(latencies) < seconds / 3, (max(latencies), seconds)
+        # A blocked loop answers nothing until the prompt is done (a few answers at most); a free one
+        # answers hundreds, almost all at once. A single slow answer on a loaded machine is not a block.
+        assert len(latencies) >= 20 and sorted(latencies)[int(0.9 * len(latencies))] < 0.1, \
+            (len(latencies), sorted(latencies)[-5:], seconds)
         print(f"huge HTTP request {seconds:.2f} s; {len(latencies)} codectx.status answers meanwhile, "
               f"max {max(latencies) * 1000:.0f} ms")
         health = await http.get("/health")

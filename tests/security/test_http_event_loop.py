@@ -54,8 +54,10 @@ def test_health_answers_quickly_while_a_huge_prompt_is_tokenized(server):
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and "the prompt has" in error["message"]  # tokenized
     assert seconds > 0.5, f"the huge request took only {seconds:.2f} s: too fast to show anything"
-    assert len(latencies) >= 5, latencies
-    assert max(latencies) < seconds / 3, (max(latencies), seconds)
+    # A blocked loop answers nothing until the prompt is done (a few answers at most); a free one
+    # answers hundreds, almost all at once. A single slow answer on a loaded machine is not a block.
+    assert len(latencies) >= 20 and sorted(latencies)[int(0.9 * len(latencies))] < 0.1, \
+        (len(latencies), sorted(latencies)[-5:], seconds)
     print(f"huge request {seconds:.2f} s; {len(latencies)} /health probes meanwhile, "
           f"max {max(latencies) * 1000:.0f} ms, median {sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms")
     server.assert_answers()
