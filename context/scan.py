@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import pathspec
+
+from context.errors import WorkspaceError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,9 @@ class ScanRules:
         include: Globs (gitignore syntax); when given, only matching files are kept.
         exclude: Globs whose matches are left out.
         max_bytes: Files larger than this are left out.
+
+    Raises:
+        WorkspaceError: An include or exclude pattern is not a valid pattern.
     """
 
     include: tuple[str, ...] = ()
@@ -51,8 +57,12 @@ class ScanRules:
     max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_include", pathspec.PathSpec.from_lines("gitignore", self.include))
-        object.__setattr__(self, "_exclude", pathspec.PathSpec.from_lines("gitignore", self.exclude))
+        for name in ("include", "exclude"):
+            patterns = getattr(self, name)
+            try:
+                object.__setattr__(self, f"_{name}", pathspec.PathSpec.from_lines("gitignore", patterns))
+            except (ValueError, re.error) as err:
+                raise WorkspaceError(f"invalid {name} pattern in {list(patterns)!r}: {err}") from err
 
     def path_reason(self, rel: str) -> str | None:
         """Why a path is left out by its name alone, or None to keep it."""

@@ -15,7 +15,7 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from .buffer import LineBuffer
-from .errors import DocumentNotFoundError, DocumentNotOpenError, EditRejectedError, InvalidPositionError
+from .errors import DocumentNotOpenError, EditRejectedError, InvalidPositionError
 
 
 class Document:
@@ -106,21 +106,6 @@ class DocumentStore:
 
     def get(self, uri: str) -> Document | None:
         return self._docs.get(uri)
-
-    def text(self, uri: str) -> str:
-        """The buffer text, or the file on disk when the buffer is not open.
-
-        Raises:
-            KeyError: Neither an open buffer nor a readable file (a
-                `DocumentNotFoundError`, which requests answer with -32602).
-        """
-        if (doc := self._docs.get(uri)) is not None:
-            return doc.text
-        fs_path = to_fs_path(uri)
-        try:
-            return Path(fs_path).read_text(encoding="utf-8", errors="replace")
-        except (OSError, TypeError, ValueError) as err:
-            raise DocumentNotFoundError(uri, type(err).__name__) from err
 
     def by_path(self, path: Path) -> Document | None:
         """The open buffer for a file system path, if any."""

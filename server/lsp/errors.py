@@ -60,20 +60,6 @@ class EditRejectedError(InvalidArgumentsError):
     """A `didChange` that cannot apply (a reversed or impossible range); nothing changed."""
 
 
-class DocumentNotFoundError(InvalidArgumentsError, KeyError):
-    """A document that is neither open nor readable from disk.
-
-    A `KeyError` too, which is what `DocumentStore.text` has always raised.
-    """
-
-    def __init__(self, uri: str, reason: str = "") -> None:
-        super().__init__(uri)
-        self.uri, self.reason = uri, reason
-
-    def __str__(self) -> str:
-        return f"{self.uri} is not open and cannot be read" + (f" ({self.reason})" if self.reason else "")
-
-
 class InvalidRequestError(ServerError):
     """A message that is JSON but not a JSON-RPC request, or a request after `shutdown`."""
 
