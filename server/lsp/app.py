@@ -98,6 +98,9 @@ class CodectxServer(LanguageServer):
             self.show(user_message(err), types.MessageType.Error)
             raise
         self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
+        archive = backend.engine.stats().get("archive")
+        if archive and archive.startswith("off"):  # the engine goes on with checkpoints in memory
+            self.show(f"codectx: checkpoint archive {archive}; answers still work, a restart recomputes the prefix")
         self.tools = WorkspaceTools(prompt.access, self.read_text, lambda: prompt.files)
         self.warmup = Warmup(self.session, self.on_warmth,
                              lead_in=hover_feature.lead_in if self.session.settings.hover.enabled else None)

@@ -102,8 +102,10 @@ async def test_unwritable_archive_folder_is_switched_off_and_requests_answer(hom
             first = await ask_ok(client)
             second = await ask_ok(client)  # served from in-memory checkpoints
             state = (await command(client, "codectx.status"))["engine"]
+            shown = [m.message for m in client.messages if "checkpoint archive off" in m.message]
     finally:
         (home / "archive").chmod(0o755)
+    assert len(shown) == 1 and "answers still work" in shown[0]  # the editor tells the user, once
     assert second["metrics"]["cached_tokens"] > 0 and second["text"] == first["text"]
     assert state["archive"].startswith("off: cannot write") and any(c in state["archive"] for c in causes)
     assert state["requests_failed"] == 0
