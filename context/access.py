@@ -111,28 +111,25 @@ class AccessPolicy:
 
     def read(self, path: str | Path) -> SourceFile | Skipped:
         """The file's text, or why it is not read. Never raises for a bad file."""
-        try:
-            rel = self.relative(path)
-        except AccessDeniedError as err:
-            return Skipped(os.fspath(path), str(err))
-        reason = self.refusal(rel) or self._link_refusal(rel)
-        if reason:
-            return Skipped(printable(rel), reason)
+        rel = self._allowed(path)
+        if isinstance(rel, Skipped):
+            return rel
         item = self._read_bytes(rel)
-        if isinstance(item, Skipped):
-            return item
-        return self._text(rel, item)
+        return item if isinstance(item, Skipped) else self._text(rel, item)
 
     def admit(self, path: str | Path, text: str) -> SourceFile | Skipped:
         """Applies the policy to an editor buffer's text (no disk read of the contents)."""
+        rel = self._allowed(path)
+        return rel if isinstance(rel, Skipped) else self._text(rel, text.encode("utf-8", "surrogatepass"))
+
+    def _allowed(self, path: str | Path) -> str | Skipped:
+        """`path` as a root-relative path the policy lets through (by name and link target), or why not."""
         try:
             rel = self.relative(path)
         except AccessDeniedError as err:
             return Skipped(os.fspath(path), str(err))
         reason = self.refusal(rel) or self._link_refusal(rel)
-        if reason:
-            return Skipped(printable(rel), reason)
-        return self._text(rel, text.encode("utf-8", "surrogatepass"))
+        return Skipped(printable(rel), reason) if reason else rel
 
     def read_text(self, path: str | Path) -> str:
         """The file's text for a caller that needs it now (tools, hover, code actions).

@@ -7,19 +7,23 @@ reach the template.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+from pytest_lsp import ClientServerConfig
 
 from server.http.app import create_app
 from server.http.config import HttpConfig
 from server.http.runner import HttpServer
 from server.http.source import StandaloneSource
 from server.lsp.settings import MemorySettings, ModelSettings, Settings
-from tests.server.harness import build_server_test_model
+from tests.server.harness import REPO_ROOT, build_server_test_model
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
@@ -96,3 +100,19 @@ def start_api(model: Path, workspace: Path | None, config: HttpConfig) -> Api:
     server = HttpServer(create_app(source, config), config.host, config.port)
     server.start()
     return Api(server.url, source, server)
+
+
+def free_port() -> int:
+    """A loopback port free right now (the server binds it moments later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stdio_http_config(port: int) -> ClientServerConfig:
+    """pytest-lsp's config for `codectx serve --stdio --http 127.0.0.1:PORT` (no API key)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
+               CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
+    env.pop("CODECTX_API_KEY", None)
+    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING",
+                                              "--stdio", "--http", f"127.0.0.1:{port}"], server_env=env)

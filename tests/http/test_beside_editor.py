@@ -6,37 +6,22 @@ answers whose cached_tokens reflect the editor's warm prefix.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import sys
 
 import httpx
 import openai
 import pytest_lsp
-from pytest_lsp import ClientServerConfig, LanguageClient
+from pytest_lsp import LanguageClient
 
 from server.http.prometheus import parse
-from tests.server.harness import REPO_ROOT, command, default_options, start
+from tests.http.http_harness import free_port, stdio_http_config
+from tests.server.harness import command, default_options, start
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-PORT = _free_port()
+PORT = free_port()
 URL = f"http://127.0.0.1:{PORT}"
 
 
-def _config() -> ClientServerConfig:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
-               CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
-    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING",
-                                              "--stdio", "--http", f"127.0.0.1:{PORT}"], server_env=env)
-
-
-@pytest_lsp.fixture(config=_config())
+@pytest_lsp.fixture(config=stdio_http_config(PORT))
 async def editor(lsp_client: LanguageClient, http_model, http_workspace):
     await start(lsp_client, "vscode", http_workspace, default_options(http_model))
     yield

@@ -9,39 +9,23 @@ fraction of the time the HTTP request takes.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import sys
 import time
 
 import httpx
 import pytest_lsp
-from pytest_lsp import ClientServerConfig, LanguageClient
+from pytest_lsp import LanguageClient
 
-from tests.server.harness import REPO_ROOT, command, default_options, start
+from tests.http.http_harness import free_port, stdio_http_config
+from tests.server.harness import command, default_options, start
 
 CONTENT = "\u20ac" * 400_000
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-PORT = _free_port()
+PORT = free_port()
 URL = f"http://127.0.0.1:{PORT}"
 
 
-def _config() -> ClientServerConfig:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
-               CODECTX_HOME=os.environ.get("CODECTX_HOME", "/tmp/codectx-test-home"))
-    env.pop("CODECTX_API_KEY", None)
-    return ClientServerConfig(server_command=[sys.executable, "-m", "server.serve_cmd", "--log-level", "WARNING",
-                                              "--stdio", "--http", f"127.0.0.1:{PORT}"], server_env=env)
-
-
-@pytest_lsp.fixture(config=_config())
+@pytest_lsp.fixture(config=stdio_http_config(PORT))
 async def editor(lsp_client: LanguageClient, security_model, security_workspace):
     await start(lsp_client, "vscode", security_workspace, default_options(security_model))
     yield
