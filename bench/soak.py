@@ -349,7 +349,8 @@ async def main_async(args: argparse.Namespace) -> int:
             raise
         finally:
             exit_code = await peer.shutdown()
-    report(phases, tally, args, alive="result" in alive and health == 200, exit_code=exit_code)
+    report(phases, tally, args, alive="result" in alive and health == 200, exit_code=exit_code,
+           unreadable=peer.unreadable_frames)
     return 0
 
 
@@ -360,7 +361,8 @@ def build_model(directory: Path) -> Path:
     return build_server_test_model(directory)
 
 
-def report(phases: list[dict], tally: Tally, args: argparse.Namespace, alive: bool, exit_code: int | None) -> None:
+def report(phases: list[dict], tally: Tally, args: argparse.Namespace, alive: bool, exit_code: int | None,
+           unreadable: int) -> None:
     rows = []
     for p in phases:
         counts = {k: v for k, v in tally.counts.items() if k[0] == p["phase"]}
@@ -379,9 +381,11 @@ def report(phases: list[dict], tally: Tally, args: argparse.Namespace, alive: bo
                            tally.counts.get(("abusive", kind, outcome), 0),
                            *(percentile(tally.latencies(p, kind), 0.5) if outcome == "ok" else None
                              for p in ("clean", "abusive"))] for kind, outcome in kinds]))
-    print(f"\nserver answered LSP and HTTP after the run: {alive}; exit code after shutdown/exit: {exit_code}")
+    sent = sum(v for k, v in tally.counts.items() if k[1].startswith("lsp bad frame"))
+    print(f"\nbroken LSP frames sent: {sent}; answered -32700 (id null): {unreadable}")
+    print(f"server answered LSP and HTTP after the run: {alive}; exit code after shutdown/exit: {exit_code}")
     path = write_json("soak", {"machine": machine(), "args": vars(args), "phases": phases, "alive": alive,
-                               "exit_code": exit_code,
+                               "exit_code": exit_code, "broken_frames_sent": sent, "broken_frames_answered": unreadable,
                                "counts": [{"phase": k[0], "kind": k[1], "outcome": k[2], "n": v}
                                           for k, v in sorted(tally.counts.items())]})
     print(f"wrote {path.relative_to(ROOT)}")

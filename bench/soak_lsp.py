@@ -36,6 +36,7 @@ class LspPeer:
         self._stderr_changed = asyncio.Event()
         self._ready = asyncio.get_running_loop().create_future()
         self._versions: dict[str, int] = {}
+        self.unreadable_frames = 0  # -32700 answers with id null: one per broken frame the server skipped
         self._tasks = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
 
     @classmethod
@@ -150,6 +151,8 @@ class LspPeer:
             value = message["params"].get("value") or {}
             if value.get("kind") == "end" and not self._ready.done():
                 self._ready.set_result(value.get("message"))
+        elif message.get("id") is None and "error" in message:  # a frame the server could not read
+            self.unreadable_frames += 1
         elif (future := self._waiting.get(message.get("id"))) is not None and not future.done():
             future.set_result(message)
 
