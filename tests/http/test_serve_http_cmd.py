@@ -10,7 +10,7 @@ import httpx
 
 from tests.http.http_harness import wait_until
 from tests.server.harness import REPO_ROOT
-from tests.http.test_beside_editor import _free_port
+from tests.http.http_harness import free_port
 
 
 def _serve(*args: str, home) -> subprocess.Popen:
@@ -29,7 +29,7 @@ def _health(url: str) -> dict | None:
 
 
 def test_http_alone_serves_the_workspace_and_stops_on_sigterm(http_model, http_workspace, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = _serve("--http", str(port), "--model", str(http_model), "--workspace", str(http_workspace),
                      home=tmp_path)
@@ -47,7 +47,7 @@ def test_http_alone_serves_the_workspace_and_stops_on_sigterm(http_model, http_w
 
 
 def test_off_loopback_without_a_key_refuses_to_start(tmp_path):
-    process = _serve("--http", f"0.0.0.0:{_free_port()}", "--model", "unused", home=tmp_path)
+    process = _serve("--http", f"0.0.0.0:{free_port()}", "--model", "unused", home=tmp_path)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2 and "API key" in err
 
