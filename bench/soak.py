@@ -176,7 +176,7 @@ async def lsp_abuse(peer: LspPeer, tally: Tally, rng: random.Random, uri: str) -
 async def http_chat(client: httpx.AsyncClient, tally: Tally, stream: bool, drop: bool) -> None:
     body = {"model": "codectx", "messages": [{"role": "user", "content": "What does offset_2 do?"}],
             "max_tokens": 8, "stream": stream}
-    kind = "http chat" + (" stream" if stream else "") + (" dropped" if drop else "")
+    kind = "http chat" + (" stream" if stream else "") + (" dropped" if drop else "")  # drop: streams only
     started = time.perf_counter()
     try:
         if not stream:
@@ -255,7 +255,9 @@ async def run_phase(phase: str, seconds: float, budget: list[int], peer: LspPeer
     status = lambda: lsp_valid(peer, tally, "lsp status", "workspace/executeCommand",  # noqa: E731
                                {"command": "codectx.status", "arguments": []})
     ask = lambda: lsp_ask(peer, tally, rng, cancel=abusive and rng.random() < 0.5)  # noqa: E731
-    chat = lambda: http_chat(client, tally, stream=rng.random() < 0.5, drop=abusive and rng.random() < 0.5)  # noqa: E731
+    async def chat() -> None:
+        stream = rng.random() < 0.5
+        await http_chat(client, tally, stream, drop=stream and abusive and rng.random() < 0.5)
 
     async def health() -> None:
         started = time.perf_counter()
