@@ -59,7 +59,7 @@ def _context_length(engine: Any) -> int:
 
 
 def _turns(turns: Sequence[tuple[str, str]]) -> list[Any]:
-    from server.lsp.prompt import Turn
+    from server.core.prompt import Turn
 
     return [Turn(role, content) for role, content in turns]
 
@@ -68,7 +68,7 @@ class StandaloneSource:
     """An engine of its own, plus an optional workspace for the repository model.
 
     Args:
-        backend: A `server.lsp.backend.Backend` (engine, tokenizer, model id).
+        backend: A `server.core.backend.Backend` (engine, tokenizer, model id).
         name: The name the model was asked for (accepted as an alias).
         prompt: A `WorkspacePrompt`, or None.
     """
@@ -90,8 +90,8 @@ class StandaloneSource:
         """
         import dataclasses
 
-        from server.lsp.backend import start_backend
-        from server.lsp.settings import Settings
+        from server.core.backend import start_backend
+        from server.core.settings import Settings
 
         settings = settings or Settings()
         settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, name=model))
@@ -122,8 +122,8 @@ class StandaloneSource:
 
 def build_workspace_prompt(root: Path, tokenizer: Any, settings: Any) -> Any:
     """The language server's prompt for `root` (`WorkspacePrompt`: one builder, one access policy)."""
-    from server.lsp.tools import TOOLS_PROMPT
-    from server.lsp.workspace_prompt import WorkspacePrompt
+    from server.core.tools import TOOLS_PROMPT
+    from server.core.prompt import WorkspacePrompt
 
     def no_buffers(path: Path) -> None:
         return None

@@ -11,21 +11,22 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
+from server.core.backend import start_backend, window_policy
+from server.core.features import ask as ask_feature
+from server.core.features import hover as hover_feature
+from server.core.features import status as status_feature
+from server.core.features.hover_prefetch import HoverPrefetch
+from server.core.prompt import WorkspacePrompt
+from server.core.session import Session
+from server.core.settings import Settings, parse_settings
+from server.core.tools import TOOLS_PROMPT, WorkspaceTools
+from server.core.warmup import Warmup
+
 from . import convert, editing
-from .backend import start_backend, window_policy
 from .documents import DocumentStore
 from .errors import InvalidArgumentsError, user_message
-from .features import ask as ask_feature
-from .features import hover as hover_feature
-from .features.hover_prefetch import HoverPrefetch
-from .features import status as status_feature
-from .workspace_prompt import WorkspacePrompt
 from .protocol import CodectxProtocol
-from .session import Session
-from .settings import Settings, parse_settings
 from .stream import TextStream
-from .tools import TOOLS_PROMPT, WorkspaceTools
-from .warmup import Warmup
 
 logger = logging.getLogger(__name__)
 WARMTH_METHOD = "codectx/warmth"
@@ -279,7 +280,9 @@ def _selection(ls: CodectxServer, options: dict) -> tuple[str | None, str | None
 
 @server.command("codectx.status")
 def status_command(ls: CodectxServer, *args: Any) -> dict:
-    state = status_feature.status(ls.session, ls.protocol, ls.warmup)
+    state = status_feature.status(ls.session, ls.warmup, ls.session.documents.encoding.value,
+                                  {"pendingRequests": ls.protocol.pending_requests(),
+                                   "progressTokens": ls.protocol.progress_tokens()})
     state["hoverPrefetch"] = ls.prefetch.state() if ls.prefetch is not None else None
     return state
 

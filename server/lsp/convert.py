@@ -8,10 +8,11 @@ Lines end at "\\n", "\\r\\n" or "\\r" and nowhere else.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from lsprotocol import types
 from pygls.protocol import default_converter
+
+from server.core.span import Span
 
 from .errors import InvalidPositionError
 from .messages import register_strict_primitives
@@ -125,14 +126,6 @@ def to_position(text: str, offset: int, encoding: types.PositionEncodingKind) ->
     end = LINE_END.search(text, start)
     stop = min(offset, end.start() if end else len(text))
     return types.Position(line=line, character=unit_length(text[start:max(start, stop)], encoding))
-
-
-@dataclass(frozen=True)
-class Span:
-    """A half-open code-point range [start, end) in one document."""
-
-    start: int
-    end: int
 
 
 def to_span(text: str, rng: types.Range, encoding: types.PositionEncodingKind) -> Span:

@@ -11,9 +11,9 @@ from context.errors import ContextError
 
 from . import convert
 from .errors import InvalidArgumentsError
-from .features import code_actions, hover
-from .features.code_actions import ACTIONS
-from .features.symbols import identifier_at
+from server.core.features import code_actions, hover
+from server.core.features.code_actions import ACTIONS
+from server.core.features.symbols import identifier_at
 
 ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActionKind.RefactorRewrite.value,
                 "findBugs": "source.codectx.findBugs", "tests": "source.codectx.tests",

@@ -1,8 +1,8 @@
-"""Server errors, and the one place that maps every error to JSON-RPC.
+"""LSP errors, and the one place that maps every error to JSON-RPC.
 
-Handlers raise or let through `EngineError`s, context errors and the
-`ServerError`s below; `to_rpc_error` turns each into a JSON-RPC error with a
-code and a message a user can act on.
+Handlers raise or let through `EngineError`s, context errors, the core's errors
+(`server.core.errors`) and the LSP errors below; `to_rpc_error` turns each into a
+JSON-RPC error: the code from the error's core category, the core's user message.
 """
 from __future__ import annotations
 
@@ -10,15 +10,11 @@ import logging
 
 from pygls.exceptions import JsonRpcException, JsonRpcInternalError
 
-from engine import errors as engine_errors
+from server.core.errors import Category, CoreError, InvalidArgumentsError, NotReadyError, classify
 
 logger = logging.getLogger(__name__)
 
-try:  # the context package may land after the server
-    from context.errors import ContextError
-except ImportError:  # pragma: no cover - depends on checkout state
-    class ContextError(Exception):  # type: ignore[no-redef]
-        """Stand-in until `context.errors` exists."""
+__all__ = ["InvalidArgumentsError", "NotReadyError", "to_rpc_error", "user_message"]
 
 # JSON-RPC reserves -32099..-32000 for implementation-defined server errors.
 MODEL_NOT_FOUND = -32001
@@ -30,14 +26,6 @@ REQUEST_CANCELLED = -32800  # LSP's RequestCancelled
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
-
-
-class ServerError(Exception):
-    """Base class of errors raised by the server itself."""
-
-
-class InvalidArgumentsError(ServerError):
-    """A command or request with arguments of the wrong shape."""
 
 
 class UnknownCommandError(InvalidArgumentsError):
@@ -60,30 +48,27 @@ class EditRejectedError(InvalidArgumentsError):
     """A `didChange` that cannot apply (a reversed or impossible range); nothing changed."""
 
 
-class InvalidRequestError(ServerError):
+class InvalidRequestError(CoreError):
     """A message that is JSON but not a JSON-RPC request, or a request after `shutdown`."""
 
 
-class ParseError(ServerError):
+class ParseError(CoreError):
     """A frame whose body is not JSON."""
 
 
-class NotReadyError(ServerError):
-    """A request that needs the model or the workspace before they are loaded."""
-
-
-_TABLE: list[tuple[type[BaseException], int, str]] = [
-    (engine_errors.RequestCancelled, REQUEST_CANCELLED, "Request cancelled"),
-    (engine_errors.ModelNotFoundError, MODEL_NOT_FOUND,
-     "Model not found: {err}. Set `codectx.model.name` to a model directory, a .gguf file or a hub id"),
-    (engine_errors.ModelLoadError, MODEL_LOAD_FAILED, "The model could not be loaded: {err}"),
-    (engine_errors.EngineClosedError, ENGINE_CLOSED, "The engine is shut down"),
-    (engine_errors.EngineError, MODEL_LOAD_FAILED, "Engine error: {err}"),
-    (ContextError, CONTEXT_FAILED, "Could not build the repository context: {err}"),
-    (InvalidArgumentsError, INVALID_PARAMS, "{err}"),
+_CODES = {
+    Category.CANCELLED: REQUEST_CANCELLED,
+    Category.MODEL_NOT_FOUND: MODEL_NOT_FOUND,
+    Category.MODEL_LOAD_FAILED: MODEL_LOAD_FAILED,
+    Category.ENGINE_CLOSED: ENGINE_CLOSED,
+    Category.ENGINE_FAILED: MODEL_LOAD_FAILED,
+    Category.CONTEXT_FAILED: CONTEXT_FAILED,
+    Category.INVALID_ARGUMENTS: INVALID_PARAMS,
+    Category.NOT_READY: NOT_READY,
+}
+_LSP_ONLY: list[tuple[type[BaseException], int, str]] = [
     (InvalidRequestError, INVALID_REQUEST, "Invalid request: {err}"),
     (ParseError, PARSE_ERROR, "Parse error: {err}"),
-    (NotReadyError, NOT_READY, "{err}"),
 ]
 
 
@@ -95,11 +80,14 @@ def to_rpc_error(err: BaseException) -> JsonRpcException:
         return JsonRpcInternalError(message=err.message)
     if isinstance(err, JsonRpcException):
         return err
-    for kind, code, template in _TABLE:
+    for kind, code, template in _LSP_ONLY:
         if isinstance(err, kind):
             return JsonRpcException(message=template.format(err=err), code=code)
-    logger.error("unexpected error", exc_info=err)
-    return JsonRpcInternalError(message=f"Internal error: {type(err).__name__}: {err}")
+    failure = classify(err)
+    if failure.category is Category.INTERNAL:
+        logger.error("unexpected error", exc_info=err)
+        return JsonRpcInternalError(message=failure.message)
+    return JsonRpcException(message=failure.message, code=_CODES[failure.category])
 
 
 def user_message(err: BaseException) -> str:

@@ -87,7 +87,7 @@ def test_settings_mirror_the_server_settings(compiled):
     import dataclasses
     import json
 
-    from server.lsp.settings import Settings
+    from server.core.settings import Settings
 
     def camel(name: str) -> str:
         head, *rest = name.split("_")

@@ -22,7 +22,7 @@ from server.http.app import create_app
 from server.http.config import HttpConfig
 from server.http.runner import HttpServer
 from server.http.source import StandaloneSource
-from server.lsp.settings import MemorySettings, ModelSettings, Settings
+from server.core.settings import MemorySettings, ModelSettings, Settings
 from tests.server.harness import REPO_ROOT, build_server_test_model
 
 TEMPLATE = (

@@ -15,8 +15,8 @@ import time
 import pytest
 from lsprotocol import types
 
-from server.lsp.features.ask import Conversations, ask
-from server.lsp.tools import MAX_ERROR_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
+from server.core.features.ask import Conversations, ask
+from server.core.tools import MAX_ERROR_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
 from tests.server.harness import write_sample_workspace
 from tests.server.scripted import ByteTokenizer, session_for
 

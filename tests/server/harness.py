@@ -136,11 +136,11 @@ async def in_process_session(options: dict, root: Path):
     """A `Session` with a started engine and the server's prompt builder, no transport
     (for tests that drive warm-up or hover preparation directly). Close it when done."""
     from server.lsp.app import CodectxServer
-    from server.lsp.backend import start_backend
+    from server.core.backend import start_backend
     from server.lsp.convert import UTF16
     from server.lsp.documents import DocumentStore
-    from server.lsp.session import Session
-    from server.lsp.settings import parse_settings
+    from server.core.session import Session
+    from server.core.settings import parse_settings
 
     settings, problems = parse_settings(options)
     assert problems == [], problems

@@ -10,10 +10,10 @@ from __future__ import annotations
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
-from server.lsp.session import Session
-from server.lsp.settings import parse_settings
-from server.lsp.tools import TOOLS_PROMPT
-from server.lsp.workspace_prompt import WorkspacePrompt
+from server.core.session import Session
+from server.core.settings import parse_settings
+from server.core.tools import TOOLS_PROMPT
+from server.core.prompt import WorkspacePrompt
 
 
 class ByteTokenizer:

@@ -1,8 +1,8 @@
 """The server's per-session caches stay bounded however many keys a client sends."""
 from __future__ import annotations
 
-from server.lsp.features.ask import Conversations
-from server.lsp.features.hover import MAX_ANSWERS, HoverCache
+from server.core.features.ask import Conversations
+from server.core.features.hover import MAX_ANSWERS, HoverCache
 
 
 def test_conversations_keep_the_most_recent_ones():

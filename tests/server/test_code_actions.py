@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from server.lsp.features import code_actions
+from server.core.features import code_actions
 from tests.server.harness import SAMPLE_UTIL
 from tests.server.scripted import session_for
 

@@ -7,9 +7,9 @@ import asyncio
 from lsprotocol import types
 
 from engine.request import Priority
-from server.lsp.features import hover
-from server.lsp.features.hover_prefetch import HoverPrefetch
-from server.lsp.prompt import Turn
+from server.core.features import hover
+from server.core.features.hover_prefetch import HoverPrefetch
+from server.core.prompt import Turn
 from tests.engine.tiny_models import build_tiny_model
 from tests.server.harness import command, default_options, in_process_session, open_document, start
 

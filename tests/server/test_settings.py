@@ -1,7 +1,7 @@
 """The settings tree: defaults, camelCase input, problems instead of exceptions."""
 from __future__ import annotations
 
-from server.lsp.settings import Settings, parse_settings
+from server.core.settings import Settings, parse_settings
 
 
 def test_none_gives_defaults_without_problems():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.request import PromptSegment
-from server.lsp.warmth import PrefixRecord, prefix_part, segment_states
+from server.core.warmth import PrefixRecord, prefix_part, segment_states
 
 
 def seg(kind: str, key: str, *ids: int) -> PromptSegment:

@@ -5,7 +5,7 @@ import asyncio
 
 from lsprotocol import types
 
-from server.lsp.warmup import Warmup
+from server.core.warmup import Warmup
 from tests.server.harness import command, default_options, in_process_session, open_document, start
 
 

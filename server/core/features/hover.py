@@ -10,7 +10,7 @@ next hover.
 
 The prompt is built for a fast first token: the stable prefix, a hover turn
 that names no symbol and the answer header form a *lead-in* shared by every
-hover (warm-up prefills it, see `server.lsp.warmup`); the model's answer is
+hover (warm-up prefills it, see `server.core.warmup`); the model's answer is
 then started with the symbol's name ("`name` is"), so a hover computes only
 those few tokens before its first generated one.
 """

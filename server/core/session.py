@@ -8,19 +8,28 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from context.access import quoted_name
 from context.errors import AccessDeniedError
 from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, TokenEvent
 
-from .documents import DocumentStore
 from .errors import NotReadyError
 from .settings import Settings
 from .warmth import PrefixRecord
 
 logger = logging.getLogger(__name__)
+
+
+class Buffers(Protocol):
+    """The editor's open buffers as the core reads them (`server.lsp.documents.DocumentStore`)."""
+
+    def by_path(self, path: Path) -> Any:
+        """The open buffer at `path` (with its `.text`), or None."""
+
+    def __len__(self) -> int:
+        """How many buffers are open."""
 
 
 @dataclass
@@ -41,11 +50,11 @@ class Session:
 
     Args:
         settings: The parsed settings.
-        documents: The open-buffer store.
+        documents: The open buffers (the transport's store).
         root: The workspace folder (None before `initialize`).
     """
 
-    def __init__(self, settings: Settings, documents: DocumentStore, root: Path | None) -> None:
+    def __init__(self, settings: Settings, documents: Buffers, root: Path | None) -> None:
         self.settings = settings
         self.documents = documents
         self.root = root

@@ -1,4 +1,5 @@
-"""The prompt from `context.Workspace`: ordered, hashed, token-cached segments.
+"""The prompt from `context.Workspace`: ordered, hashed, token-cached segments, and the
+conversation turns that follow the repository in it.
 
 Open buffers feed `Workspace.update` lazily: an edit only marks its path dirty
 and the next prompt (ask, hover, warm-up) flushes the dirty paths, so a burst
@@ -7,6 +8,7 @@ of keystrokes costs one update per file.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,10 +17,17 @@ from context.errors import WorkspaceError
 from context.workspace import Workspace
 from engine.request import PromptSegment
 
-from .prompt import Turn
 from .settings import ContextSettings
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat message after the repository (a question, answer or tool result)."""
+
+    role: str
+    content: str
 
 
 def _text(content: str) -> str:

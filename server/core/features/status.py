@@ -8,13 +8,20 @@ from context.scan import Skipped, iter_reasons
 from ..session import Session
 
 
-def status(session: Session, protocol: Any, warmup: Any) -> dict:
-    """Readiness, warmth, counters and the server's own bookkeeping sizes."""
+def status(session: Session, warmup: Any, position_encoding: str, transport: dict) -> dict:
+    """Readiness, warmth, counters and the server's own bookkeeping sizes.
+
+    Args:
+        session: The session.
+        warmup: The session's `Warmup`, or None before the model is loaded.
+        position_encoding: The position encoding agreed with the client.
+        transport: The transport's own bookkeeping sizes (pending requests, ...).
+    """
     counters = session.counters
     return {
         "ready": session.ready,
         "model": session.model_id,
-        "positionEncoding": session.documents.encoding.value,
+        "positionEncoding": position_encoding,
         "prefixVersion": session.prefix_version,
         "warmup": warmup.state() if warmup is not None else None,
         "counters": {"asks": counters.asks, "hovers": counters.hovers,
@@ -23,9 +30,7 @@ def status(session: Session, protocol: Any, warmup: Any) -> dict:
         "lastMetrics": counters.last_metrics,
         "lastHover": counters.last_hover,
         "engine": session.engine.stats() if session.engine is not None else None,
-        "server": {"pendingRequests": protocol.pending_requests(),
-                   "progressTokens": protocol.progress_tokens(),
-                   "openDocuments": len(session.documents)},
+        "server": dict(transport, openDocuments=len(session.documents)),
     }
 
 

@@ -13,8 +13,8 @@ from context.errors import ContextError
 from context.languages import language_of
 from context.tags import Definition, extract
 
-from ..convert import Span
 from ..errors import NotReadyError
+from ..span import Span
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOCSTRING = re.compile(r'^\s*(?:"""|\'\'\')(.*?)(?:"""|\'\'\')', re.S)
