@@ -1,7 +1,8 @@
 """`codectx serve`: the language server over stdio (or TCP on loopback for debugging).
 
 With `--http [HOST:]PORT` it serves the OpenAI-compatible API instead, or beside
-the language server with `--stdio` (server/http/serve.py).
+the language server with `--stdio` (this entry point wires the two transports over
+the language server's session; server/http/serve.py runs HTTP alone).
 
 stdout is the LSP channel, so logs go to stderr or to `--log-file`.
 """
@@ -49,13 +50,12 @@ def run(args: argparse.Namespace) -> int:
 
     for problem in prepare_home():  # `python -m server.serve_cmd` does not pass through server.cli
         logging.getLogger("codectx").warning("%s", problem)
+    if args.http and args.stdio:
+        _end_process(_serve_beside_editor(args))
     if args.http:
         from server.http.serve import run as run_http
 
-        status = run_http(args)
-        if args.stdio:
-            _end_process(status)
-        return status
+        return run_http(args)
 
     from server.lsp.app import server
 
@@ -65,6 +65,30 @@ def run(args: argparse.Namespace) -> int:
     from server.lsp.stdio import serve_stdio
 
     _end_process(serve_stdio(server))
+
+
+def _serve_beside_editor(args: argparse.Namespace) -> int:
+    """HTTP on its own thread over the language server's session, LSP on stdio: one engine.
+
+    Returns the exit status (the language server's, or the HTTP set-up's when that fails).
+    """
+    from server.http.serve import prepare, start_beside
+    from server.http.source import SessionSource
+
+    prepared = prepare(args)
+    if isinstance(prepared, int):
+        return prepared
+    if args.workspace or args.model != "smollm2-135m":
+        logging.getLogger("codectx").warning("with --stdio the editor's settings choose the model and the "
+                                             "workspace; --model and --workspace are ignored")
+    from server.lsp.app import server
+    from server.lsp.stdio import serve_stdio
+
+    http = start_beside(SessionSource(server), *prepared)
+    try:
+        return serve_stdio(server)  # our framing and LSP's exit codes, as without --http
+    finally:
+        http.stop()
 
 
 def _end_process(status: int) -> NoReturn:

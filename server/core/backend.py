@@ -1,29 +1,179 @@
-"""Loading the model and starting the engine from settings (runs off the event loop).
+"""The Backend features and transports run the model through, and `start_backend`.
 
-The only server module that imports MLX (lazily, inside its functions).
+`Backend` is the interface: submit or generate a request, cancel it, probe how
+much of a prompt is warm, read counters. `EngineBackend` implements it over the
+local `engine.Engine`; another implementation (a remote engine) slots in beside
+it. `start_backend` is the one place an engine is built, for the language
+server, the HTTP API and every CLI command. MLX is imported lazily, inside it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence
+
+from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
 
 from .settings import Settings, WindowSettings
+from .warmth import PrefixRecord, prefix_part
 
 logger = logging.getLogger(__name__)
+DEFAULT_CONTEXT_LENGTH = 8192
 
 
-@dataclass
-class Backend:
-    """A started engine and the tokenizer prompts are built with."""
+@dataclass(frozen=True)
+class Probe:
+    """How much of a prompt the backend can restore instead of recomputing.
 
-    engine: Any
-    tokenizer: Any
+    Attributes:
+        warm_tokens: Leading tokens of the prompt the backend holds.
+        prompt_tokens: Tokens in the prompt.
+    """
+
+    warm_tokens: int
+    prompt_tokens: int
+
+    @property
+    def warm(self) -> bool:
+        """The whole (non-empty) prompt is held."""
+        return self.prompt_tokens > 0 and self.warm_tokens == self.prompt_tokens
+
+
+class Backend(Protocol):
+    """What runs the model, as features and transports see it.
+
+    Attributes:
+        model_id: The loaded model's id.
+        tokenizer: The tokenizer prompts are built with.
+        context_length: The model's context window in tokens.
+    """
+
     model_id: str
+    tokenizer: Any
+    context_length: int
+
+    def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> Any:
+        """Queues `request`; returns its handle (a sync and async iterator of events ending
+        with one `DoneEvent`, with `cancel()`, `done` and `result()`)."""
+
+    async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
+                       on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
+        """Runs `request` to its `DoneEvent` (whatever its finish reason)."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stops a queued or running request (unknown ids are ignored)."""
+
+    def probe(self, segments: Sequence[PromptSegment]) -> Probe:
+        """How much of `segments` is warm."""
+
+    def stats(self) -> dict:
+        """Counters for status pages and metrics (shown, never interpreted)."""
+
+    def archive_problem(self) -> str | None:
+        """Why the disk archive is off ("off: <reason>"), or None when it is on or not asked for."""
+
+    def set_window(self, window: WindowSettings) -> None:
+        """Uses these window settings from the next request on."""
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of plain chat `messages` (no repository), generation prompt added."""
+
+    def close(self) -> None:
+        """Stops the backend; running requests end "cancelled"."""
 
 
-def start_backend(settings: Settings) -> Backend:
-    """Loads `settings.model.name` and starts an `Engine` on it (blocking).
+class EngineBackend:
+    """`Backend` over an in-process `engine.Engine`.
+
+    Args:
+        engine: The started engine (or a stand-in with its `submit`/`cancel`/`stats`/`close`).
+        tokenizer: Its tokenizer.
+        model_id: The loaded model's id.
+        context_length: The model's context window (default: the engine's loaded model's).
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        loaded = getattr(engine, "loaded", None)
+        self.context_length = context_length or int(getattr(loaded, "context_length", 0) or DEFAULT_CONTEXT_LENGTH)
+        # What `probe` knows until the engine answers it itself: the prefix of the last
+        # request that finished its prefill, cut back to the engine's checkpoints.
+        self._read = PrefixRecord()
+
+    def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> Any:
+        return self.engine.submit(request, on_progress=on_progress)
+
+    async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
+                       on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
+        """Runs `request`, streaming text to `on_text` and prefill progress to `on_prefill`
+        (both on the event loop). Cancelling the awaiting task cancels the request (it rolls
+        back to its last confirmed checkpoint) and re-raises CancelledError."""
+        loop = asyncio.get_running_loop()
+        chunk_callback = None
+        if on_prefill is not None:
+            def chunk_callback(done: int, total: int) -> None:  # worker thread
+                loop.call_soon_threadsafe(on_prefill, done, total)
+        handle = self.submit(request, on_progress=chunk_callback)
+        try:
+            async for event in handle:
+                if isinstance(event, TokenEvent):
+                    if on_text is not None and event.text:
+                        on_text(event.text)
+                elif isinstance(event, DoneEvent):
+                    if event.finish_reason in ("stop", "length") and request.segments:
+                        self._read.record(request.segments)
+                    return event
+            raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
+        except asyncio.CancelledError:
+            self.cancel(request.request_id)
+            raise
+
+    def cancel(self, request_id: str) -> None:
+        self.engine.cancel(request_id)
+
+    def probe(self, segments: Sequence[PromptSegment]) -> Probe:
+        """The warm part of `segments`: the leading segments equal to the last prefilled
+        prefix, cut back to the engine's last checkpoint inside them; past a wholly warm
+        prefix, up to the last segment whose end holds a checkpoint of its kind."""
+        held = self.engine.stats()["cache"].get("checkpoint_list", [])
+        ends = {(c["end"], c["kind"]) for c in held}
+        common = self._read.common_segments(segments)
+        position = sum(len(s.token_ids) for s in segments[:common])
+        warm = max((end for end, _ in ends if end <= position), default=0)
+        if common == len(prefix_part(segments)) and warm == position:
+            for segment in segments[common:]:
+                position += len(segment.token_ids)
+                if (position, segment.kind) in ends:
+                    warm = position
+        return Probe(warm, sum(len(s.token_ids) for s in segments))
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def archive_problem(self) -> str | None:
+        archive = self.engine.stats().get("archive")
+        return archive if archive and archive.startswith("off") else None
+
+    def set_window(self, window: WindowSettings) -> None:
+        self.engine.set_window(window_policy(window))
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self.engine.chat_ids(messages)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def start_backend(settings: Settings, *, progress: bool = False) -> EngineBackend:
+    """Loads `settings.model.name` and starts an `Engine` on it (blocking), with the
+    disk archive as `settings.memory` says.
+
+    Args:
+        settings: The settings tree (model, window, memory).
+        progress: Show download/conversion progress bars on stderr.
 
     Raises:
         ModelNotFoundError: The model name resolves to nothing.
@@ -32,14 +182,14 @@ def start_backend(settings: Settings) -> Backend:
     from engine.engine import Engine
     from engine.loading import load_model
 
-    loaded = load_model(settings.model.name, progress=False)
+    loaded = load_model(settings.model.name, progress=progress)
     memory = settings.memory
     engine = Engine(loaded, kv_bits=settings.model.kv_bits, prefill_chunk=settings.model.prefill_chunk,
                     checkpoint_budget_bytes=memory.checkpoint_bytes,
                     archive_bytes=memory.archive_bytes if memory.archive_enabled else 0,
                     speculation=settings.model.speculation, window=window_policy(settings.window))
     logger.info("engine started on %s", loaded.model_id)
-    return Backend(engine, loaded.tokenizer, loaded.model_id)
+    return EngineBackend(engine, loaded.tokenizer, loaded.model_id, getattr(loaded, "context_length", None))
 
 
 def window_policy(window: WindowSettings) -> Any:

@@ -48,17 +48,19 @@ class WorkspacePrompt:
         buffer_text: An open buffer's text for a path, or None.
         tools: The tool list text (a prefix segment).
         settings: Budget, include/exclude globs and the extra deny patterns.
+        progress: Called with (files done, files total) while the first scan runs.
 
     Raises:
         ContextError: The workspace cannot be scanned.
     """
 
     def __init__(self, root: Path, tokenizer, buffer_text: Callable[[Path], str | None], tools: str,
-                 settings: ContextSettings) -> None:
+                 settings: ContextSettings, progress: Callable[[int, int], None] | None = None) -> None:
         self.root = root
         self.buffer_text = buffer_text
         self.workspace = Workspace(root, tokenizer, budget=settings.budget_tokens, include=settings.include,
-                                   exclude=settings.exclude, tools=tools, deny=settings.deny)
+                                   exclude=settings.exclude, tools=tools, deny=settings.deny,
+                                   progress=progress)
         self.workspace.build()
         self._dirty: set[Path] = set()
 

@@ -1,4 +1,4 @@
-"""What one server instance holds: settings, buffers, the engine and the prompt.
+"""What one server instance holds: settings, buffers, the backend and the prompt.
 
 Features receive a `Session` and call `generate`; they never touch pygls.
 """
@@ -8,18 +8,20 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from context.access import quoted_name
 from context.errors import AccessDeniedError
 from context.scan import Skipped
-from engine.request import DoneEvent, Priority, PromptSegment, Request, TokenEvent
+from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
+from .backend import Backend
 from .errors import NotReadyError
 from .settings import Settings
 from .warmth import PrefixRecord
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Buffers(Protocol):
@@ -30,6 +32,16 @@ class Buffers(Protocol):
 
     def __len__(self) -> int:
         """How many buffers are open."""
+
+
+class NoBuffers:
+    """No open buffers: a session without an editor (`codectx ask`)."""
+
+    def by_path(self, path: Path) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return 0
 
 
 @dataclass
@@ -58,11 +70,9 @@ class Session:
         self.settings = settings
         self.documents = documents
         self.root = root
-        self.engine: Any = None
-        self.tokenizer: Any = None
+        self.backend: Backend | None = None
         self.prompt: Any = None  # a `WorkspacePrompt` once loaded
         self.counters = Counters()
-        self.model_id: str | None = None
         self.prefix_version = 0  # bumped on every edit
         self.prefilled = PrefixRecord()
         self._running: set[str] = set()
@@ -71,11 +81,19 @@ class Session:
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and self.prompt is not None
+        return self.backend is not None and self.prompt is not None
 
-    def attach(self, engine: Any, tokenizer: Any, prompt: Any, model_id: str) -> None:
-        """Installs the loaded engine (called once the model is loaded)."""
-        self.engine, self.tokenizer, self.prompt, self.model_id = engine, tokenizer, prompt, model_id
+    @property
+    def tokenizer(self) -> Any:
+        return self.backend.tokenizer if self.backend is not None else None
+
+    @property
+    def model_id(self) -> str | None:
+        return self.backend.model_id if self.backend is not None else None
+
+    def attach(self, backend: Backend, prompt: Any) -> None:
+        """Installs the started backend and the workspace prompt (once the model is loaded)."""
+        self.backend, self.prompt = backend, prompt
 
     def require_ready(self) -> None:
         """Raises:
@@ -109,10 +127,12 @@ class Session:
     async def generate(self, segments: list[PromptSegment], *, max_tokens: int,
                        on_text: Callable[[str], None] | None = None, stop: tuple[str, ...] = (),
                        priority: Priority = Priority.INTERACTIVE,
-                       on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
+                       on_prefill: Callable[[int, int], None] | None = None,
+                       sampling: SamplingParams | None = None) -> DoneEvent:
         """Runs one engine request, streaming text to `on_text`.
 
-        `on_prefill(done, total)` runs on the event loop after each prefill chunk.
+        `on_prefill(done, total)` runs on the event loop after each prefill chunk;
+        `sampling` defaults to greedy.
         Cancelling the awaiting task cancels the engine request (which rolls
         back to its last confirmed checkpoint) and re-raises CancelledError.
 
@@ -124,61 +144,64 @@ class Session:
         if hooks is not None:
             hooks[0]()
         try:
-            return await self._generate(segments, max_tokens, on_text, stop, priority, on_prefill)
+            request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority,
+                              sampling=sampling or SamplingParams())
+            return await self._generate(request, on_text, on_prefill)
         finally:
             if hooks is not None:
                 hooks[1]()
 
-    async def _generate(self, segments, max_tokens, on_text, stop, priority, on_prefill) -> DoneEvent:
-        request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority)
-        loop = asyncio.get_running_loop()
-        chunk_callback = None
-        if on_prefill is not None:
-            def chunk_callback(done: int, total: int) -> None:  # worker thread
-                loop.call_soon_threadsafe(on_prefill, done, total)
-        handle = self.engine.submit(request, on_progress=chunk_callback)
+    async def _generate(self, request: Request, on_text, on_prefill) -> DoneEvent:
         self._running.add(request.request_id)
         try:
-            async for event in handle:
-                if isinstance(event, TokenEvent):
-                    if on_text is not None and event.text:
-                        on_text(event.text)
-                elif isinstance(event, DoneEvent):
-                    self.counters.last_metrics = event.metrics.as_dict()
-                    if event.error is not None and event.finish_reason == "error":
-                        raise event.error
-                    if event.finish_reason in ("stop", "length"):
-                        self.prefilled.record(segments)
-                    return event
-            raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
+            done = await self.backend.generate(request, on_text=on_text, on_prefill=on_prefill)
         except asyncio.CancelledError:
-            if priority == Priority.INTERACTIVE:  # background work (warm-up, hover preparation) is not counted
+            if request.priority == Priority.INTERACTIVE:  # background work (warm-up, hover preparation) is not counted
                 self.counters.cancelled += 1
-            self.engine.cancel(request.request_id)
             raise
         finally:
             self._running.discard(request.request_id)
+        self.counters.last_metrics = done.metrics.as_dict()
+        if done.error is not None and done.finish_reason == "error":
+            raise done.error
+        if done.finish_reason in ("stop", "length"):
+            self.prefilled.record(request.segments)
+        return done
 
     def warm_tokens(self, prefix: list[PromptSegment]) -> int:
-        """Tokens of `prefix` the engine can restore (see `warmth.PrefixRecord`)."""
-        if self.engine is None:
+        """Tokens of `prefix` the backend can restore (`Backend.probe`)."""
+        if self.backend is None:
             return 0
-        checkpoints = self.engine.stats()["cache"].get("checkpoint_list", [])
-        return self.prefilled.warm_tokens(prefix, [c["end"] for c in checkpoints])
+        return self.backend.probe(prefix).warm_tokens
 
     def on_warm_prefix(self, segments: list[PromptSegment]) -> list[PromptSegment]:
         """`segments` on the last prefilled prefix while edits wait for warm-up (`PrefixRecord.on_warm_prefix`)."""
-        if self.engine is None:
+        if self.backend is None:
             return segments
-        checkpoints = self.engine.stats()["cache"].get("checkpoint_list", [])
-        return self.prefilled.on_warm_prefix(segments, [c["end"] for c in checkpoints])
+        recorded = list(self.prefilled.segments)
+        return self.prefilled.on_warm_prefix(segments, bool(recorded) and self.backend.probe(recorded).warm)
 
     def cancel_all(self) -> None:
         """Cancels every running engine request (shutdown)."""
         for request_id in list(self._running):
-            self.engine.cancel(request_id)
+            self.backend.cancel(request_id)
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+class SessionProvider(Protocol):
+    """Where a transport beside the editor (HTTP with `--stdio`) gets the editor's session:
+    one engine, one set of checkpoints, one workspace."""
+
+    def current(self) -> Session | None:
+        """The session once its model and workspace are loaded, else None."""
+
+    async def call(self, fn: Callable[[Session], T]) -> T:
+        """`fn(session)` run on the session's own event loop (where its workspace lives).
+
+        Raises:
+            NotReadyError: The session is not loaded (yet, or any more).
+        """

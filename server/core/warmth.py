@@ -45,20 +45,18 @@ class PrefixRecord:
             count += 1
         return count
 
-    def on_warm_prefix(self, segments: Sequence[PromptSegment],
-                       checkpoint_ends: Iterable[int]) -> list[PromptSegment]:
+    def on_warm_prefix(self, segments: Sequence[PromptSegment], recorded_warm: bool) -> list[PromptSegment]:
         """`segments` with their prefix replaced by the recorded (warm) one, when that helps.
 
         While edits are not prefilled yet, the last prefilled prefix (the
         repository as the model last read it) plus this request's own segments
-        costs only the request. Used only when the engine still holds a
-        checkpoint at the recorded prefix's end; otherwise `segments` as given.
+        costs only the request. Used only when the backend still holds the
+        recorded prefix (`recorded_warm`); otherwise `segments` as given.
         """
         prefix = prefix_part(segments)
-        total = sum(len(s.token_ids) for s in self.segments)
         if not self.segments or (len(prefix) == len(self.segments) == self.common_segments(prefix)):
             return list(segments)
-        if total not in set(checkpoint_ends):
+        if not recorded_warm:
             return list(segments)
         return list(self.segments) + list(segments[len(prefix):])
 

@@ -81,17 +81,13 @@ class Warmup:
 
     def _with_lead_in(self, prefix: list[PromptSegment], settled: list[PromptSegment]) -> list[PromptSegment]:
         """`settled` plus the hover lead-in's turn and header when the whole prefix is settled
-        and the engine holds no checkpoint at the lead-in's end yet."""
+        and the backend does not hold the whole lead-in yet."""
         if self.lead_in is None or len(settled) != len(prefix):
             return settled
         lead = self.lead_in(self.session)
         if [s.token_ids for s in lead[:len(prefix)]] != [s.token_ids for s in prefix]:
             return settled
-        end = sum(len(s.token_ids) for s in lead)
-        held = self.session.engine.stats()["cache"].get("checkpoint_list", [])
-        if any(c["end"] == end and c["kind"] == lead[-1].kind for c in held):
-            return settled
-        return lead
+        return settled if self.session.backend.probe(lead).warm else lead
 
     async def _run(self) -> None:
         prefix = self.session.prompt.prefix_segments()

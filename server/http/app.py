@@ -66,7 +66,7 @@ def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
 
     def engine_stats() -> dict | None:
         served = source.current()
-        return served.engine.stats() if served is not None else None
+        return served.backend.stats() if served is not None else None
 
     def model_id() -> str | None:
         served = source.current()

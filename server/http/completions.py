@@ -136,7 +136,7 @@ class ChatService:
         request = Request(segments=segments, max_tokens=max_tokens, sampling=params.sampling, stop=params.stop,
                           request_id=tracked.request_id)
         try:
-            handle = served.engine.submit(request, on_progress=on_progress)
+            handle = served.backend.submit(request, on_progress=on_progress)
         except Exception:
             self.activity.active.pop(tracked.request_id, None)
             raise

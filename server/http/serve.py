@@ -5,16 +5,23 @@
 * ``codectx serve --http [HOST:]PORT --stdio`` also speaks LSP on stdio (the
   editor's command line): one process, one engine. The engine is the one the
   language server loads from the editor's settings; HTTP answers 503 until it
-  is up.
+  is up. `server.serve_cmd` wires the two transports (`prepare`, `start_beside`);
+  this package never imports the language server.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import HttpConfig, HttpConfigError, parse_listen
 from .keys import resolve_api_key
+
+if TYPE_CHECKING:
+    from .runner import HttpServer
+    from .source import EngineSource
 
 logger = logging.getLogger(__name__)
 
@@ -76,15 +83,13 @@ def config_from(args: argparse.Namespace) -> HttpConfig:
     return config
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs HTTP alone or beside the language server; returns the exit status.
+def prepare(args: argparse.Namespace) -> tuple[HttpConfig, socket.socket] | int:
+    """The validated config and the bound listening socket, or the exit status to end with.
 
     The port is bound before the model loads, so a port in use fails at once
     with one line and status 1; configuration errors give status 2.
     """
-    from .app import create_app
-    from .runner import HttpServer, ListenError, bind_listener
-    from .source import LspSource, StandaloneSource
+    from .runner import ListenError, bind_listener
 
     try:
         config = config_from(args)
@@ -95,24 +100,33 @@ def run(args: argparse.Namespace) -> int:
         logger.error("--http runs beside the language server on stdio (--stdio), not with --tcp")
         return 2
     try:
-        sock = bind_listener(config.host, config.port)
+        return config, bind_listener(config.host, config.port)
     except ListenError as err:
         logger.error("%s", err)
         return 1
-    if args.stdio:
-        if args.workspace or args.model != "smollm2-135m":
-            logger.warning("with --stdio the editor's settings choose the model and the workspace; "
-                           "--model and --workspace are ignored")
-        from server.lsp.app import server
 
-        from server.lsp.stdio import serve_stdio
 
-        http = HttpServer(create_app(LspSource(server), config), config.host, config.port, config, sock)
-        http.start()
-        try:
-            return serve_stdio(server)  # our framing and LSP's exit codes, as without --http
-        finally:
-            http.stop()
+def start_beside(source: EngineSource, config: HttpConfig, sock: socket.socket) -> HttpServer:
+    """Starts HTTP on its own thread over `source` (the editor's session); stop it when done."""
+    from .app import create_app
+    from .runner import HttpServer
+
+    http = HttpServer(create_app(source, config), config.host, config.port, config, sock)
+    http.start()
+    return http
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs HTTP alone (the model loads here, `--workspace` adds the repository model);
+    returns the exit status."""
+    from .app import create_app
+    from .runner import HttpServer
+    from .source import StandaloneSource
+
+    prepared = prepare(args)
+    if isinstance(prepared, int):
+        return prepared
+    config, sock = prepared
     try:
         source = StandaloneSource.start(args.model, workspace=args.workspace)
     except BaseException:

@@ -1,102 +1,110 @@
-"""Where the HTTP side gets its engine: the editor's, or one of its own.
+"""Where the HTTP side gets its backend: the editor's session, or one of its own.
 
-`EngineSource` is what the app needs: the engine that is up (or None while
+`EngineSource` is what the app needs: the backend that is up (or None while
 loading), the names it answers to, and the repository prompt for the
-`codectx` model. `LspSource` reads the language server's `Session` in the
-same process (one engine, one set of checkpoints) and builds repository
-prompts on the language server's event loop, where the workspace lives.
-`StandaloneSource` owns an engine started with the language server's own
-`start_backend`, for `codectx serve --http` without an editor.
+`codectx` model. `SessionSource` reads a core `SessionProvider` (the language
+server's session in the same process: one engine, one set of checkpoints) and
+builds repository prompts on that session's event loop, where the workspace
+lives. `StandaloneSource` owns a backend started by the core's `start_backend`,
+for `codectx serve --http` without an editor.
 """
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from engine.request import Priority, PromptSegment, Request
+from server.core.backend import Backend, start_backend
+from server.core.errors import NotReadyError
+from server.core.prompt import Turn, WorkspacePrompt
+from server.core.session import SessionProvider
+from server.core.settings import Settings
+from server.core.tools import TOOLS_PROMPT
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CONTEXT_LENGTH = 8192
 
 
 @dataclass(frozen=True)
 class Served:
-    """The engine that is up and what it answers to.
+    """The backend that is up and what it answers to.
 
     Attributes:
-        engine: The `engine.engine.Engine`.
-        tokenizer: Its `engine.tokenizer.Tokenizer`.
-        model_id: The loaded model's id (listed by /v1/models).
+        backend: The core `Backend` (model id, tokenizer, context length, submit, stats).
         aliases: Other names accepted for the plain model (the configured name).
-        context_length: The model's context window in tokens.
         has_repository: True when the `codectx` repository model is available.
     """
 
-    engine: Any
-    tokenizer: Any
-    model_id: str
+    backend: Backend
     aliases: tuple[str, ...] = ()
-    context_length: int = DEFAULT_CONTEXT_LENGTH
     has_repository: bool = False
+
+    @property
+    def model_id(self) -> str:
+        """The loaded model's id (listed by /v1/models)."""
+        return self.backend.model_id
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.backend.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        """The model's context window in tokens."""
+        return self.backend.context_length
 
 
 class EngineSource(Protocol):
-    """What the HTTP app reads its engine and repository prompt from."""
+    """What the HTTP app reads its backend and repository prompt from."""
 
     def current(self) -> Served | None:
-        """The engine that is up, or None while the model loads."""
+        """The backend that is up, or None while the model loads."""
 
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
         """The workspace prompt with these (role, content) turns; the last is the question."""
 
 
-def _context_length(engine: Any) -> int:
-    return int(getattr(engine.loaded, "context_length", 0) or DEFAULT_CONTEXT_LENGTH)
-
-
-def _turns(turns: Sequence[tuple[str, str]]) -> list[Any]:
-    from server.core.prompt import Turn
-
+def _turns(turns: Sequence[tuple[str, str]]) -> list[Turn]:
     return [Turn(role, content) for role, content in turns]
 
 
+def _aliases(name: str, model_id: str) -> tuple[str, ...]:
+    """The configured model name (and its last path part) when it differs from the model id."""
+    return tuple(a for a in {name, Path(name).name} if a and a != model_id)
+
+
 class StandaloneSource:
-    """An engine of its own, plus an optional workspace for the repository model.
+    """A backend of its own, plus an optional workspace for the repository model.
 
     Args:
-        backend: A `server.core.backend.Backend` (engine, tokenizer, model id).
+        backend: A started core `Backend`.
         name: The name the model was asked for (accepted as an alias).
         prompt: A `WorkspacePrompt`, or None.
     """
 
-    def __init__(self, backend: Any, name: str = "", prompt: Any = None) -> None:
+    def __init__(self, backend: Backend, name: str = "", prompt: WorkspacePrompt | None = None) -> None:
         self.backend = backend
         self.prompt = prompt
-        aliases = tuple(a for a in {name, Path(name).name} if a and a != backend.model_id)
-        self._served = Served(backend.engine, backend.tokenizer, backend.model_id, aliases,
-                              _context_length(backend.engine), prompt is not None)
+        self._served = Served(backend, _aliases(name, backend.model_id), prompt is not None)
 
     @classmethod
-    def start(cls, model: str, *, workspace: Path | None = None, settings: Any = None) -> StandaloneSource:
-        """Load `model` (blocking) with the language server's settings and engine construction.
+    def start(cls, model: str, *, workspace: Path | None = None, settings: Settings | None = None) -> StandaloneSource:
+        """Load `model` (blocking) with the core's settings and `start_backend`.
 
         Raises:
             ModelNotFoundError, ModelLoadError: As `start_backend`.
             ContextError: The workspace cannot be scanned.
         """
-        import dataclasses
-
-        from server.core.backend import start_backend
-        from server.core.settings import Settings
-
         settings = settings or Settings()
         settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, name=model))
         backend = start_backend(settings)
-        prompt = build_workspace_prompt(workspace, backend.tokenizer, settings) if workspace else None
+        try:
+            prompt = build_workspace_prompt(workspace, backend.tokenizer, settings) if workspace else None
+        except BaseException:
+            backend.close()
+            raise
         source = cls(backend, model, prompt)
         if prompt is not None:
             source.warm()
@@ -114,55 +122,38 @@ class StandaloneSource:
         """Prefill the workspace prefix in the background (interactive requests go first)."""
         segments = self.prompt.prefix_segments()
         if segments:
-            self.backend.engine.submit(Request(segments=segments, max_tokens=0, priority=Priority.BACKGROUND))
+            self.backend.submit(Request(segments=segments, max_tokens=0, priority=Priority.BACKGROUND))
 
     def close(self) -> None:
-        self.backend.engine.close()
+        self.backend.close()
 
 
-def build_workspace_prompt(root: Path, tokenizer: Any, settings: Any) -> Any:
-    """The language server's prompt for `root` (`WorkspacePrompt`: one builder, one access policy)."""
-    from server.core.tools import TOOLS_PROMPT
-    from server.core.prompt import WorkspacePrompt
-
+def build_workspace_prompt(root: Path, tokenizer: Any, settings: Settings) -> WorkspacePrompt:
+    """The core's prompt for `root` (`WorkspacePrompt`: one builder, one access policy), no buffers."""
     def no_buffers(path: Path) -> None:
         return None
 
     return WorkspacePrompt(root, tokenizer, no_buffers, TOOLS_PROMPT, settings.context)
 
 
-class LspSource:
-    """The language server's engine in the same process.
+class SessionSource:
+    """The backend and workspace of a core session in the same process (the editor's).
 
     Args:
-        server: The `server.lsp.app.CodectxServer` (its `session` is read on each call,
-            since `initialize` replaces it).
+        provider: The `SessionProvider` (asked on each call: the session comes and goes).
     """
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, provider: SessionProvider) -> None:
+        self.provider = provider
 
     def current(self) -> Served | None:
-        session = self.server.session
-        engine = session.engine
-        if engine is None or session.tokenizer is None or not session.model_id:
+        session = self.provider.current()
+        if session is None:
             return None
-        name = session.settings.model.name
-        aliases = tuple(a for a in {name, Path(name).name} if a and a != session.model_id)
-        return Served(engine, session.tokenizer, session.model_id, aliases, _context_length(engine),
-                      session.prompt is not None)
+        return Served(session.backend, _aliases(session.settings.model.name, session.backend.model_id), True)
 
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
-        task = self.server.start_up_task
-        if task is None:
-            raise LookupError("no workspace")
-        lsp_loop = task.get_loop()
-
-        async def build() -> list[PromptSegment]:
-            prompt = self.server.session.prompt
-            if prompt is None:
-                raise LookupError("no workspace")
-            return prompt.segments(_turns(turns))
-
-        # The workspace belongs to the language server's loop: build the prompt there.
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(build(), lsp_loop))
+        try:
+            return await self.provider.call(lambda session: session.prompt.segments(_turns(turns)))
+        except NotReadyError as err:
+            raise LookupError("no workspace") from err

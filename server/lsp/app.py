@@ -5,13 +5,13 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from server.core.backend import start_backend, window_policy
+from server.core.backend import start_backend
 from server.core.features import ask as ask_feature
 from server.core.features import hover as hover_feature
 from server.core.features import status as status_feature
@@ -24,12 +24,13 @@ from server.core.warmup import Warmup
 
 from . import convert, editing
 from .documents import DocumentStore
-from .errors import InvalidArgumentsError, user_message
+from .errors import InvalidArgumentsError, NotReadyError, user_message
 from .protocol import CodectxProtocol
 from .stream import TextStream
 
 logger = logging.getLogger(__name__)
 WARMTH_METHOD = "codectx/warmth"
+T = TypeVar("T")
 
 
 class CodectxServer(LanguageServer):
@@ -48,6 +49,7 @@ class CodectxServer(LanguageServer):
         self.tools: WorkspaceTools | None = None
         self.settings_problems: list[str] = []
         self.start_up_task: asyncio.Task | None = None
+        self.session_loop: asyncio.AbstractEventLoop | None = None  # set by `initialize`
 
     def show(self, message: str, kind: types.MessageType = types.MessageType.Warning) -> None:
         self.window_show_message(types.ShowMessageParams(type=kind, message=message))
@@ -98,9 +100,9 @@ class CodectxServer(LanguageServer):
             stream.end("error")
             self.show(user_message(err), types.MessageType.Error)
             raise
-        self.session.attach(backend.engine, backend.tokenizer, prompt, backend.model_id)
-        archive = backend.engine.stats().get("archive")
-        if archive and archive.startswith("off"):  # the engine goes on with checkpoints in memory
+        self.session.attach(backend, prompt)
+        archive = backend.archive_problem()
+        if archive is not None:  # the engine goes on with checkpoints in memory
             self.show(f"codectx: checkpoint archive {archive}; answers still work, a restart recomputes the prefix")
         self.tools = WorkspaceTools(prompt.access, self.read_text, lambda: prompt.files)
         self.warmup = Warmup(self.session, self.on_warmth,
@@ -132,6 +134,26 @@ class CodectxServer(LanguageServer):
             self.early_focus = (path, line)
         else:
             self.prefetch.focus_on(path, line)
+
+    def current(self) -> Session | None:
+        """The session once loaded, else None (`SessionProvider`, for HTTP beside the editor)."""
+        return self.session if self.session.ready else None
+
+    async def call(self, fn: Callable[[Session], T]) -> T:
+        """`fn(session)` on the language server's loop (`SessionProvider`).
+
+        Raises:
+            NotReadyError: The session is not loaded.
+        """
+        loop = self.session_loop
+        if loop is None:
+            raise NotReadyError("codectx is still loading the model; try again in a moment")
+
+        async def run() -> T:
+            self.session.require_ready()
+            return fn(self.session)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), loop))
 
     def make_prompt(self, tokenizer: Any) -> WorkspacePrompt:
         """The workspace's prompt (context owns the chat-template fallback and the access policy)."""
@@ -170,7 +192,8 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
     root = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
     encoding = convert.choose_encoding(params.capabilities)
     ls.session = Session(settings, DocumentStore(encoding), Path(to_fs_path(root)) if root else Path.cwd())
-    ls.loaded = asyncio.get_running_loop().create_future()
+    ls.session_loop = asyncio.get_running_loop()
+    ls.loaded = ls.session_loop.create_future()
     ls.loaded.add_done_callback(lambda f: f.cancelled() or f.exception())  # also raised to requests
 
 
@@ -213,7 +236,7 @@ async def did_change_configuration(ls: CodectxServer, params: types.DidChangeCon
     ls.settings_problems = []
     await ls.fetch_configuration()
     if ls.session.settings.window != window_before and ls.session.ready:
-        ls.session.engine.set_window(window_policy(ls.session.settings.window))  # from the next request on
+        ls.session.backend.set_window(ls.session.settings.window)  # from the next request on
     if ls.session.settings.model != model_before and ls.session.ready:
         ls.session.settings = dataclasses.replace(ls.session.settings, model=model_before)
         ls.show("codectx: model settings changed; restart the server to load the new model",
@@ -313,7 +336,7 @@ def _stop_background(ls: CodectxServer) -> None:
         ls.warmup.stop()
     if ls.prefetch is not None:
         ls.prefetch.stop()
-    if ls.session.engine is not None:
+    if ls.session.backend is not None:
         ls.session.cancel_all()
 
 

@@ -38,7 +38,7 @@ def _assert_cancelled_and_rolled_back(api, request_id: str, cancelled_before: fl
     assert metrics['codectx_engine_requests_total{outcome="cancelled"}'] == cancelled_before + 1
     # Rolled back to confirmed state: the prompt plus the answer's periodic checkpoints
     # (every prefill_chunk tokens), never the unconfirmed tail of the decoded tokens.
-    interval = api.source.current().engine.prefill_chunk
+    interval = api.source.current().backend.stats()["prefill_chunk"]
     kept_answer = metrics["codectx_live_tokens"] - row["prompt_tokens"]
     assert 0 <= kept_answer <= row["decode_tokens"] and kept_answer % interval == 0
 

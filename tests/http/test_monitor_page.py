@@ -113,8 +113,8 @@ def test_live_request_is_shown_and_screenshot_saved(api, tmp_path):
         held.set()
         gate.wait(60)
 
-    blocker = served.engine.submit(Request(prompt_ids=served.tokenizer.encode("hold the worker " * 8), max_tokens=0),
-                                   on_progress=hold)
+    blocker = served.backend.submit(Request(prompt_ids=served.tokenizer.encode("hold the worker " * 8), max_tokens=0),
+                                    on_progress=hold)
     body = {"model": api.model_id, "max_tokens": 4, "stream": True,
             "messages": [{"role": "user", "content": "A question shown live on the monitor"}]}
     try:

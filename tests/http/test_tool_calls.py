@@ -15,6 +15,7 @@ import pytest
 from engine.handle import RequestHandle
 from engine.loading import load_model
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
+from server.core.backend import EngineBackend
 from server.http.app import create_app
 from server.http.config import HttpConfig
 from server.http.runner import HttpServer
@@ -71,7 +72,7 @@ class ScriptedEngine:
 
 class ScriptedSource:
     def __init__(self, tokenizer) -> None:
-        self.served = Served(ScriptedEngine("Reading. " + CALL), tokenizer, "scripted")
+        self.served = Served(EngineBackend(ScriptedEngine("Reading. " + CALL), tokenizer, "scripted"))
 
     def current(self) -> Served:
         return self.served

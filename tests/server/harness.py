@@ -147,5 +147,5 @@ async def in_process_session(options: dict, root: Path):
     server = CodectxServer()
     server.session = session = Session(settings, DocumentStore(UTF16), root)
     backend = await asyncio.to_thread(start_backend, settings)
-    session.attach(backend.engine, backend.tokenizer, server.make_prompt(backend.tokenizer), backend.model_id)
+    session.attach(backend, server.make_prompt(backend.tokenizer))
     return session

@@ -10,6 +10,7 @@ from __future__ import annotations
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
+from server.core.backend import EngineBackend
 from server.core.session import Session
 from server.core.settings import parse_settings
 from server.core.tools import TOOLS_PROMPT
@@ -72,5 +73,5 @@ def session_for(root, outputs: list[str], **settings) -> tuple[Session, Scripted
     engine = ScriptedEngine(outputs)
     tokenizer = ByteTokenizer()
     prompt = WorkspacePrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT, parsed.context)
-    session.attach(engine, tokenizer, prompt, "scripted")
+    session.attach(EngineBackend(engine, tokenizer, "scripted"), prompt)
     return session, engine

@@ -29,13 +29,13 @@ def test_warm_tokens_follow_the_record_and_the_checkpoints():
 
 def test_edits_not_prefilled_yet_use_the_recorded_prefix():
     record = PrefixRecord()
-    assert record.on_warm_prefix([SYSTEM, A, *QUESTION], [5]) == [SYSTEM, A, *QUESTION]  # nothing recorded
+    assert record.on_warm_prefix([SYSTEM, A, *QUESTION], True) == [SYSTEM, A, *QUESTION]  # nothing recorded
     record.record([SYSTEM, A, B, *QUESTION])
     current = [SYSTEM, A, B, *QUESTION]
-    assert record.on_warm_prefix(current, [8]) == current  # already warm
+    assert record.on_warm_prefix(current, True) == current  # already warm
     edited = [SYSTEM, seg("file", "a.py", 4, 99), B, *QUESTION]
-    assert record.on_warm_prefix(edited, [8]) == [SYSTEM, A, B, *QUESTION]
+    assert record.on_warm_prefix(edited, True) == [SYSTEM, A, B, *QUESTION]
     hot = [SYSTEM, A, B, seg("hot", "a.py", 4, 5, 6), *QUESTION]
-    assert record.on_warm_prefix(hot, [3, 8]) == [SYSTEM, A, B, *QUESTION]
-    # Without a checkpoint at the recorded prefix's end (evicted) the prompt stays as given.
-    assert record.on_warm_prefix(edited, [3, 6]) == edited
+    assert record.on_warm_prefix(hot, True) == [SYSTEM, A, B, *QUESTION]
+    # When the backend no longer holds the recorded prefix (evicted) the prompt stays as given.
+    assert record.on_warm_prefix(edited, False) == edited

@@ -29,7 +29,7 @@ def status(session: Session, warmup: Any, position_encoding: str, transport: dic
                      "warmups": counters.warmups},
         "lastMetrics": counters.last_metrics,
         "lastHover": counters.last_hover,
-        "engine": session.engine.stats() if session.engine is not None else None,
+        "engine": session.backend.stats() if session.backend is not None else None,
         "server": dict(transport, openDocuments=len(session.documents)),
     }
 
