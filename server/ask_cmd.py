@@ -2,19 +2,37 @@
 
 The answer goes to stdout as it is generated; a metrics footer (prompt,
 cached and recomputed tokens, prefill speed, time to first token, decode
-speed) goes to stderr.
+speed) goes to stderr, and a progress bar while the prompt is prefilled when
+stderr is a terminal. With `--repo` the question runs through the server's
+core: the same backend (`start_backend`, disk archive on), workspace prompt,
+system prompt and ask feature (tool loop included) as the language server, so
+a second ask on an unchanged repository restores the repository prefix from
+the archive instead of recomputing it.
+
+Exit status: 0 answered, 1 the run failed (the model cannot be loaded, an
+engine error, a prompt longer than the model's context), 2 the command line
+cannot run as asked (a bad option, a `--repo` that is not a readable folder,
+a model that is not found), 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import logging
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 SYSTEM_PROMPT = ("You are codectx, a coding assistant. Answer questions about the code "
                  "below precisely and cite file paths.")
 _RESERVED_TOKENS = 64  # slack for the chat template's framing of the question and answer
+USAGE, FAILED, INTERRUPTED = 2, 1, 130
+
+
+class UsageError(Exception):
+    """The command line cannot run as asked (exit status 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,53 +48,50 @@ def build_parser() -> argparse.ArgumentParser:
                         help="windowed prefill: global region G, recent window W, dense tail "
                              "(default 8192,8192,2048; exact on models whose context is <= G + W)")
     parser.add_argument("--no-approximation", action="store_true",
-                        help="exact attention everywhere (approximation.enabled = false)")
+                        help="exact attention everywhere (window.enabled = false)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     return parser
 
 
-def repo_prompt(root: Path, tokenizer: Any, question: str, budget_tokens: int,
-                progress: Any = None) -> tuple[list[Any], Any]:
-    """The repository laid out by `context.Workspace`, framed as a chat with `question`.
-
-    Args:
-        root: Repository root.
-        tokenizer: The model's tokenizer (satisfies `context.tokenizer.TextTokenizer`).
-        question: The user's question.
-        budget_tokens: Most tokens the repository prefix may take.
-        progress: Optional progress(done, total) callback for large repositories.
-
-    Returns:
-        (engine prompt segments, the context layout).
-    """
-    from context.workspace import Workspace
-    from engine.request import PromptSegment
-
-    workspace = Workspace(root, tokenizer, budget=budget_tokens, progress=progress)
-    layout = workspace.build()
-    segments = [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected)
-                for s in workspace.prompt(question)]
-    return segments, layout
-
-
-def window_policy(spec: str | None, enabled: bool = True) -> Any:
-    """The `engine.window.WindowPolicy` for `--window G,W[,TAIL]` (None: exact attention).
+def window_settings(spec: str | None, enabled: bool = True) -> Any:
+    """The `window.*` settings for `--window G,W[,TAIL]` (server defaults where not given).
 
     Raises:
         ValueError: For a malformed spec.
     """
-    from engine.window import WindowPolicy
+    from server.core.settings import WindowSettings
 
     if not enabled:
-        return None
+        return WindowSettings(enabled=False)
     if spec is None:
-        return WindowPolicy()
+        return WindowSettings()
     parts = [int(x) for x in spec.split(",")]
-    if len(parts) not in (2, 3):
-        raise ValueError(f"expected G,W or G,W,TAIL, got {spec!r}")
-    return WindowPolicy(global_tokens=parts[0], window_tokens=parts[1],
-                        **({"dense_tail": parts[2]} if len(parts) == 3 else {}))
+    if len(parts) not in (2, 3) or min(parts) < 0 or parts[1] < 1:
+        raise ValueError(f"expected G,W or G,W,TAIL (W >= 1), got {spec!r}")
+    tail = {"dense_tail_tokens": parts[2]} if len(parts) == 3 else {}
+    return WindowSettings(global_tokens=parts[0], window_tokens=parts[1], **tail)
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    """The server's settings tree with the command line's model options over its defaults.
+
+    Raises:
+        UsageError: A malformed `--window` or `--prefill-chunk`.
+    """
+    from server.core.settings import Settings
+
+    defaults = Settings()
+    try:
+        window = window_settings(args.window, not args.no_approximation)
+    except ValueError as err:
+        raise UsageError(f"--window: {err}") from err
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise UsageError("--prefill-chunk must be >= 1")
+    model = dataclasses.replace(defaults.model, kv_bits=args.kv_bits,
+                                prefill_chunk=args.prefill_chunk or defaults.model.prefill_chunk,
+                                **({"name": args.model} if args.model else {}))
+    return dataclasses.replace(defaults, model=model, window=window)
 
 
 def build_messages(question: str) -> list[dict[str, str]]:
@@ -84,86 +99,185 @@ def build_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
-def format_footer(metrics: Any, finish_reason: str) -> str:
-    """One line of request metrics for stderr."""
+def format_footer(metrics: dict, finish_reason: str) -> str:
+    """One line of request metrics (`Metrics.as_dict()`, or an ask's summed rounds) for stderr."""
     m = metrics
-    return (f"[prompt {m.prompt_tokens} tok (cached {m.cached_tokens}, recomputed {m.recomputed_tokens}) | "
-            f"prefill {m.prefill_s:.2f} s, {m.prefill_tps:.0f} tok/s | TTFT {m.ttft_s:.2f} s | "
-            f"decode {m.decode_tokens} tok, {m.decode_tps:.1f} tok/s | {finish_reason}]")
+    return (f"[prompt {m['prompt_tokens']} tok (cached {m['cached_tokens']}, recomputed {m['recomputed_tokens']}) | "
+            f"prefill {m['prefill_s']:.2f} s, {m['prefill_tps']:.0f} tok/s | TTFT {m['ttft_s']:.2f} s | "
+            f"decode {m['decode_tokens']} tok, {m['decode_tps']:.1f} tok/s | {finish_reason}]")
+
+
+def prefill_bar(stream: TextIO) -> Callable[[int, int], None] | None:
+    """A progress bar of prefilled prompt tokens on `stream` when it is a terminal (None otherwise);
+    it clears itself when the prefill is done, before the answer streams."""
+    if not stream.isatty():
+        return None
+    state: dict = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in state:
+            from tqdm import tqdm
+
+            state["bar"] = tqdm(total=total, unit="tok", desc="prefill", file=stream, leave=False)
+        bar = state["bar"]
+        bar.total, bar.n = total, done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+            state.clear()
+
+    return update
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run `codectx ask`; returns the exit status (0 ok, 1 failed, 130 interrupted)."""
+    """Run `codectx ask`; returns the exit status (module docstring)."""
     args = build_parser().parse_args(argv)
     out, err = out or sys.stdout, err or sys.stderr
-    if args.max_tokens < 1:
-        err.write("codectx ask: --max-tokens must be >= 1\n")
-        return 2
-    from engine.engine import Engine  # MLX loads here, not at --help
-    from engine.errors import EngineError
-    from engine.loading import load_model
-    from engine.request import Request, SamplingParams, TokenEvent
+    try:
+        if args.max_tokens < 1:
+            raise UsageError("--max-tokens must be >= 1")
+        if args.repo is not None and not args.repo.is_dir():
+            raise UsageError(f"--repo {args.repo}: not a folder")
+        settings = settings_from(args)
+    except UsageError as error:
+        err.write(f"codectx ask: {error}\n")
+        return USAGE
+    from engine.errors import EngineError, ModelNotFoundError
+    from server.core.backend import start_backend
 
     # Counting a whole file's tokens is fine here; transformers warns past model_max_length.
     logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
     try:
-        loaded = load_model(args.model, progress=True)
+        backend = start_backend(settings, progress=True)
     except EngineError as error:
         err.write(f"codectx ask: {error}\n")
-        return 1
+        return USAGE if isinstance(error, ModelNotFoundError) else FAILED
+    except KeyboardInterrupt:
+        return INTERRUPTED
     try:
-        window = window_policy(args.window, not args.no_approximation)
-    except ValueError as error:
-        err.write(f"codectx ask: --window: {error}\n")
-        return 2
-    options = {"kv_bits": args.kv_bits, "window": window}
-    if args.prefill_chunk:
-        options["prefill_chunk"] = args.prefill_chunk
-    with Engine(loaded, **options) as engine:
-        if args.repo is not None:
-            from context.errors import ContextError
-            from server.context_cmd import progress_bar
+        return asyncio.run(_answer(args, settings, backend, out, err))
+    finally:
+        backend.close()
 
-            # Room for the question, its chat framing and the answer.
-            question_tokens = len(loaded.tokenizer.encode(args.question))
-            budget = loaded.context_length - args.max_tokens - question_tokens - _RESERVED_TOKENS
-            try:
-                segments, layout = repo_prompt(args.repo, loaded.tokenizer, args.question, max(budget, 0),
-                                               progress=progress_bar(err))
-            except ContextError as error:
-                err.write(f"codectx ask: {error}\n")
-                return 1
-            files = sum(1 for s in layout.segments if s.kind in ("file", "hot"))
-            err.write(f"[repo {args.repo}: {files} files whole, {len(layout.skipped)} skipped, "
-                      f"{layout.tokens} prefix tokens (budget {budget})]\n")
-            prompt = {"segments": segments}
-            prompt_len = sum(len(s.token_ids) for s in segments)
-        else:
-            ids = engine.chat_ids(build_messages(args.question))
-            prompt = {"prompt_ids": ids}
-            prompt_len = len(ids)
-        if prompt_len + args.max_tokens > loaded.context_length:
-            err.write(f"codectx ask: prompt ({prompt_len} tokens) + --max-tokens exceeds the model's "
-                      f"context of {loaded.context_length} tokens\n")
-            return 1
-        request = Request(**prompt, max_tokens=args.max_tokens,
-                          sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
-        handle = engine.submit(request)
+
+async def _answer(args: argparse.Namespace, settings: Any, backend: Any, out: TextIO, err: TextIO) -> int:
+    """Answers on the running loop; Ctrl-C cancels the request (its footer says "cancelled")."""
+    asker = _Asker(args, settings, backend, out, err)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, asker.interrupt)
+    try:
+        return await asker.run()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+class _Asker:
+    """One `codectx ask` on a started backend: with a repository through the core's ask
+    feature, without one as a plain chat."""
+
+    def __init__(self, args: argparse.Namespace, settings: Any, backend: Any, out: TextIO, err: TextIO) -> None:
+        self.args, self.settings, self.backend, self.out, self.err = args, settings, backend, out, err
+        self.interrupted = False
+        self._cancel: Callable[[], None] = lambda: None
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel the running request; the answer so far and its footer are kept."""
+        self.interrupted = True
+        self._cancel()
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    async def run(self) -> int:
+        from engine.errors import EngineError
+
         try:
-            for event in handle:
-                if isinstance(event, TokenEvent):
-                    out.write(event.text)
-                    out.flush()
-        except KeyboardInterrupt:
-            handle.cancel()
-            err.write("\n" + format_footer(handle.result().metrics, "cancelled") + "\n")
-            return 130
-        done = handle.result()
-    out.write("\n")
-    out.flush()
-    err.write(format_footer(done.metrics, done.finish_reason) + "\n")
-    if done.finish_reason == "error":
-        err.write(f"codectx ask: {done.error}\n")
-        return 1
-    return 0
+            outcome = await (self._plain() if self.args.repo is None else self._with_repo())
+        except EngineError as error:
+            self.err.write(f"codectx ask: {error}\n")
+            return FAILED
+        if isinstance(outcome, int):
+            return outcome
+        metrics, finish_reason = outcome
+        self.out.write("\n")
+        self.out.flush()
+        self.err.write(format_footer(metrics, finish_reason) + "\n")
+        return INTERRUPTED if self.interrupted else 0
 
+    def _fits(self, prompt_tokens: int) -> bool:
+        if prompt_tokens + self.args.max_tokens <= self.backend.context_length:
+            return True
+        self.err.write(f"codectx ask: prompt ({prompt_tokens} tokens) + --max-tokens exceeds the model's "
+                       f"context of {self.backend.context_length} tokens\n")
+        return False
+
+    def _sampling(self) -> Any:
+        from engine.request import SamplingParams
+
+        return SamplingParams(temperature=self.args.temperature, seed=self.args.seed)
+
+    async def _plain(self) -> tuple[dict, str] | int:
+        """The question alone (system prompt + question), straight to the backend."""
+        from engine.request import Request
+
+        ids = self.backend.chat_ids(build_messages(self.args.question))
+        if not self._fits(len(ids)):
+            return FAILED
+        request = Request(prompt_ids=ids, max_tokens=self.args.max_tokens, sampling=self._sampling())
+        self._cancel = lambda: self.backend.cancel(request.request_id)
+        if self.interrupted:
+            return INTERRUPTED
+        done = await self.backend.generate(request, on_text=self.write, on_prefill=prefill_bar(self.err))
+        if done.finish_reason == "error":
+            raise done.error
+        return done.metrics.as_dict(), done.finish_reason
+
+    async def _with_repo(self) -> tuple[dict, str] | int:
+        """The repository through the core: workspace prompt, session and the ask feature."""
+        from context.errors import ContextError
+        from server.core.features.ask import Conversations, ask
+        from server.core.prompt import Turn
+
+        try:
+            session, tools = await asyncio.to_thread(self._session)
+        except ContextError as error:
+            self.err.write(f"codectx ask: {error}\n")
+            return USAGE
+        layout = session.prompt.workspace.layout
+        files = sum(1 for s in layout.segments if s.kind in ("file", "hot"))
+        self.err.write(f"[repo {self.args.repo}: {files} files whole, {len(layout.skipped)} skipped, "
+                       f"{layout.tokens} prefix tokens (budget {session.settings.context.budget_tokens})]\n")
+        first = session.prompt.segments([Turn("user", self.args.question)])
+        if not self._fits(sum(len(s.token_ids) for s in first)):
+            return FAILED
+        self._cancel = session.cancel_all
+        if self.interrupted:
+            return INTERRUPTED
+        result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
+                           conversations=Conversations(), tools=tools, max_tokens=self.args.max_tokens,
+                           sampling=self._sampling())
+        return result.metrics, result.finish_reason
+
+    def _session(self) -> tuple[Any, Any]:
+        """A core session over `--repo` with the server's prompt, and its tools (scans: off the loop).
+
+        Raises:
+            ContextError: The repository cannot be scanned.
+        """
+        from server.context_cmd import progress_bar
+        from server.core.prompt import WorkspacePrompt
+        from server.core.session import NoBuffers, Session
+        from server.core.tools import TOOLS_PROMPT, WorkspaceTools
+
+        # The server's budget, within what the model's context leaves for the question and answer.
+        question_tokens = len(self.backend.tokenizer.encode(self.args.question))
+        room = self.backend.context_length - self.args.max_tokens - question_tokens - _RESERVED_TOKENS
+        context = self.settings.context
+        settings = dataclasses.replace(self.settings, context=dataclasses.replace(
+            context, budget_tokens=max(1, min(context.budget_tokens, room))))
+        session = Session(settings, NoBuffers(), self.args.repo.resolve())
+        prompt = WorkspacePrompt(session.root, self.backend.tokenizer, session.buffer_text, TOOLS_PROMPT,
+                                 settings.context, progress=progress_bar(self.err))
+        session.attach(self.backend, prompt)
+        return session, WorkspaceTools(prompt.access, session.read_text, lambda: prompt.files)

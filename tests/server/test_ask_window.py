@@ -7,22 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from server.ask_cmd import repo_prompt, window_policy
+from server.ask_cmd import window_settings
+from server.core.prompt import Turn, WorkspacePrompt
+from server.core.settings import ContextSettings
+from server.core.tools import TOOLS_PROMPT
 from tests.engine.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_window_flag_parsing():
-    assert window_policy(None, enabled=False) is None
-    default = window_policy(None)
+    assert window_settings(None, enabled=False).enabled is False
+    default = window_settings(None)
     assert default.enabled and (default.global_tokens, default.window_tokens) == (8192, 8192)
-    p = window_policy("16,32")
-    assert (p.global_tokens, p.window_tokens, p.dense_tail) == (16, 32, default.dense_tail)
-    assert window_policy("16,32,8").dense_tail == 8
+    p = window_settings("16,32")
+    assert (p.global_tokens, p.window_tokens, p.dense_tail_tokens) == (16, 32, default.dense_tail_tokens)
+    assert window_settings("16,32,8").dense_tail_tokens == 8
     for bad in ("16", "16,32,8,4", "a,b", "-1,4"):
         with pytest.raises(ValueError):
-            window_policy(bad)
+            window_settings(bad)
 
 
 def test_ask_with_a_window_answers_like_the_windowed_engine(tmp_path_factory):
@@ -44,8 +47,10 @@ def test_ask_with_a_window_answers_like_the_windowed_engine(tmp_path_factory):
     assert result.returncode == 0, result.stderr
 
     loaded = load_model(str(model_dir), progress=False)
-    segments, layout = repo_prompt(repo, loaded.tokenizer, question, 100_000)
-    assert layout.tokens > 16 + 32 + 16 + 64  # long enough that the window skips keys
+    # The server's prompt for the repository (tools, system prompt), as the CLI builds it.
+    prompt = WorkspacePrompt(repo, loaded.tokenizer, lambda path: None, TOOLS_PROMPT, ContextSettings())
+    segments = prompt.segments([Turn("user", question)])
+    assert prompt.workspace.layout.tokens > 16 + 32 + 16 + 64  # long enough that the window skips keys
     with Engine(loaded, window=WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16)) as eng:
         assert eng.prefix.policy.approximation
         done = eng.submit(Request(segments=segments, max_tokens=6)).result()

@@ -1,6 +1,7 @@
 """The `codectx` command line: help without MLX, and `ask` end to end as a subprocess."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.tiny_models import build_tiny_model
+from tests.server.harness import build_server_test_model, write_sample_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 FOOTER = re.compile(r"\[prompt (\d+) tok \(cached (\d+), recomputed (\d+)\) \| prefill [\d.]+ s, \d+ tok/s \| "
@@ -17,9 +19,10 @@ FOOTER = re.compile(r"\[prompt (\d+) tok \(cached (\d+), recomputed (\d+)\) \| p
 FOOTER_ANY = re.compile(r"\[prompt .* \| (\w+)\]")
 
 
-def codectx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def codectx(*args: str, timeout: float = 120, home: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CODECTX_HOME=str(home)) if home is not None else None
     return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +107,41 @@ def test_ask_interrupted_cancels_and_exits_130(tmp_path):
 
 def test_ask_with_missing_model_fails_cleanly(tmp_path):
     result = codectx("ask", "--model", str(tmp_path / "nope"), "hi")
-    assert result.returncode == 1 and "codectx ask:" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "codectx ask:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_missing_repository_is_a_usage_error_for_ask_and_context(cli_model, tmp_path):
+    """The same bad input gets the same status from both commands (README, CLI: 2 = usage)."""
+    missing = str(tmp_path / "nope")
+    asked = codectx("ask", "--repo", missing, "--model", str(cli_model), "hi")
+    shown = codectx("context", "--repo", missing, "--tokenizer", str(cli_model))
+    for result, name in ((asked, "ask"), (shown, "context")):
+        assert result.returncode == 2, result.stderr
+        assert f"codectx {name}:" in result.stderr and "nope" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_second_ask_restores_the_repository_prefix(tmp_path):
+    """`codectx ask --repo` goes through the core's backend with the disk archive on: a second
+    process on the unchanged repository restores the prefix instead of recomputing it."""
+    model = build_server_test_model(tmp_path / "model")
+    (tmp_path / "repo").mkdir()
+    repo = write_sample_workspace(tmp_path / "repo")
+    for i in range(8):  # a prefix long enough that the question is a small part of the prompt
+        (repo / f"mod{i}.py").write_text("".join(f"def f{i}_{k}(x):\n    return x * {k} + {i}\n"
+                                                 for k in range(12)), encoding="utf-8")
+    args = ("ask", "--repo", str(repo), "--model", str(model), "--max-tokens", "4", "What does add do?")
+    first, second = (codectx(*args, home=tmp_path / "home") for _ in range(2))
+    footers = []
+    for result in (first, second):
+        assert result.returncode == 0, result.stderr
+        footer = FOOTER.search(result.stderr)
+        assert footer, result.stderr
+        footers.append(tuple(map(int, footer.groups()[:3])))
+    (prompt, cached, recomputed), (prompt_again, restored, recomputed_again) = footers
+    assert prompt == prompt_again and prompt > 1000
+    assert cached == 0 and recomputed == prompt  # cold: nothing archived yet
+    assert restored >= 0.95 * prompt and restored + recomputed_again == prompt
+    assert second.stdout == first.stdout  # a restored prefix answers as a computed one
 
 
 @pytest.mark.default_model

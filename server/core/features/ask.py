@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from context.lru import LRUDict
+from engine.request import SamplingParams
 
 from ..prompt import Turn
 from ..session import Session
@@ -63,12 +64,14 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
               on_prefill: Callable[[int, int], None] | None = None,
               conversations: Conversations, conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
-              tools: WorkspaceTools | None = None, max_tokens: int | None = None) -> AskResult:
+              tools: WorkspaceTools | None = None, max_tokens: int | None = None,
+              sampling: SamplingParams | None = None) -> AskResult:
     """Answers `question`, streaming every piece of text to `on_text`.
 
     When the model emits a tool call, the tool runs inside the workspace, its
     result is appended as a turn and generation continues (at most
-    `settings.ask.max_tool_calls` times). Tool calls are shown in the stream.
+    `settings.ask.max_tool_calls` times; not after a cancelled round). Tool calls are
+    shown in the stream. `sampling` defaults to greedy.
 
     Raises:
         NotReadyError: The model is still loading.
@@ -88,9 +91,10 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     for round_number in range(settings.max_tool_calls + 1):
         done = await session.generate(
             session.prompt.segments(turns), max_tokens=max_tokens or settings.max_tokens, on_text=emit,
-            stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill)
+            stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill, sampling=sampling)
         metrics = _add_metrics(metrics, done.metrics.as_dict())
-        call = _tool_call(done.text) if tools and round_number < settings.max_tool_calls else None
+        more = tools and round_number < settings.max_tool_calls and done.finish_reason != "cancelled"
+        call = _tool_call(done.text) if more else None
         if call is None:
             break
         result = _run_tool(tools, call)
