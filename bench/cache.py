@@ -83,12 +83,6 @@ def random_like(source: Path, dest: Path) -> Path:
     return dest
 
 
-def to_request_segments(segments):
-    from engine.request import PromptSegment
-
-    return [PromptSegment(s.kind, s.key, tuple(s.token_ids), protected=s.protected) for s in segments]
-
-
 class Peer:
     """mlx_lm.server as a subprocess on 127.0.0.1."""
 
@@ -150,6 +144,7 @@ def run(args) -> dict:
     from context.workspace import Workspace
     from engine.engine import Engine
     from engine.loading import load_model
+    from engine.request import Request, SegmentKind
 
     work = Path(tempfile.mkdtemp(prefix="codectx-bench-cache-"))
     default_dir = None
@@ -181,7 +176,7 @@ def run(args) -> dict:
         return ws
 
     ws = new_workspace()
-    files = [s for s in ws.layout.segments if s.kind == "file"]
+    files = [s for s in ws.layout.segments if s.kind == SegmentKind.FILE]
     middle = files[len(files) // 2:]
     target = next((s for s in middle if len(s) <= budget * HOT_SHARE * EDITED_SHARE), middle[0]).key
     prefix_tokens = ws.layout.tokens
@@ -215,23 +210,24 @@ def run(args) -> dict:
                     peer.start()
                 warm_up(eng, peer, loaded.tokenizer)
             segments = ws.prompt(question)
-            done = eng.submit(_request(segments, args.max_tokens)).result()
+            done = eng.submit(Request(segments=segments, max_tokens=args.max_tokens)).result()
             m = done.metrics
             row = {"step": step, "codectx": {"prompt": m.prompt_tokens, "restored": m.cached_tokens,
                                              "recomputed": m.recomputed_tokens, "ttft_s": m.ttft_s,
                                              "miss": m.miss_reason}}
             if step.startswith("edit"):
                 # Its hot copy, or (when the edit folded the tail) its segment in place.
-                edited = [s for s in segments if s.key == target and s.kind in ("hot", "file")]
+                edited = [s for s in segments if s.key == target and s.kind in (SegmentKind.HOT, SegmentKind.FILE)]
                 row["edited_file_tokens"] = len(edited[-1])
-                row["folded"] = not any(s.kind == "hot" for s in edited)
-                row["question_tokens"] = sum(len(s) for s in segments if s.kind in ("question", "header"))
+                row["folded"] = not any(s.kind == SegmentKind.HOT for s in edited)
+                row["question_tokens"] = sum(len(s) for s in segments
+                                             if s.kind in (SegmentKind.QUESTION, SegmentKind.HEADER))
             if peer:
                 row["mlx_lm.server"] = peer.ask("".join(s.text for s in segments), args.max_tokens)
                 if step.startswith("edit"):
                     current = ws._files[target]
-                    in_place = [file_text(target, current.language, current.text) if s.kind == "file"
-                                and s.key == target else s.text for s in segments if s.kind != "hot"]
+                    in_place = [file_text(target, current.language, current.text) if s.kind == SegmentKind.FILE
+                                and s.key == target else s.text for s in segments if s.kind != SegmentKind.HOT]
                     row["mlx_lm.server, edit in place"] = peer.ask("".join(in_place), args.max_tokens)
             rows.append(row)
             sys.stderr.write(json.dumps(row) + "\n")  # progress, step by step
@@ -268,12 +264,6 @@ def warm_up(eng, peer, tokenizer) -> None:
     eng.submit(Request(prompt_ids=tokenizer.encode(text), max_tokens=2)).result()
     if peer:
         peer.ask(text, 2)
-
-
-def _request(segments, max_tokens):
-    from engine.request import Request
-
-    return Request(segments=to_request_segments(segments), max_tokens=max_tokens)
 
 
 def table(result: dict) -> str:

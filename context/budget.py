@@ -65,3 +65,31 @@ def greedy(paths: Sequence[str], cost: Callable[[Sequence[str]], Sequence[int]],
             else:
                 left.append(path)
     return taken, left, used
+
+
+def fit(costs: Mapping[str, int], recent: Sequence[str], ranked: Sequence[str], avail: int, map_room: int,
+        frame: int, map_cost: Callable[[Sequence[str]], Sequence[int]]) -> tuple[set[str], list[str], list[str]]:
+    """Whole, map-only and omitted files for `avail` tokens.
+
+    Args:
+        costs: Tokens of each file whole.
+        recent: Files edited or changed on disk, oldest first: kept whole first, newest first.
+        ranked: Every file, best score first.
+        avail: Tokens for the files and the map.
+        map_room: Tokens kept for the map (its frame included) while files are taken whole.
+        frame: Tokens of the map's frame.
+        map_cost: Tokens of the map entries of a batch of files.
+
+    Returns:
+        (whole, mapped, omitted); mapped and omitted in the order they were considered.
+    """
+    def whole_cost(batch: Sequence[str]) -> list[int]:
+        return [costs[p] for p in batch]
+
+    kept, _, used = greedy(list(recent)[::-1], whole_cost, avail)
+    kept_set = set(kept)
+    candidates = [p for p in ranked if p not in kept_set and p in costs]
+    taken, left, used2 = greedy(candidates, whole_cost, avail - used - map_room)
+    left = [p for p in recent if p not in kept_set] + left
+    mapped, omitted, _ = greedy(left, map_cost, avail - used - used2 - frame)
+    return kept_set | set(taken), mapped, omitted

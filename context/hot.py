@@ -21,6 +21,7 @@ from context.graph import WorkspaceFile
 from context.languages import language_of
 from context.segments import Segment, deleted_text, hot_file_text, text_hash
 from context.tags import TagCache
+from engine.request import SegmentKind
 
 HOT_STATE_VERSION = 1
 
@@ -107,7 +108,7 @@ class HotTail:
 
     def overflows(self, segments: list[Segment], budget: int | None) -> bool:
         """True when the tail outgrows its share (of the budget, else of the prefix) or the budget."""
-        hot = sum(len(s) for s in segments if s.kind == "hot")
+        hot = sum(len(s) for s in segments if s.kind == SegmentKind.HOT)
         total = sum(len(s) for s in segments)
         if budget is not None:
             return hot > self.room(budget) or total > budget
@@ -129,7 +130,7 @@ class HotTail:
             seg = None if built is None else make(deleted_text(rel), "hot (deleted)")
         elif built is None or entry.text != built:
             seg = make(hot_file_text(rel, entry.language, entry.text, replaces=built is not None), "hot (edited)")
-        at = next((i for i, s in enumerate(segments) if s.kind == "hot" and s.key == rel), None)
+        at = next((i for i, s in enumerate(segments) if s.kind == SegmentKind.HOT and s.key == rel), None)
         if seg is None:
             self.remove(rel)
             if at is not None:

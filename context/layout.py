@@ -3,11 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from context.languages import language_of
 from context.scan import Skipped
 from context.segments import Segment
+from engine.request import SegmentKind
+
+if TYPE_CHECKING:
+    from context.graph import WorkspaceFile
+
+_FILE_KINDS = (SegmentKind.FILE, SegmentKind.HOT)
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,14 @@ class FileRow:
     tokens: int
     hash: str
     reason: str
+
+
+def left_out_rows(files: Mapping[str, WorkspaceFile], mapped: Sequence[str],
+                  omitted: Sequence[str]) -> tuple[FileRow, ...]:
+    """Rows of kept files that are not whole: map-only, then omitted (over budget), each by path."""
+    return tuple(FileRow(None, p, files[p].language, 0, files[p].content_hash[:8], reason)
+                 for paths, reason in ((mapped, "map-only"), (omitted, "omitted (over budget)"))
+                 for p in sorted(paths) if p in files)
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,7 @@ class Layout:
     def rows(self) -> tuple[FileRow, ...]:
         """Every kept file with its place and reason: whole and hot files, then `left_out`."""
         whole = tuple(FileRow(i, s.key, language_of(s.key), len(s), s.hash[:8], s.reason)
-                      for i, s in enumerate(self.segments) if s.kind in ("file", "hot"))
+                      for i, s in enumerate(self.segments) if s.kind in _FILE_KINDS)
         return whole + self.left_out
 
     @property
@@ -61,7 +75,7 @@ class Layout:
         """The system message content the prefix stands for (without template text)."""
         return "".join(s.text for s in self.segments)[len(self.system_piece):]
 
-    def index_of(self, kind: str, key: str) -> int | None:
+    def index_of(self, kind: SegmentKind, key: str) -> int | None:
         """Position of a segment, or None."""
         for i, s in enumerate(self.segments):
             if s.kind == kind and s.key == key:

@@ -8,6 +8,14 @@ from context.errors import TemplateError
 from context.layout import Layout
 from context.segments import Segment, text_hash
 from context.tokencache import TokenCache
+from engine.request import SegmentKind
+
+DEFAULT_SYSTEM = ("You are codectx, a coding assistant. The repository below is your context: "
+                  "files appear whole inside <file> tags, and files that did not fit appear as "
+                  "signatures in the <map>. A file edited since it was placed appears again at the end; "
+                  "that last copy is the current one. "
+                  "Answer questions about this code precisely and cite paths.")
+"""codectx's one system prompt (every workspace's default; also an ask without a repository)."""
 
 
 def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, question: str,
@@ -33,17 +41,19 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
         raise TemplateError("chat template renders the system message differently depending on later turns")
     out = list(layout.segments)
     contents = [template.content(content) for _, content in turns] + [template.content(question)]
-    kinds = ["turn"] * len(turns) + ["question"]
+    kinds = [SegmentKind.TURN] * len(turns) + [SegmentKind.QUESTION]
     for i, (kind, piece, content) in enumerate(zip(kinds, pieces[1:], contents)):
         if roles[i + 1] == "assistant" and content[:1].strip():
             # [answer header][answer]: the same cut as when the answer was generated, so the
             # engine's checkpoints inside a long answer are found again (engine.prefix_cache).
-            out.append(Segment("header", f"turn{i}", piece, text_hash(piece), tokens.encode(piece), "answer header"))
-            out.append(Segment("answer", str(i), content, text_hash(content), tokens.encode(content), "assistant"))
+            out.append(_segment(tokens, SegmentKind.HEADER, f"turn{i}", piece, "answer header"))
+            out.append(_segment(tokens, SegmentKind.ANSWER, str(i), content, "assistant"))
             continue
-        text = piece + content
-        out.append(Segment(kind, str(i) if kind == "turn" else "question", text, text_hash(text),
-                           tokens.encode(text), roles[i + 1]))
-    header = pieces[-1]
-    out.append(Segment("header", "assistant", header, text_hash(header), tokens.encode(header), "answer header"))
+        key = str(i) if kind == SegmentKind.TURN else "question"
+        out.append(_segment(tokens, kind, key, piece + content, roles[i + 1]))
+    out.append(_segment(tokens, SegmentKind.HEADER, "assistant", pieces[-1], "answer header"))
     return out
+
+
+def _segment(tokens: TokenCache, kind: SegmentKind, key: str, text: str, reason: str) -> Segment:
+    return Segment(kind, key, text, text_hash(text), tokens.encode(text), reason)

@@ -132,6 +132,13 @@ def minified(text: str) -> bool:
     return len(text) > 4096 and len(text) / lines > 400
 
 
+def inside_skipped_folder(rel: str, skipped: Iterable[Skipped]) -> bool:
+    """True when a folder above `rel` is already reported as skipped (".git/", an ignored folder)."""
+    folders = {s.path for s in skipped if s.path.endswith("/")}
+    parts = rel.split("/")
+    return any("/".join(parts[:i]) + "/" in folders for i in range(1, len(parts)))
+
+
 def iter_reasons(skipped: Iterable[Skipped]) -> dict[str, int]:
     """Skip counts per reason (the reason's first word), for summaries."""
     counts: dict[str, int] = {}

@@ -5,6 +5,11 @@ character and (except the first) starts with a non-space character. With the
 chat template's fixed pieces attached to the segment that follows them, this
 keeps tokenization concatenative: tokenizing segments one by one gives the ids
 of the whole prompt (tests prove it for ByteLevel BPE tokenizers).
+
+A `Segment` is what the engine takes: its kinds are `engine.request.SegmentKind`
+(the MLX-free request module) and it has the fields of
+`engine.request.SegmentLike`, so a layout goes into an `engine.request.Request`
+as it is.
 """
 from __future__ import annotations
 
@@ -15,10 +20,7 @@ from typing import Iterable
 import xxhash
 
 from context.tags import Definition
-
-KINDS = ("system", "tools", "map", "file", "hot", "turn", "question", "header", "answer")
-PROTECTED_KINDS = frozenset({"question", "header"})
-"""Checkpoints at the end of these are evicted last (input boundary, before the answer)."""
+from engine.request import SegmentKind
 
 _SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
 
@@ -28,7 +30,7 @@ class Segment:
     """One piece of the prompt with its own identity.
 
     Attributes:
-        kind: One of `KINDS`.
+        kind: What it holds (`SegmentKind`: its properties decide how the engine treats it).
         key: A stable name inside its kind (the path for files).
         text: The exact text (template pieces included).
         hash: xxh3_64 hex of `text`.
@@ -36,7 +38,7 @@ class Segment:
         reason: Why it is here (pinned, dependency rank, hot, map-only, ...).
     """
 
-    kind: str
+    kind: SegmentKind
     key: str
     text: str
     hash: str
@@ -45,7 +47,8 @@ class Segment:
 
     @property
     def protected(self) -> bool:
-        return self.kind in PROTECTED_KINDS
+        """Checkpoints at its end are evicted last (`SegmentKind.protected`)."""
+        return self.kind.protected
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -19,23 +19,20 @@ from context.graph import RepoGraph, SegmentTexts, WorkspaceFile
 from context.hot import HotTail
 from context.imports import ImportResolver
 from context.languages import language_of
-from context.layout import FileRow, Layout
+from context.layout import Layout, left_out_rows
 from context.order import dependency_order, pinned
 from context.access import AccessPolicy
 from context.errors import AccessDeniedError
-from context.scan import ScanRules, Skipped, SourceFile
+from context.prompt import DEFAULT_SYSTEM, prompt_segments
+from context.scan import ScanRules, Skipped, SourceFile, inside_skipped_folder
 from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
 from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
 from context.tokenizer import TextTokenizer
+from engine.request import SegmentKind
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SYSTEM = ("You are codectx, a coding assistant. The repository below is your context: "
-                  "files appear whole inside <file> tags, and files that did not fit appear as "
-                  "signatures in the <map>. A file edited since it was placed appears again at the end; "
-                  "that last copy is the current one. "
-                  "Answer questions about this code precisely and cite paths.")
 DEFAULT_PINS = ("README*", "ARCHITECTURE*", "docs/architecture*", "DESIGN*")
 
 
@@ -217,7 +214,7 @@ class Workspace:
         item = self.access.read(rel)
         gone = isinstance(item, Skipped) and not os.path.lexists(self.root / rel)  # also a refused name
         # Editors report every write under .git/ (objects, index, logs): one row each would pile up.
-        quiet = isinstance(item, Skipped) and _inside_skipped_folder(rel, self._skipped)
+        quiet = isinstance(item, Skipped) and inside_skipped_folder(rel, self._skipped)
         return self._apply(rel, None if gone else item, quiet)
 
     def _apply(self, rel: str, item: SourceFile | Skipped | None, quiet: bool = False) -> tuple[int, Layout]:
@@ -237,7 +234,7 @@ class Workspace:
         if entry is not None and before is not None and before.content_hash == entry.content_hash:
             return len(segments), self._layout
         if rel not in self._tail:
-            placed = self._layout.index_of("file", rel) is not None
+            placed = self._layout.index_of(SegmentKind.FILE, rel) is not None
             self._tail.add(rel, before.text if placed and before is not None else None)
         if entry is not None and before is None:
             self._resolver.add(rel)
@@ -250,7 +247,7 @@ class Workspace:
         if self._tail.overflows(segments, self.budget):
             return self._fold()
         self._tail.save()
-        self._selected = frozenset(s.key for s in segments if s.kind in ("file", "hot"))
+        self._selected = frozenset(s.key for s in segments if s.kind in (SegmentKind.FILE, SegmentKind.HOT))
         self._layout = self._make_layout(segments, self._mapped, self._omitted)
         return first, self._layout
 
@@ -268,7 +265,7 @@ class Workspace:
     def _retail(self, segments: list[Segment], rel: str) -> int:
         """Puts `rel`'s hot segment (or none) in the tail; returns the index it touched."""
         def make(text: str, reason: str) -> Segment:
-            return Segment("hot", rel, text, text_hash(text), self.tokens.encode_chunked([text])[0], reason)
+            return self._segment(SegmentKind.HOT, rel, text, reason, chunked=True)
 
         return self._tail.place(segments, rel, self._files.get(rel), make)
 
@@ -305,9 +302,9 @@ class Workspace:
         pins = pinned(sorted(self._files), self.pins)
         pinned_set = set(pins)
         stable = pins + dependency_order(sorted(p for p in self._files if p not in pinned_set), deps)
-        head = [self._segment("system", "system", self._system_piece + self._system_text, "instructions")]
+        head = [self._segment(SegmentKind.SYSTEM, "system", self._system_piece + self._system_text, "instructions")]
         if self._tools_text:
-            head.append(self._segment("tools", "tools", self._tools_text, "tool descriptions"))
+            head.append(self._segment(SegmentKind.TOOLS, "tools", self._tools_text, "tool descriptions"))
         fixed = sum(len(s) for s in head)
         if self.budget is not None and fixed > self.budget:
             raise BudgetError(f"budget {self.budget} is smaller than the system and tools segments ({fixed} tokens)")
@@ -321,7 +318,7 @@ class Workspace:
                 reason = "pinned" if p in pinned_set else self._order_reason(p)
                 if p in self._recent and p not in self._tail:
                     reason = f"{reason}; {self._recent[p]}"
-                segments.append(self._file_segment("file", p, reason))
+                segments.append(self._segment(SegmentKind.FILE, p, self._files[p].segment_text, reason, chunked=True))
         self._selected = frozenset(whole)
         self._mapped, self._omitted = list(mapped), list(omitted)
         return self._make_layout(segments, mapped, omitted)
@@ -343,17 +340,11 @@ class Workspace:
         score = budgeting.scores(self._rank, self._selected, self.hysteresis)
         for p in pins:
             score[p] = 1.0 + score[p]
-        kept, _, used = budgeting.greedy(recent[::-1], lambda b: [costs[p] for p in b], avail)
-        frame = self._tokens_of(MAP_OPEN + MAP_CLOSE)
+        frame = len(self.tokens.encode(MAP_OPEN + MAP_CLOSE))
         map_room = int(avail * self.map_share) + frame  # the share is for entries, not the frame
-        kept_set = set(kept)
-        candidates = [p for p in budgeting.by_score(score) if p not in kept_set and p in costs]
-        taken, left, used2 = budgeting.greedy(candidates, lambda b: [costs[p] for p in b], avail - used - map_room)
-        left = [p for p in recent if p not in kept] + left
-        room = avail - used - used2 - frame
-        mapped, omitted, _ = budgeting.greedy(
-            left, lambda b: [len(t) for t in self.tokens.encode_many([self._map_text(p) for p in b])], room)
-        whole = set(kept) | set(taken)
+        whole, mapped, omitted = budgeting.fit(
+            costs, recent, budgeting.by_score(score), avail, map_room, frame,
+            lambda b: [len(t) for t in self.tokens.encode_many([self._map_text(p) for p in b])])
         while mapped and fixed + sum(costs[p] for p in whole) + len(self._map_segment(mapped)) > limit:
             omitted.insert(0, mapped.pop())  # tokenization of the joined map was not additive
         return whole, mapped, omitted
@@ -363,9 +354,6 @@ class Workspace:
         keys = [text_key(f"{FILE_FORMAT}\0{f.path}\0{f.language}\0{f.content_hash}") for f in files]
         return dict(zip(paths, self.tokens.count_chunked(SegmentTexts(files), keys)))
 
-    def _tokens_of(self, text: str) -> int:
-        return len(self.tokens.encode(text))
-
     def _map_text(self, path: str) -> str:
         return map_entry(path, self._files[path].tags.definitions)
 
@@ -373,30 +361,22 @@ class Workspace:
         if not mapped:
             return None
         text = MAP_OPEN + "".join(self._map_text(p) for p in sorted(mapped)) + MAP_CLOSE
-        return self._segment("map", "map", text, f"{len(mapped)} files as signatures")
+        return self._segment(SegmentKind.MAP, "map", text, f"{len(mapped)} files as signatures")
 
-    def _segment(self, kind: str, key: str, text: str, reason: str) -> Segment:
-        return Segment(kind, key, text, text_hash(text), self.tokens.encode(text), reason)
-
-    def _file_segment(self, kind: str, path: str, reason: str) -> Segment:
-        text = self._files[path].segment_text
-        return Segment(kind, path, text, text_hash(text), self.tokens.encode_chunked([text])[0], reason)
+    def _segment(self, kind: SegmentKind, key: str, text: str, reason: str, chunked: bool = False) -> Segment:
+        """`chunked`: tokenized in ~512-character chunks (files: an edit re-tokenizes only its chunks)."""
+        ids = self.tokens.encode_chunked([text])[0] if chunked else self.tokens.encode(text)
+        return Segment(kind, key, text, text_hash(text), ids, reason)
 
     def _make_layout(self, segments: list[Segment], mapped: Sequence[str], omitted: Sequence[str]) -> Layout:
         side = (tuple(mapped), tuple(omitted), len(self._files))
         if self._side_rows[0] != side:  # rebuilt only when the left-out files change
-            self._side_rows = (side, tuple(self._left_out_rows(mapped, "map-only") +
-                                           self._left_out_rows(omitted, "omitted (over budget)")))
+            self._side_rows = (side, left_out_rows(self._files, mapped, omitted))
         notes = self._template_notes + tuple(f"{p}: invalid UTF-8 replaced" for p in sorted(self._replaced))
         layout = Layout(tuple(segments), self._side_rows[1], self._skipped, self.budget, self._system_piece, notes)
         if self.budget is not None and layout.tokens > self.budget:
             raise BudgetError(f"layout of {layout.tokens} tokens exceeds budget {self.budget}")
         return layout
-
-    def _left_out_rows(self, paths: Sequence[str], reason: str) -> list[FileRow]:
-        files = self._files
-        return [FileRow(None, p, files[p].language, 0, files[p].content_hash[:8], reason)
-                for p in sorted(paths) if p in files]
 
     def _save_state(self) -> None:
         if self.persist:
@@ -413,13 +393,5 @@ class Workspace:
 
     def prompt(self, question: str, turns: Sequence[tuple[str, str]] = ()) -> list[Segment]:
         """The current layout framed as a chat: see `context.prompt.prompt_segments`."""
-        from context.prompt import prompt_segments
-
         return prompt_segments(self._layout, self.template, self.tokens, question, turns)
 
-
-def _inside_skipped_folder(rel: str, skipped: Sequence[Skipped]) -> bool:
-    """True when a folder above `rel` is already reported as skipped (".git/", an ignored folder)."""
-    folders = {s.path for s in skipped if s.path.endswith("/")}
-    parts = rel.split("/")
-    return any("/".join(parts[:i]) + "/" in folders for i in range(1, len(parts)))

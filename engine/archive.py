@@ -35,9 +35,10 @@ import xxhash
 
 from engine.archive_files import (is_plain_key, is_plain_policy, read_regular, write_atomically,
                                   write_failure)
-from engine.checkpoints import Boundary
+from engine.boundaries import Boundary
 from engine.errors import EngineError
 from engine.paths import codectx_home
+from engine.request import SegmentKind
 from engine.state import Arrays
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class ArchiveEntry:
     start: int
     end: int
     tokens: bytes
-    kind: str
+    kind: str  # a SegmentKind's name
     protected: bool
     size: int
     checksum: str
@@ -75,7 +76,7 @@ class ArchiveEntry:
 
     @classmethod
     def from_boundary(cls, b: Boundary, size: int, checksum: str) -> ArchiveEntry:
-        return cls(b.key, b.token_key, b.parent, b.start, b.end, b.tokens, b.kind,
+        return cls(b.key, b.token_key, b.parent, b.start, b.end, b.tokens, SegmentKind(b.kind).value,
                    b.protected, size, checksum, time.time())
 
     @classmethod
@@ -84,7 +85,7 @@ class ArchiveEntry:
         if not is_plain_key(key) or not isinstance(value, dict) or set(value) != _ENTRY_FIELDS:
             return None
         e = cls(**value)
-        sound = (e.key == key and isinstance(e.token_key, str) and isinstance(e.kind, str)
+        sound = (e.key == key and isinstance(e.token_key, str) and isinstance(e.kind, str) and e.kind in _KIND_NAMES
                  and (e.parent == "" or is_plain_key(e.parent)) and isinstance(e.tokens, bytes)
                  and all(_is_int(v) and v >= 0 for v in (e.start, e.end, e.size))
                  and e.start <= e.end and isinstance(e.protected, bool)
@@ -94,7 +95,7 @@ class ArchiveEntry:
 
     def boundary(self) -> Boundary:
         return Boundary(self.key, self.token_key, self.parent, self.start, self.end,
-                        self.tokens, self.kind, self.protected)
+                        self.tokens, SegmentKind(self.kind), self.protected)
 
     def matches(self, b: Boundary) -> bool:
         """Verified on tokens and position, not only on the hash."""
@@ -102,6 +103,7 @@ class ArchiveEntry:
 
 
 _ENTRY_FIELDS = frozenset(f.name for f in fields(ArchiveEntry))
+_KIND_NAMES = frozenset(k.value for k in SegmentKind)
 
 
 class CheckpointArchive:

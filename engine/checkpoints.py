@@ -1,8 +1,7 @@
-"""Checkpoints of model state at segment boundaries: identity, lookup and the store.
+"""Checkpoints of model state at segment boundaries: lookup and the store.
 
-Identity: a boundary's key is a chained xxh3 over (policy fingerprint, the
-token ids of every segment up to the boundary). A hit re-checks the tokens of
-every segment on the path, not only the hash.
+Identity (where boundaries go and how they are keyed) is `engine.boundaries`;
+a hit re-checks the tokens of every segment on the path, not only the hash.
 
 The store keeps one **live cache** (the main line). Checkpoints on it are
 offset marks: restoring one trims the attention KV (O(1)) and puts back the
@@ -20,123 +19,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
-import xxhash
 
 from engine import state
-from engine.request import PromptSegment, token_bytes
+from engine.boundaries import Boundary, boundaries
+from engine.request import SegmentLike
 
 if TYPE_CHECKING:
     from engine.archive import CheckpointArchive
 
 log = logging.getLogger(__name__)
 
-PROTECTED_KINDS = frozenset({"header"})
-TAIL_KINDS = frozenset({"turn", "question", "header", "answer"})
-ANCHOR_KINDS = TAIL_KINDS | {"hot"}
-"""A cut goes at the end of every segment of these kinds and of the segment before one:
-the hot tail (current copies of edited files) starts on a checkpoint, so an edit
-recomputes only the tail, never a grid step of the stable files before it."""
 _TOMBSTONES = 4096
-
-
-def _chain(prev: str, tokens: bytes) -> str:
-    return xxhash.xxh3_64_hexdigest(prev.encode() + tokens)
-
-
-@dataclass(frozen=True)
-class Boundary:
-    """The end of one non-empty segment of a request.
-
-    Attributes:
-        key: Chained hash over (policy fingerprint, tokens up to `end`).
-        token_key: The same chain without the policy (to name policy mismatches).
-        parent: Key of the previous boundary ("" for the first).
-        start: First token position of the segment.
-        end: Token position just after the segment.
-        tokens: The segment's token ids (`token_bytes`).
-        kind: The segment's kind.
-        protected: Evicted last.
-    """
-
-    key: str
-    token_key: str
-    parent: str
-    start: int
-    end: int
-    tokens: bytes
-    kind: str
-    protected: bool
-
-
-def cut_points(segments: Sequence[PromptSegment], interval: int | None = None) -> list[int]:
-    """Where checkpoints go (and prefill chunks restart): a function of the layout only.
-
-    Without `interval`, at the end of every non-empty segment. With it, on a
-    grid of `interval` tokens that restarts at every *anchor*: the end of a
-    protected segment, of the last segment before the hot tail or the
-    conversation tail, and of every hot file, turn, question and header.
-    Repository files therefore cost no extra forward calls however many there
-    are, an edit (a hot copy at the tail) keeps the whole stable prefix, and a
-    follow-up question keeps the whole prefix.
-    """
-    ends, pos = [], 0
-    for seg in segments:
-        pos += len(seg.token_ids)
-        ends.append(pos)
-    total = pos
-    if interval is None:
-        return sorted({e for e in ends if e > 0})
-    anchors = set()
-    for i, seg in enumerate(segments):
-        nxt = segments[i + 1].kind if i + 1 < len(segments) else None
-        if seg.protected or seg.kind in PROTECTED_KINDS or seg.kind in ANCHOR_KINDS or nxt in ANCHOR_KINDS:
-            anchors.add(ends[i])
-    anchors.add(total)
-    cuts, start = [], 0
-    for anchor in sorted(a for a in anchors if a > 0):
-        cuts.extend(range(start + interval, anchor, interval))
-        cuts.append(anchor)
-        start = anchor
-    return cuts
-
-
-def boundaries(policy_fingerprint: str, segments: Sequence[PromptSegment],
-               interval: int | None = None,
-               layout_key: Callable[[int], int] | None = None) -> list[Boundary]:
-    """Boundaries at `cut_points(segments, interval)`, with their chained keys.
-
-    A boundary's kind is that of the segment holding its last token; it is
-    protected when it ends a protected segment.
-
-    Args:
-        policy_fingerprint: Seeds the chain.
-        segments: The prompt layout.
-        interval: The checkpoint grid (see `cut_points`).
-        layout_key: When the state at a position depends on the layout beyond
-            the tokens before it (windowed prefill: where the dense tail
-            starts), maps a boundary's end to a number folded into its key.
-    """
-    ids: list[int] = []
-    owner: list[PromptSegment] = []
-    for seg in segments:
-        ids.extend(seg.token_ids)
-        owner.extend([seg] * len(seg.token_ids))
-    seg_ends = set()
-    pos = 0
-    for seg in segments:
-        pos += len(seg.token_ids)
-        seg_ends.add(pos)
-    out: list[Boundary] = []
-    key, token_key, start, parent = policy_fingerprint, "", 0, ""
-    for end in cut_points(segments, interval):
-        tokens = token_bytes(ids[start:end])
-        salt = b"" if layout_key is None else layout_key(end).to_bytes(8, "little", signed=True)
-        key, token_key = _chain(key, tokens + salt), _chain(token_key, tokens)
-        seg = owner[end - 1]
-        protected = end in seg_ends and (seg.protected or seg.kind in PROTECTED_KINDS)
-        out.append(Boundary(key, token_key, parent, start, end, tokens, seg.kind, protected))
-        parent, start = key, end
-    return out
 
 
 @dataclass(frozen=True)
@@ -217,19 +110,16 @@ class CheckpointStore:
         max_branch_tokens: A divergence detaches the old tail only when it is at
             most this long; a longer one (an edit early in the repo) is dropped.
         archive: Optional disk archive for restarts; written off the MLX thread.
-        archive_skip_kinds: Segment kinds never archived (one-off questions).
         interval: Checkpoint grid inside the stable prefix (see `cut_points`).
     """
 
     def __init__(self, policy_fingerprint: str, budget_bytes: int,
                  max_branch_tokens: int = 8192, archive: CheckpointArchive | None = None,
-                 archive_skip_kinds: frozenset[str] = frozenset({"question", "header", "answer"}),
                  interval: int | None = None):
         self.policy_fingerprint = policy_fingerprint
         self.budget_bytes = budget_bytes
         self.max_branch_tokens = max_branch_tokens
         self.archive = archive
-        self.archive_skip_kinds = archive_skip_kinds
         self.interval = interval
         self._by_key: dict[str, Checkpoint] = {}
         self._line: list[Checkpoint] = []
@@ -238,7 +128,7 @@ class CheckpointStore:
 
     # -- lookup -------------------------------------------------------------
 
-    def boundaries(self, segments: Sequence[PromptSegment],
+    def boundaries(self, segments: Sequence[SegmentLike],
                    layout_key: Callable[[int], int] | None = None) -> list[Boundary]:
         """`boundaries` under this store's policy and grid."""
         return boundaries(self.policy_fingerprint, segments, self.interval, layout_key)
@@ -354,7 +244,7 @@ class CheckpointStore:
         self._line.append(cp)
         for c in self._line:
             c.last_used = self._tick
-        if (self.archive is not None and b.kind not in self.archive_skip_kinds
+        if (self.archive is not None and b.kind.archived
                 and self.archive.get(b.key) is None):
             self.archive.submit(b, state.copy_kv_span(cache, b.start, b.end), cp.recurrent)
         self._enforce_budget()

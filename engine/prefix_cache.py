@@ -29,7 +29,7 @@ from engine.checkpoints import Boundary, Checkpoint, CheckpointStore, Miss
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
-from engine.request import Metrics, PromptSegment, Request
+from engine.request import Metrics, PromptSegment, Request, SegmentKind, SegmentLike
 from engine.window import set_dense_from
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class PrefixCache:
         self._archive_root = archive_root
         self._retired: set[str] = set()  # token keys checkpointed under an earlier policy
         # The last prompt's layout, length and layout key (for checkpoints during decode).
-        self._decoding: tuple[list[PromptSegment], int, Any] = ([], 0, None)
+        self._decoding: tuple[list[SegmentLike], int, Any] = ([], 0, None)
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
         self._use(policy, cache, window)
@@ -138,7 +138,7 @@ class PrefixCache:
             RequestCancelled: From `should_cancel`; call `rollback()` afterwards.
         """
         ids = request.all_token_ids()
-        segments = list(request.segments or [PromptSegment("prompt", "", tuple(ids))])
+        segments = list(request.segments or [PromptSegment(SegmentKind.PROMPT, "", tuple(ids))])
         layout_key = self._layout_key(request, len(ids))
         self._decoding = (segments, len(ids), layout_key)
         bounds = self.store.boundaries(segments, layout_key)
@@ -186,7 +186,7 @@ class PrefixCache:
         done = state.attention_offset(self.cache) - prompt_len
         if done <= 0 or done % interval or done > len(generated) or self.store.line_offset != prompt_len + done - interval:
             return None
-        answer = PromptSegment("answer", "answer", tuple(generated[:done]))
+        answer = PromptSegment(SegmentKind.ANSWER, "answer", tuple(generated[:done]))
         b = self.store.boundaries([*segments, answer], layout_key)[-1]
         cp = self.store.record(self.cache, replace(b, protected=True))
         self._update_stats()

@@ -1,16 +1,18 @@
 """What a caller hands the engine and what it gets back.
 
 A `Request` names its prompt either as plain token ids or as a sequence of
-`PromptSegment`s (the stable-prefix layout built by `context`); the engine
-streams `TokenEvent`s and ends every request with exactly one `DoneEvent`
-(finish reason, metrics, and the error if there was one).
+segments (the stable-prefix layout built by `context`, taken as it is: any
+object with `kind`, `key`, `token_ids` and `protected` is one, see
+`SegmentLike`); the engine streams `TokenEvent`s and ends every request with
+exactly one `DoneEvent` (finish reason, metrics, and the error if there was
+one). `SegmentKind` is the one vocabulary of segment kinds. No MLX here.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Iterable, Sequence
+from enum import IntEnum, StrEnum
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -37,22 +39,154 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass(frozen=True)
-class PromptSegment:
-    """One piece of the prompt with its own identity.
+class SegmentKind(StrEnum):
+    """What a prompt segment holds; its properties decide how the engine treats it.
 
-    Args:
-        kind: "system", "tools", "map", "file", "hot", "turn", "question", "header",
-            "answer" (the model's own answer so far, right after its header).
-        key: A stable name inside its kind (a path for files).
-        token_ids: The segment's tokens, tokenized on their own.
-        protected: Checkpoints at the end of this segment are evicted last.
+    Str-valued: `SegmentKind.FILE == "file"`, and JSON, msgpack and logs see the
+    plain name. In prompt order:
+
+    - SYSTEM, TOOLS: the instructions and tool descriptions (with the template's
+      framing before them).
+    - MAP: signatures of the files that did not fit whole.
+    - FILE: one repository file, whole (key: its path).
+    - HOT: the current copy of a file edited since the layout was built.
+    - TURN: an earlier chat message.
+    - QUESTION: the message being answered.
+    - HEADER: the chat template's response header before an answer.
+    - ANSWER: the model's answer so far (after its header: a continuation, a hover).
+    - PROMPT: the single segment the engine makes of a plain token prompt
+      (`Request.prompt_ids`).
+
+    Properties (the same for every segment of a kind):
+
+    - stable: part of the repository prefix, what warm-up prefills and a question
+      leaves unchanged (system, tools, map, files and the hot tail).
+    - dense: never windowed by windowed prefill. The windowed region is the
+      leading run of stable kinds that are not dense (system, tools, map, files)
+      less a dense tail; everything from the first other segment on is dense.
+      A plain prompt (PROMPT) is windowed by its own rule (all but its last
+      `continuation_tail` tokens), so it is not dense.
+    - anchor: a checkpoint goes at its end and at the end of the segment before
+      it, and the checkpoint grid restarts there: an edit (a hot copy) or a new
+      question recomputes only the tail, never a grid step of the files before it.
+    - protected: checkpoints at its end are evicted last. The input boundary (the
+      end of the question and of the response header) is what a regenerate, a
+      follow-up turn and a continuation restore. Both carry it because eviction
+      drops a checkpoint together with everything chained after it, so a
+      protected header after an unprotected question would go with the question.
+      A segment may ask for more with its own `protected` flag (a system message
+      many conversations share; the engine's checkpoints inside a long answer).
+    - archived: its checkpoints go to the disk archive. The question, header and
+      answer of one request are not worth a disk write; turns are (a follow-up
+      conversation restores them after a restart).
     """
 
-    kind: str
+    SYSTEM = "system"
+    TOOLS = "tools"
+    MAP = "map"
+    FILE = "file"
+    HOT = "hot"
+    TURN = "turn"
+    QUESTION = "question"
+    HEADER = "header"
+    ANSWER = "answer"
+    PROMPT = "prompt"
+
+    @property
+    def stable(self) -> bool:
+        """Part of the repository prefix (what warm-up prefills)."""
+        return self in _STABLE
+
+    @property
+    def dense(self) -> bool:
+        """Never windowed by windowed prefill."""
+        return self in _DENSE
+
+    @property
+    def anchor(self) -> bool:
+        """A boundary the engine always checkpoints (with the end of the segment before it)."""
+        return self in _ANCHOR
+
+    @property
+    def protected(self) -> bool:
+        """Checkpoints at its end are evicted last."""
+        return self in _PROTECTED
+
+    @property
+    def archived(self) -> bool:
+        """Its checkpoints are written to the disk archive."""
+        return self not in _ONE_OFF
+
+
+_S = SegmentKind
+_STABLE = frozenset({_S.SYSTEM, _S.TOOLS, _S.MAP, _S.FILE, _S.HOT})
+_DENSE = frozenset({_S.HOT, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
+_ANCHOR = frozenset({_S.HOT, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
+_PROTECTED = frozenset({_S.QUESTION, _S.HEADER})
+_ONE_OFF = frozenset({_S.QUESTION, _S.HEADER, _S.ANSWER})
+
+
+def segment_kind(segment: SegmentLike) -> SegmentKind:
+    """`segment.kind` as a `SegmentKind` (a caller's segment may carry the plain name).
+
+    Raises:
+        ValueError: The kind names no `SegmentKind`.
+    """
+    try:
+        return SegmentKind(segment.kind)
+    except ValueError as err:
+        raise ValueError(f"unknown segment kind {segment.kind!r}") from err
+
+
+class SegmentLike(Protocol):
+    """What the engine reads of a prompt segment.
+
+    `PromptSegment` is one, and so is `context.segments.Segment`: the layout
+    `context` builds goes into a `Request` as it is.
+    """
+
+    @property
+    def kind(self) -> SegmentKind:
+        """What the segment holds."""
+
+    @property
+    def key(self) -> str:
+        """A stable name inside its kind (a path for files)."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The segment's tokens, tokenized on their own."""
+
+    @property
+    def protected(self) -> bool:
+        """Checkpoints at its end are evicted last (at least when its kind is protected)."""
+
+
+@dataclass(frozen=True)
+class PromptSegment:
+    """One piece of the prompt with its own identity (for callers without `context`).
+
+    Args:
+        kind: A `SegmentKind` or its name ("file"); stored as the `SegmentKind`.
+        key: A stable name inside its kind (a path for files).
+        token_ids: The segment's tokens, tokenized on their own.
+        protected: Checkpoints at the end of this segment are evicted last; always
+            true for a protected kind, may be set for any other.
+
+    Raises:
+        ValueError: `kind` names no `SegmentKind`.
+    """
+
+    kind: SegmentKind
     key: str
     token_ids: tuple[int, ...]
     protected: bool = False
+
+    def __post_init__(self) -> None:
+        kind = segment_kind(self)
+        object.__setattr__(self, "kind", kind)
+        if kind.protected and not self.protected:
+            object.__setattr__(self, "protected", True)
 
 
 @dataclass
@@ -61,10 +195,14 @@ class Request:
 
     Exactly one of `prompt_ids` or `segments` is set. `max_tokens=0` only
     prefills (background warm-up).
+
+    Raises:
+        ValueError: Both or neither prompt given, `max_tokens` < 0, or a
+            segment's kind names no `SegmentKind`.
     """
 
     prompt_ids: Sequence[int] | None = None
-    segments: Sequence[PromptSegment] | None = None
+    segments: Sequence[SegmentLike] | None = None
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
@@ -76,6 +214,8 @@ class Request:
             raise ValueError("Request needs exactly one of prompt_ids or segments")
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        for segment in self.segments or ():
+            segment_kind(segment)
 
     def all_token_ids(self) -> list[int]:
         if self.prompt_ids is not None:

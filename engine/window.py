@@ -31,12 +31,10 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
 from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore
+from engine.request import SegmentKind, SegmentLike, segment_kind
 
-STABLE_KINDS = frozenset({"system", "tools", "map", "file"})
-"""Segment kinds that may be windowed; hot files, turns, question and header are dense."""
-
-DENSE_KINDS = frozenset({"hot", "turn", "question", "header"})
-"""Segment kinds always prefilled densely (everything after the stable run)."""
+DENSE_KINDS = tuple(sorted(k.value for k in SegmentKind if k.dense))
+"""Segment kinds always prefilled densely (`SegmentKind.dense`), for the policy fingerprint."""
 
 DIRECT_QUERY_LIMIT = 32
 """At most this many queries attend to the 8-bit history directly (decode,
@@ -74,21 +72,23 @@ class WindowPolicy:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
-    def dense_from(self, segments: Sequence[Any]) -> int:
+    def dense_from(self, segments: Sequence[SegmentLike]) -> int:
         """First dense position of a segment layout.
 
         Args:
-            segments: Objects with `kind` and `token_ids` (engine.request.PromptSegment).
+            segments: The request's segments (`engine.request.SegmentLike`).
 
         Returns:
-            The end of the leading run of stable segments minus `dense_tail`
-            (0 when approximation is disabled: everything dense).
+            The end of the leading run of stable, not dense segments (system,
+            tools, map, files) minus `dense_tail` (0 when approximation is
+            disabled: everything dense).
         """
         if not self.enabled:
             return 0
         stable_end = 0
         for seg in segments:
-            if seg.kind not in STABLE_KINDS:
+            kind = segment_kind(seg)
+            if not kind.stable or kind.dense:
                 break
             stable_end += len(seg.token_ids)
         return max(0, stable_end - self.dense_tail)
@@ -112,7 +112,7 @@ class WindowPolicy:
         return dict(approximation=True, global_tokens=self.global_tokens,
                     window_tokens=self.window_tokens, dense_tail=self.dense_tail,
                     continuation_tail=self.continuation_tail, window_form=self.form,
-                    dense_kinds=tuple(sorted(DENSE_KINDS)))
+                    dense_kinds=DENSE_KINDS)
 
     def fingerprint_fields(self) -> dict:
         """Fields for the checkpoint policy fingerprint (G, W, tails, form)."""

@@ -7,7 +7,7 @@ import pytest
 
 from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
-from engine.checkpoints import boundaries
+from engine.boundaries import boundaries
 from engine.engine import Engine
 from engine.request import PromptSegment
 from engine.window import WindowPolicy

@@ -6,7 +6,7 @@ import pytest
 from checkpoint_helpers import cold, run
 from context.workspace import Workspace
 from engine.engine import Engine
-from engine.request import PromptSegment
+from engine.request import SegmentKind
 
 FILES = {
     "README.md": "# shop\n\nA small shop: models, pricing, cart and checkout.\n",
@@ -23,10 +23,6 @@ FILES = {
 }
 
 
-def _engine_segments(segments) -> list[PromptSegment]:
-    return [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected) for s in segments]
-
-
 @pytest.fixture
 def workspace(tmp_path, tiny_loaded):
     for rel, text in FILES.items():
@@ -41,28 +37,28 @@ def test_mid_repo_edit_recomputes_only_the_edited_file_and_the_question(tiny_loa
     keys = [s.key for s in workspace.layout.segments]
     assert 2 < keys.index("shop/pricing.py") < len(keys) - 2  # an edit in the middle
     with Engine(tiny_loaded, prefill_chunk=16) as engine:
-        run(engine, _engine_segments(workspace.prompt("What does discount do?")))
+        run(engine, workspace.prompt("What does discount do?"))
         stable = workspace.layout.tokens
         workspace.update("shop/pricing.py", FILES["shop/pricing.py"].replace("1 - rate", "1 - 2 * rate"))
         segments = workspace.prompt("And now?")
         hot, question, header = segments[-3:]
-        assert (hot.kind, question.kind, header.kind) == ("hot", "question", "header")
-        tokens, done = run(engine, _engine_segments(segments))
+        assert (hot.kind, question.kind, header.kind) == (SegmentKind.HOT, SegmentKind.QUESTION, SegmentKind.HEADER)
+        tokens, done = run(engine, segments)
     m = done.metrics
     assert m.cached_tokens == stable  # every segment before the hot copy was restored
     assert m.recomputed_tokens == len(hot) + len(question) + len(header)
-    assert tokens == cold(tiny_loaded, _engine_segments(segments))
+    assert tokens == cold(tiny_loaded, segments)
 
 
 def test_second_edit_keeps_the_first_hot_copy(tiny_loaded, workspace):
     with Engine(tiny_loaded, prefill_chunk=16) as engine:
         workspace.update("shop/models.py", FILES["shop/models.py"] + "    currency = 'EUR'\n")
-        run(engine, _engine_segments(workspace.prompt("Currency?")))
+        run(engine, workspace.prompt("Currency?"))
         first_hot = workspace.layout.tokens
         workspace.update("shop/cart.py", FILES["shop/cart.py"].replace("0.1", "0.2"))
         segments = workspace.prompt("Rate?")
-        assert [s.key for s in segments if s.kind == "hot"] == ["shop/models.py", "shop/cart.py"]
-        tokens, done = run(engine, _engine_segments(segments))
+        assert [s.key for s in segments if s.kind == SegmentKind.HOT] == ["shop/models.py", "shop/cart.py"]
+        tokens, done = run(engine, segments)
     assert done.metrics.cached_tokens == first_hot
     assert done.metrics.recomputed_tokens == sum(len(s) for s in segments[-3:])
-    assert tokens == cold(tiny_loaded, _engine_segments(segments))
+    assert tokens == cold(tiny_loaded, segments)

@@ -12,7 +12,8 @@ import pytest
 
 from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, restorable, run
 from engine import state
-from engine.checkpoints import Miss, boundaries, cut_points
+from engine.boundaries import boundaries, cut_points
+from engine.checkpoints import Miss
 from engine.engine import Engine
 from engine.generate import prefill
 from engine.kv import make_cache
@@ -58,8 +59,8 @@ def test_boundary_keys_chain_over_policy_and_all_previous_tokens():
     assert grid[-1].key != ba[-1].key and grid[0].parent == ""
     tail = a + [PromptSegment("question", "q", (6, 7, 8)), PromptSegment("header", "h", (9,))]
     cuts = [(x.end, x.protected) for x in boundaries("p1", tail, interval=2)]
-    # Anchors: the end of the prefix (5), the question (8) and the header (9, protected).
-    assert cuts == [(2, False), (4, False), (5, False), (7, False), (8, False), (9, True)]
+    # Anchors: the end of the prefix (5), the question (8) and the header (9); both protected.
+    assert cuts == [(2, False), (4, False), (5, False), (7, False), (8, True), (9, True)]
     assert ba[1].parent == ba[0].key
     assert ba[1].tokens == bb[1].tokens and ba[1].key != bb[1].key  # same tail, other prefix
     other = boundaries("p2", a)

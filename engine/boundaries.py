@@ -1,0 +1,118 @@
+"""Where a prompt's checkpoints go and what identifies each one.
+
+A boundary's key is a chained xxh3 over (policy fingerprint, the token ids of
+every segment up to the boundary), so equal keys mean equal prefixes under the
+same policy. Where the boundaries go is a function of the segment layout only:
+the segments' kinds (`engine.request.SegmentKind`: anchors, protection) and
+the checkpoint grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import xxhash
+
+from engine.request import SegmentKind, SegmentLike, segment_kind, token_bytes
+
+
+def _chain(prev: str, tokens: bytes) -> str:
+    return xxhash.xxh3_64_hexdigest(prev.encode() + tokens)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The end of one non-empty segment of a request.
+
+    Attributes:
+        key: Chained hash over (policy fingerprint, tokens up to `end`).
+        token_key: The same chain without the policy (to name policy mismatches).
+        parent: Key of the previous boundary ("" for the first).
+        start: First token position of the segment.
+        end: Token position just after the segment.
+        tokens: The segment's token ids (`token_bytes`).
+        kind: The segment's kind.
+        protected: Evicted last.
+    """
+
+    key: str
+    token_key: str
+    parent: str
+    start: int
+    end: int
+    tokens: bytes
+    kind: SegmentKind
+    protected: bool
+
+
+def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> list[int]:
+    """Where checkpoints go (and prefill chunks restart): a function of the layout only.
+
+    Without `interval`, at the end of every non-empty segment. With it, on a
+    grid of `interval` tokens that restarts at every *anchor*: the end of a
+    protected segment, of every segment of an anchor kind (`SegmentKind.anchor`:
+    hot file, turn, question, header, answer) and of the segment before one.
+    Repository files therefore cost no extra forward calls however many there
+    are, an edit (a hot copy at the tail) keeps the whole stable prefix, and a
+    follow-up question keeps the whole prefix.
+    """
+    ends, pos = [], 0
+    for seg in segments:
+        pos += len(seg.token_ids)
+        ends.append(pos)
+    total = pos
+    if interval is None:
+        return sorted({e for e in ends if e > 0})
+    kinds = [segment_kind(seg) for seg in segments]
+    anchors = set()
+    for i, seg in enumerate(segments):
+        next_anchor = i + 1 < len(segments) and kinds[i + 1].anchor
+        if seg.protected or kinds[i].protected or kinds[i].anchor or next_anchor:
+            anchors.add(ends[i])
+    anchors.add(total)
+    cuts, start = [], 0
+    for anchor in sorted(a for a in anchors if a > 0):
+        cuts.extend(range(start + interval, anchor, interval))
+        cuts.append(anchor)
+        start = anchor
+    return cuts
+
+
+def boundaries(policy_fingerprint: str, segments: Sequence[SegmentLike],
+               interval: int | None = None,
+               layout_key: Callable[[int], int] | None = None) -> list[Boundary]:
+    """Boundaries at `cut_points(segments, interval)`, with their chained keys.
+
+    A boundary's kind is that of the segment holding its last token; it is
+    protected when it ends a protected segment (its own flag or its kind's).
+
+    Args:
+        policy_fingerprint: Seeds the chain.
+        segments: The prompt layout.
+        interval: The checkpoint grid (see `cut_points`).
+        layout_key: When the state at a position depends on the layout beyond
+            the tokens before it (windowed prefill: where the dense tail
+            starts), maps a boundary's end to a number folded into its key.
+    """
+    ids: list[int] = []
+    owner: list[SegmentLike] = []
+    for seg in segments:
+        ids.extend(seg.token_ids)
+        owner.extend([seg] * len(seg.token_ids))
+    seg_ends = set()
+    pos = 0
+    for seg in segments:
+        pos += len(seg.token_ids)
+        seg_ends.add(pos)
+    out: list[Boundary] = []
+    key, token_key, start, parent = policy_fingerprint, "", 0, ""
+    for end in cut_points(segments, interval):
+        tokens = token_bytes(ids[start:end])
+        salt = b"" if layout_key is None else layout_key(end).to_bytes(8, "little", signed=True)
+        key, token_key = _chain(key, tokens + salt), _chain(token_key, tokens)
+        seg = owner[end - 1]
+        kind = segment_kind(seg)
+        protected = end in seg_ends and (seg.protected or kind.protected)
+        out.append(Boundary(key, token_key, parent, start, end, tokens, kind, protected))
+        parent, start = key, end
+    return out
