@@ -25,8 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
-SYSTEM_PROMPT = ("You are codectx, a coding assistant. Answer questions about the code "
-                 "below precisely and cite file paths.")
 _RESERVED_TOKENS = 64  # slack for the chat template's framing of the question and answer
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
 
@@ -95,8 +93,10 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 
 def build_messages(question: str) -> list[dict[str, str]]:
-    """Chat messages without a repository: system instructions and the question."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    """Chat messages without a repository: codectx's one system prompt and the question."""
+    from context.prompt import DEFAULT_SYSTEM
+
+    return [{"role": "system", "content": DEFAULT_SYSTEM}, {"role": "user", "content": question}]
 
 
 def format_footer(metrics: dict, finish_reason: str) -> str:

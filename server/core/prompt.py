@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 from context.access import AccessPolicy
 from context.errors import WorkspaceError
+from context.segments import Segment
 from context.workspace import Workspace
-from engine.request import PromptSegment
 
 from .settings import ContextSettings
 
@@ -33,10 +33,6 @@ class Turn:
 def _text(content: str) -> str:
     """`content` without lone surrogates (JSON can carry "\\ud800"; tokenizers refuse it)."""
     return content.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-
-
-def _engine_segments(segments) -> list[PromptSegment]:
-    return [PromptSegment(s.kind, s.key, tuple(s.token_ids), s.protected) for s in segments]
 
 
 class WorkspacePrompt:
@@ -98,17 +94,16 @@ class WorkspacePrompt:
         self._flush()
         self.workspace.build(fold=True)
 
-    def segments(self, turns: Sequence[Turn]) -> list[PromptSegment]:
-        """The prompt for `turns`; the last turn is the question."""
+    def segments(self, turns: Sequence[Turn]) -> list[Segment]:
+        """The prompt for `turns`; the last turn is the question (engine segments as they are)."""
         self._flush()
         *earlier, question = turns
-        return _engine_segments(self.workspace.prompt(_text(question.content),
-                                                      [(t.role, _text(t.content)) for t in earlier]))
+        return self.workspace.prompt(_text(question.content), [(t.role, _text(t.content)) for t in earlier])
 
-    def prefix_segments(self) -> list[PromptSegment]:
+    def prefix_segments(self) -> list[Segment]:
         """The stable prefix alone: what warm-up prefills."""
         self._flush()
-        return _engine_segments(self.workspace.layout.segments)
+        return list(self.workspace.layout.segments)
 
     def layout(self) -> list[dict]:
         """One row per prefix segment: kind, key, tokens, why it is there."""
