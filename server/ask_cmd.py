@@ -267,7 +267,7 @@ class _Asker:
         """
         from server.context_cmd import progress_bar
         from server.core.prompt import WorkspacePrompt
-        from server.core.session import NoBuffers, Session
+        from server.core.session import LoadingSession, NoBuffers, Session
         from server.core.tools import TOOLS_PROMPT, WorkspaceTools
 
         # The server's budget, within what the model's context leaves for the question and answer.
@@ -276,8 +276,8 @@ class _Asker:
         context = self.settings.context
         settings = dataclasses.replace(self.settings, context=dataclasses.replace(
             context, budget_tokens=max(1, min(context.budget_tokens, room))))
-        session = Session(settings, NoBuffers(), self.args.repo.resolve())
-        prompt = WorkspacePrompt(session.root, self.backend.tokenizer, session.buffer_text, TOOLS_PROMPT,
+        base = LoadingSession(settings, NoBuffers(), self.args.repo.resolve())
+        prompt = WorkspacePrompt(base.root, self.backend.tokenizer, base.buffer_text, TOOLS_PROMPT,
                                  settings.context, progress=progress_bar(self.err))
-        session.attach(self.backend, prompt)
+        session = Session(base, self.backend, prompt)
         return session, WorkspaceTools(prompt.access, session.read_text, lambda: prompt.files)

@@ -1,6 +1,11 @@
-"""What one server instance holds: settings, buffers, the backend and the prompt.
+"""A session in two phases: loading, then loaded.
 
-Features receive a `Session` and call `generate`; they never touch pygls.
+`LoadingSession` is what a server has from `initialize` on: settings, the
+open buffers, the workspace root, counters. `Session` is built from it once
+the model and the workspace are loaded, with a backend and a prompt that are
+never missing; features receive a `Session` and call `generate`, and never
+touch pygls. (`server.core.ready.ReadySession` adds the server's background
+work; `server.core.host.SessionHost` goes from one phase to the other.)
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
 from .backend import Backend
-from .errors import NotReadyError
+from .prompt import WorkspacePrompt
 from .settings import Settings
 from .warmth import PrefixRecord
 
@@ -57,66 +62,85 @@ class Counters:
     last_hover: dict | None = None  # firstTokenS/totalS from the hover request, promptTokens
 
 
-class Session:
-    """State shared by all features.
+class LoadingSession:
+    """What a session holds before the model is up, and keeps after.
 
     Args:
-        settings: The parsed settings.
+        settings: The parsed settings (replaced when the client sends new ones).
         documents: The open buffers (the transport's store).
-        root: The workspace folder (None before `initialize`).
+        root: The workspace folder.
     """
 
-    def __init__(self, settings: Settings, documents: Buffers, root: Path | None) -> None:
+    def __init__(self, settings: Settings, documents: Buffers, root: Path) -> None:
         self.settings = settings
         self.documents = documents
         self.root = root
-        self.backend: Backend | None = None
-        self.prompt: Any = None  # a `WorkspacePrompt` once loaded
         self.counters = Counters()
         self.prefix_version = 0  # bumped on every edit
-        self.prefilled = PrefixRecord()
-        self._running: set[str] = set()
-        # Called when an interactive request starts and ends (background work steps aside).
-        self.interactive_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.backend is not None and self.prompt is not None
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.backend.tokenizer if self.backend is not None else None
-
-    @property
-    def model_id(self) -> str | None:
-        return self.backend.model_id if self.backend is not None else None
-
-    def attach(self, backend: Backend, prompt: Any) -> None:
-        """Installs the started backend and the workspace prompt (once the model is loaded)."""
-        self.backend, self.prompt = backend, prompt
-
-    def require_ready(self) -> None:
-        """Raises:
-            NotReadyError: The model or workspace is still loading.
-        """
-        if not self.ready:
-            raise NotReadyError("codectx is still loading the model; try again in a moment")
+        self.dirty: set[Path] = set()  # edited while loading: the prompt reads them once built
 
     def buffer_text(self, path: Path) -> str | None:
         """Unsaved text of an open buffer at `path`, else None."""
         doc = self.documents.by_path(path)
         return doc.text if doc is not None else None
 
+
+class Session:
+    """A loaded session: the backend and the workspace prompt, never missing.
+
+    Settings, buffers, root and counters are the `LoadingSession`'s (shared, so a
+    settings change reaches both phases).
+
+    Args:
+        base: The session as it was while loading.
+        backend: The started backend.
+        prompt: The workspace's `WorkspacePrompt`.
+    """
+
+    def __init__(self, base: LoadingSession, backend: Backend, prompt: WorkspacePrompt) -> None:
+        self.base = base
+        self.backend = backend
+        self.prompt = prompt
+        self.prefilled = PrefixRecord()
+        self._running: set[str] = set()
+        # Called when an interactive request starts and ends (background work steps aside).
+        self.interactive_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.base.settings
+
+    @property
+    def documents(self) -> Buffers:
+        return self.base.documents
+
+    @property
+    def root(self) -> Path:
+        return self.base.root
+
+    @property
+    def counters(self) -> Counters:
+        return self.base.counters
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.backend.tokenizer
+
+    @property
+    def model_id(self) -> str:
+        return self.backend.model_id
+
+    def buffer_text(self, path: Path) -> str | None:
+        """Unsaved text of an open buffer at `path`, else None."""
+        return self.base.buffer_text(path)
+
     def read_text(self, path: Path) -> str:
         """A workspace file's current text (the open buffer, else the disk), through the
         workspace's access policy: what the policy refuses is never read.
 
         Raises:
-            NotReadyError: The workspace is not scanned yet.
             AccessDeniedError: The policy refuses the path (with its reason).
         """
-        if self.prompt is None:
-            raise NotReadyError("codectx is still scanning the workspace; try again in a moment")
         access = self.prompt.access
         text = self.buffer_text(path)
         item = access.admit(path, text) if text is not None else access.read(path)
@@ -129,17 +153,19 @@ class Session:
                        priority: Priority = Priority.INTERACTIVE,
                        on_prefill: Callable[[int, int], None] | None = None,
                        sampling: SamplingParams | None = None) -> DoneEvent:
-        """Runs one engine request, streaming text to `on_text`.
+        """Runs one backend request, streaming text to `on_text`.
 
         `on_prefill(done, total)` runs on the event loop after each prefill chunk;
         `sampling` defaults to greedy.
-        Cancelling the awaiting task cancels the engine request (which rolls
-        back to its last confirmed checkpoint) and re-raises CancelledError.
+        Cancelling the awaiting task cancels the request (which rolls back to its
+        last confirmed checkpoint) and re-raises CancelledError.
 
         Returns:
             The request's `DoneEvent`.
+
+        Raises:
+            EngineError: The request failed (its metrics are in `counters.last_metrics`).
         """
-        self.require_ready()
         hooks = self.interactive_hooks if priority == Priority.INTERACTIVE else None
         if hooks is not None:
             hooks[0]()
@@ -170,26 +196,21 @@ class Session:
 
     def warm_tokens(self, prefix: list[PromptSegment]) -> int:
         """Tokens of `prefix` the backend can restore (`Backend.probe`)."""
-        if self.backend is None:
-            return 0
         return self.backend.probe(prefix).warm_tokens
 
     def on_warm_prefix(self, segments: list[PromptSegment]) -> list[PromptSegment]:
         """`segments` on the last prefilled prefix while edits wait for warm-up (`PrefixRecord.on_warm_prefix`)."""
-        if self.backend is None:
-            return segments
         recorded = list(self.prefilled.segments)
         return self.prefilled.on_warm_prefix(segments, bool(recorded) and self.backend.probe(recorded).warm)
 
     def cancel_all(self) -> None:
-        """Cancels every running engine request (shutdown)."""
+        """Cancels every running request of this session (shutdown, Ctrl-C)."""
         for request_id in list(self._running):
             self.backend.cancel(request_id)
 
     def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        """Stops the backend (idempotent); later requests fail with EngineClosedError."""
+        self.backend.close()
 
 
 class SessionProvider(Protocol):

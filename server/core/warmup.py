@@ -141,7 +141,7 @@ class Warmup:
 
     def state(self) -> dict:
         """How warm the prefix is, for `codectx.status` and `codectx/warmth`."""
-        prefix = self.session.prompt.prefix_segments() if self.session.prompt is not None else []
+        prefix = self.session.prompt.prefix_segments()
         tokens = sum(len(s.token_ids) for s in prefix)
         warm = self.session.warm_tokens(prefix)
         return {"warm": bool(prefix) and warm == tokens, "warmTokens": warm, "prefixTokens": tokens,

@@ -1,8 +1,9 @@
 """HTTP errors and the one place that maps every error to an OpenAI-style JSON body.
 
-Handlers raise `HttpError`s (or let `EngineError`s / `ContextError`s through);
-`error_response` turns each into ``{"error": {"message", "type", "code", "param"}}``
-with a status code a client can act on.
+Handlers raise `HttpError`s (or let `EngineError`s, `ContextError`s and the core's
+errors through, which take the status of their core category); `error_response`
+turns each into ``{"error": {"message", "type", "code", "param"}}`` with a status
+code a client can act on.
 """
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from context.errors import ContextError
-from engine import errors as engine_errors
+from server.core.errors import Category, classify
 
 logger = logging.getLogger(__name__)
 
@@ -99,20 +99,33 @@ class NotReadyError(HttpError):
     kind = "server_error"
 
 
+_STATUSES: dict[Category, tuple[type[HttpError], str]] = {
+    Category.NOT_READY: (NotReadyError, "model_loading"),
+    Category.ENGINE_CLOSED: (NotReadyError, "engine_closed"),
+    Category.CONTEXT_FAILED: (BadRequestError, "bad_prompt"),
+    Category.INVALID_ARGUMENTS: (BadRequestError, "invalid_arguments"),
+    Category.CANCELLED: (HttpError, "engine_error"),
+    Category.MODEL_NOT_FOUND: (HttpError, "engine_error"),
+    Category.MODEL_LOAD_FAILED: (HttpError, "engine_error"),
+    Category.ENGINE_FAILED: (HttpError, "engine_error"),
+    Category.INTERNAL: (HttpError, "internal_error"),
+}
+"""The HTTP status class and code of each core error category (`server.core.errors`)."""
+
+
 def to_http_error(err: BaseException) -> HttpError:
-    """The `HttpError` a client receives for `err`."""
+    """The `HttpError` a client receives for `err`: an `HttpError` as raised, anything else
+    by its core category, with the core's message."""
     if isinstance(err, HttpError):
         return err
     if isinstance(err, ClientDisconnect):
         return ClientGoneError("the client disconnected before sending the whole request", code="client_closed")
-    if isinstance(err, engine_errors.EngineClosedError):
-        return NotReadyError("the engine is shut down", code="engine_closed")
-    if isinstance(err, ContextError):
-        return BadRequestError(f"could not build the prompt: {err}", param="messages", code="bad_prompt")
-    if isinstance(err, engine_errors.EngineError):
-        return HttpError(f"engine error: {err}", code="engine_error")
-    logger.error("unexpected error", exc_info=err)
-    return HttpError(f"internal error: {type(err).__name__}: {err}", code="internal_error")
+    failure = classify(err)
+    if failure.category is Category.INTERNAL:
+        logger.error("unexpected error", exc_info=err)
+    kind, code = _STATUSES[failure.category]
+    param = "messages" if failure.category is Category.CONTEXT_FAILED else None
+    return kind(failure.message, param=param, code=code)
 
 
 def error_body(err: HttpError) -> dict:

@@ -1,4 +1,7 @@
-"""Handlers for hover, code actions and `codectx.findBugs` (thin: convert, call, convert)."""
+"""Handlers for hover, code actions and `codectx.findBugs` (thin: convert, call, convert).
+
+Hover answers nothing while the model loads; code actions and commands wait for it.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +17,7 @@ from .errors import InvalidArgumentsError
 from server.core.features import code_actions, hover
 from server.core.features.code_actions import ACTIONS
 from server.core.features.symbols import identifier_at
+from server.core.session import Session
 
 ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActionKind.RefactorRewrite.value,
                 "findBugs": "source.codectx.findBugs", "tests": "source.codectx.tests",
@@ -22,15 +26,18 @@ ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActi
 
 def register(server: Any) -> None:
     """Registers the editor features on `server` (a `CodectxServer`)."""
-    cache = server.hover_cache
+    _register_hover(server)
+    _register_code_actions(server)
 
+
+def _register_hover(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def on_hover(ls, params: types.HoverParams) -> types.Hover | None:
-        session = ls.session
-        if not session.ready or not session.settings.hover.enabled:
+        session = ls.host.ready_now()  # while the model loads a hover has nothing to add
+        if session is None or not session.settings.hover.enabled:
             return None
         try:
-            text = document_text(ls, params.text_document.uri)
+            text = document_text(session, params.text_document.uri)
         except InvalidArgumentsError:
             return None  # not a file codectx reads: no explanation, and no error popup
         offset = convert.to_offset(text, params.position, session.documents.encoding)
@@ -39,12 +46,14 @@ def register(server: Any) -> None:
             return None
         name, span = found
         path = Path(to_fs_path(params.text_document.uri))
-        answer = await hover.explain(session, cache, name, path, session.prompt.files)
-        ls.focus(path, params.position.line + 1)
+        answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
+        ls.host.focus(path, params.position.line + 1)
         if answer is None:
             return None
         return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)
 
+
+def _register_code_actions(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(resolve_provider=True))
     def on_code_action(ls, params: types.CodeActionParams) -> list[types.CodeAction]:
         data = {"uri": params.text_document.uri,
@@ -67,7 +76,7 @@ def register(server: Any) -> None:
         elif name == "findBugs":
             action.command = types.Command(title=action.title, command="codectx.findBugs", arguments=[arguments])
         elif name in ("docstring", "tests"):
-            action.edit = await _edit_for(ls, name, data)
+            action.edit = await _edit_for(await ls.ready(), name, data)
         else:
             raise InvalidArgumentsError(f"unknown codectx code action {name!r}")
         return action
@@ -75,8 +84,8 @@ def register(server: Any) -> None:
     @server.command("codectx.findBugs")
     async def find_bugs_command(ls, *args: Any) -> dict:
         options = args[0] if args and isinstance(args[0], dict) else {}
-        session = await ls.ready_session()
-        uri, text, rng = document_range(ls, options)
+        session = await ls.ready()
+        uri, text, rng = document_range(session, options)
         encoding = session.documents.encoding
         span = convert.to_span(text, rng, encoding)
         bugs = await code_actions.find_bugs(session, text[span.start:span.end], rng.start.line)
@@ -87,9 +96,8 @@ def register(server: Any) -> None:
         return {"diagnostics": len(diagnostics)}
 
 
-async def _edit_for(ls, name: str, data: dict) -> types.WorkspaceEdit | None:
-    session = await ls.ready_session()
-    uri, text, rng = document_range(ls, data)
+async def _edit_for(session: Session, name: str, data: dict) -> types.WorkspaceEdit | None:
+    uri, text, rng = document_range(session, data)
     path = Path(to_fs_path(uri))
     if name == "docstring":
         insertion = await code_actions.docstring_insertion(session, path, text, rng.start.line + 1)
@@ -98,13 +106,13 @@ async def _edit_for(ls, name: str, data: dict) -> types.WorkspaceEdit | None:
     if insertion is None:
         return None
     target_uri = from_fs_path(str(insertion.path))
-    target_text = text if insertion.path == path else ("" if insertion.create else document_text(ls, target_uri))
+    target_text = text if insertion.path == path else ("" if insertion.create else document_text(session, target_uri))
     doc = session.documents.get(target_uri)
     return convert.insertion_edit(target_uri, target_text, insertion.line, insertion.column, insertion.text,
                                   session.documents.encoding, doc.version if doc else None, insertion.create)
 
 
-def document_range(ls, options: dict) -> tuple[str, str, types.Range]:
+def document_range(session: Session, options: dict) -> tuple[str, str, types.Range]:
     """(uri, text, range) from command arguments `{"uri", "range"}`.
 
     Raises:
@@ -115,22 +123,21 @@ def document_range(ls, options: dict) -> tuple[str, str, types.Range]:
         rng = convert.range_from_json(options["range"])
     except Exception as err:  # noqa: BLE001 - any malformed argument is the caller's error
         raise InvalidArgumentsError(f"expected 'uri' and 'range' of an open or readable file: {err}") from err
-    return uri, document_text(ls, uri), rng
+    return uri, document_text(session, uri), rng
 
 
-def document_text(ls, uri: Any) -> str:
+def document_text(session: Session, uri: Any) -> str:
     """The text of a document (open buffer, else disk) through the workspace's access policy.
 
     Raises:
         InvalidArgumentsError: Not a file URI, or a file the policy refuses (outside the
             workspace, a secret, ignored, ...); the message says why.
-        NotReadyError: The workspace is not scanned yet.
     """
     path = to_fs_path(uri) if isinstance(uri, str) else None
     if not path:
         raise InvalidArgumentsError(f"not a file URI: {uri!r}")
     try:
-        return ls.session.read_text(Path(path))
+        return session.read_text(Path(path))
     except ContextError as err:
         raise InvalidArgumentsError(f"codectx does not read {err}") from err
 

@@ -135,17 +135,15 @@ def open_document(client: LanguageClient, path: Path) -> str:
 async def in_process_session(options: dict, root: Path):
     """A `Session` with a started engine and the server's prompt builder, no transport
     (for tests that drive warm-up or hover preparation directly). Close it when done."""
-    from server.lsp.app import CodectxServer
     from server.core.backend import start_backend
+    from server.core.ready import workspace_prompt
+    from server.core.session import LoadingSession, Session
+    from server.core.settings import parse_settings
     from server.lsp.convert import UTF16
     from server.lsp.documents import DocumentStore
-    from server.core.session import Session
-    from server.core.settings import parse_settings
 
     settings, problems = parse_settings(options)
     assert problems == [], problems
-    server = CodectxServer()
-    server.session = session = Session(settings, DocumentStore(UTF16), root)
+    base = LoadingSession(settings, DocumentStore(UTF16), root)
     backend = await asyncio.to_thread(start_backend, settings)
-    session.attach(backend, server.make_prompt(backend.tokenizer))
-    return session
+    return Session(base, backend, workspace_prompt(base, backend.tokenizer))

@@ -11,7 +11,7 @@ from engine.request import DoneEvent, Metrics, Request, TokenEvent
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
 from server.core.backend import EngineBackend
-from server.core.session import Session
+from server.core.session import LoadingSession, Session
 from server.core.settings import parse_settings
 from server.core.tools import TOOLS_PROMPT
 from server.core.prompt import WorkspacePrompt
@@ -69,9 +69,9 @@ def session_for(root, outputs: list[str], **settings) -> tuple[Session, Scripted
     parsed, problems = parse_settings(settings or None)
     if problems:
         raise ValueError(f"bad test settings: {problems}")
-    session = Session(parsed, DocumentStore(UTF16), root)
+    base = LoadingSession(parsed, DocumentStore(UTF16), root)
     engine = ScriptedEngine(outputs)
     tokenizer = ByteTokenizer()
     prompt = WorkspacePrompt(root, tokenizer, lambda p: None, TOOLS_PROMPT, parsed.context)
-    session.attach(EngineBackend(engine, tokenizer, "scripted"), prompt)
+    session = Session(base, EngineBackend(engine, tokenizer, "scripted"), prompt)
     return session, engine

@@ -1,5 +1,5 @@
 """The server package's shape, read from the source: transports over one core, no import
-cycles. `pytest -s` prints the import graph and module sizes."""
+cycles, small modules and functions. `pytest -s` prints the import graph and module sizes."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +8,8 @@ from pathlib import Path
 from tests.server.harness import REPO_ROOT
 
 SERVER = REPO_ROOT / "server"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -105,3 +107,17 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
 
+
+
+def test_modules_and_functions_stay_small():
+    too_long = []
+    for name, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines")
+    assert too_long == []

@@ -74,7 +74,6 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     shown in the stream. `sampling` defaults to greedy.
 
     Raises:
-        NotReadyError: The model is still loading.
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
     """
     settings = session.settings.ask

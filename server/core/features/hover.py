@@ -151,11 +151,7 @@ def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | N
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
                   files: list[Path]) -> HoverAnswer | None:
-    """The hover answer for `name`, or None when no definition is found.
-
-    Raises:
-        NotReadyError: The model is still loading.
-    """
+    """The hover answer for `name`, or None when no definition is found."""
     started = time.perf_counter()
     site = cache.index.find(name, current, files)
     if site is None:

@@ -78,7 +78,7 @@ class HoverPrefetch:
             return
         settings = self.session.settings
         if ((self.limit <= 0 and not settings.hover.prefetch_heads) or not settings.warmup.enabled
-                or self.focus is None or not self.session.ready or self._interactive):
+                or self.focus is None or self._interactive):
             return
         self._loop_task = asyncio.ensure_future(self._run())
 

@@ -1,36 +1,40 @@
 """`codectx.status` and `codectx.showContext`."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from context.scan import Skipped, iter_reasons
 
-from ..session import Session
+from ..session import LoadingSession, Session
+
+if TYPE_CHECKING:  # the ready session holds the features; status only reads it
+    from ..ready import ReadySession
 
 
-def status(session: Session, warmup: Any, position_encoding: str, transport: dict) -> dict:
-    """Readiness, warmth, counters and the server's own bookkeeping sizes.
+def status(base: LoadingSession, ready: ReadySession | None, position_encoding: str, transport: dict) -> dict:
+    """Readiness, warmth, counters and the server's own bookkeeping sizes (answered in both phases).
 
     Args:
-        session: The session.
-        warmup: The session's `Warmup`, or None before the model is loaded.
+        base: The session's loading phase (settings, buffers, counters).
+        ready: The ready session, or None while loading.
         position_encoding: The position encoding agreed with the client.
         transport: The transport's own bookkeeping sizes (pending requests, ...).
     """
-    counters = session.counters
+    counters = base.counters
     return {
-        "ready": session.ready,
-        "model": session.model_id,
+        "ready": ready is not None,
+        "model": ready.model_id if ready is not None else None,
         "positionEncoding": position_encoding,
-        "prefixVersion": session.prefix_version,
-        "warmup": warmup.state() if warmup is not None else None,
+        "prefixVersion": base.prefix_version,
+        "warmup": ready.warmup.state() if ready is not None else None,
         "counters": {"asks": counters.asks, "hovers": counters.hovers,
                      "hoverCacheHits": counters.hover_cache_hits, "cancelled": counters.cancelled,
                      "warmups": counters.warmups},
         "lastMetrics": counters.last_metrics,
         "lastHover": counters.last_hover,
-        "engine": session.backend.stats() if session.backend is not None else None,
-        "server": dict(transport, openDocuments=len(session.documents)),
+        "engine": ready.backend.stats() if ready is not None else None,
+        "server": dict(transport, openDocuments=len(base.documents)),
+        "hoverPrefetch": ready.prefetch.state() if ready is not None else None,
     }
 
 

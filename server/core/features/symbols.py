@@ -13,7 +13,6 @@ from context.errors import ContextError
 from context.languages import language_of
 from context.tags import Definition, extract
 
-from ..errors import NotReadyError
 from ..span import Span
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -83,7 +82,7 @@ class DefinitionIndex:
         """`path`'s current text and its definitions (None when it cannot be read)."""
         try:
             text = self.read_text(path)
-        except (OSError, ContextError, NotReadyError):  # gone, refused by the access policy, not scanned
+        except (OSError, ContextError):  # gone, or refused by the access policy
             self._parsed.pop(path, None)
             return None
         cached = self._parsed.get(path)

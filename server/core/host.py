@@ -1,0 +1,217 @@
+"""One workspace's session through its two phases, for a transport to hold.
+
+A `SessionHost` starts with a `LoadingSession` (settings, buffers, root) and,
+once `load` has started the backend and scanned the workspace, holds a
+`ReadySession`. Handlers ask it for the ready session: `ready()` waits for
+it (and raises the load error if loading failed), `ready_now()` answers None
+while loading, for requests whose right answer then is "nothing yet". Edits
+and focus changes that arrive while loading are kept and applied once ready.
+It is also the `SessionProvider` a transport beside the editor reads.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from .backend import Backend, start_backend
+from .errors import NotReadyError
+from .ready import ReadySession, workspace_prompt
+from .session import LoadingSession
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+LOADING = "codectx is still loading the model; try again in a moment"
+
+
+class SessionHost:
+    """The session of one workspace, loading then ready.
+
+    Args:
+        base: The loading session (from the transport's `initialize`).
+        on_warmth: Passed to the `ReadySession` (warm-up and hover preparation state).
+    """
+
+    def __init__(self, base: LoadingSession, on_warmth: Callable[[dict], None] = lambda state: None) -> None:
+        self.base = base
+        self.on_warmth = on_warmth
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._loaded: asyncio.Future[ReadySession] | None = None
+        self._starting: asyncio.Future[Backend] | None = None
+        self._focus: tuple[Path, int] | None = None
+        self._closed = False
+
+    def begin(self) -> None:
+        """Marks the start of loading on the running loop: from now on `ready()` waits."""
+        self.loop = asyncio.get_running_loop()
+        self._loaded = self.loop.create_future()
+        self._loaded.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised to waiters
+
+    async def load(self, stage: Callable[[str], None] = lambda message: None,
+                   start: Callable[[Settings], Backend] = start_backend) -> ReadySession:
+        """Starts the backend and scans the workspace (both off the loop), then starts warm-up.
+
+        Args:
+            stage: Told what loading does next ("scanning ...").
+            start: Builds the backend from the settings (blocking; runs on a worker thread).
+
+        Raises:
+            ModelNotFoundError, ModelLoadError: As `start_backend`.
+            ContextError: The workspace cannot be scanned.
+            NotReadyError: The host was closed while loading.
+        """
+        if self._loaded is None:
+            self.begin()
+        try:
+            ready = await self._load(stage, start)
+        except BaseException as err:
+            self.failed(err if isinstance(err, Exception) else NotReadyError("codectx was shut down while loading"))
+            raise
+        self._loaded.set_result(ready)
+        ready.start(self._focus)
+        return ready
+
+    async def _load(self, stage: Callable[[str], None], start: Callable[[Settings], Backend]) -> ReadySession:
+        self._starting = self.loop.run_in_executor(None, start, self.base.settings)
+        try:
+            backend = await asyncio.shield(self._starting)
+        except asyncio.CancelledError:
+            self._starting.add_done_callback(_close_when_started)  # the thread runs on: close what it starts
+            raise
+        try:
+            if self._closed:
+                raise NotReadyError("codectx was shut down while loading")
+            stage(f"scanning {self.base.root}")
+            prompt = await asyncio.to_thread(workspace_prompt, self.base, backend.tokenizer)
+            if self._closed:
+                raise NotReadyError("codectx was shut down while loading")
+        except BaseException:
+            backend.close()
+            raise
+        return ReadySession(self.base, backend, prompt, self.on_warmth)
+
+    def failed(self, err: Exception) -> None:
+        """Loading failed (or never got to load): every waiting and later `ready()` raises `err`."""
+        if self._loaded is None:
+            self.begin()
+        if not self._loaded.done():
+            self._loaded.set_exception(err)
+
+    def ready_now(self) -> ReadySession | None:
+        """The ready session, or None while loading (or after loading failed)."""
+        loaded = self._loaded
+        if loaded is None or not loaded.done() or loaded.cancelled() or loaded.exception() is not None:
+            return None
+        return loaded.result()
+
+    async def ready(self) -> ReadySession:
+        """The ready session, once loaded.
+
+        Raises:
+            NotReadyError: Loading has not begun (before `initialize`), or the host was closed.
+            Exception: The error that made loading fail.
+        """
+        if self._loaded is None:
+            raise NotReadyError(LOADING)
+        return await asyncio.shield(self._loaded)
+
+    def current(self) -> ReadySession | None:
+        """`SessionProvider`: the ready session or None."""
+        return self.ready_now()
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """`SessionProvider`: `fn(ready session)` on this host's loop, from any thread's loop.
+
+        Raises:
+            NotReadyError: The session is not ready.
+        """
+        if self.loop is None:
+            raise NotReadyError(LOADING)
+
+        async def run() -> T:
+            ready = self.ready_now()
+            if ready is None:
+                raise NotReadyError(LOADING)
+            return fn(ready)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
+
+    def focus(self, path: Path | None, line: int) -> None:
+        """The user works at `path`:`line` (1-based): hovers are prepared there; kept until ready."""
+        if path is None or not self.base.settings.hover.enabled:
+            return
+        ready = self.ready_now()
+        if ready is None:
+            self._focus = (path, line)
+        else:
+            ready.focus(path, line)
+
+    def changed(self, paths: list[Path | None]) -> None:
+        """Buffers or files changed (None: not a file): a new prefix version, and the prompt
+        re-reads them (now, or once the workspace is scanned) and warm-up follows."""
+        self.base.prefix_version += len(paths)
+        files = [path for path in paths if path is not None]
+        ready = self.ready_now()
+        if ready is None:
+            self.base.dirty.update(files)
+        else:
+            ready.edited(files)
+
+    def reread(self, path: Path | None) -> None:
+        """A buffer was opened or closed: the prompt reads `path` again (no warm-up of its own)."""
+        if path is None:
+            return
+        ready = self.ready_now()
+        if ready is None:
+            self.base.dirty.add(path)
+        else:
+            ready.prompt.mark_dirty(path)
+
+    def apply_settings(self, settings: Settings) -> bool:
+        """Uses new settings; returns True when they change the model of a loaded session,
+        which keeps its model until a restart (everything else applies at once)."""
+        ready = self.ready_now()
+        before = self.base.settings
+        if ready is not None and settings.model != before.model:
+            self.base.settings = dataclasses.replace(settings, model=before.model)
+        else:
+            self.base.settings = settings
+        if ready is not None and settings.window != before.window:
+            ready.backend.set_window(settings.window)  # from the next request on
+        return ready is not None and settings.model != before.model
+
+    def shutdown(self) -> None:
+        """Stops background work and cancels running requests (LSP `shutdown`; idempotent)."""
+        ready = self.ready_now()
+        if ready is not None:
+            ready.stop()
+
+    def close(self) -> None:
+        """Ends the session: loading stops (a backend still starting is closed once it is up),
+        waiters get NotReadyError, a ready session's backend closes. Idempotent."""
+        self._closed = True
+        self.failed(NotReadyError("codectx was shut down while loading"))
+        self.shutdown()
+        ready = self.ready_now()
+        if ready is not None:
+            ready.close()
+
+    async def wait_closed(self) -> None:
+        """After `close`: waits until a backend that was still starting is up and closed too
+        (for a caller that lives on after closing the host)."""
+        starting = self._starting
+        if starting is None:
+            return
+        try:
+            backend = await asyncio.shield(starting)
+        except Exception:  # noqa: BLE001 - a start that failed left nothing to close
+            return
+        backend.close()
+
+
+def _close_when_started(starting: asyncio.Future) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        starting.result().close()

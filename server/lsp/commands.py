@@ -1,0 +1,98 @@
+"""The `codectx.*` commands: ask, status, showContext, reset, reindex.
+
+`status` and `reset` answer in both phases; the others wait for the model.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pygls.uris import to_fs_path
+
+from server.core.features import ask as ask_feature
+from server.core.features import status as status_feature
+from server.core.session import Session
+
+from . import convert, editing
+from .errors import InvalidArgumentsError
+from .stream import TextStream
+
+
+def register(server: Any) -> None:
+    """Registers the commands on `server` (a `CodectxServer`)."""
+    server.command("codectx.ask")(ask_command)
+
+    @server.command("codectx.status")
+    def status_command(ls, *args: Any) -> dict:
+        return status_feature.status(ls.base, ls.host.ready_now(), ls.base.documents.encoding.value,
+                                     {"pendingRequests": ls.protocol.pending_requests(),
+                                      "progressTokens": ls.protocol.progress_tokens()})
+
+    @server.command("codectx.showContext")
+    async def show_context_command(ls, *args: Any) -> dict:
+        session = await ls.ready()
+        return status_feature.show_context(session, session.warmup.segment_states())
+
+    @server.command("codectx.reset")
+    def reset_command(ls, *args: Any) -> dict:
+        ls.conversations.reset()
+        return {"reset": True}
+
+    @server.command("codectx.reindex")
+    async def reindex_command(ls, *args: Any) -> dict:
+        session = await ls.ready()
+        return {"files": session.reindex()}
+
+
+async def ask_command(ls: Any, *args: Any) -> dict:
+    """`codectx.ask {question, maxTokens?, conversationId?, tools?, uri?, range?}`: streams the
+    answer (`codectx/stream`, `$/progress`) and returns it with its metrics."""
+    options = _command_args(args)
+    question = options.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidArgumentsError("codectx.ask needs a non-empty string 'question'")
+    _check_option(options, "maxTokens", int, lambda v: v >= 1, "a positive integer")
+    _check_option(options, "conversationId", str, lambda v: bool(v), "a non-empty string")
+    _check_option(options, "tools", bool, lambda v: True, "true or false")
+    session = await ls.ready()
+    selection, path = _selection(session, options)
+    stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress(),
+                        client_token=ls.protocol.work_done_token)
+    await stream.begin("codectx: answering")
+    reason = "error"
+    try:
+        result = await ask_feature.ask(
+            session, question, on_text=stream.send, on_prefill=stream.prefill, conversations=ls.conversations,
+            conversation_id=options.get("conversationId"), selection=selection, path=path,
+            tools=session.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"))
+        reason = result.finish_reason
+        return result.as_dict()
+    except asyncio.CancelledError:
+        reason = "cancelled"
+        raise
+    finally:
+        stream.end(reason)
+
+
+def _command_args(args: tuple) -> dict:
+    if len(args) > 1 or (args and not isinstance(args[0], dict)):
+        raise InvalidArgumentsError("codectx commands take one object argument")
+    return dict(args[0]) if args else {}
+
+
+def _check_option(options: dict, name: str, kind: type, valid: Any, what: str) -> None:
+    """Raises InvalidArgumentsError unless `options[name]` is absent/null or a valid `kind`."""
+    value = options.get(name)
+    if value is None:
+        return
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or not valid(value):
+        raise InvalidArgumentsError(f"'{name}' must be {what}, got {value!r}")
+
+
+def _selection(session: Session, options: dict) -> tuple[str | None, str | None]:
+    """The selected text and its path, from optional 'uri' + 'range' arguments."""
+    if "uri" not in options or "range" not in options:
+        return None, None
+    _, text, rng = editing.document_range(session, options)
+    span = convert.to_span(text, rng, session.documents.encoding)
+    return text[span.start:span.end], to_fs_path(options["uri"])

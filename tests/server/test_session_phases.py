@@ -1,0 +1,141 @@
+"""The session's two phases through `SessionHost`, in process with the real tiny model:
+what is answered before and while the model loads, what waits for it, a load that fails,
+and a shutdown while loading. A `Gate` holds the real `start_backend` until the test
+lets it go, so "while loading" is a state the test controls, not a race."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from lsprotocol import types
+
+from engine.errors import ModelNotFoundError
+from server.core.backend import start_backend
+from server.core.errors import NotReadyError
+from server.core.features import ask as ask_feature
+from server.core.features import status as status_feature
+from server.core.host import SessionHost
+from server.core.session import LoadingSession
+from server.core.settings import Settings, parse_settings
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
+from tests.server.harness import default_options, write_sample_workspace
+
+
+class Gate:
+    """`start_backend` that waits until the test opens the gate (and keeps what it started)."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.open = threading.Event()
+        self.backend = None
+
+    def __call__(self, settings: Settings):
+        self.waiting.set()
+        assert self.open.wait(60), "the test never opened the gate"
+        self.backend = start_backend(settings)
+        return self.backend
+
+    async def reached(self) -> None:
+        assert await asyncio.to_thread(self.waiting.wait, 60), "loading never started the backend"
+
+
+def loading_session(model: Path, root: Path, **overrides) -> LoadingSession:
+    settings, problems = parse_settings(default_options(model, **overrides))
+    assert problems == []
+    return LoadingSession(settings, DocumentStore(UTF16), root)
+
+
+def status(host: SessionHost) -> dict:
+    return status_feature.status(host.base, host.ready_now(), "utf-16", {})
+
+
+@pytest.fixture()
+def repo(tmp_path) -> Path:
+    return write_sample_workspace(tmp_path)
+
+
+async def test_requests_before_while_and_after_loading(tiny_model, repo):
+    host = SessionHost(loading_session(tiny_model, repo))
+    with pytest.raises(NotReadyError):  # before loading began (LSP: before `initialize`)
+        await host.ready()
+    gate = Gate()
+    loading = asyncio.ensure_future(host.load(start=gate))
+    await gate.reached()
+
+    # While loading: status answers, a hover-like request gets nothing, an ask waits.
+    assert host.ready_now() is None and status(host)["ready"] is False and status(host)["engine"] is None
+    waiting = asyncio.ensure_future(host.ready())
+    util = repo / "util.py"
+    host.base.documents.open(types.TextDocumentItem(uri=util.as_uri(), language_id="python", version=2,
+                                                    text="def add(a, b):\n    return b + a  # edited\n"))
+    host.changed([util])
+    host.focus(util, 2)
+    assert not waiting.done() and host.base.prefix_version == 1
+
+    gate.open.set()
+    ready = await waiting
+    assert ready is await loading and host.ready_now() is ready
+    # The edit made while loading is in the prompt (the built copy and its hot copy), and
+    # hover preparation starts where the user was.
+    assert [s.key for s in ready.prompt.prefix_segments()].count("util.py") == 2
+    assert ready.prefetch.focus == (util, 2) and host.base.dirty == set()
+
+    # After: requests run, status reports the model.
+    answer = await ask_feature.ask(ready, "What does add do?", on_text=lambda text: None,
+                                   conversations=ask_feature.Conversations(), max_tokens=2)
+    assert answer.metrics["prompt_tokens"] > 0 and answer.finish_reason in ("stop", "length")
+    state = status(host)
+    assert state["ready"] is True and state["model"] == ready.model_id and state["counters"]["asks"] == 1
+    host.close()
+    assert ready.backend.stats()["closed"] is True
+
+
+async def test_a_load_that_fails_is_every_waiters_answer(tmp_path, repo):
+    host = SessionHost(loading_session(tmp_path / "no-such-model", repo))
+    host.begin()
+    waiting = asyncio.ensure_future(host.ready())
+    with pytest.raises(ModelNotFoundError):
+        await host.load()
+    with pytest.raises(ModelNotFoundError):
+        await waiting
+    with pytest.raises(ModelNotFoundError):  # and every later request
+        await host.ready()
+    assert host.ready_now() is None and status(host)["ready"] is False
+    host.changed([repo / "util.py"])  # edits are still taken (nothing to apply them to)
+    assert host.base.prefix_version == 1
+    host.close()
+
+
+async def test_shutdown_while_loading_closes_what_loading_starts(tiny_model, repo):
+    host = SessionHost(loading_session(tiny_model, repo))
+    gate = Gate()
+    loading = asyncio.ensure_future(host.load(start=gate))
+    await gate.reached()
+    host.close()
+    with pytest.raises(NotReadyError, match="shut down"):
+        await host.ready()
+    gate.open.set()
+    with pytest.raises(NotReadyError):
+        await loading
+    assert host.ready_now() is None
+    assert gate.backend.stats()["closed"] is True  # the engine started after the shutdown is closed
+
+
+async def test_an_exit_that_cancels_loading_still_closes_the_engine(tiny_model, repo):
+    """The language server's `exit` cancels the start-up task and closes the host."""
+    host = SessionHost(loading_session(tiny_model, repo))
+    gate = Gate()
+    loading = asyncio.ensure_future(host.load(start=gate))
+    await gate.reached()
+    loading.cancel()
+    host.close()
+    with pytest.raises(asyncio.CancelledError):
+        await loading
+    with pytest.raises(NotReadyError):
+        await host.ready()
+    gate.open.set()
+    await host.wait_closed()
+    assert gate.backend.stats()["closed"] is True
