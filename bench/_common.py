@@ -1,10 +1,14 @@
-"""Helpers shared by the benchmarks: a Markdown table, the machine's description, JSON results.
+"""Helpers shared by the benchmarks: a Markdown table, the machine's description, JSON results,
+and the BLAS start-up step.
 
 Benchmarks are scripts (not CI); each prints a table and writes its numbers to
-``bench/results/`` so a later run can be compared with this one.
+``bench/results/`` so a later run can be compared with this one. A benchmark that
+runs MLX calls `preload_blas()` before it imports MLX and adds `blas_arguments`
+to its parser (``--blas``, ``--blas-threads``: the ``compute.blas*`` settings).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,6 +17,23 @@ from pathlib import Path
 from typing import Any, Sequence
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def blas_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--blas`` and ``--blas-threads``, read by `preload_blas` (engine.blas.preload)."""
+    parser.add_argument("--blas", default="auto",
+                        help="BLAS under MLX's CPU matmuls: auto, off (MLX's reference BLAS) or a library path")
+    parser.add_argument("--blas-threads", type=int, default=0, help="BLAS threads (0: usable cores, at most 8)")
+
+
+def preload_blas(argv: Sequence[str] | None = None) -> None:
+    """Preload the BLAS that ``--blas`` / ``--blas-threads`` in `argv` ask for (call before importing MLX)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    blas_arguments(parser)
+    known, _ = parser.parse_known_args(argv)
+    from engine import blas
+
+    blas.preload(known.blas, known.blas_threads)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
-import engine  # noqa: E402,F401  (optimized BLAS before MLX on Linux CPUs)
-from _common import machine  # noqa: E402
+from _common import blas_arguments, machine, preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
 
 PINNED_SOURCE = "954d1b43c48b65a62168f8f7a562fedec3d13cd9"
 """The commit whose context/ and engine/ packages are the benchmark's repository."""
@@ -95,8 +96,12 @@ class Peer:
             self.port = s.getsockname()[1]
         argv = ["mlx_lm.server", "--model", str(self.model_dir), "--host", "127.0.0.1", "--port",
                 str(self.port), "--prefill-step-size", str(self.chunk), "--log-level", "WARNING"]
-        # `import engine` first: the same optimized BLAS as codectx (engine/blas.py).
-        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import engine, runpy; "
+        # The same BLAS as codectx (engine/blas.py), preloaded before mlx_lm imports MLX.
+        from engine import blas
+
+        chosen = blas.describe()
+        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import runpy, engine.blas; "
+                f"engine.blas.preload({chosen['choice']!r}, {chosen['threads'] or 0}); "
                 f"sys.argv = {argv!r}; runpy.run_module('mlx_lm.server', run_name='__main__')")
         self.proc = subprocess.Popen([sys.executable, "-c", code],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -293,6 +298,7 @@ def main() -> None:
     p.add_argument("--archive-bytes", type=int, default=2 << 30)
     p.add_argument("--no-peer", dest="peer", action="store_false")
     p.add_argument("--json", type=Path)
+    blas_arguments(p)
     args = p.parse_args()
     result = run(args)
     out = args.json or ROOT / "bench" / "results" / f"cache-{result['model']}-{args.prefix_tokens}.json"

@@ -3,12 +3,12 @@
 Loads the model (default: the default model), fills a plain KV cache with a
 `--context`-token prompt (through the NumPy path, timed: prefill tok/s), then
 times one forward of n new tokens over that context for each n, with the
-NumPy path and with the model's own MLX attention (`cpu_attention.suspended()`),
-alternating, and reports medians, their ratio and the largest logit difference.
+NumPy path (`engine.compute.choose` with ``forward: mlx``: the model's layers, NumPy
+attention) and with the model's own MLX attention, alternating, and reports medians, their ratio and the largest logit difference.
 Also times the context prefill itself under MLX attention unless --skip-mlx-prefill,
 and `exp` alone over one layer's scores (MLX vs NumPy).
 
-    python bench/cpu_attention.py [--context 4200] [--sizes 1,6,32,512] [--repeats 3]
+    python bench/cpu_attention.py [--context 4200] [--sizes 1,6,32,512] [--repeats 3] [--blas auto]
 """
 from __future__ import annotations
 
@@ -21,30 +21,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import engine  # noqa: E402,F401  (BLAS preload before MLX)
+from bench._common import preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
-from bench._common import machine, markdown_table, write_json  # noqa: E402
-from engine import cpu_attention  # noqa: E402
+from bench._common import blas_arguments, machine, markdown_table, write_json  # noqa: E402
+from engine.compute import ComputeOptions, choose  # noqa: E402
 from engine.loading import load_model  # noqa: E402
 
 CHUNK = 512
 
 
-def prefill(model, ids: mx.array, n: int) -> tuple[list[KVCache], float]:
+def prefill(call, model, ids: mx.array, n: int) -> tuple[list[KVCache], float]:
     cache = [KVCache() for _ in model.layers]
     started = time.perf_counter()
     for start in range(0, n, CHUNK):
-        model(ids[:, start:min(n, start + CHUNK)], cache=cache)
+        call(ids[:, start:min(n, start + CHUNK)], cache)
         mx.eval([c.state for c in cache])
     return cache, time.perf_counter() - started
 
 
-def forward_ms(model, cache: list[KVCache], tokens: mx.array) -> tuple[float, mx.array]:
+def forward_ms(call, cache: list[KVCache], tokens: mx.array) -> tuple[float, mx.array]:
     started = time.perf_counter()
-    logits = model(tokens, cache=cache)
+    logits = call(tokens, cache)
     mx.eval(logits)
     elapsed = time.perf_counter() - started
     for c in cache:
@@ -75,30 +78,34 @@ def main() -> int:
     parser.add_argument("--sizes", default="1,6,32,512")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-mlx-prefill", action="store_true")
+    blas_arguments(parser)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     loaded = load_model(args.model, progress=False)
     model = loaded.model
-    if not cpu_attention.install(model):
-        print("engine.cpu_attention does not apply here (not the CPU, or CODECTX_CPU_ATTENTION=off)")
+    path = choose(model, ComputeOptions(forward="mlx", blas_threads=args.blas_threads))
+    if path.attention != "numpy":
+        print(f"engine.cpu_attention does not apply here: {'; '.join(path.notes)}")
         return 1
+
+    def mlx_call(tokens: mx.array, cache: list) -> mx.array:
+        return model(tokens, cache=cache)
+
     vocab = model.args.vocab_size
     ids = mx.array([[(i * 7919) % (vocab - 200) + 100 for i in range(args.context + max(sizes))]])
-    cache, numpy_prefill_s = prefill(model, ids, args.context)
+    cache, numpy_prefill_s = prefill(path.call, model, ids, args.context)
     mlx_prefill_s = None
     if not args.skip_mlx_prefill:
-        with cpu_attention.suspended():
-            _, mlx_prefill_s = prefill(model, ids, args.context)
+        _, mlx_prefill_s = prefill(mlx_call, model, ids, args.context)
     rows, table = [], []
     for n in sizes:
         tokens = ids[:, args.context:args.context + n]
         times = {"numpy": [], "mlx": []}
         diff = 0.0
         for _ in range(args.repeats):
-            ms, ours = forward_ms(model, cache, tokens)
+            ms, ours = forward_ms(path.call, cache, tokens)
             times["numpy"].append(ms)
-            with cpu_attention.suspended():
-                ms, theirs = forward_ms(model, cache, tokens)
+            ms, theirs = forward_ms(mlx_call, cache, tokens)
             times["mlx"].append(ms)
             diff = max(diff, mx.abs(ours - theirs).max().item())
         numpy_ms, mlx_ms = statistics.median(times["numpy"]), statistics.median(times["mlx"])

@@ -6,8 +6,11 @@ the engine's 256-token chunks), then times one forward of n new tokens over
 that context for each n, three ways (each way's calls in a row, after one untimed call):
 
 * ``numpy-forward``: `engine.cpu_forward.NumpyForward` (what the engine runs on the CPU);
-* ``mlx+numpy-attention``: the model's own call with `engine.cpu_attention` (the engine before it);
-* ``mlx``: the model's own call, MLX end to end (the peer: plain mlx-lm).
+* ``mlx+numpy-attention``: the model's own call with `engine.cpu_attention`
+  (the ``compute.forward: mlx`` path);
+* ``mlx``: the model's own call, MLX end to end (``compute.attention: mlx``; plain mlx-lm).
+
+The paths are the ones `engine.compute.choose` builds for the engine.
 
 Each forward asks for the last position's logits only, as prefill and decode
 do. Reports medians, ratios and the largest logit difference against ``mlx``.
@@ -20,6 +23,7 @@ window off): the NumPy paths dequantize the history, ``mlx`` attends over it
 with `quantized_matmul` for up to 32 new tokens.
 
     python bench/cpu_forward.py [--context 4200] [--sizes 1,7,32,256] [--repeats 3] [--kv-bits 16]
+                                [--blas auto] [--blas-threads 0]
 """
 from __future__ import annotations
 
@@ -32,12 +36,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import engine  # noqa: E402,F401  (BLAS preload before MLX)
+from bench._common import preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
-from bench._common import cpu_ticks, machine, markdown_table, steal_share, write_json  # noqa: E402
-from engine import blas, cpu_attention, cpu_forward  # noqa: E402
+from bench._common import blas_arguments, cpu_ticks, machine, markdown_table, steal_share, write_json  # noqa: E402
+from engine import blas, cpu_attention  # noqa: E402
+from engine.compute import ComputeOptions, ComputePath, choose  # noqa: E402
 from engine.generate import DEFAULT_PREFILL_CHUNK  # noqa: E402
 from engine.loading import load_model  # noqa: E402
 from engine.window import WindowPolicy, make_window_cache  # noqa: E402
@@ -45,21 +53,20 @@ from engine.window import WindowPolicy, make_window_cache  # noqa: E402
 WAYS = ("numpy-forward", "mlx+numpy-attention", "mlx")
 
 
-def run(way: str, model, forward: cpu_forward.NumpyForward, tokens: mx.array, cache: list) -> mx.array:
+def run(way: str, path: ComputePath, tokens: mx.array, cache: list) -> mx.array:
     """One forward the given way; logits of the last position, evaluated."""
     # Each path sets NumPy's BLAS threads itself (cpu_attention.use_numpy_threads).
     if way == "numpy-forward":
-        logits = forward(tokens, cache, logits="last")
+        logits = path.numpy_forward(tokens, cache, logits="last")
     elif way == "mlx":
-        with cpu_attention.suspended():
-            logits = model(tokens, cache=cache)[:, -1:]
+        logits = path.model(tokens, cache=cache)[:, -1:]
     else:
-        logits = model(tokens, cache=cache)[:, -1:]
+        logits = path.call(tokens, cache)[:, -1:]
     mx.eval(logits, [c.state for c in cache])
     return logits
 
 
-def matmul_gbps(model, repeats: int = 5) -> tuple[float, float]:
+def matmul_gbps(model, threads: int, repeats: int = 5) -> tuple[float, float]:
     """One-row matmuls over every layer's projection and MLP weights: MLX vs NumPy, GB/s of weights.
 
     The weights are the model's own (a few hundred MB, so they stream from memory
@@ -83,7 +90,7 @@ def matmul_gbps(model, repeats: int = 5) -> tuple[float, float]:
         return total / min(times)
 
     mlx = best(lambda: mx.eval([rows[w.shape[1]] @ w.T for w in weights]))
-    cpu_attention.use_numpy_threads(blas.thread_count())
+    cpu_attention.use_numpy_threads(threads)
     numpy = best(lambda: [a @ vectors[a.shape[1]] for a in arrays])
     return mlx, numpy
 
@@ -94,15 +101,15 @@ def new_cache(model, kv_bits: int) -> list:
     return make_window_cache(model, WindowPolicy(enabled=False), kv_bits=kv_bits)
 
 
-def prefill_s(way: str, model, forward, ids: mx.array, n: int, kv_bits: int) -> tuple[list, float]:
-    cache = new_cache(model, kv_bits)
+def prefill_s(way: str, path: ComputePath, ids: mx.array, n: int, kv_bits: int) -> tuple[list, float]:
+    cache = new_cache(path.model, kv_bits)
     started = time.perf_counter()
     for start in range(0, n, DEFAULT_PREFILL_CHUNK):
-        run(way, model, forward, ids[:, start:min(n, start + DEFAULT_PREFILL_CHUNK)], cache)
+        run(way, path, ids[:, start:min(n, start + DEFAULT_PREFILL_CHUNK)], cache)
     return cache, time.perf_counter() - started
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model name or path (default: the default model)")
     parser.add_argument("--context", type=int, default=4200)
@@ -110,22 +117,28 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kv-bits", type=int, default=16, choices=(8, 16))
     parser.add_argument("--mlx-prefill", action="store_true", help="also prefill the context MLX end to end")
-    args = parser.parse_args()
+    blas_arguments(parser)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     loaded = load_model(args.model, progress=False)
     model = loaded.model
-    if cpu_forward.install(model) != "numpy-forward":
-        print("engine.cpu_forward does not apply here (not the CPU, switched off, or not a float32 llama model)")
+    path = choose(model, ComputeOptions(blas_threads=args.blas_threads))
+    if path.kind != "numpy-forward":
+        print(f"engine.cpu_forward does not apply here: {'; '.join(path.notes)}")
         return 1
-    forward = cpu_forward.forward_for(model)
+    threads = path.numpy_forward.threads
     ticks = cpu_ticks()
     vocab = model.args.vocab_size
     ids = mx.array([[(i * 7919) % (vocab - 200) + 100 for i in range(args.context + max(sizes))]])
     prefill = {}
-    cache, prefill["numpy-forward"] = prefill_s("numpy-forward", model, forward, ids, args.context, args.kv_bits)
-    _, prefill["mlx+numpy-attention"] = prefill_s("mlx+numpy-attention", model, forward, ids, args.context, args.kv_bits)
+    cache, prefill["numpy-forward"] = prefill_s("numpy-forward", path, ids, args.context, args.kv_bits)
+    _, prefill["mlx+numpy-attention"] = prefill_s("mlx+numpy-attention", path, ids, args.context, args.kv_bits)
     if args.mlx_prefill:
-        _, prefill["mlx"] = prefill_s("mlx", model, forward, ids, args.context, args.kv_bits)
+        _, prefill["mlx"] = prefill_s("mlx", path, ids, args.context, args.kv_bits)
     rows, table = [], []
     for n in sizes:
         tokens = ids[:, args.context:args.context + n]
@@ -134,7 +147,7 @@ def main() -> int:
         for way in WAYS:  # one way at a time: a way's BLAS pool would spin into the next one's time
             for repeat in range(args.repeats + 1):
                 started = time.perf_counter()
-                logits[way] = run(way, model, forward, tokens, cache)
+                logits[way] = run(way, path, tokens, cache)
                 if repeat:  # the first call of a way warms its threads up
                     times[way].append(1000 * (time.perf_counter() - started))
                 for c in cache:
@@ -146,18 +159,18 @@ def main() -> int:
                       f"{ms['mlx+numpy-attention'] / ms['numpy-forward']:.2f}x",
                       f"{ms['mlx'] / ms['numpy-forward']:.2f}x", f"{diff:.1e}"])
     print(f"model {loaded.model_id}, context {args.context} tokens, {args.repeats} repeats (median), "
-          f"{blas.thread_count()} BLAS threads, {args.kv_bits}-bit KV")
+          f"{threads} BLAS threads, {args.kv_bits}-bit KV, BLAS {blas.in_use()}")
     print(markdown_table(["new tokens", "NumPy forward ms", "MLX + NumPy attention ms", "MLX ms",
                           "vs MLX + NumPy attention", "vs MLX", "max |Δlogit| vs MLX"], table))
     print(f"prefill of the {args.context}-token context (chunks of {DEFAULT_PREFILL_CHUNK}): " + ", ".join(
         f"{way} {args.context / s:.0f} tok/s" for way, s in prefill.items()))
-    mlx_gbps, numpy_gbps = matmul_gbps(model)
+    mlx_gbps, numpy_gbps = matmul_gbps(model, threads)
     print(f"one-row matmuls over all layers' weights: MLX {mlx_gbps:.1f} GB/s, NumPy {numpy_gbps:.1f} GB/s")
     steal = steal_share(ticks, cpu_ticks())
     if steal is not None:
         print(f"CPU time taken by the hypervisor (steal) during the run: {100 * steal:.0f}%")
     result = {"machine": machine(), "args": vars(args), "model": loaded.model_id, "rows": rows,
-              "prefill_s": prefill, "blas_threads": blas.thread_count(), "cpu_steal": steal,
+              "prefill_s": prefill, "blas_threads": threads, "compute": path.describe(), "cpu_steal": steal,
               "one_row_matmul_gbps": {"mlx": mlx_gbps, "numpy": numpy_gbps}}
     print(f"wrote {write_json('cpu_forward', result)}")
     return 0

@@ -23,7 +23,6 @@ Prints a Markdown table and writes bench/results/engine-<utc>.json.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,23 +39,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-chunk", type=int, default=256, help="prefill chunk for codectx and mlx_lm")
     parser.add_argument("--systems", default="codectx,mlx_lm,llama.cpp", help="which systems to run (also: codectx-nocompile)")
     parser.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when installed")
+    parser.add_argument("--blas", default="auto", help="BLAS under MLX's CPU matmuls: auto, off or a library path")
     return parser.parse_args()
 
 
 ARGS = parse_args()
-# Before `engine` is imported: engine/__init__ preloads the BLAS and reads this.
-os.environ.setdefault("CODECTX_BLAS_THREADS", str(ARGS.threads))
 # This file is named engine.py: its folder must not shadow the `engine` package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path[:0] = [str(ROOT)]
 sys.path.append(str(ROOT / "bench"))
 
-import engine  # noqa: E402  (optimized BLAS before MLX)
+from engine import blas  # noqa: E402
+
+blas.preload(ARGS.blas, ARGS.threads)  # before MLX is imported
+
 import mlx.core as mx  # noqa: E402
 
 from _common import machine, markdown_table, write_json  # noqa: E402
-from engine import blas  # noqa: E402
-from engine.compiled import decode_step_for  # noqa: E402
+from engine.compute import ComputeOptions  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loading import load_model  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
@@ -103,8 +103,8 @@ def timed(stream: Iterator[int]) -> dict[str, Any]:
 
 def codectx_runner(loaded: Any, chunk: int, compiled: bool = True) -> Run:
     def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
-        decode_step_for(loaded.model).enabled = compiled
-        with Engine(loaded, prefill_chunk=chunk) as eng:
+        options = ComputeOptions(compile=compiled, blas=ARGS.blas, blas_threads=ARGS.threads)
+        with Engine(loaded, prefill_chunk=chunk, compute=options) as eng:
             handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
             result = timed(len(e.token_ids) for e in handle if isinstance(e, TokenEvent))
             metrics = handle.result().metrics

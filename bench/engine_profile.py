@@ -9,12 +9,11 @@ Measures, per one-token step at a given context:
   graph: the cost of streaming the float32 weights from memory once;
 - ``lm_head``: the tied-embedding projection alone (49152 x 576).
 
-    python bench/engine_profile.py --context 512 --steps 30
+    python bench/engine_profile.py --context 512 --steps 30 [--blas-threads 1]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,12 +23,15 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path[:0] = [str(ROOT)]
 sys.path.append(str(ROOT / "bench"))
 
-import engine  # noqa: E402,F401  (optimized BLAS before MLX)
+from _common import preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
-from _common import machine, markdown_table, write_json  # noqa: E402
+from _common import blas_arguments, machine, markdown_table, write_json  # noqa: E402
 from engine import blas  # noqa: E402
 from engine.compiled import CompiledDecodeStep  # noqa: E402
 from engine.kv import make_cache  # noqa: E402
@@ -79,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=30)
+    blas_arguments(parser)
     args = parser.parse_args()
     model = load_model(None, progress=True).model
     weights = [m.weight for _, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -100,7 +103,7 @@ def main() -> None:
     megabytes = sum(w.nbytes for w in weights + [head]) / 1e6
     print(markdown_table(["per decode step", "CPU ms", "wall ms"], rows))
     print(f"\nfloat32 weights streamed per token: {megabytes:.0f} MB", file=sys.stderr)
-    payload = {"machine": machine(), "blas": blas.describe(), "threads": os.environ.get("CODECTX_BLAS_THREADS"),
+    payload = {"machine": machine(), "blas": blas.describe(), "threads": blas.describe()["threads"],
                "context": args.context, "weights_mb": megabytes, "rows": rows}
     print(f"wrote {write_json('engine-profile', payload)}", file=sys.stderr)
 

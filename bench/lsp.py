@@ -15,7 +15,7 @@ fixture repository (a small package plus one 300-line module) and measures:
 * hovers on definitions prepared in the background (`hover.prefetch`) after
   the file was opened (the other sessions run with `hover.prefetch` 0);
 * the peer, in the same run: warm hovers on the same server, MLX end to end
-  (`CODECTX_CPU_ATTENTION=off`: neither `engine.cpu_attention` nor `engine.cpu_forward`).
+  (the setting `compute.attention: "mlx"`: neither `engine.cpu_attention` nor `engine.cpu_forward`).
 
 Each session also records the share of CPU time the hypervisor took (steal,
 from /proc/stat): on a shared host the same work is slower when it is high.
@@ -212,9 +212,10 @@ async def asks(args, root: Path, work: Path) -> tuple[list[dict], float]:
 
 
 async def peer_hovers(args, root: Path, work: Path) -> list[dict]:
-    """The peer: warm hovers on the same server, MLX end to end (CODECTX_CPU_ATTENTION=off, which
+    """The peer: warm hovers on the same server, MLX end to end (`compute.attention: "mlx"`, which
     also turns `engine.cpu_forward` off). The case keeps its name for comparisons with older runs."""
-    client = Client(root, options(args, warmup=True), work / "hover-peer.log", env={"CODECTX_CPU_ATTENTION": "off"})
+    peer = {**options(args, warmup=True), "compute": {"attention": "mlx"}}
+    client = Client(root, peer, work / "hover-peer.log")
     await client.start()
     await client.warm_event.wait()
     mod = root / "pkg" / f"mod{MODULES - 1}.py"
@@ -351,7 +352,7 @@ def main() -> int:
     parser.add_argument("--sessions", default="asks,warm,exact,peer,prepared,heads",
                         help="which server sessions to run (comma-separated)")
     parser.add_argument("--no-peer", dest="peer", action="store_false",
-                        help="skip the peer session (warm hovers, MLX end to end: CODECTX_CPU_ATTENTION=off)")
+                        help="skip the peer session (warm hovers, MLX end to end: compute.attention mlx)")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     headers = ["case", "what", "first token ms", "engine TTFT ms", "total ms", "cached tok", "recomputed tok",

@@ -24,7 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import engine  # noqa: E402,F401  (puts MLX on an optimized BLAS on Linux CPUs first)
+from bench._common import blas_arguments, preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported (--blas off on a GPU: no CPU matmuls to speed up)
+
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
@@ -177,6 +180,7 @@ def run(argv: list[str] | None = None) -> dict:
     ap.add_argument("--linear", choices=("quantized", "dequantized"), default="quantized",
                     help="dequantized: prefill chunks multiply with bf16-dequantized weights (experiment)")
     ap.add_argument("--out", default=None)
+    blas_arguments(ap)
     a = ap.parse_args(argv)
 
     mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)

@@ -14,7 +14,7 @@ sibling with the same tokenizer, and this one shares every weight.
 It also measures the verification cost that `auto` mode's break-even uses:
 the time of one target forward over n tokens against a one-token forward.
 
-    python bench/speculative.py [--max-tokens 64] [--draft-layers 8] [--draft-k 4]
+    python bench/speculative.py [--max-tokens 64] [--draft-layers 8] [--draft-k 4] [--blas-threads 0]
 """
 from __future__ import annotations
 
@@ -30,9 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.draft_model import DraftModelDrafter  # noqa: E402  (engine first: BLAS preload)
-from engine.compiled import verify_step_for  # noqa: E402
-from engine.generate import decode, forward, prefill  # noqa: E402
+from bench._common import blas_arguments, preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
+from engine.compute import ComputeOptions, choose  # noqa: E402
+from engine.draft_model import DraftModelDrafter  # noqa: E402
+from engine.generate import decode, prefill  # noqa: E402
 from engine.lookup import PromptLookupDrafter  # noqa: E402
 from engine.kv import make_cache  # noqa: E402
 from engine.loading import load_model  # noqa: E402
@@ -97,16 +101,16 @@ def truncated_draft(model, layers: int):
 def verify_cost(model, context: int = 512, sizes=(1, 2, 3, 5, 9, 13), repeats: int = 7) -> dict:
     """Median wall and CPU seconds of one forward over n new tokens after `context` cached ones.
 
-    n = 1 goes through the compiled decode step and n > 1 through the compiled
-    verify step, as in decoding; `plain_*` is the uncompiled model call.
+    The forward is `ComputePath.verify` of the engine's default path, as in
+    decoding (on the CPU: the NumPy forward for llama models, else the compiled
+    steps); `plain_*` is the model's own uncompiled MLX call.
     """
     cache = make_prompt_cache(model)
     ids = mx.array([[(i * 7919) % 40000 + 100 for i in range(context)]], dtype=mx.uint32)
     model(ids, cache=cache)
     mx.eval([c.state for c in cache])
-    verify = verify_step_for(model)
-    calls = {"": lambda x: forward(model, x, cache) if x.shape[1] == 1 else verify(x, cache),
-             "plain_": lambda x: model(x, cache=cache)}
+    path = choose(model, ComputeOptions())
+    calls = {"": lambda x: path.verify(x, cache), "plain_": lambda x: model(x, cache=cache)}
     out: dict = {"context": context}
     for prefix, call in calls.items():
         wall, cpu = {}, {}
@@ -146,17 +150,18 @@ def run_task(loaded, task: dict, drafts: dict, max_tokens: int) -> list[dict]:
     and process CPU time (the CPU is shared: CPU time is the steadier measure).
     """
     tok, model = loaded.tokenizer, loaded.model
+    path = choose(model, ComputeOptions())  # the path an engine with default options runs
     ids = tok.encode(tok.render_chat([{"role": "user", "content": task["message"]}]) + task["header"])
     eos = frozenset(tok.eos_token_ids)
     cache = make_cache(model)
-    logits = prefill(model, cache, ids)
+    logits = prefill(path, cache, ids)
     rows = []
     for mode in MODES:
         metrics = Metrics()
         if mode == "off":
-            steps = decode(model, cache, logits, greedy, max_tokens, eos)
+            steps = decode(path, cache, logits, greedy, max_tokens, eos)
         else:
-            steps = speculative_decode(model, cache, logits, greedy, max_tokens, eos, prompt_ids=ids,
+            steps = speculative_decode(path, cache, logits, greedy, max_tokens, eos, prompt_ids=ids,
                                        mode=mode, draft=drafts.get(mode), metrics=metrics)
         wall, cpu = time.perf_counter(), time.process_time()
         tokens = list(steps)
@@ -181,6 +186,7 @@ def main() -> None:
     parser.add_argument("--draft-layers", type=int, default=8)
     parser.add_argument("--draft-k", type=int, default=4)
     parser.add_argument("--out", default=str(ROOT / "bench/results/speculative.json"))
+    blas_arguments(parser)
     args = parser.parse_args()
 
     loaded = load_model(progress=False)

@@ -1,26 +1,21 @@
 """The in-process MLX engine: model loading, prefill/decode, KV caches.
 
-The only package that imports MLX. Importing `engine` itself stays light
-(`engine.request`, `engine.errors` need no MLX); `Engine` and friends are
-imported on first use. When the CPU BLAS preloader (`engine.blas`) is
-present it runs first, before anything can import `mlx.core`.
+The only package that imports MLX. Importing `engine` has no side effect and
+stays light (`engine.request`, `engine.errors` need no MLX); `Engine` and
+friends are imported on first use. Entry points that run a model call
+`engine.blas.preload()` themselves, once, before `mlx.core` is imported.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
-
-if importlib.util.find_spec(f"{__name__}.blas") is not None:
-    from . import blas as _blas
-
-    _blas.preload()
 
 _LAZY = {
     "Engine": "engine.engine",
     "RequestHandle": "engine.handle",
     "load_model": "engine.loading",
     "LoadedModel": "engine.loading",
+    "ComputeOptions": "engine.compute",
 }
 
 __all__ = sorted(_LAZY)

@@ -12,14 +12,13 @@ may lack; the ``mlx_cpu`` wheel bundles one under a renamed soname, so a copy
 whose soname is set back to ``libgfortran.so.5`` is kept in the codectx home
 (``<home>/blas/<hash>/``) and loaded first.
 
-Environment:
-    CODECTX_BLAS: ``off`` (keep the reference BLAS), ``auto`` (default), or a
-        path to a shared library exporting ``cblas_sgemm`` (e.g. MKL's
-        ``libmkl_rt.so``, Debian's ``libopenblas.so.0``).
-    CODECTX_BLAS_THREADS: BLAS threads (default: usable cores, at most 8).
+Preloading is an explicit start-up step, once per process and before
+``mlx.core`` is imported: the server's `start_backend`, the CLI commands that
+load models, the benchmarks and the test configuration call :func:`preload`
+with the ``compute.blas`` / ``compute.blasThreads`` settings (or their flags).
+Importing this module (or `engine`) does nothing by itself.
 
-This module must not import MLX: ``engine/__init__.py`` calls :func:`preload`
-before anything else can.
+This module must not import MLX.
 """
 from __future__ import annotations
 
@@ -38,9 +37,8 @@ from .paths import codectx_home
 
 logger = logging.getLogger(__name__)
 
-ENV_CHOICE = "CODECTX_BLAS"
-ENV_THREADS = "CODECTX_BLAS_THREADS"
 _MAX_DEFAULT_THREADS = 8
+_OFF = frozenset({"off", "0", "none", "reference"})
 _GFORTRAN_SONAME = "libgfortran.so.5"
 
 
@@ -54,6 +52,7 @@ class BlasState:
     gfortran: str | None = None
     interposed: bool = False
     mlx_imported_first: bool = False
+    choice: str = "auto"
     notes: list[str] = field(default_factory=list)
 
 
@@ -61,40 +60,62 @@ _state: BlasState | None = None
 _handles: list[ctypes.CDLL] = []  # keep loaded libraries alive for the process
 
 
-def preload() -> str | None:
-    """Load an optimized CBLAS globally so that MLX uses it; idempotent, never raises.
+def preload(choice: str = "auto", threads: int = 0) -> str | None:
+    """Load an optimized CBLAS globally so that MLX uses it; never raises.
+
+    The first call decides for the process (the dynamic linker's choice lasts);
+    a later call with other arguments changes nothing and says so in the log.
+
+    Args:
+        choice: ``auto`` (cmeel-openblas, else a system OpenBLAS), ``off`` (keep
+            MLX's bundled reference BLAS), or the path of a shared library that
+            exports ``cblas_sgemm`` (e.g. MKL's ``libmkl_rt.so``).
+        threads: BLAS threads; 0 uses the usable cores, at most 8.
 
     Returns:
         The path of the loaded library, or None when MLX keeps its bundled BLAS
         (disabled, not Linux, nothing found, or loading failed; see :func:`describe`).
     """
     global _state
+    choice = (choice or "auto").strip()
     if _state is None:
-        _state = BlasState()
+        _state = BlasState(choice=choice)
         try:
-            _preload_into(_state)
+            _preload_into(_state, threads)
         except Exception as err:  # a BLAS problem must never stop the engine
             _state.library, _state.interposed = None, False
             _state.notes.append(f"preload failed: {err}")
             logger.warning("optimized BLAS not loaded, MLX keeps its reference BLAS: %s", err)
+    elif choice != _state.choice or (threads and threads != _state.threads):
+        logger.info("BLAS already chosen at start-up (%s, %s threads); %r with %d threads needs a restart",
+                    _state.choice, _state.threads, choice, threads)
     return _state.library
 
 
+def in_use() -> str:
+    """The BLAS MLX's matmuls run on, as a short stable name (part of the compute path).
+
+    ``reference`` unless :func:`preload` interposed a library, else that library's file name.
+    """
+    if _state is None or not _state.interposed or _state.library is None:
+        return "reference"
+    return Path(_state.library).name
+
+
 def describe(measure: bool = False) -> dict:
-    """Report which BLAS MLX uses and how it was chosen.
+    """Report which BLAS MLX uses and how it was chosen (does not preload).
 
     Args:
         measure: also time a 512x512 float32 matmul through ``mx.matmul`` on the
             CPU (imports MLX; ~0.1 s with an optimized BLAS, longer without).
 
     Returns:
-        A dict with ``library``, ``source``, ``threads``, ``gfortran``,
-        ``interposed`` (the global ``cblas_sgemm`` is the loaded library's),
-        ``mlx_imported_first``, ``notes`` and, when measured, ``sgemm_gflops``.
+        A dict with ``library``, ``source`` ("not attempted" before :func:`preload`),
+        ``threads``, ``gfortran``, ``interposed`` (the global ``cblas_sgemm`` is
+        the loaded library's), ``mlx_imported_first``, ``choice``, ``notes`` and,
+        when measured, ``sgemm_gflops``.
     """
-    preload()
-    assert _state is not None
-    report = asdict(_state)
+    report = asdict(_state if _state is not None else BlasState())
     if measure:
         report["sgemm_gflops"] = measure_sgemm_gflops()
     return report
@@ -115,24 +136,24 @@ def measure_sgemm_gflops(n: int = 512, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def _preload_into(state: BlasState) -> None:
-    choice = os.environ.get(ENV_CHOICE, "auto").strip()
+def _preload_into(state: BlasState, threads: int) -> None:
+    choice = state.choice
     state.mlx_imported_first = "mlx.core" in sys.modules
-    if choice.lower() in {"off", "0", "none", "reference"}:
-        state.source = f"disabled by {ENV_CHOICE}={choice}"
+    if choice.lower() in _OFF:
+        state.source = f"disabled (compute.blas={choice})"
         return
     if not sys.platform.startswith("linux"):
         state.source = "not needed on this platform (MLX uses the system BLAS)"
         return
     if choice.lower() not in {"", "auto"}:
-        path, state.source = Path(choice).expanduser(), f"{ENV_CHOICE}"
+        path, state.source = Path(choice).expanduser(), "compute.blas"
     else:
         path, state.source = _find_default(state)
         if path is None:
             return
     if state.mlx_imported_first:
         state.notes.append("mlx.core was imported before preload(); calls made before may be bound")
-    _load(path, state)
+    _load(path, state, threads)
 
 
 def _find_default(state: BlasState) -> tuple[Path | None, str]:
@@ -155,13 +176,13 @@ def _find_default(state: BlasState) -> tuple[Path | None, str]:
     return None, state.source
 
 
-def _load(path: Path, state: BlasState) -> None:
+def _load(path: Path, state: BlasState, threads: int) -> None:
     if "openblas" in path.name and _needs_gfortran(path):
         state.gfortran = _load_gfortran(state)
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     _handles.append(lib)
     state.library = str(path)
-    state.threads = _set_threads(lib)
+    state.threads = _set_threads(lib, threads)
     state.interposed = _global_symbol_is(lib, "cblas_sgemm")
     if not state.interposed:
         state.notes.append("cblas_sgemm in the global scope is not the loaded library's")
@@ -211,16 +232,16 @@ def _soname_copy(source: Path) -> Path:
     return target
 
 
-def thread_count() -> int:
-    """BLAS threads to use: ``CODECTX_BLAS_THREADS``, else the usable cores (at most 8)."""
-    threads = min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
-    configured = os.environ.get(ENV_THREADS, "").strip()
-    if configured:
-        try:
-            threads = max(1, int(configured))
-        except ValueError:
-            logger.warning("ignoring %s=%r (not an integer)", ENV_THREADS, configured)
-    return threads
+def thread_count(configured: int = 0) -> int:
+    """BLAS threads to use: `configured` when positive, else the usable cores (at most 8)."""
+    if configured > 0:
+        return configured
+    return min(len(os.sched_getaffinity(0)), _MAX_DEFAULT_THREADS)
+
+
+def threads_in_use() -> int:
+    """The thread count :func:`preload` gave MLX's BLAS, else the default (NumPy's pool follows it)."""
+    return _state.threads if _state is not None and _state.threads else thread_count()
 
 
 _THREAD_SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
@@ -236,8 +257,8 @@ def set_threads(lib: ctypes.CDLL, threads: int) -> bool:
     return False
 
 
-def _set_threads(lib: ctypes.CDLL) -> int | None:
-    threads = thread_count()
+def _set_threads(lib: ctypes.CDLL, configured: int) -> int | None:
+    threads = thread_count(configured)
     return threads if set_threads(lib, threads) else None
 
 

@@ -17,15 +17,17 @@ traced once per 256 tokens of context and replayed in between.
 The model code is unchanged (any mlx-lm model whose layers only use
 ``offset``, ``update_and_fetch`` and ``make_mask`` of their cache, like llama);
 caches of any other kind (quantized, windowed, recurrent) fall back to the
-plain call. ``CODECTX_COMPILE=off`` turns the compiled step off; so does a
-first compiled step that fails (MLX's CPU backend builds fused kernels with the
-system C++ compiler), logged once. After the step the real caches hold exactly what the plain call
-would have left: the same buffers with one more row and ``offset + 1``.
+plain call. The ``compute.compile`` setting decides whether `engine.compute`
+builds the step at all; a first compiled step that fails (MLX's CPU backend
+builds fused kernels with the system C++ compiler) turns it off, logged once.
+After the step the real caches hold exactly what the plain call would have
+left: the same buffers with one more row and ``offset + 1``. The trace runs
+the model's own arithmetic (`engine.cpu_attention.numpy_attention(False)`:
+NumPy cannot run inside a trace).
 """
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
@@ -67,13 +69,17 @@ class CompiledDecodeStep:
         model: An mlx-lm model (called as ``model(tokens, cache=...)``).
         max_tokens: Longest input compiled; longer inputs take the plain call.
             Each length is traced once per buffer capacity.
+        fallback: The plain call for inputs the step does not take,
+            ``fallback(tokens, cache) -> logits``; ``model(tokens, cache=cache)`` when None.
     """
 
-    def __init__(self, model: Any, max_tokens: int = 1) -> None:
+    def __init__(self, model: Any, max_tokens: int = 1,
+                 fallback: Callable[[mx.array, Sequence[Any]], mx.array] | None = None) -> None:
         self.model = model
         self.max_tokens = max_tokens
         self._compiled = mx.compile(self._trace)
-        self.enabled = os.environ.get("CODECTX_COMPILE", "on").lower() not in {"off", "0", "false"}
+        self._fallback = fallback or (lambda tokens, cache: model(tokens, cache=cache))
+        self.enabled = True
         self.fallbacks = 0
         self.traces = 0
         self._probed = False
@@ -82,7 +88,7 @@ class CompiledDecodeStep:
         """Logits of shape (1, n, vocab) for ``tokens`` of shape (1, n); updates ``cache``."""
         if not (self.enabled and self.applies(tokens, cache, self.max_tokens)):
             self.fallbacks += 1
-            return self.model(tokens, cache=cache)
+            return self._fallback(tokens, cache)
         n = tokens.shape[1]
         for c in cache:
             _ensure_room(c, n)
@@ -97,7 +103,7 @@ class CompiledDecodeStep:
             logger.warning("compiled decode step unavailable, decoding uncompiled: %s", err)
             self.enabled = False
             self.fallbacks += 1
-            return self.model(tokens, cache=cache)
+            return self._fallback(tokens, cache)
         for c, k, v in zip(cache, keys, values):
             # The old buffers are referenced by the graph only: slice_update reuses them.
             c.keys, c.values = k, v
@@ -116,7 +122,7 @@ class CompiledDecodeStep:
                values: list[mx.array]) -> tuple[mx.array, list[mx.array], list[mx.array]]:
         self.traces += 1
         stand_ins = [_BufferCache(k, v, offset) for k, v in zip(keys, values)]
-        with cpu_attention.suspended():  # NumPy cannot run inside a trace
+        with cpu_attention.numpy_attention(False):  # NumPy cannot run inside a trace
             logits = self.model(tokens, cache=stand_ins)
         return logits, [c.keys for c in stand_ins], [c.values for c in stand_ins]
 
@@ -133,22 +139,3 @@ def _ensure_room(cache: KVCache, n: int = 1) -> None:
         return mx.concatenate([buffer[..., : cache.offset, :], pad], axis=2)
 
     cache.keys, cache.values = grown(cache.keys), grown(cache.values)
-
-
-def decode_step_for(model: Any) -> Callable[[mx.array, Sequence[Any]], mx.array]:
-    """The model's compiled decode step, made once per model and kept on it."""
-    step = getattr(model, "_codectx_decode_step", None)
-    if step is None:
-        step = CompiledDecodeStep(model)
-        # nn.Module is a dict: object.__setattr__ keeps the step out of its parameters.
-        object.__setattr__(model, "_codectx_decode_step", step)
-    return step
-
-
-def verify_step_for(model: Any) -> Callable[[mx.array, Sequence[Any]], mx.array]:
-    """The model's compiled multi-token step (speculative verification), kept on it."""
-    step = getattr(model, "_codectx_verify_step", None)
-    if step is None:
-        step = CompiledDecodeStep(model, max_tokens=VERIFY_MAX_TOKENS)
-        object.__setattr__(model, "_codectx_verify_step", step)
-    return step

@@ -1,99 +1,121 @@
-"""Attention on MLX's CPU backend with NumPy's vectorized `exp`.
+"""Attention on MLX's CPU backend with NumPy's vectorized `exp`, wired per model.
 
 On this CPU, MLX's `exp` was 19–45x slower than NumPy's SIMD `exp` over one
 layer's attention scores, so attention over a long context cost more than the
 model's matmuls: one 512-token chunk over 4,200 keys took 26.8 s with MLX's
 SDPA and 7.6 s here (`bench/cpu_attention.py`; numbers in docs/benchmarks.md,
 *Engine (CPU)* → 6).
-`install(model)` routes the model's attention through `attention` below:
-scores, softmax and the value product in NumPy (float32), per KV head with
-the query heads of a group stacked (grouped-query attention without copying
-keys). NumPy's own OpenBLAS is limited to one thread while MLX runs the
-layers: two OpenBLAS thread pools on two cores were slower (same section).
+
+`wire(model)` gives each attention module of a llama/qwen-style model a
+subclass of its own class (`SUPPORTED`) whose call runs the same steps with
+`attention` below: scores, softmax and the value product in NumPy (float32),
+per KV head with the query heads of a group stacked (grouped-query attention
+without copying keys). Nothing module-wide changes: mlx-lm's functions stay
+as they are, other models are untouched, and even a wired module computes
+with MLX unless its caller asked for NumPy on this thread (`numpy_attention`,
+which `engine.compute.ComputePath` enters around its model calls). So an
+`mx.compile` trace, or any caller that did not ask, runs the model's own
+arithmetic.
+
+NumPy's own OpenBLAS is limited to one thread while MLX runs the layers: two
+OpenBLAS thread pools on two cores were slower (same section).
 `engine.cpu_forward` runs the whole layer in NumPy on top of `attend` and
 gives NumPy's pool the cores.
 
-It applies only where it helps and is exact up to float32 rounding: the
-default device is the CPU, the arrays are float32/float16/bfloat16, there
-are no attention sinks, and no `mx.compile` trace is running (`suspended()`).
-8-bit caches (`cache.bits`) are dequantized first. Anything else goes to the
-model file's own function. ``CODECTX_CPU_ATTENTION=off`` turns it off.
+It is exact up to float32 rounding for float32/float16/bfloat16 arrays;
+8-bit caches (`cache.bits`) are dequantized first. Other dtypes, and calls
+without a cache, go to the module's own call.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import logging
 import os
-import sys
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from engine import blas
 
 logger = logging.getLogger(__name__)
 
-ENV_SWITCH = "CODECTX_CPU_ATTENTION"
+SUPPORTED = frozenset({("mlx_lm.models.llama", "Attention"), ("mlx_lm.models.qwen2", "Attention"),
+                       ("mlx_lm.models.qwen3", "Attention")})
+"""Attention classes whose call is: q/k/v projections, (qwen3) per-head q/k norms, RoPE at the
+cache offset, `cache.update_and_fetch`, scaled dot-product attention, output projection."""
+
 _FLOAT_TYPES = (mx.float32, mx.float16, mx.bfloat16)
-_local = threading.local()
-_originals: dict[str, Callable[..., mx.array]] = {}
-
-
-def enabled() -> bool:
-    """True when the NumPy path may run in this process (CPU device, not switched off)."""
-    return os.environ.get(ENV_SWITCH, "on").lower() not in ("off", "0", "false") and \
-        mx.default_device() == mx.cpu
+_numpy_on = contextvars.ContextVar("codectx_numpy_attention", default=False)
+_wired_classes: dict[type, type] = {}
 
 
 @contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """Use the model's own attention inside this block (e.g. while `mx.compile` traces)."""
-    depth = getattr(_local, "suspended", 0)
-    _local.suspended = depth + 1
+def numpy_attention(enabled: bool = True) -> Iterator[None]:
+    """Inside this block, wired attention modules on this thread use NumPy (or, False: MLX)."""
+    token = _numpy_on.set(enabled)
     try:
         yield
     finally:
-        _local.suspended = depth
+        _numpy_on.reset(token)
 
 
-def install(model: Any) -> bool:
-    """Routes the attention of `model`'s architecture through `attention` (idempotent).
+def wire(model: Any) -> int:
+    """Give every supported attention module of `model` (this instance only) the NumPy-capable call.
 
-    mlx-lm model files import `scaled_dot_product_attention` from
-    `mlx_lm.models.base` by name; this replaces that name in the model's
-    module. Other models of the same architecture in the process share it,
-    which is harmless: the replacement falls back to the original wherever
-    it does not apply.
+    Idempotent. The modules keep their parameters and compute exactly as
+    before unless called inside `numpy_attention()`.
 
     Returns:
-        True when the model's attention now goes through `attention`.
+        How many attention modules are wired (0: the model's attention does not match `SUPPORTED`).
     """
-    if not enabled():
-        return False
-    module = sys.modules.get(type(model).__module__)
-    if module is None or not hasattr(module, "scaled_dot_product_attention"):
-        return False
-    if module.__name__ not in _originals:
-        original = module.scaled_dot_product_attention
-        _originals[module.__name__] = original
-        module.scaled_dot_product_attention = _dispatcher(original)
-        logger.info("CPU attention through NumPy for %s", module.__name__)
-    return True
+    wired = 0
+    for module in _attention_modules(model):
+        cls = type(module)
+        if cls not in _wired_classes.values():
+            module.__class__ = _wired_class(cls)
+        wired += 1
+    return wired
 
 
-def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
-    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        if sinks is not None or getattr(_local, "suspended", 0) or queries.dtype not in _FLOAT_TYPES:
-            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-        keys, values = dequantized(keys, values, cache)
-        use_numpy_threads(1)  # MLX runs the layers around this call
-        return attention(queries, keys, values, scale, mask)
+def _attention_modules(model: Any) -> list[nn.Module]:
+    modules = model.modules() if isinstance(model, nn.Module) else []
+    return [m for m in modules if (type(m).__module__, type(m).__name__) in SUPPORTED
+            or type(m) in _wired_classes.values()]
 
-    scaled_dot_product_attention.original = original
-    return scaled_dot_product_attention
+
+def _wired_class(cls: type) -> type:
+    """The subclass of an mlx-lm attention class whose call can attend through NumPy (made once)."""
+    if cls not in _wired_classes:
+        original = cls.__call__
+
+        def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+            if cache is None or not _numpy_on.get() or x.dtype not in _FLOAT_TYPES:
+                return original(self, x, mask=mask, cache=cache)
+            return _numpy_step(self, x, mask, cache)
+
+        _wired_classes[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": __name__,
+                                                          "__qualname__": f"wired {cls.__module__}.{cls.__name__}"})
+    return _wired_classes[cls]
+
+
+def _numpy_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    """The llama/qwen attention step of `module` with `attention` in place of MLX's SDPA."""
+    B, L, _ = x.shape
+    queries = module.q_proj(x).reshape(B, L, module.n_heads, -1)
+    keys = module.k_proj(x).reshape(B, L, module.n_kv_heads, -1)
+    values = module.v_proj(x).reshape(B, L, module.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    if "q_norm" in module:  # qwen3 normalizes each head before RoPE
+        queries, keys = module.q_norm(queries), module.k_norm(keys)
+    queries = module.rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
+    keys = module.rope(keys.transpose(0, 2, 1, 3), offset=cache.offset)
+    keys, values = dequantized(*cache.update_and_fetch(keys, values), cache)
+    use_numpy_threads(1)  # MLX runs the layers around this call
+    output = attention(queries, keys, values, module.scale, mask)
+    return module.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 def dequantized(keys, values, cache: Any) -> tuple[mx.array, mx.array]:
@@ -185,9 +207,10 @@ def _bias(mask: str | mx.array | None, B: int, H_kv: int, group: int, n: int, L:
 def use_numpy_threads(threads: int) -> None:
     """Give NumPy's OpenBLAS `threads` threads unless it already has them (cheap per call).
 
-    The count is process-wide, and which one is right depends on who runs the
-    layers: 1 while MLX does (its own BLAS pool would fight NumPy's), all cores
-    while `engine.cpu_forward` does. Each path sets it before it computes.
+    The count is process-wide (NumPy's library has one pool), and which one is
+    right depends on who runs the layers: 1 while MLX does (its own BLAS pool
+    would fight NumPy's), all cores while `engine.cpu_forward` does. Each path
+    sets it before it computes.
     """
     global _numpy_threads
     if _numpy_threads != threads:

@@ -18,13 +18,12 @@ which mlx-lm's quantized attention reads without dequantizing it.
 
 It applies to mlx-lm's llama model file (SmolLM2, Llama, Mistral-style
 checkpoints) with float32 weights, full attention on every layer, no
-attention sinks and caches that all sit at one offset; `forward_for(model)`
-returns None for anything else, and the caller uses the model's own call.
-``CODECTX_CPU_FORWARD=off`` turns it off (``CODECTX_CPU_ATTENTION=off`` does too).
+attention sinks and caches that all sit at one offset (`supports`, `applies`);
+`engine.compute.choose` builds it where it applies and the `compute.forward`
+setting allows it, and uses the model's own call for anything else.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -36,15 +35,8 @@ from mlx_lm.models.base import create_attention_mask, quantized_scaled_dot_produ
 from engine import blas, cpu_attention
 from engine.cpu_attention import as_numpy
 
-ENV_SWITCH = "CODECTX_CPU_FORWARD"
 SUPPORTED_MODULES = frozenset({"mlx_lm.models.llama"})
 LOGITS = ("all", "last", "none")
-
-
-def enabled() -> bool:
-    """True when the NumPy forward may run in this process (CPU attention on, not switched off)."""
-    return os.environ.get(ENV_SWITCH, "on").lower() not in ("off", "0", "false") and cpu_attention.enabled()
-
 
 QUANTIZED_QUERY_LIMIT = 1
 """Up to this many new tokens, 8-bit history is attended by MLX's `quantized_matmul`
@@ -94,9 +86,10 @@ class NumpyForward:
 
     Args:
         model: An mlx-lm llama `Model` with float32 weights (`supports(model)`).
+        threads: NumPy's BLAS threads while it runs the layers (0: the usable cores, at most 8).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, threads: int = 0) -> None:
         inner = model.model
         self.eps = float(model.args.rms_norm_eps)
         self.embed = as_numpy(inner.embed_tokens.weight)
@@ -104,7 +97,7 @@ class NumpyForward:
         tied = model.args.tie_word_embeddings
         self.head = _Linear(self.embed if tied else as_numpy(model.lm_head.weight), None)
         self.layers = [_layer(block) for block in inner.layers]
-        self.threads = blas.thread_count()
+        self.threads = blas.thread_count(threads)
 
     def __call__(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
         """Logits for ``tokens`` of shape (1, n), filling ``cache`` as the model's own call does.
@@ -175,30 +168,6 @@ def supports(model: Any) -> bool:
         if any(type(lin) is not nn.Linear or lin.weight.dtype != mx.float32 for lin in linears):
             return False
     return True
-
-
-def forward_for(model: Any) -> NumpyForward | None:
-    """The model's NumPy forward (made once, kept on the model), or None where it does not apply."""
-    if not enabled():
-        return None
-    forward = getattr(model, "_codectx_numpy_forward", False)
-    if forward is False:
-        forward = NumpyForward(model) if supports(model) else None
-        # nn.Module is a dict: object.__setattr__ keeps the forward out of its parameters.
-        object.__setattr__(model, "_codectx_numpy_forward", forward)
-    return forward
-
-
-def install(model: Any) -> str:
-    """Route `model` through the CPU paths that apply; returns the `CachePolicy.attention` kind.
-
-    "numpy-forward": `NumpyForward` runs the layers (and `engine.cpu_attention`
-    the model's own call where it does not apply); "numpy": only attention is
-    NumPy's; "mlx": neither (not on the CPU, or switched off).
-    """
-    if not cpu_attention.install(model):
-        return "mlx"
-    return "numpy-forward" if forward_for(model) is not None else "numpy"
 
 
 def applies(tokens: mx.array, cache: Sequence[Any]) -> bool:

@@ -15,6 +15,10 @@ target's checkpoint machinery: `prefill_request` restores the longest valid
 checkpoint of the draft model over the request's segments and prefills only
 the rest, so the repository prefix is prefilled by the draft model once.
 Anything that fails or is cancelled leaves the cache at confirmed state.
+
+`drafter_for` builds one from the ``model.draftModel`` setting: the same
+loader as the target (`engine.loading.load_model`), the vocabulary checked,
+the compute path chosen by `engine.compute.choose` with the target's options.
 """
 from __future__ import annotations
 
@@ -24,9 +28,8 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import cpu_forward
-from engine import generate
 from engine.checkpoints import Plan
+from engine.compute import ComputeOptions, ComputePath, choose
 from engine.errors import DraftModelMismatchError
 from engine.policy import CachePolicy
 from engine.prefix_cache import PrefixCache, model_dtype
@@ -74,7 +77,8 @@ class DraftModelDrafter:
     """Drafts k tokens greedily with a small model over its own cache.
 
     Args:
-        model: An mlx-lm model (called as `model(ids[None], cache=cache)`).
+        model: The draft model's `ComputePath`, or a bare mlx-lm model (its path
+            is then chosen with default `ComputeOptions`).
         cache: The draft model's cache; a fresh `make_prompt_cache(model)` when
             None. Its layers must be trimmable (KV caches): rejected drafts are
             removed by `trim`.
@@ -85,6 +89,7 @@ class DraftModelDrafter:
             the drafter stops early and returns what it has (the round then
             verifies fewer drafts, or none).
         model_id: Names the draft model in its checkpoints' policy.
+        weight_hash: The draft weights' digest (`LoadedModel.weight_hash`), for its policy.
         checkpoint_budget_bytes: Bytes the draft's checkpoints may own (None:
             `engine.prefix_cache.default_budget_bytes()`).
 
@@ -100,9 +105,11 @@ class DraftModelDrafter:
         prefill_step: int = 256,
         should_stop: Callable[[], bool] | None = None,
         model_id: str = "draft",
+        weight_hash: str = "",
         checkpoint_budget_bytes: int | None = None,
     ) -> None:
-        self.model = model
+        self.compute = model if isinstance(model, ComputePath) else choose(model, ComputeOptions())
+        self.model = model = self.compute.model
         # Lazy weights would be evaluated on the engine's worker thread, which
         # cannot run graphs built on another thread's stream.
         mx.eval(model.parameters())
@@ -117,10 +124,9 @@ class DraftModelDrafter:
         self.should_stop = should_stop or (lambda: False)
         self._consumed: list[int] = []  # the tokens the cache holds, in order
         self.forwards = 0
-        attention = cpu_forward.install(model)
-        policy = CachePolicy(model_id=model_id, weight_hash="", dtype=model_dtype(model),
-                             prefill_chunk=prefill_step, attention=attention)
-        self.prefix = PrefixCache(model, policy, budget_bytes=checkpoint_budget_bytes,
+        policy = CachePolicy(model_id=model_id, weight_hash=weight_hash, dtype=model_dtype(model),
+                             prefill_chunk=prefill_step, compute=self.compute.identity())
+        self.prefix = PrefixCache(self.compute, policy, budget_bytes=checkpoint_budget_bytes,
                                   cache=self.cache)
 
     def reset(self) -> None:
@@ -189,8 +195,7 @@ class DraftModelDrafter:
             for _ in range(k):
                 if self.should_stop():
                     break
-                logits = generate.forward(self.model, mx.array([[last]], dtype=mx.uint32),
-                                          self.cache)
+                logits = self.compute.forward(mx.array([[last]], dtype=mx.uint32), self.cache)
                 self.forwards += 1
                 self._consumed.append(last)
                 last = int(mx.argmax(logits[0, -1]).item())
@@ -213,7 +218,7 @@ class DraftModelDrafter:
             if self.should_stop():
                 return False
             chunk = tokens[len(self._consumed) : len(self._consumed) + self.prefill_step]
-            generate.forward(self.model, mx.array([chunk], dtype=mx.uint32), self.cache, logits="none")
+            self.compute.forward(mx.array([chunk], dtype=mx.uint32), self.cache, logits="none")
             mx.eval([c.state for c in self.cache])
             self.forwards += 1
             self._consumed.extend(chunk)
@@ -236,3 +241,43 @@ class DraftModelDrafter:
         for c in self.cache:
             if c.offset > len(self._consumed):
                 c.trim(c.offset - len(self._consumed))
+
+
+def drafter_for(name: str, speculation: str, target_tokenizer: Any,
+                options: ComputeOptions = ComputeOptions(), checkpoint_budget_bytes: int | None = None,
+                k: int = 4, prefill_step: int = 256) -> DraftModelDrafter | None:
+    """The drafter the ``model.draftModel`` and ``model.speculation`` settings ask for.
+
+    The draft model is loaded like the target (`engine.loading.load_model`), its
+    vocabulary is checked against the target's, and its compute path is chosen
+    by `engine.compute.choose` with the target's options.
+
+    Args:
+        name: The draft model (a directory, a `.gguf`, a hub id); "" for none.
+        speculation: The speculation mode; "off" and "lookup" never use a draft model.
+        target_tokenizer: The target model's tokenizer; the draft's must equal it.
+        options: The target's compute options.
+        checkpoint_budget_bytes: Bytes the draft's checkpoints may own.
+        k: Draft length per round.
+        prefill_step: The draft's prefill chunk.
+
+    Returns:
+        None when no draft model is named or the mode does not use one.
+
+    Raises:
+        ModelNotFoundError, ModelLoadError: From the loader, or mode "draft" without a name.
+        DraftModelMismatchError: The tokenizers differ, or the draft's cache cannot be trimmed.
+    """
+    from engine.errors import ModelLoadError
+    from engine.loading import load_model
+
+    if speculation == "draft" and not name:
+        raise ModelLoadError("speculation 'draft' needs a draft model (the model.draftModel setting)")
+    if not name or speculation not in ("draft", "auto"):
+        return None
+    loaded = load_model(name, progress=False)
+    check_vocabulary(target_tokenizer, loaded.tokenizer)
+    log.info("draft model %s", loaded.model_id)
+    return DraftModelDrafter(choose(loaded.model, options), k=k, prefill_step=prefill_step,
+                             model_id=str(loaded.model_id), weight_hash=str(loaded.weight_hash),
+                             checkpoint_budget_bytes=checkpoint_budget_bytes)

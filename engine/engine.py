@@ -18,45 +18,28 @@ cancel or an error.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import queue
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import cpu_forward
+from .compute import choose
+from .compute_options import ComputeOptions
 from .errors import EngineClosedError, RequestCancelled
 from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
 from .handle import RequestHandle
-from .kv import KV_GROUP_SIZE, SUPPORTED_KV_BITS
-from .policy import CachePolicy
-from .prefix_cache import PrefixCache, model_dtype
+from .jobs import Job, JobQueue
+from .kv import SUPPORTED_KV_BITS
+from .live_cache import policy_and_cache
+from .prefix_cache import PrefixCache
 from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
 from .sampling import make_sampler
 from .speculative import Mode
 from .speculative_decode import speculative_decode
-from .window import WindowPolicy, make_window_cache
 
 logger = logging.getLogger(__name__)
-
-_CLOSE = -1  # sorts before every Priority, so close() is seen next
-
-
-@dataclass
-class _Job:
-    request: Request
-    handle: RequestHandle
-    on_progress: ChunkCallback | None
-    seq: int
-    submitted: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    preempted: bool = False
-
 
 class Engine:
     """Serves generation requests for one loaded model.
@@ -72,44 +55,49 @@ class Engine:
         speculation: Decode mode: "off", "lookup" (prompt lookup), "draft"
             (needs `draft`) or "auto" (speculates while it pays off); greedy
             output is the same in every mode (engine.speculative).
-        draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto".
+        draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto"
+            (`engine.draft_model.drafter_for` builds one from a model name).
         window: An `engine.window.WindowPolicy` for windowed prefill
             (`approximation.enabled`); None or a disabled policy gives exact
             attention, and so does a window with G + W >= the model's context.
             Which positions are windowed follows each request's segment
             layout; the policy is part of the checkpoint fingerprint.
+        compute: How the forward is computed (`engine.compute.choose` resolves
+            it once, here); the resolved path is part of the checkpoint fingerprint.
 
     Raises:
-        ValueError: For unsupported `kv_bits` or `prefill_chunk` < 1.
+        ValueError: For unsupported `kv_bits`, `prefill_chunk` < 1, or
+            speculation "draft" without a draft model.
     """
 
     def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  checkpoint_budget_bytes: int | None = None, archive_bytes: int = 0,
-                 speculation: str = "off", draft: Any = None, window: Any = None) -> None:
+                 speculation: str = "off", draft: Any = None, window: Any = None,
+                 compute: ComputeOptions = ComputeOptions()) -> None:
         if kv_bits not in SUPPORTED_KV_BITS:
             raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.loaded = loaded
         self.model = loaded.model
-        self.attention = cpu_forward.install(self.model)
+        self.compute = choose(self.model, compute)
         self.tokenizer = loaded.tokenizer
         self.kv_bits = kv_bits
         self.prefill_chunk = prefill_chunk
         self.speculation = Mode(speculation)  # ValueError names the modes
+        if self.speculation is Mode.DRAFT and draft is None:
+            raise ValueError("speculation 'draft' needs a draft model")
         self.draft = draft
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         self.window = window
-        policy, cache = self._cache_policy(window)
-        self.prefix = PrefixCache(self.model, policy, budget_bytes=checkpoint_budget_bytes,
+        policy, cache = policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, window)
+        self.prefix = PrefixCache(self.compute, policy, budget_bytes=checkpoint_budget_bytes,
                                   archive_bytes=archive_bytes, cache=cache,
                                   window=window if policy.approximation else None)
         self._pending_window: tuple[Any] | None = None
-        self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._seq = itertools.count()
+        self._queue = JobQueue()
         self._lock = threading.Lock()
-        self._active: dict[str, _Job] = {}
-        self._waiting: Counter[int] = Counter()  # priorities of queued, not running, jobs
+        self._active: dict[str, Job] = {}
         self._running: str | None = None
         self._closed = False
         self._counts = {"served": 0, "cancelled": 0, "failed": 0,
@@ -137,9 +125,9 @@ class Engine:
                 raise EngineClosedError("engine is closed")
             if request.request_id in self._active:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
-            job = _Job(request, handle, on_progress, next(self._seq))
+            job = self._queue.new_job(request, handle, on_progress)
             self._active[request.request_id] = job
-            self._enqueue(job)
+            self._queue.put(job)
         return handle
 
     def set_window(self, window: Any) -> None:
@@ -210,7 +198,7 @@ class Engine:
                 "kv_bits": self.kv_bits,
                 "window": None if self.window is None else dataclasses.asdict(self.window),
                 "prefill_chunk": self.prefill_chunk,
-                "attention": self.attention,
+                "compute": self.compute.describe(),
                 "requests_served": self._counts["served"],
                 "requests_cancelled": self._counts["cancelled"],
                 "requests_failed": self._counts["failed"],
@@ -232,7 +220,7 @@ class Engine:
                 self._closed = True
                 for job in self._active.values():
                     job.cancelled.set()
-                self._queue.put((_CLOSE, next(self._seq), None))
+                self._queue.put_close()
         if threading.current_thread() is not self._worker:
             self._worker.join()
             self.prefix.close()
@@ -245,65 +233,26 @@ class Engine:
 
     # -- worker -----------------------------------------------------------
 
-    def _cache_policy(self, window: Any) -> tuple[CachePolicy, list[Any] | None]:
-        """The checkpoint policy and live cache for `window` (None: `engine.kv` caches).
-
-        8-bit KV always uses `engine.window`'s quantized cache, windowed or not:
-        its prefill attends over dequantized slices with the fused kernel
-        instead of mlx-lm's quantized attention.
-        """
-        context = getattr(self.loaded, "context_length", None)
-        # A window that cannot skip anything inside the model's context is exact attention.
-        windowed = (window is not None and window.enabled
-                    and not (context and window.global_tokens + window.window_tokens >= context))
-        policy = CachePolicy(model_id=str(getattr(self.loaded, "model_id", "")),
-                             weight_hash=str(getattr(self.loaded, "weight_hash", "")),
-                             dtype=model_dtype(self.model), kv_bits=self.kv_bits,
-                             kv_group_size=KV_GROUP_SIZE, prefill_chunk=self.prefill_chunk,
-                             attention=self.attention,
-                             **(window.cache_policy_fields() if windowed else {}))
-        if not windowed and self.kv_bits == 16:
-            return policy, None
-        cache = make_window_cache(self.model, window if windowed else WindowPolicy(enabled=False),
-                                  self.kv_bits, KV_GROUP_SIZE)
-        return policy, cache
-
     def _apply_pending_window(self) -> None:
         with self._lock:
             pending, self._pending_window = self._pending_window, None
         if pending is None:
             return
         (self.window,) = pending
-        policy, cache = self._cache_policy(self.window)
+        policy, cache = policy_and_cache(self.loaded, self.compute, self.kv_bits,
+                                         self.prefill_chunk, self.window)
         if policy.fingerprint() != self.prefix.policy.fingerprint():
             self.prefix.switch_policy(policy, cache, self.window if policy.approximation else None)
-
-    def _enqueue(self, job: _Job) -> None:
-        """Queue `job` at its priority and original FIFO place (caller holds the lock)."""
-        self._waiting[int(job.request.priority)] += 1
-        self._queue.put((int(job.request.priority), job.seq, job))
-
-    def _next_job(self) -> _Job | None:
-        _, _, job = self._queue.get()
-        if job is not None:
-            with self._lock:
-                self._waiting[int(job.request.priority)] -= 1
-        return job
-
-    def _outranked(self, priority: int) -> bool:
-        """True when a queued job has a more urgent priority than `priority`."""
-        with self._lock:
-            return any(count and waiting < priority for waiting, count in self._waiting.items())
 
     def _work(self) -> None:
         try:
             while True:
-                job = self._next_job()
+                job = self._queue.get()
                 if job is None:
                     break
                 self._serve(job)
             while not self._queue.empty():  # only jobs submitted before close() remain
-                job = self._next_job()
+                job = self._queue.get()
                 if job is not None:
                     self._serve(job)  # cancelled already: ends at once
         finally:
@@ -312,7 +261,7 @@ class Engine:
             mx.synchronize()
             mx.clear_streams()
 
-    def _serve(self, job: _Job) -> None:
+    def _serve(self, job: Job) -> None:
         self._apply_pending_window()
         with self._lock:
             self._running = job.request.request_id
@@ -332,18 +281,18 @@ class Engine:
             self.prefix.rollback()
         self._finish(job, DoneEvent(job.request.request_id, reason, "".join(emitted), metrics, error))
 
-    def _requeue_preempted(self, job: _Job) -> bool:
+    def _requeue_preempted(self, job: Job) -> bool:
         """Queue a preempted (not cancelled) job again; False when it must end instead."""
         with self._lock:
             if not job.preempted or job.cancelled.is_set() or self._closed:
                 return False
             job.preempted = False
             self._running = None
-            self._enqueue(job)
+            self._queue.put(job)
         logger.debug("request %s preempted; queued again", job.request.request_id)
         return True
 
-    def _finish(self, job: _Job, done: DoneEvent) -> None:
+    def _finish(self, job: Job, done: DoneEvent) -> None:
         with self._lock:
             self._active.pop(job.request.request_id, None)
             self._running = None
@@ -353,21 +302,25 @@ class Engine:
             self._counts["decode_tokens"] += done.metrics.decode_tokens
         job.handle.push(done)
 
-    def _generate(self, job: _Job, metrics: Metrics, emitted: list[str]) -> str:
+    def _generate(self, job: Job, metrics: Metrics, emitted: list[str]) -> str:
         """Run one request; append emitted text to `emitted`; return the finish reason."""
         request = job.request
-        cancelled = job.cancelled.is_set
-        if cancelled():
+        if job.cancelled.is_set():
             raise RequestCancelled(request.request_id)
-        ids = request.all_token_ids()
-        metrics.prompt_tokens = len(ids)
-        sampler = make_sampler(request.sampling)
-        cache = self.prefix.cache
+        metrics.prompt_tokens = len(request.all_token_ids())
+        logits = self._prefill(job, metrics)
+        if request.max_tokens == 0:
+            return "length"
+        return self._stream(job, logits, metrics, emitted)
+
+    def _prefill(self, job: Job, metrics: Metrics) -> mx.array:
+        """Restore and prefill the prompt (and the draft model's); the last position's logits."""
+        request = job.request
 
         def stop_prefill() -> bool:
-            if cancelled():
+            if job.cancelled.is_set():
                 return True
-            job.preempted = self._outranked(request.priority)
+            job.preempted = self._queue.outranked(request.priority)
             return job.preempted
 
         start = time.perf_counter()
@@ -376,9 +329,22 @@ class Engine:
         if self.draft is not None and self.speculation in (Mode.DRAFT, Mode.AUTO):
             self.draft.prefill_request(request, stop_prefill, metrics)  # its own checkpoints
         metrics.prefill_s = time.perf_counter() - start
-        if request.max_tokens == 0:
-            return "length"
+        return logits
 
+    def _tokens(self, job: Job, logits: mx.array, metrics: Metrics) -> Iterator[int]:
+        """The decode loop of this engine's speculation mode, from the prefill's logits."""
+        request, cache, cancelled = job.request, self.prefix.cache, job.cancelled.is_set
+        sampler = make_sampler(request.sampling)
+        if self.speculation is Mode.OFF:
+            return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled)
+        return speculative_decode(
+            self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
+            prompt_ids=request.all_token_ids(), mode=self.speculation, sampling=request.sampling,
+            draft=self.draft, metrics=metrics)
+
+    def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
+        """Decode, detokenize and push text events until a stop string, EOS or the length limit."""
+        request = job.request
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(request.stop)
         pending_ids: list[int] = []
@@ -392,16 +358,8 @@ class Engine:
 
         start = time.perf_counter()
         try:
-            if self.speculation is Mode.OFF:
-                tokens = decode(self.model, cache, logits, sampler, request.max_tokens,
-                                self._eos, cancelled)
-            else:
-                tokens = speculative_decode(
-                    self.model, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
-                    prompt_ids=ids, mode=self.speculation, sampling=request.sampling,
-                    draft=self.draft, metrics=metrics)
             generated: list[int] = []
-            for token in tokens:
+            for token in self._tokens(job, logits, metrics):
                 metrics.decode_tokens += 1
                 pending_ids.append(token)
                 generated.append(token)
@@ -419,4 +377,3 @@ class Engine:
         if stops.stopped or metrics.decode_tokens < request.max_tokens:
             return "stop"
         return "length"
-

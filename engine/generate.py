@@ -1,7 +1,7 @@
 """Prefill and decode for one request, on the calling thread (the engine's worker).
 
-- `forward` is the one place that calls the model: swap it (e.g. for an
-  `mx.compile`d step) without touching the loops.
+- The model is called through a `engine.compute.ComputePath` (the path an
+  engine chose once); a bare mlx-lm model means its own exact MLX call.
 - `prefill` runs the prompt in chunks, in order, and returns the logits of
   the last position. Chunking restarts at every boundary given, so a caller
   that restores state at a boundary replays exactly the same forward calls.
@@ -15,39 +15,16 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import cpu_forward
-from .compiled import decode_step_for
+from .compute import ComputePath, path_of
 from .errors import RequestCancelled
 from .sampling import Sampler
 
 DEFAULT_PREFILL_CHUNK = 256
-"""Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU (PLATFORM.md)."""
+"""Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU."""
 
 CancelCheck = Callable[[], bool]
 ChunkCallback = Callable[[int, int], None]
 """Called after each prefill chunk with (tokens done, tokens total)."""
-
-
-def forward(model: Any, tokens: mx.array, cache: list[Any], logits: str = "all") -> mx.array | None:
-    """One model call: ids of shape (1, n) -> logits of shape (1, n, vocab).
-
-    On the CPU, llama-architecture models run through `engine.cpu_forward`
-    (the layer arithmetic in NumPy). Otherwise a single token goes through the
-    compiled decode step (`engine.compiled`), which falls back to the plain
-    call for caches it does not handle.
-
-    Args:
-        logits: "all"; "last" gives (1, 1, vocab) for the last position only;
-            "none" when the caller needs only the cache filled (the result is
-            then None or an array that is never evaluated).
-    """
-    numpy_forward = cpu_forward.forward_for(model)
-    if numpy_forward is not None and cpu_forward.applies(tokens, cache):
-        return numpy_forward(tokens, cache, logits)
-    if tokens.shape == (1, 1):
-        return decode_step_for(model)(tokens, cache)
-    out = model(tokens, cache=cache)
-    return out[:, -1:, :] if logits == "last" else out
 
 
 def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
@@ -82,7 +59,7 @@ def _cache_state(cache: list[Any]) -> list[Any]:
 
 
 def prefill(
-    model: Any,
+    compute: ComputePath | Any,
     cache: list[Any],
     token_ids: Sequence[int],
     chunk_size: int = DEFAULT_PREFILL_CHUNK,
@@ -97,7 +74,7 @@ def prefill(
     chunks already done (the caller decides whether to keep or drop them).
 
     Args:
-        model: An mlx-lm model.
+        compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
         cache: Per-layer cache (see `engine.kv.make_cache`); may already hold a prefix.
         token_ids: Tokens to add after what the cache holds; at least one.
         chunk_size: Largest number of tokens per forward call.
@@ -114,6 +91,7 @@ def prefill(
     """
     if len(token_ids) == 0:
         raise ValueError("prefill needs at least one token")
+    path = path_of(compute)
     ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
     spans = chunk_spans(len(token_ids), chunk_size, boundaries)
     logits = None
@@ -121,7 +99,7 @@ def prefill(
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
         last = end == len(token_ids)
-        out = forward(model, ids[:, start:end], cache, logits="last" if last else "none")
+        out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
         if last:
             logits = out[:, -1, :]
             mx.eval(logits, _cache_state(cache))
@@ -134,7 +112,7 @@ def prefill(
 
 
 def decode(
-    model: Any,
+    compute: ComputePath | Any,
     cache: list[Any],
     logits: mx.array,
     sampler: Sampler,
@@ -148,7 +126,7 @@ def decode(
     before every step. The cache receives every yielded token except the last.
 
     Args:
-        model: An mlx-lm model.
+        compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
         cache: The cache `prefill` filled.
         logits: Logits of the last prompt position, shape (1, vocab).
         sampler: Chooses a token from logits.
@@ -162,11 +140,12 @@ def decode(
     Raises:
         RequestCancelled: When `should_cancel` returned True.
     """
+    path = path_of(compute)
     for step in range(max_tokens):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during decode at token {step}")
         if step > 0:
-            logits = forward(model, token[None], cache, logits="last")[:, -1, :]
+            logits = path.forward(token[None], cache, logits="last")[:, -1, :]
         token = sampler(logits)
         token_id = int(token.item())
         if token_id in eos_token_ids:

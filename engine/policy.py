@@ -2,8 +2,9 @@
 
 Two caches over the same tokens are interchangeable only when the model, its
 weights, the compute dtype, the KV storage (bits, group size), the attention
-policy (global region G, window W, dense tail kinds) and the numerics of the
-engine are the same. `CachePolicy.fingerprint()` folds all of them into one
+policy (global region G, window W, dense tail kinds), the compute path that
+ran (`engine.compute.ComputePath.identity`) and the numerics of the engine
+are the same. `CachePolicy.fingerprint()` folds all of them into one
 hex digest that seeds every checkpoint's chained hash and names the archive
 directory, so a change to any of them is a clean "policy mismatch".
 """
@@ -37,9 +38,9 @@ class CachePolicy:
         continuation_tail: Dense positions at the end of a plain token prompt (windowed only).
         window_form: "block" or "query" (windowed only).
         prefill_chunk: Prefill chunk size; chunking is part of the numerics.
-        attention: Who computes attention: "mlx" (the model's own function),
-            "numpy" (`engine.cpu_attention`, on the CPU) or "numpy-forward"
-            (`engine.cpu_forward`: the whole layer in NumPy, on the CPU).
+        compute: The resolved compute path (`ComputePath.identity()`): who
+            computes attention and the layers (MLX or NumPy), whether decode
+            steps are compiled, and the BLAS under MLX's matmuls.
         numerics_version: `NUMERICS_VERSION` of the code that built the cache.
     """
 
@@ -56,7 +57,7 @@ class CachePolicy:
     continuation_tail: int | None = None
     window_form: str | None = None
     prefill_chunk: int = 512
-    attention: str = "mlx"
+    compute: str = "exact"
     numerics_version: int = NUMERICS_VERSION
 
     def fingerprint(self) -> str:

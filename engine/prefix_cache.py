@@ -26,6 +26,7 @@ import mlx.core as mx
 from engine import state
 from engine.archive import CheckpointArchive
 from engine.checkpoints import Boundary, Checkpoint, CheckpointStore, Miss
+from engine.compute import path_of
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
@@ -57,7 +58,8 @@ class PrefixCache:
     """The live cache of one engine and the checkpoints over it (MLX thread only).
 
     Args:
-        model: The mlx-lm model.
+        model: The engine's `engine.compute.ComputePath`, or a bare mlx-lm
+            model (its exact MLX call).
         policy: The cache policy (its fingerprint keys every checkpoint).
         budget_bytes: Bytes checkpoints may own; `default_budget_bytes()` when None.
         archive_bytes: Size cap of the disk archive; 0 keeps checkpoints in memory only.
@@ -72,7 +74,8 @@ class PrefixCache:
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
                  archive_bytes: int = 0, archive_root: Any = None,
                  cache: list[Any] | None = None, window: Any = None) -> None:
-        self.model = model
+        self.compute = path_of(model)
+        self.model = self.compute.model
         self._budget_bytes = default_budget_bytes() if budget_bytes is None else budget_bytes
         self._archive_bytes = archive_bytes
         self._archive_root = archive_root
@@ -158,7 +161,7 @@ class PrefixCache:
                 on_chunk(offset + done, len(ids))
 
         try:
-            logits = prefill(self.model, self.cache, ids[offset:], chunk_size, should_cancel,
+            logits = prefill(self.compute, self.cache, ids[offset:], chunk_size, should_cancel,
                              boundaries=[b.end - offset for b in pending], on_chunk=confirm)
         finally:
             metrics.checkpoint_bytes = self.store.nbytes

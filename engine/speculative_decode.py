@@ -10,8 +10,7 @@ from typing import Any, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
-from engine import cpu_forward, generate
-from engine.compiled import verify_step_for
+from engine.compute import ComputePath, path_of
 from engine.errors import RequestCancelled
 from engine.lookup import PromptLookupDrafter
 from engine.request import Metrics, SamplingParams
@@ -79,21 +78,8 @@ def make_decoder(
     return SpeculativeDecoder(model, cache, history, drafter, sampling, guard, should_stop, forward)
 
 
-def _verify_forward(model: Any, cache: list[Any]) -> Any:
-    """One token, or any where the NumPy forward applies: `generate.forward`; more: the compiled verify step."""
-    verify = verify_step_for(model)
-    numpy_forward = cpu_forward.forward_for(model) is not None
-
-    def forward(ids: mx.array) -> mx.array:
-        if ids.shape[1] == 1 or numpy_forward:
-            return generate.forward(model, ids, cache)
-        return verify(ids, cache)
-
-    return forward
-
-
 def speculative_decode(
-    model: Any,
+    compute: ComputePath | Any,
     cache: list[Any],
     logits: mx.array,
     sampler: Sampler,
@@ -114,8 +100,9 @@ def speculative_decode(
     yielded; it ends the loop (tokens a round accepted after it are dropped).
 
     Args:
-        model, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel:
-            As for `engine.generate.decode` (the cache holds the whole prompt).
+        compute, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel:
+            As for `engine.generate.decode` (the cache holds the whole prompt);
+            a round verifies through `ComputePath.verify`.
         prompt_ids: The prompt (drafts are looked up in it).
         mode: Speculation mode (see `make_decoder`).
         sampling: The request's sampling parameters.
@@ -138,19 +125,23 @@ def speculative_decode(
     if first in eos_token_ids:
         return
     yield first
-    decoder = make_decoder(
-        mode, model, cache, list(prompt_ids) + [first], sampling, draft, stop,
-        forward=_verify_forward(model, cache),
-    )
+    path = path_of(compute)
+    decoder = make_decoder(mode, path.model, cache, list(prompt_ids) + [first], sampling, draft, stop,
+                           forward=lambda ids: path.verify(ids, cache))
     produced = 1
     while produced < max_tokens:
-        before = (decoder.stats.drafted, decoder.stats.accepted)
-        tokens = decoder.step(limit=max_tokens - produced)
-        if metrics is not None:
-            metrics.drafted_tokens += decoder.stats.drafted - before[0]
-            metrics.accepted_tokens += decoder.stats.accepted - before[1]
-        for token in tokens:
+        for token in _round(decoder, max_tokens - produced, metrics):
             if token in eos_token_ids:
                 return
             produced += 1
             yield token
+
+
+def _round(decoder: SpeculativeDecoder, limit: int, metrics: Metrics | None) -> list[int]:
+    """One decoder round's tokens; its drafted and accepted counts go to `metrics`."""
+    drafted, accepted = decoder.stats.drafted, decoder.stats.accepted
+    tokens = decoder.step(limit=limit)
+    if metrics is not None:
+        metrics.drafted_tokens += decoder.stats.drafted - drafted
+        metrics.accepted_tokens += decoder.stats.accepted - accepted
+    return tokens

@@ -162,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fetch", action="store_true",
                         help="fetch and convert the default model now if it is not cached")
     args = parser.parse_args(argv)
+    from engine import blas
+
+    blas.preload()  # the start-up step an engine takes (default compute.blas), before MLX is imported
     return run_doctor(fetch=args.fetch)
 
 

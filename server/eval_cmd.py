@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES, ComputeOptions
+
 ARMS = {  # name -> (windowed, kv bits)
     "dense-16": (False, 16),
     "window-16": (True, 16),
@@ -36,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None,
                         help=f"answer length (default per task: {MAX_TOKENS})")
     parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES, help="compute.attention")
+    parser.add_argument("--forward", default="auto", choices=FORWARD_CHOICES, help="compute.forward")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="compute.compile off")
+    parser.add_argument("--blas", default="auto", help="compute.blas: auto, off or a library path")
+    parser.add_argument("--blas-threads", type=int, default=0, help="compute.blasThreads (0: usable cores, at most 8)")
     parser.add_argument("--out", default=None, help="JSON path (default: stdout table only)")
 
 
@@ -67,6 +74,14 @@ def write_json(path: Path, model_id: str, window: tuple[int, int], tail: int, ar
     path.write_text(json.dumps(result, indent=2))
 
 
+def _arms(names: list[str], g: int, w: int, tail: int) -> list:
+    from engine.eval.runner import Arm
+    from engine.window import WindowPolicy
+
+    return [Arm(n, WindowPolicy(enabled=ARMS[n][0], global_tokens=g, window_tokens=w, dense_tail=tail), ARMS[n][1])
+            for n in names]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="codectx eval", description=__doc__.splitlines()[0])
     add_arguments(parser)
@@ -75,16 +90,22 @@ def main(argv: list[str]) -> int:
     if not names or any(n not in ARMS for n in names):
         parser.error(f"--arms must name some of {list(ARMS)}")
 
+    try:
+        compute = ComputeOptions(attention=a.attention, forward=a.forward, compile=a.compile,
+                                 blas=a.blas, blas_threads=a.blas_threads)
+    except ValueError as err:
+        parser.error(str(err))
+    from engine import blas
+
+    blas.preload(compute.blas, compute.blas_threads)  # before MLX is imported
     from engine.eval.code_task import code_task
-    from engine.eval.runner import Arm, run_tasks, summarize, table
+    from engine.eval.runner import run_tasks, summarize, table
     from engine.eval.tasks import needle_task, variable_task
     from engine.loading import load_model
-    from engine.window import WindowPolicy
 
     loaded = load_model(a.model)
     g, w = (int(x) for x in a.window.split(","))
-    arms = [Arm(n, WindowPolicy(enabled=ARMS[n][0], global_tokens=g, window_tokens=w, dense_tail=a.tail),
-                ARMS[n][1]) for n in names]
+    arms = _arms(names, g, w, a.tail)
     makers = {"needle": needle_task, "variables": variable_task, "code": code_task}
     kinds = [k for k in a.tasks.split(",") if k]
     if any(k not in makers for k in kinds):
@@ -94,13 +115,14 @@ def main(argv: list[str]) -> int:
              for length in (int(x) for x in a.lengths.split(","))
              for seed in (int(x) for x in a.seeds.split(","))
              for kind in kinds]
-    runs = []
-    for task in tasks:  # one at a time, so a long run leaves its JSON after every task
-        runs += run_tasks(loaded.model, loaded.tokenizer, [task], arms, chunk=a.chunk,
-                          max_tokens=a.max_tokens or MAX_TOKENS[task.kind])
-        summary = summarize(runs, names[0])
+
+    def report(runs: list) -> None:  # after every task, so a long run leaves its JSON as it goes
         if a.out:
-            write_json(Path(a.out), loaded.model_id, (g, w), a.tail, names, runs, summary)
+            write_json(Path(a.out), loaded.model_id, (g, w), a.tail, names, runs, summarize(runs, names[0]))
+
+    runs = run_tasks(loaded, tasks, arms, chunk=a.chunk, compute=compute, on_run=report,
+                     max_tokens=lambda task: a.max_tokens or MAX_TOKENS[task.kind])
+    summary = summarize(runs, names[0])
     print(table(summary, names[0]))
     return 0
 

@@ -3,6 +3,10 @@
 Every run gets its own `CODECTX_HOME` (caches, archive, converted models) in a temporary
 folder, set before any test starts so the servers and CLIs the tests launch inherit it:
 tests never read or write the user's real cache.
+
+The home is made and the BLAS preloaded (`engine.blas.preload`, the start-up step every
+entry point takes) when this file is imported: pytest imports it before the package
+conftests, which import MLX.
 """
 from __future__ import annotations
 
@@ -13,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from engine import blas
+
 _HOME_PREFIX = "codectx-test-home-"
+_HOME = tempfile.mkdtemp(prefix=_HOME_PREFIX)
+os.environ["CODECTX_HOME"] = _HOME
+blas.preload()
 
 
 def pytest_configure(config) -> None:
-    home = tempfile.mkdtemp(prefix=_HOME_PREFIX)
-    config._codectx_home = home
-    os.environ["CODECTX_HOME"] = home
+    config._codectx_home = _HOME
 
 
 def pytest_unconfigure(config) -> None:

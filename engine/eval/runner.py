@@ -1,23 +1,26 @@
 """Run fidelity tasks under several arms (attention policy x KV bits) and compare them.
 
-Each task's context is prefilled once per arm as a stable segment (windowed
-up to its dense tail when the arm's policy is enabled); every question is then
-prefilled densely after it, answered greedily, and the cache trimmed back to
-the context (an offset mark, as checkpoints do). Scores are per item (code or
-chain); paired agreement compares each arm's answers with the reference arm's.
+Each arm is an `Engine` on the same loaded model, built with the arm's window
+policy and KV bits. Every question is one request `[context][question]`: the
+context is a stable (file) segment, windowed up to its dense tail when the
+arm's policy is enabled, and the question is prefilled densely after it and
+answered greedily. The engine's checkpoints restore the context for every
+question after the first, exactly as a trim back to its end would. Scores are
+per item (code or chain); paired agreement compares each arm's answers with
+the reference arm's.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from engine.compute_options import ComputeOptions
+from engine.errors import RequestCancelled
 from engine.eval.tasks import Task, score
-from engine.generate import decode, prefill
-from engine.request import PromptSegment
-from engine.sampling import greedy
-from engine.window import WindowPolicy, make_window_cache, set_dense_from
+from engine.request import PromptSegment, Request, TokenEvent
+from engine.window import WindowPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -59,39 +62,67 @@ def template_parts(tokenizer: Any) -> tuple[str, str]:
     return head, tail
 
 
-def answer_task(model: Any, tokenizer: Any, task: Task, arm: Arm, *,
-                chunk: int = 256, max_tokens: int = 96) -> tuple[list[str], int]:
-    """Greedy answers to every question of `task` under `arm`, and the context's token count."""
+def answer_task(engine: Any, task: Task, *, max_tokens: int = 96) -> tuple[list[str], int]:
+    """Greedy answers to every question of `task` from `engine`, and the context's token count."""
+    tokenizer = engine.tokenizer
     head, tail = template_parts(tokenizer)
-    ctx_ids = tokenizer.encode(head + task.context + "\n\n")
-    caches = make_window_cache(model, arm.policy, arm.kv_bits)
-    set_dense_from(caches, arm.policy.dense_from([PromptSegment("file", "context", tuple(ctx_ids))]))
-    prefill(model, caches, ctx_ids, chunk)
-    mark = caches[0].offset
+    context = PromptSegment("file", "context", tuple(tokenizer.encode(head + task.context + "\n\n")))
     answers = []
     for question in task.questions:
-        logits = prefill(model, caches, tokenizer.encode(question.text + tail), chunk)
-        ids = list(decode(model, caches, logits, greedy, max_tokens, tokenizer.eos_token_ids))
+        asked = PromptSegment("question", "question", tuple(tokenizer.encode(question.text + tail)))
+        ids = _generated_ids(engine, Request(segments=(context, asked), max_tokens=max_tokens))
         answers.append(tokenizer.decode(ids))
-        for c in caches:
-            c.trim(c.offset - mark)
-    return answers, len(ctx_ids)
+    return answers, len(context.token_ids)
 
 
-def run_tasks(model: Any, tokenizer: Any, tasks: Sequence[Task], arms: Sequence[Arm], **kw) -> list[TaskRun]:
-    """Every task under every arm."""
+def _generated_ids(engine: Any, request: Request) -> list[int]:
+    handle = engine.submit(request)
+    ids = [t for event in handle if isinstance(event, TokenEvent) for t in event.token_ids]
+    done = handle.result()
+    if done.finish_reason == "error":
+        raise done.error
+    if done.finish_reason == "cancelled":
+        raise RequestCancelled(request.request_id)
+    return ids
+
+
+def run_tasks(loaded: Any, tasks: Sequence[Task], arms: Sequence[Arm], *, chunk: int = 256,
+              max_tokens: int | Callable[[Task], int] = 96, compute: ComputeOptions = ComputeOptions(),
+              on_run: Callable[[list[TaskRun]], None] | None = None) -> list[TaskRun]:
+    """Every task under every arm, one `Engine` per arm (closed at the end).
+
+    Args:
+        loaded: The model, as `engine.loading.load_model` returns it.
+        tasks: What to ask.
+        arms: The configurations; the first is usually the reference.
+        chunk: The engines' prefill chunk.
+        max_tokens: Answer length, or a function of the task giving it.
+        compute: The engines' compute options.
+        on_run: Called with the runs so far after every task (a long run reports as it goes).
+    """
+    from engine.engine import Engine
+
+    engines = {arm.name: Engine(loaded, kv_bits=arm.kv_bits, prefill_chunk=chunk, window=arm.policy,
+                                compute=compute) for arm in arms}
     runs = []
-    for task in tasks:
-        run = None
-        for arm in arms:
-            tic = time.perf_counter()
-            answers, n_ctx = answer_task(model, tokenizer, task, arm, **kw)
-            run = run or TaskRun(task, n_ctx)
-            run.results[arm.name] = ArmResult(arm.name, answers, score(task, answers),
-                                              time.perf_counter() - tic)
-            logger.info("%s seed %d (%d tokens) %s: %d/%d", task.kind, task.seed, n_ctx, arm.name,
-                        sum(ok for _, ok in run.results[arm.name].items), len(run.results[arm.name].items))
-        runs.append(run)
+    try:
+        for task in tasks:
+            run = None
+            for arm in arms:
+                tic = time.perf_counter()
+                limit = max_tokens(task) if callable(max_tokens) else max_tokens
+                answers, n_ctx = answer_task(engines[arm.name], task, max_tokens=limit)
+                run = run or TaskRun(task, n_ctx)
+                result = ArmResult(arm.name, answers, score(task, answers), time.perf_counter() - tic)
+                run.results[arm.name] = result
+                logger.info("%s seed %d (%d tokens) %s: %d/%d", task.kind, task.seed, n_ctx, arm.name,
+                            sum(ok for _, ok in result.items), len(result.items))
+            runs.append(run)
+            if on_run is not None:
+                on_run(runs)
+    finally:
+        for engine in engines.values():
+            engine.close()
     return runs
 
 

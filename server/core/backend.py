@@ -9,6 +9,7 @@ server, the HTTP API and every CLI command. MLX is imported lazily, inside it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -172,22 +173,32 @@ def start_backend(settings: Settings, *, progress: bool = False) -> EngineBacken
     disk archive as `settings.memory` says.
 
     Args:
-        settings: The settings tree (model, window, memory).
+        settings: The settings tree (model, compute, window, memory). `compute.blas*` are
+            applied here, once per process, before MLX is imported (`engine.blas.preload`).
         progress: Show download/conversion progress bars on stderr.
 
     Raises:
         ModelNotFoundError: The model name resolves to nothing.
         ModelLoadError: The model exists but cannot be loaded.
     """
+    from engine import blas
+    from engine.compute_options import ComputeOptions
+
+    compute = ComputeOptions(**dataclasses.asdict(settings.compute))
+    blas.preload(compute.blas, compute.blas_threads)  # the start-up step, before MLX is imported
+    from engine.draft_model import drafter_for
     from engine.engine import Engine
     from engine.loading import load_model
 
     loaded = load_model(settings.model.name, progress=progress)
     memory = settings.memory
+    draft = drafter_for(settings.model.draft_model, settings.model.speculation, loaded.tokenizer, compute,
+                        memory.checkpoint_bytes)
     engine = Engine(loaded, kv_bits=settings.model.kv_bits, prefill_chunk=settings.model.prefill_chunk,
                     checkpoint_budget_bytes=memory.checkpoint_bytes,
                     archive_bytes=memory.archive_bytes if memory.archive_enabled else 0,
-                    speculation=settings.model.speculation, window=window_policy(settings.window))
+                    speculation=settings.model.speculation, window=window_policy(settings.window),
+                    draft=draft, compute=compute)
     logger.info("engine started on %s", loaded.model_id)
     return EngineBackend(engine, loaded.tokenizer, loaded.model_id, getattr(loaded, "context_length", None))
 

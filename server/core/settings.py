@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -21,13 +23,41 @@ class ModelSettings:
         name: `smollm2-135m`, a model directory, a `.gguf` file or a hub id.
         kv_bits: 8 for the quantized KV cache, 16 for the model's dtype.
         prefill_chunk: Tokens per prefill forward call.
-        speculation: Speculative decoding: "off", "lookup" (prompt lookup) or "auto".
+        speculation: Speculative decoding: "off", "lookup" (prompt lookup), "draft"
+            (needs `draft_model`) or "auto" (the draft model if set, else prompt
+            lookup, paused while it does not pay).
+        draft_model: A small model with the same tokenizer that drafts for
+            "draft"/"auto" (a directory, a `.gguf` or a hub id); "" for none.
     """
 
     name: str = "smollm2-135m"
     kv_bits: int = 16
     prefill_chunk: int = 256
     speculation: str = "lookup"
+    draft_model: str = ""
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """How the engine computes the model's forward (`engine.compute`); what runs is part of
+    the checkpoint policy, so checkpoints of one path are never restored under another.
+
+    Attributes:
+        attention: "auto" (NumPy attention on the CPU for llama/qwen-style models), "mlx"
+            (the model's own) or "numpy".
+        forward: "auto" (every layer in NumPy where `engine.cpu_forward` supports the
+            model: float32 llama), "mlx" or "numpy".
+        compile: Compiled decode and verify steps where MLX runs the layers.
+        blas: The BLAS under MLX's CPU matmuls: "auto", "off" or a library path; chosen
+            once when the engine first starts (a change needs a restart).
+        blas_threads: BLAS threads; 0: the usable cores, at most 8.
+    """
+
+    attention: str = "auto"
+    forward: str = "auto"
+    compile: bool = True
+    blas: str = "auto"
+    blas_threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +146,7 @@ class Settings:
     """Everything the server can be told. Every field has a default."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
+    compute: ComputeSettings = field(default_factory=ComputeSettings)
     window: WindowSettings = field(default_factory=WindowSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
@@ -129,8 +160,11 @@ _MINIMUMS = {
     "dense_tail_tokens": 0, "continuation_tail_tokens": 0,
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
     "latency_budget_ms": 0, "prefetch": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
+    "blas_threads": 0,
 }
-_CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "auto")}
+_CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
+            "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES}
+_MAY_BE_EMPTY = {"draft_model"}
 
 
 def _snake(name: str) -> str:
@@ -146,7 +180,7 @@ def _check(name: str, kind: Any, value: Any) -> tuple[Any, str | None]:
         if ok and (value < _MINIMUMS.get(name, value) or value not in _CHOICES.get(name, (value,))):
             return None, f"{value!r} is out of range"
     elif kind is str:
-        ok = isinstance(value, str) and bool(value)
+        ok = isinstance(value, str) and (bool(value) or name in _MAY_BE_EMPTY)
         if ok and value not in _CHOICES.get(name, (value,)):
             return None, f"{value!r} is not one of {_CHOICES[name]}"
     else:  # tuple[str, ...]

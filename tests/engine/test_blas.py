@@ -17,14 +17,17 @@ import pytest
 from engine import elf
 
 _BINDING_PROBE = """
-import engine.blas, mlx.core as mx
-engine.blas.preload()
+import engine.blas
+engine.blas.preload({choice!r})
+import mlx.core as mx
 mx.eval(mx.matmul(mx.ones((64, 64)), mx.ones((64, 64))))
 """
 
 _DESCRIBE_PROBE = """
 import json, time, engine.blas
+engine.blas.preload({choice!r}, threads=1)
 report = engine.blas.describe()
+report["in_use"] = engine.blas.in_use()
 import mlx.core as mx
 a = mx.random.normal((512, 512)); mx.eval(a)
 best = float("inf")
@@ -56,30 +59,32 @@ def _mlx_cpu_libs() -> Path:
 
 
 def test_mlx_sgemm_binds_to_preloaded_openblas(tmp_path):
-    run = _python(_BINDING_PROBE, tmp_path, LD_DEBUG="bindings")
+    run = _python(_BINDING_PROBE.format(choice="auto"), tmp_path, LD_DEBUG="bindings")
     assert Path(_sgemm_binding(run.stderr)).name == "libopenblas.so.0"
     assert list((tmp_path / "blas").glob("*/libgfortran.so.5")) or "system" in run.stderr
 
 
 def test_off_keeps_the_bundled_reference_blas(tmp_path):
-    run = _python(_BINDING_PROBE, tmp_path, LD_DEBUG="bindings", CODECTX_BLAS="off")
+    run = _python(_BINDING_PROBE.format(choice="off"), tmp_path, LD_DEBUG="bindings")
     assert Path(_sgemm_binding(run.stderr)).name.startswith("libblas-")
 
 
 def test_optimized_blas_needs_much_less_cpu_than_reference(tmp_path):
     # One BLAS thread and CPU time (not wall time): the work a matmul costs, which other
     # processes on a shared CI machine do not change. Wall-clock speed belongs to bench/engine.py.
-    fast = json.loads(_python(_DESCRIBE_PROBE, tmp_path, CODECTX_BLAS_THREADS="1").stdout)
-    slow = json.loads(_python(_DESCRIBE_PROBE, tmp_path, CODECTX_BLAS_THREADS="1", CODECTX_BLAS="off").stdout)
+    fast = json.loads(_python(_DESCRIBE_PROBE.format(choice="auto"), tmp_path).stdout)
+    slow = json.loads(_python(_DESCRIBE_PROBE.format(choice="off"), tmp_path).stdout)
     assert fast["interposed"] is True and fast["source"] == "cmeel-openblas (PyPI)"
-    assert slow["library"] is None and "disabled" in slow["source"]
+    assert fast["threads"] == 1 and fast["in_use"] == "libopenblas.so.0"
+    assert slow["library"] is None and "disabled" in slow["source"] and slow["in_use"] == "reference"
     # Reference BLAS: ~2 GFLOP/s of CPU time; OpenBLAS on one core: tens.
     assert slow["sgemm_cpu_seconds"] > 4 * fast["sgemm_cpu_seconds"], (fast, slow)
 
 
 def test_a_missing_library_falls_back_without_raising(tmp_path):
-    code = "import json, engine.blas; print(json.dumps([engine.blas.preload(), engine.blas.describe()]))"
-    loaded, report = json.loads(_python(code, tmp_path, CODECTX_BLAS=str(tmp_path / "nope.so")).stdout)
+    code = (f"import json, engine.blas; loaded = engine.blas.preload({str(tmp_path / 'nope.so')!r}); "
+            "print(json.dumps([loaded, engine.blas.describe()]))")
+    loaded, report = json.loads(_python(code, tmp_path).stdout)
     assert loaded is None and report["interposed"] is False
     assert any("preload failed" in note for note in report["notes"])
 
@@ -101,10 +106,17 @@ def test_soname_rewrite_rejects_longer_names_and_non_elf(tmp_path):
         elf.with_soname(b"#!/bin/sh\n" * 10, "libgfortran.so.5")
 
 
-
-def test_thread_setting_is_applied_and_a_bad_value_is_ignored(tmp_path):
-    code = "import json, engine.blas; print(json.dumps(engine.blas.describe()))"
-    one = json.loads(_python(code, tmp_path, CODECTX_BLAS_THREADS="1").stdout)
-    bad = json.loads(_python(code, tmp_path, CODECTX_BLAS_THREADS="many").stdout)
+def test_thread_setting_is_applied_and_zero_means_the_usable_cores(tmp_path):
+    code = "import json, engine.blas; engine.blas.preload(threads={}); print(json.dumps(engine.blas.describe()))"
+    one = json.loads(_python(code.format(1), tmp_path).stdout)
+    default = json.loads(_python(code.format(0), tmp_path).stdout)
     assert one["threads"] == 1 and one["interposed"] is True
-    assert bad["threads"] == min(len(os.sched_getaffinity(0)), 8) and bad["interposed"] is True
+    assert default["threads"] == min(len(os.sched_getaffinity(0)), 8) and default["interposed"] is True
+
+
+def test_importing_engine_has_no_side_effect(tmp_path):
+    code = ("import json, sys, engine, engine.request, engine.blas; "
+            "print(json.dumps([engine.blas.describe()['source'], 'mlx.core' in sys.modules, engine.blas.in_use()]))")
+    source, mlx_imported, in_use = json.loads(_python(code, tmp_path).stdout)
+    assert (source, mlx_imported, in_use) == ("not attempted", False, "reference")
+    assert not (tmp_path / "blas").exists()  # nothing was loaded or copied

@@ -38,7 +38,7 @@ def test_policy_fingerprint_covers_every_field():
                 CachePolicy("tiny", "w", "float32", global_tokens=64, window_tokens=128),
                 CachePolicy("tiny", "w", "float32", dense_kinds=("hot",)),
                 CachePolicy("tiny", "w", "float32", prefill_chunk=1024),
-                CachePolicy("tiny", "w", "float32", attention="numpy"),
+                CachePolicy("tiny", "w", "float32", compute="attention=numpy forward=mlx compile=on blas=reference"),
                 CachePolicy("tiny", "w", "float32", numerics_version=99)]
     prints = {v.fingerprint() for v in variants}
     assert base not in prints and len(prints) == len(variants)

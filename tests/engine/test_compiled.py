@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from engine import cpu_attention
-from engine.compiled import CompiledDecodeStep, decode_step_for
+from engine.compiled import CompiledDecodeStep
+from engine.compute import ComputeOptions, choose
 from engine.kv import make_cache
 
 
@@ -29,8 +29,7 @@ def test_compiled_steps_match_plain_steps_across_buffer_growth(tiny_loaded):
     plain_cache, compiled_cache = _prefilled(model, 250), _prefilled(model, 250)
     step = CompiledDecodeStep(model)
     # 250 + 20 crosses the 256-row allocation boundary of KVCache.
-    with cpu_attention.suspended():  # the compiled step attends with MLX: compare like with like
-        plain_tokens, plain_logits = _greedy(lambda t, c: model(t, cache=c), model, plain_cache, 20)
+    plain_tokens, plain_logits = _greedy(lambda t, c: model(t, cache=c), model, plain_cache, 20)
     tokens, logits = _greedy(step, model, compiled_cache, 20)
     assert tokens == plain_tokens
     assert max(mx.abs(a - b).max().item() for a, b in zip(plain_logits, logits)) < 1e-4
@@ -70,14 +69,21 @@ def test_multi_token_input_falls_back(tiny_loaded):
     assert out.shape[1] == 2 and step.fallbacks == 1 and cache[0].offset == 12
 
 
-def test_disabled_by_environment(tiny_loaded, monkeypatch):
-    monkeypatch.setenv("CODECTX_COMPILE", "off")
+def test_a_disabled_step_takes_the_plain_call(tiny_loaded):
     step = CompiledDecodeStep(tiny_loaded.model)
+    step.enabled = False  # what a step does after its first compile failed
     _greedy(step, tiny_loaded.model, _prefilled(tiny_loaded.model, 10), 2)
     assert step.traces == 0 and step.fallbacks == 2
 
 
-def test_decode_step_for_keeps_one_step_per_model(tiny_loaded):
+def test_the_compute_path_owns_its_steps_and_compile_off_has_none(tiny_loaded):
     model = tiny_loaded.model
-    assert decode_step_for(model) is decode_step_for(model)
-    assert "_codectx_decode_step" not in dict(model.parameters())
+    path = choose(model, ComputeOptions(attention="mlx"))
+    assert path.compiled and path.decode_step is not None and "compile=on" in path.identity()
+    plain_tokens, _ = _greedy(lambda t, c: model(t, cache=c), model, _prefilled(model, 40), 6)
+    tokens, _ = _greedy(lambda t, c: path.forward(t, c), model, _prefilled(model, 40), 6)
+    assert tokens == plain_tokens and path.decode_step.traces == 1
+    off = choose(model, ComputeOptions(attention="mlx", compile=False))
+    assert off.decode_step is None and "compile=off" in off.identity()
+    assert _greedy(lambda t, c: off.forward(t, c), model, _prefilled(model, 40), 6)[0] == plain_tokens
+    assert not [name for name in vars(model) if name.startswith("_codectx")]  # nothing kept on the model

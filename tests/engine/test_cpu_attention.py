@@ -8,6 +8,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache
 
 from engine import cpu_attention
+from engine.request import Request
 
 
 def _qkv(B=1, H=6, H_kv=2, n=5, L=12, D=16, seed=0):
@@ -51,56 +52,116 @@ def test_rejects_an_unknown_mask_string():
         cpu_attention.attention(q, k, v, 0.25, "sliding")
 
 
-def test_dispatcher_falls_back_when_suspended_or_with_sinks():
-    calls = []
-
-    def original(q, k, v, cache, scale, mask, sinks=None):
-        calls.append(sinks)
-        return q
-
-    attend = cpu_attention._dispatcher(original)
-    q, k, v = _qkv(n=2)
-    with cpu_attention.suspended():
-        attend(q, k, v, None, scale=0.25, mask="causal")
-    attend(q, k, v, None, scale=0.25, mask="causal", sinks=mx.zeros((6,)))
-    assert len(calls) == 2
-    out = attend(q, k, v, None, scale=0.25, mask="causal")
-    assert len(calls) == 2 and out.shape == q.shape  # the NumPy path ran
-
-
-def test_dispatcher_dequantizes_8_bit_caches():
-    q, k, v = _qkv(n=1, L=20, D=64)
-
-    class EightBit:
-        bits, group_size = 8, 64
-
-    kq, vq = mx.quantize(k, group_size=64, bits=8), mx.quantize(v, group_size=64, bits=8)
-    out = cpu_attention._dispatcher(lambda *a, **kw: None)(q, kq, vq, EightBit(), scale=0.125, mask=None)
-    expected = mx.fast.scaled_dot_product_attention(
-        q, mx.dequantize(*kq, group_size=64, bits=8), mx.dequantize(*vq, group_size=64, bits=8),
-        scale=0.125, mask=None)
-    _close(out, expected)
-
-
-def test_installed_model_gives_the_same_logits(monkeypatch):
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+def _llama(seed: int = 3, hidden: int = 64) -> llama.Model:
+    args = llama.ModelArgs(model_type="llama", hidden_size=hidden, num_hidden_layers=2, intermediate_size=128,
                            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                            rms_norm_eps=1e-5, max_position_embeddings=512)
-    mx.random.seed(3)
+    mx.random.seed(seed)
     model = llama.Model(args)
-    tokens = mx.array([[5, 9, 11, 3, 7, 2, 99, 4]])
+    mx.eval(model.parameters())
+    return model
 
-    def run() -> mx.array:
-        cache = [KVCache() for _ in model.layers]
-        first = model(tokens[:, :6], cache=cache)
-        return mx.concatenate([first, model(tokens[:, 6:], cache=cache)], axis=1)
 
-    assert cpu_attention.install(model)
-    assert cpu_attention.install(model)  # idempotent
-    installed = llama.scaled_dot_product_attention
-    assert hasattr(installed, "original")
-    with cpu_attention.suspended():
-        reference = run()
-    _close(run(), reference, tol=1e-4)
-    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "off")
-    assert not cpu_attention.install(model)
+TOKENS = mx.array([[5, 9, 11, 3, 7, 2, 99, 4]])
+
+
+def _run(model, numpy: bool, make_cache=None) -> mx.array:
+    """Two chunks (6 + 2 tokens) through `model`, NumPy attention on this thread or not."""
+    cache = make_cache() if make_cache else [KVCache() for _ in model.layers]
+    with cpu_attention.numpy_attention(numpy):
+        first = model(TOKENS[:, :6], cache=cache)
+        return mx.concatenate([first, model(TOKENS[:, 6:], cache=cache)], axis=1)
+
+
+@pytest.fixture
+def mlx_sdpa_calls(monkeypatch):
+    """Counts calls of MLX's own attention kernel (a spy on MLX, which we do not own)."""
+    calls = []
+    original = mx.fast.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", counting)
+    return calls
+
+
+def test_a_wired_model_attends_in_numpy_only_when_asked(mlx_sdpa_calls):
+    model, reference = _llama(), _llama()
+    own = _run(reference, numpy=False)
+    assert cpu_attention.wire(model) == 2 and cpu_attention.wire(model) == 2  # idempotent
+    del mlx_sdpa_calls[:]
+    assert mx.array_equal(_run(model, numpy=False), own).item()  # not asked: the model's own arithmetic
+    assert len(mlx_sdpa_calls) == 4  # 2 layers x 2 chunks
+    _close(_run(model, numpy=True), own, tol=1e-4)
+    assert len(mlx_sdpa_calls) == 4  # NumPy attended, MLX's kernel was not called
+    assert type(reference) is llama.Model and type(reference.layers[0].self_attn) is llama.Attention
+
+
+def test_an_engine_with_numpy_attention_leaves_mlx_lm_untouched(tiny_loaded, mlx_sdpa_calls):
+    from mlx_lm.models import base
+
+    from engine.compute import ComputeOptions
+    from engine.engine import Engine
+
+    module_function = llama.scaled_dot_product_attention
+    # No compiled step: its trace runs the model's own (MLX) attention by design.
+    options = ComputeOptions(attention="numpy", forward="mlx", compile=False)
+    engine = Engine(tiny_loaded, prefill_chunk=16, compute=options)
+    try:
+        assert engine.compute.kind == "numpy"
+        assert engine.submit(Request(prompt_ids=list(range(3, 30)), max_tokens=3)).result().metrics.decode_tokens
+        assert mlx_sdpa_calls == []  # prefill and decode attended through NumPy
+    finally:
+        engine.close()
+    assert llama.scaled_dot_product_attention is module_function is base.scaled_dot_product_attention
+    reference = llama.Model(tiny_loaded.model.args)  # same architecture, same weights, not wired
+    reference.update(tiny_loaded.model.parameters())
+    ids = mx.array([list(range(3, 30))])
+    expected = reference(ids, cache=[KVCache() for _ in reference.layers])
+    assert len(mlx_sdpa_calls) == len(reference.layers)  # the reference computed through MLX's kernel
+    _close(engine.compute.call(ids, [KVCache() for _ in reference.layers]), expected, tol=1e-4)
+    assert len(mlx_sdpa_calls) == len(reference.layers)
+
+
+def test_8_bit_caches_are_dequantized():
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model = _llama(hidden=128)  # head dim 32: one quantization group
+    cpu_attention.wire(model)
+
+    def eight_bit():
+        return [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
+
+    _close(_run(model, numpy=True, make_cache=eight_bit), _run(model, numpy=False, make_cache=eight_bit),
+           tol=1e-3)
+
+
+def test_qwen3_attention_with_head_norms():
+    from mlx_lm.models import qwen3
+
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-5,
+                           head_dim=16, max_position_embeddings=512, rope_theta=10000.0,
+                           tie_word_embeddings=True)
+    mx.random.seed(4)
+    model = qwen3.Model(args)
+    for layer in model.layers:  # not all ones: a norm skipped or misplaced must change the numbers
+        layer.self_attn.q_norm.weight = mx.random.uniform(0.5, 1.5, (16,))
+        layer.self_attn.k_norm.weight = mx.random.uniform(0.5, 1.5, (16,))
+    mx.eval(model.parameters())
+    own = _run(model, numpy=False)
+    assert cpu_attention.wire(model) == 2
+    _close(_run(model, numpy=True), own, tol=1e-4)
+
+
+def test_other_attention_is_not_wired():
+    from spec_helpers import tiny_hybrid
+
+    from engine.compute import ComputeOptions, choose
+
+    hybrid = tiny_hybrid(seed=1)
+    assert cpu_attention.wire(hybrid) == 0
+    path = choose(hybrid, ComputeOptions(attention="numpy"))
+    assert path.kind == "mlx" and "llama/qwen-style" in path.notes[0]

@@ -9,6 +9,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache
 
 from engine import cpu_attention, cpu_forward
+from engine.compute import ComputeOptions, choose
 from engine.kv import make_cache
 from engine.window import WindowPolicy, make_window_cache, set_dense_from
 
@@ -30,8 +31,7 @@ def _model(seed: int = 3, **overrides) -> llama.Model:
 
 
 def _own_call(model, tokens, cache):
-    with cpu_attention.suspended():  # MLX end to end
-        return model(tokens, cache=cache)
+    return model(tokens, cache=cache)  # MLX end to end
 
 
 def _close(a, b, tol=1e-4):
@@ -121,10 +121,9 @@ def test_logits_last_and_none():
         forward(TOKENS[:, :2], cache, logits="first")
 
 
-def test_applies_only_where_it_computes_the_same(monkeypatch):
+def test_applies_only_where_it_computes_the_same():
     model = _model()
-    assert cpu_forward.install(model) == "numpy-forward"
-    assert cpu_forward.forward_for(model) is cpu_forward.forward_for(model)  # made once
+    assert choose(model, ComputeOptions()).kind == "numpy-forward"
     half = _model()
     half.set_dtype(mx.float16)
     assert not cpu_forward.supports(half)
@@ -138,26 +137,25 @@ def test_applies_only_where_it_computes_the_same(monkeypatch):
     assert not cpu_forward.applies(mx.concatenate([TOKENS, TOKENS])[:, :3], cache)  # batch of 2
     model(TOKENS[:, :2], cache=cache[:1] + [KVCache()])  # layer 0 holds 2 tokens, the other none
     assert not cpu_forward.applies(TOKENS[:, 2:3], cache)
-    other = _model()
-    monkeypatch.setenv(cpu_forward.ENV_SWITCH, "off")
-    assert cpu_forward.forward_for(other) is None
-    assert cpu_forward.install(other) == "numpy"
+    assert choose(_model(), ComputeOptions(forward="mlx")).kind == "numpy"
+    assert choose(_model(), ComputeOptions(attention="mlx")).kind == "mlx"
+    assert choose(half, ComputeOptions(forward="numpy")).notes == ("forward: MLX (the NumPy forward takes "
+                                                                  "float32 llama models)",)
 
 
 def test_numpy_threads_follow_who_runs_the_layers():
     model = _model()
     forward = cpu_forward.NumpyForward(model)
-    cpu_attention.install(model)
+    path = choose(model, ComputeOptions(forward="mlx"))
     forward(TOKENS[:, :4], [KVCache() for _ in model.layers])
     assert cpu_attention._numpy_threads == forward.threads
-    model(TOKENS[:, :4], cache=[KVCache() for _ in model.layers])  # MLX layers, NumPy attention
+    path.call(TOKENS[:, :4], [KVCache() for _ in model.layers])  # MLX layers, NumPy attention
     assert cpu_attention._numpy_threads == 1
 
 
 def test_engine_generation_goes_through_it(tiny_loaded, monkeypatch):
     from engine.engine import Engine
 
-    assert cpu_forward.forward_for(tiny_loaded.model) is not None
     calls = []
     original = cpu_forward.NumpyForward.__call__
 
@@ -168,7 +166,8 @@ def test_engine_generation_goes_through_it(tiny_loaded, monkeypatch):
     monkeypatch.setattr(cpu_forward.NumpyForward, "__call__", counting)
     engine = Engine(tiny_loaded, prefill_chunk=16)
     try:
-        assert engine.attention == "numpy-forward"
+        assert engine.compute.kind == "numpy-forward"
+        assert engine.stats()["compute"]["forward"] == "numpy"
         text = engine.generate_text(list(range(3, 40)), max_tokens=4)
     finally:
         engine.close()

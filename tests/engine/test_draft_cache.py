@@ -1,15 +1,16 @@
-"""The draft model's own checkpointed cache: reuse across requests, rollback, cancel mid-round."""
+"""The draft model: its own checkpointed cache (reuse across requests, rollback, cancel mid-round),
+and the drafter the `model.draftModel` setting builds."""
 from __future__ import annotations
 
 import pytest
 
-from engine.draft_model import DraftModelDrafter
+from engine.draft_model import DraftModelDrafter, drafter_for
 from engine.engine import Engine
-from engine.errors import RequestCancelled
+from engine.errors import DraftModelMismatchError, ModelLoadError, RequestCancelled
 from engine.request import DoneEvent, Metrics, PromptSegment, Request, TokenEvent
 
 from spec_helpers import plain_greedy, tiny_llama
-from tiny_models import corpus
+from tiny_models import build_tiny_model, corpus
 
 
 def layout(tokenizer, question: str) -> list[PromptSegment]:
@@ -148,3 +149,30 @@ def test_unrelated_history_leaves_the_line_and_the_prefix_stays_restorable():
     draft.prefill_request(request, lambda: False, metrics)
     assert metrics.draft_cached_tokens == 60  # the detached prefix came back as a branch
     assert draft.draft(ids) == plain_greedy(model, ids, 4)
+
+
+def test_drafter_for_loads_the_named_model_like_the_target(tiny_loaded, tiny_model_dir, questions, reference,
+                                                           tmp_path):
+    draft = drafter_for(str(tiny_model_dir), "draft", tiny_loaded.tokenizer, k=3, prefill_step=64)
+    assert draft.model is not tiny_loaded.model  # its own copy, through the loader
+    assert (draft.prefix.policy.model_id, draft.prefix.policy.weight_hash) == (tiny_loaded.model_id,
+                                                                               tiny_loaded.weight_hash)
+    assert draft.prefix.policy.compute == draft.compute.identity()
+    engine = Engine(tiny_loaded, prefill_chunk=64, speculation="draft", draft=draft)
+    try:
+        tokens, done = run(engine, questions[0])
+    finally:
+        engine.close()
+    assert tokens == reference[0] and done.metrics.drafted_tokens > 0
+    assert drafter_for("", "auto", tiny_loaded.tokenizer) is None
+    assert drafter_for(str(tiny_model_dir), "lookup", tiny_loaded.tokenizer) is None
+    other = build_tiny_model(tmp_path / "other-vocab", "llama", vocab_size=300)
+    with pytest.raises(DraftModelMismatchError, match="tokenizer differs"):
+        drafter_for(str(other), "auto", tiny_loaded.tokenizer)
+
+
+def test_draft_mode_needs_a_draft_model(tiny_loaded):
+    with pytest.raises(ModelLoadError, match="model.draftModel"):
+        drafter_for("", "draft", tiny_loaded.tokenizer)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Engine(tiny_loaded, speculation="draft")

@@ -81,7 +81,7 @@ def test_runner_on_a_tiny_model_window_covering_the_context_agrees_exactly(tiny_
     arms = [Arm("dense", WindowPolicy(enabled=False)),
             Arm("covering", WindowPolicy(global_tokens=4096, window_tokens=4096, dense_tail=16)),
             Arm("window-8", WindowPolicy(global_tokens=32, window_tokens=32, dense_tail=16), kv_bits=8)]
-    runs = run_tasks(tiny_loaded.model, tiny_loaded.tokenizer, tasks, arms, chunk=64, max_tokens=4)
+    runs = run_tasks(tiny_loaded, tasks, arms, chunk=64, max_tokens=4)
     assert [r.task.kind for r in runs] == ["needle", "variables", "code"]
     assert runs[0].context_tokens > 32 + 32 + 16  # the small window really windows
     for run in runs:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep, verify_step_for
+from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
+from engine.compute import ComputeOptions, choose
 from engine.kv import make_cache
 
 
@@ -60,7 +61,11 @@ def test_longer_inputs_and_quantized_caches_take_the_plain_call(tiny_loaded):
     assert step.fallbacks == 2 and step.traces == 0
 
 
-def test_verify_step_for_keeps_one_step_per_model(tiny_loaded):
+def test_the_compute_path_verifies_through_its_compiled_step(tiny_loaded):
     model = tiny_loaded.model
-    assert verify_step_for(model) is verify_step_for(model)
-    assert verify_step_for(model).max_tokens == VERIFY_MAX_TOKENS
+    path = choose(model, ComputeOptions(attention="mlx"))
+    plain, compiled = prefilled(model, 20), prefilled(model, 20)
+    ids = mx.array([[5, 6, 7]], dtype=mx.uint32)
+    assert mx.abs(model(ids, cache=plain) - path.verify(ids, compiled)).max().item() < 1e-4
+    assert path._verify.max_tokens == VERIFY_MAX_TOKENS and path._verify.traces == 1
+    assert choose(model, ComputeOptions(attention="mlx", compile=False))._verify is None

@@ -89,9 +89,9 @@ export function serverLaunch(read: SettingsReader): ServerLaunch {
   };
 }
 
-/** True when a configuration change needs a server restart (the launch or the model changed). */
+/** True when a configuration change needs a server restart (the launch, the model or how it computes changed). */
 export function needsRestart(affects: (section: string) => boolean): boolean {
-  return affects(`${SECTION}.server`) || affects(`${SECTION}.model`);
+  return affects(`${SECTION}.server`) || affects(`${SECTION}.model`) || affects(`${SECTION}.compute`);
 }
 
 function stringSetting(read: SettingsReader, key: string): string {

@@ -19,10 +19,11 @@ test('server settings are every contributed codectx.* key except server.* and tr
 
 test('initializationOptions are the nested camelCase tree of the settings', () => {
   const tree = serverSettings(manifest, manifestDefaults(manifest, { 'model.name': '/models/tiny', 'ask.maxTokens': 7 }));
-  assert.deepEqual(tree.model, { name: '/models/tiny', kvBits: 16, prefillChunk: 256, speculation: 'lookup' });
+  assert.deepEqual(tree.model, { name: '/models/tiny', kvBits: 16, prefillChunk: 256, speculation: 'lookup', draftModel: '' });
+  assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0 });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
   assert.deepEqual(tree.hover, { enabled: true, latencyBudgetMs: 1500, maxTokens: 96, useWarmPrefix: true, prefetch: 8, prefetchHeads: true });
-  assert.deepEqual(Object.keys(tree), ['model', 'window', 'context', 'memory', 'hover', 'ask', 'warmup']);
+  assert.deepEqual(Object.keys(tree), ['model', 'compute', 'window', 'context', 'memory', 'hover', 'ask', 'warmup']);
   assert.equal('server' in tree || 'trace' in tree, false);
 });
 

@@ -1,0 +1,154 @@
+"""The one seam for compute paths: `choose(model, options)` decides once, `ComputePath` runs it.
+
+An engine computes its model's forward one of these ways, chosen once when the
+engine is built (and by the draft model, the benchmarks and `codectx eval`
+through the same function):
+
+- exact MLX: the model's own call (attention and layers in MLX), with the
+  compiled one-token decode / multi-token verify steps (`engine.compiled`)
+  unless ``compile`` is off;
+- NumPy attention: the model's own layers in MLX, attention in NumPy
+  (`engine.cpu_attention`, wired into this model's attention modules only);
+- NumPy forward: the whole layer arithmetic in NumPy (`engine.cpu_forward`),
+  with the model's own call (NumPy attention) for the rare input it does not take.
+
+The `ComputePath` owns everything per model that a path needs (the NumPy
+forward's weight views, the compiled steps); nothing is kept on the model.
+`ComputePath.identity()` names what actually runs ("auto" resolved) and is
+part of the checkpoint policy fingerprint, so checkpoints of one path are
+never restored under another.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from engine import blas, cpu_attention, cpu_forward
+from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
+from engine.compute_options import ComputeOptions
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ComputeOptions", "ComputePath", "choose", "exact"]
+
+
+class ComputePath:
+    """How one engine computes its model's forward (build it with `choose` or `exact`).
+
+    Args:
+        model: The mlx-lm model.
+        attention: "mlx" or "numpy" (the model's attention modules are wired).
+        numpy_forward: The model's `cpu_forward.NumpyForward`, or None.
+        compiled: Build the compiled decode and verify steps.
+        notes: Why an option asked for resolved to something else.
+    """
+
+    def __init__(self, model: Any, *, attention: str = "mlx",
+                 numpy_forward: cpu_forward.NumpyForward | None = None,
+                 compiled: bool = False, notes: Sequence[str] = ()) -> None:
+        self.model = model
+        self.attention = attention
+        self.numpy_forward = numpy_forward
+        self.compiled = compiled
+        self.blas = blas.in_use()
+        self.notes = tuple(notes)
+        self._decode = CompiledDecodeStep(model, 1, fallback=self.call) if compiled else None
+        self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call) if compiled else None
+
+    @property
+    def kind(self) -> str:
+        """"numpy-forward", "numpy" (attention only) or "mlx"."""
+        return "numpy-forward" if self.numpy_forward is not None else self.attention
+
+    def identity(self) -> str:
+        """What runs, as the checkpoint policy's ``compute`` field."""
+        return (f"attention={self.attention} forward={'numpy' if self.numpy_forward else 'mlx'} "
+                f"compile={'on' if self.compiled else 'off'} blas={self.blas}")
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved path for `Engine.stats()` and status."""
+        return {"kind": self.kind, "attention": self.attention,
+                "forward": "numpy" if self.numpy_forward is not None else "mlx",
+                "compile": self.compiled, "blas": self.blas, "notes": list(self.notes)}
+
+    def call(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
+        """The model's own call, with NumPy attention when this path uses it."""
+        if self.attention != "numpy":
+            return self.model(tokens, cache=cache)
+        with cpu_attention.numpy_attention():
+            return self.model(tokens, cache=cache)
+
+    def forward(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
+        """One forward: ids (1, n) -> logits (1, n, vocab), filling `cache`.
+
+        Args:
+            logits: "all"; "last" gives (1, 1, vocab) for the last position only;
+                "none" when only the cache matters (the result is then None or
+                an array that is never evaluated).
+        """
+        if self.numpy_forward is not None and cpu_forward.applies(tokens, cache):
+            return self.numpy_forward(tokens, cache, logits)
+        if self._decode is not None and tokens.shape == (1, 1):
+            return self._decode(tokens, cache)
+        out = self.call(tokens, cache)
+        return out[:, -1:, :] if logits == "last" else out
+
+    def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
+        """Speculative verification: the last token and the drafts in one forward (all logits)."""
+        if tokens.shape[1] == 1 or self._verify is None:
+            return self.forward(tokens, cache)
+        return self._verify(tokens, cache)
+
+    @property
+    def decode_step(self) -> CompiledDecodeStep | None:
+        """The compiled one-token step (None when this path does not compile)."""
+        return self._decode
+
+
+def exact(model: Any) -> ComputePath:
+    """The model's own MLX call, nothing compiled or wired: the reference every path is tested against."""
+    return ComputePath(model)
+
+
+def path_of(model_or_path: Any) -> ComputePath:
+    """A `ComputePath` as it is; a bare model as its `exact` path."""
+    return model_or_path if isinstance(model_or_path, ComputePath) else exact(model_or_path)
+
+
+def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePath:
+    """The compute path for `model` under `options`, decided once (call it once per engine).
+
+    "auto" resolves to NumPy attention on the CPU where the model's attention
+    is llama/qwen-style (`engine.cpu_attention.SUPPORTED`), and to the NumPy
+    forward where `engine.cpu_forward.supports` the model. An explicit "numpy"
+    that cannot apply falls back to MLX with a warning; the path's `notes`
+    say why.
+    """
+    notes: list[str] = []
+    attention = "mlx"
+    if options.attention == "auto" and mx.default_device() != mx.cpu:
+        notes.append("attention: MLX (the default device is not the CPU)")
+    elif options.attention != "mlx":
+        if cpu_attention.wire(model):
+            attention = "numpy"
+        else:
+            notes.append(f"attention: MLX ({type(model).__module__} has no llama/qwen-style attention)")
+    numpy_forward = None
+    if attention == "numpy" and options.forward != "mlx":
+        if cpu_forward.supports(model):
+            numpy_forward = cpu_forward.NumpyForward(model, options.blas_threads or blas.threads_in_use())
+        else:
+            notes.append("forward: MLX (the NumPy forward takes float32 llama models)")
+    elif options.forward == "numpy":
+        notes.append("forward: MLX (the NumPy forward needs NumPy attention)")
+    asked = {"attention": options.attention, "forward": options.forward}
+    resolved = {"attention": attention, "forward": "numpy" if numpy_forward else "mlx"}
+    for name, value in asked.items():
+        if value == "numpy" and resolved[name] != "numpy":
+            logger.warning("compute.%s 'numpy' does not apply here: %s", name, "; ".join(notes))
+    path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
+                       compiled=options.compile and numpy_forward is None, notes=notes)
+    logger.info("compute path: %s", path.identity())
+    return path
