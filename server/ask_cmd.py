@@ -236,6 +236,7 @@ class _Asker:
     async def _with_repo(self) -> tuple[dict, str] | int:
         """The repository through the core: workspace prompt, session and the ask feature."""
         from context.errors import ContextError
+        from engine.request import SegmentKind
         from server.core.features.ask import Conversations, ask
         from server.core.prompt import Turn
 
@@ -245,7 +246,7 @@ class _Asker:
             self.err.write(f"codectx ask: {error}\n")
             return USAGE
         layout = session.prompt.workspace.layout
-        files = sum(1 for s in layout.segments if s.kind in ("file", "hot"))
+        files = sum(1 for s in layout.segments if s.kind in (SegmentKind.FILE, SegmentKind.HOT))
         self.err.write(f"[repo {self.args.repo}: {files} files whole, {len(layout.skipped)} skipped, "
                        f"{layout.tokens} prefix tokens (budget {session.settings.context.budget_tokens})]\n")
         first = session.prompt.segments([Turn("user", self.args.question)])

@@ -14,6 +14,7 @@ from pathlib import Path
 from context.errors import ContextError
 from context.layout import Layout
 from context.scan import iter_reasons
+from engine.request import SegmentKind
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,13 +101,13 @@ def render_table(layout: Layout, all_skipped: bool = False) -> str:
     rows = [("#", "kind", "path", "language", "tokens", "hash", "reason")]
     by_key = {r.path: r for r in layout.rows}
     for i, s in enumerate(layout.segments):
-        lang = by_key[s.key].language if s.kind in ("file", "hot") and s.key in by_key else ""
+        lang = by_key[s.key].language if s.kind in (SegmentKind.FILE, SegmentKind.HOT) and s.key in by_key else ""
         rows.append((str(i), s.kind, s.key, lang, str(len(s)), s.hash[:8], s.reason))
     rows += [("-", "", r.path, r.language, "0", r.hash, r.reason) for r in layout.rows if r.order is None]
     widths = [min(max(len(r[c]) for r in rows), 60) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if c not in (0, 4) else cell.rjust(w)
                        for c, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
-    whole = sum(1 for s in layout.segments if s.kind in ("file", "hot"))
+    whole = sum(1 for s in layout.segments if s.kind in (SegmentKind.FILE, SegmentKind.HOT))
     mapped = sum(1 for r in layout.rows if r.reason == "map-only")
     budget = "unlimited" if layout.budget is None else str(layout.budget)
     lines.append(f"\n{len(layout.segments)} segments, {layout.tokens} tokens (budget {budget}); "

@@ -22,7 +22,7 @@ import bisect
 import json
 from typing import Any, Sequence
 
-from engine.request import PromptSegment
+from engine.request import PromptSegment, SegmentKind
 
 from .errors import BadRequestError
 
@@ -118,16 +118,17 @@ def message_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], *, tool
         if end <= begin:
             continue
         if i == len(messages) - 1:
-            kind = "question"
+            kind = SegmentKind.QUESTION
         elif not segments and message["role"] in ("system", "developer"):
-            kind = "system"
+            kind = SegmentKind.SYSTEM
         else:
-            kind = "turn"
+            kind = SegmentKind.TURN
+        # A client's system message is the prefix its next requests share: kept like a protected one.
         segments.append(PromptSegment(kind, f"{i}:{message['role']}", tuple(ids[begin:end]),
-                                      protected=kind == "system"))
+                                      protected=kind is SegmentKind.SYSTEM))
         begin = end
     if begin < len(ids):
-        segments.append(PromptSegment("header", "assistant", tuple(ids[begin:]), protected=True))
+        segments.append(PromptSegment(SegmentKind.HEADER, "assistant", tuple(ids[begin:])))
     return segments
 
 
