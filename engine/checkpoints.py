@@ -10,10 +10,16 @@ line (a different question, an edit), the checkpoints about to be overwritten
 are *detached*: their tail of KV is copied out so that a later request can
 branch back to them. Detached tails and recurrent snapshots are the bytes the
 budget counts; eviction is LRU with protected checkpoints last.
+
+The engine's worker thread is the only writer. Other threads may `plan` (what
+`Engine.probe` does): the worker takes the store's lock only around its
+changes to the index (never during MLX work or archive reads), and `plan`
+holds it while it walks.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -102,7 +108,7 @@ class Plan:
 
 
 class CheckpointStore:
-    """Checkpoints for one policy over one live cache (used on the engine's MLX thread).
+    """Checkpoints for one policy over one live cache (changed on the engine's MLX thread only).
 
     Args:
         policy_fingerprint: `CachePolicy.fingerprint()` of the engine.
@@ -125,6 +131,7 @@ class CheckpointStore:
         self._line: list[Checkpoint] = []
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._tick = 0
+        self._lock = threading.RLock()  # the index (_by_key, _line, _evicted) against `plan` elsewhere
 
     # -- lookup -------------------------------------------------------------
 
@@ -138,33 +145,36 @@ class CheckpointStore:
 
         `limit` is the prompt length: the stretch after the last boundary before it
         is always recomputed, so the request has its last logits and cold and warm
-        runs end with the same forward call.
+        runs end with the same forward call. Safe from any thread.
         """
         path: list[Checkpoint] = []
         archived: list[Any] = []
         first_miss: Boundary | None = None
-        for b in bounds:
-            if b.end >= limit:
+        with self._lock:
+            for b in bounds:
+                if b.end >= limit:
+                    break
+                cp = self._by_key.get(b.key)
+                if not archived and cp is not None and cp.matches(b):
+                    path.append(cp)
+                    continue
+                entry = self.archive.get(b.key) if self.archive else None
+                if entry is not None and entry.matches(b):
+                    archived.append(entry)
+                    continue
+                first_miss = b
                 break
-            cp = self._by_key.get(b.key)
-            if not archived and cp is not None and cp.matches(b):
-                path.append(cp)
-                continue
-            entry = self.archive.get(b.key) if self.archive else None
-            if entry is not None and entry.matches(b):
-                archived.append(entry)
-                continue
-            first_miss = b
-            break
         return Plan(path, archived, self._miss(first_miss) if first_miss else None)
 
     def _miss(self, b: Boundary) -> Miss:
-        if b.key in self._evicted:
+        with self._lock:
+            evicted = b.key in self._evicted
+            siblings = [c.boundary for c in self._by_key.values() if c.boundary.parent == b.parent]
+        if evicted:
             return Miss("evicted")
         if self.archive is not None and self.archive.was_corrupt(b.key):
             return Miss("corrupt archive entry")
         best = None
-        siblings = [c.boundary for c in self._by_key.values() if c.boundary.parent == b.parent]
         if self.archive is not None:
             siblings += self.archive.children(b.parent)
         for s in siblings:
@@ -197,9 +207,10 @@ class CheckpointStore:
         self._leave_line(cache, common, base)
         state.trim_to(cache, base)
         spans = [(cp.kv, cp.boundary.end - cp.boundary.start) for cp in plan.path[common:]]
-        for cp in plan.path[common:]:
-            cp.kv = None
-            self._line.append(cp)
+        with self._lock:
+            for cp in plan.path[common:]:
+                cp.kv = None
+                self._line.append(cp)
         miss = plan.miss
         for entry in plan.archived:
             try:
@@ -210,8 +221,9 @@ class CheckpointStore:
                 break
             spans.append((kv, entry.end - entry.start))
             cp = Checkpoint(entry.boundary(), rec)
-            self._by_key[cp.key] = cp
-            self._line.append(cp)
+            with self._lock:
+                self._by_key[cp.key] = cp
+                self._line.append(cp)
         state.append_kv_spans(cache, spans)  # one copy per layer, however many spans
         for cp in self._line:
             cp.last_used = self._tick
@@ -236,12 +248,13 @@ class CheckpointStore:
             log.debug("line ends at %d, not recording [%d, %d)", self.line_offset, b.start, b.end)
             return None
         self._tick += 1
-        old = self._by_key.pop(b.key, None)
-        if old is not None:
-            self._forget(old)
         cp = Checkpoint(b, state.snapshot_recurrent(cache), None, self._tick)
-        self._by_key[b.key] = cp
-        self._line.append(cp)
+        with self._lock:
+            old = self._by_key.pop(b.key, None)
+            if old is not None:
+                self._forget(old)
+            self._by_key[b.key] = cp
+            self._line.append(cp)
         for c in self._line:
             c.last_used = self._tick
         if (self.archive is not None and b.kind.archived
@@ -268,7 +281,8 @@ class CheckpointStore:
     def _leave_line(self, cache: Sequence[Any], keep: int, base: int) -> None:
         """Detach (or drop) the line's checkpoints after position `keep`."""
         leaving = self._line[keep:]
-        del self._line[keep:]
+        with self._lock:
+            del self._line[keep:]
         if not leaving:
             return
         detach = leaving[-1].boundary.end - base <= self.max_branch_tokens
@@ -308,14 +322,15 @@ class CheckpointStore:
             if c.boundary.parent in doomed:
                 doomed.add(c.key)
         freed = 0
-        for key in doomed:
-            c = self._by_key.pop(key, None)
-            if c is not None:
-                freed += c.nbytes
-                self._forget(c)
-                self._evicted[key] = None
-        while len(self._evicted) > _TOMBSTONES:
-            self._evicted.popitem(last=False)
+        with self._lock:
+            for key in doomed:
+                c = self._by_key.pop(key, None)
+                if c is not None:
+                    freed += c.nbytes
+                    self._forget(c)
+                    self._evicted[key] = None
+            while len(self._evicted) > _TOMBSTONES:
+                self._evicted.popitem(last=False)
         log.debug("evicted %d checkpoint(s) from %s, %d bytes", len(doomed), cp.key, freed)
         return freed
 

@@ -8,7 +8,8 @@
 Requests run one at a time, lowest `Request.priority` first, FIFO within a
 priority. A request still in prefill yields to a higher-priority arrival at
 the next chunk boundary: it rolls back to its last checkpoint and is queued
-again in its old place. `cancel` is safe from any thread at any time; the
+again in its old place (a PREPARE request yields while decoding too, ending
+"cancelled"; see `Priority`). `cancel` is safe from any thread at any time; the
 worker checks it between prefill chunks and between decode steps.
 
 One live cache serves every request: `PrefixCache` restores the longest valid
@@ -34,7 +35,7 @@ from .jobs import Job, JobQueue
 from .kv import SUPPORTED_KV_BITS
 from .live_cache import policy_and_cache
 from .prefix_cache import PrefixCache
-from .request import DoneEvent, Metrics, Request, SamplingParams, TokenEvent
+from .request import DoneEvent, Metrics, Priority, Probe, Request, SamplingParams, SegmentLike, TokenEvent
 from .sampling import make_sampler
 from .speculative import Mode
 from .speculative_decode import speculative_decode
@@ -138,6 +139,16 @@ class Engine:
         """
         with self._lock:
             self._pending_window = (window,)
+
+    def probe(self, segments: Sequence[SegmentLike]) -> Probe:
+        """How much of a prompt could be restored right now, and why not more (any thread; no
+        MLX work: cheap enough for every hover). See `PrefixCache.probe`."""
+        return self.prefix.probe(segments)
+
+    def warm_prefix(self) -> tuple[SegmentLike, ...]:
+        """The repository prefix last prefilled, while the engine still holds all of it, else ()
+        (any thread). See `PrefixCache.warm_prefix`."""
+        return self.prefix.warm_prefix()
 
     def cancel(self, request_id: str) -> None:
         """Stop a queued or running request; unknown or finished ids are ignored."""
@@ -333,7 +344,12 @@ class Engine:
 
     def _tokens(self, job: Job, logits: mx.array, metrics: Metrics) -> Iterator[int]:
         """The decode loop of this engine's speculation mode, from the prefill's logits."""
-        request, cache, cancelled = job.request, self.prefix.cache, job.cancelled.is_set
+        request, cache = job.request, self.prefix.cache
+        yields = request.priority == Priority.PREPARE  # a prepared answer gives way while it decodes
+
+        def cancelled() -> bool:
+            return job.cancelled.is_set() or (yields and self._queue.outranked(request.priority))
+
         sampler = make_sampler(request.sampling)
         if self.speculation is Mode.OFF:
             return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled)

@@ -12,9 +12,14 @@ same forward calls) and records a checkpoint as each segment completes.
 With a window policy (`engine.window`), each request first sets where its
 dense tail starts (a function of its segment layout) on the window caches,
 and that position is folded into every boundary key it affects.
+
+`probe` answers, from any thread and without MLX work, how much of a prompt
+a request could restore now and why not more; `warm_prefix` is the repository
+prefix the cache last prefilled, while it still holds it.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -30,7 +35,7 @@ from engine.compute import path_of
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
-from engine.request import Metrics, PromptSegment, Request, SegmentKind, SegmentLike
+from engine.request import Metrics, Probe, PromptSegment, Request, SegmentKind, SegmentLike, stable_part
 from engine.window import set_dense_from
 
 log = logging.getLogger(__name__)
@@ -79,9 +84,10 @@ class PrefixCache:
         self._budget_bytes = default_budget_bytes() if budget_bytes is None else budget_bytes
         self._archive_bytes = archive_bytes
         self._archive_root = archive_root
-        self._retired: set[str] = set()  # token keys checkpointed under an earlier policy
+        self._retired: frozenset[str] = frozenset()  # token keys checkpointed under an earlier policy
         # The last prompt's layout, length and layout key (for checkpoints during decode).
         self._decoding: tuple[list[SegmentLike], int, Any] = ([], 0, None)
+        self._last_prefix: tuple[SegmentLike, ...] = ()  # see `warm_prefix`
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
         self._use(policy, cache, window)
@@ -97,6 +103,7 @@ class PrefixCache:
                                      interval=policy.prefill_chunk)
         self.cache = cache if cache is not None else make_cache(self.model, policy.kv_bits,
                                                                 policy.kv_group_size)
+        self._view = (self.store, self.window)  # one policy's store and window, for `probe`
         self._update_stats()
 
     def switch_policy(self, policy: CachePolicy, cache: list[Any] | None = None,
@@ -111,10 +118,11 @@ class PrefixCache:
             cache: A fresh live cache for it (default `engine.kv.make_cache`).
             window: The window policy of `cache`, if any.
         """
-        self._retired.update(cp.boundary.token_key for cp in self.store.checkpoints())
+        self._retired = self._retired | {cp.boundary.token_key for cp in self.store.checkpoints()}
         if self.archive is not None:
             self.archive.close()
         self._decoding = ([], 0, None)
+        self._last_prefix = ()
         self._use(policy, cache, window)
 
     def _layout_key(self, request: Request, n_tokens: int) -> Callable[[int], int] | None:
@@ -125,6 +133,48 @@ class PrefixCache:
         dense_from = window.dense_from(request.segments) if request.segments else window.dense_from_ids(n_tokens)
         set_dense_from(self.cache, dense_from)
         return lambda end: window.layout_key(end, dense_from)
+
+    def probe(self, segments: Sequence[SegmentLike]) -> Probe:
+        """How much of `Request(segments=segments)` could be restored now, and why not more.
+
+        The walk a request's restore makes, over every boundary (the last one
+        too), against the checkpoints in memory and the archive's index. Safe
+        from any thread: no MLX work, no archive file read (an entry is checked
+        when a request loads it). A window change not applied yet is not seen.
+        """
+        segments = list(segments)
+        ends = list(itertools.accumulate(len(s.token_ids) for s in segments))
+        total = ends[-1] if ends else 0
+        store, window = self._view
+        layout_key = None
+        if window is not None:
+            dense_from = window.dense_from(segments)
+            layout_key = lambda end: window.layout_key(end, dense_from)  # noqa: E731
+        bounds = store.boundaries(segments, layout_key)
+        plan = store.plan(bounds, total + 1)
+        warm = plan.offset
+        from_memory = plan.path[-1].boundary.end if plan.path else 0
+        miss = self._name_policy_switch(plan.miss, bounds, warm)
+        return Probe(prompt_tokens=total, warm_tokens=warm, archived_tokens=warm - from_memory if plan.archived else 0,
+                     warm_segments=sum(end <= warm for end in ends), miss=str(miss) if miss else None)
+
+    def warm_prefix(self) -> tuple[SegmentLike, ...]:
+        """The repository prefix last prefilled, while this cache still holds all of it.
+
+        That is the leading stable segments (`SegmentKind.stable`) of the latest
+        request whose stable part was confirmed on the live cache (prefilled or
+        restored whole); () when there was none, or part of it is gone since.
+        Safe from any thread.
+        """
+        prefix = self._last_prefix
+        return prefix if prefix and self.probe(prefix).warm else ()
+
+    def _note_prefix(self, segments: Sequence[SegmentLike]) -> None:
+        """Remember `segments`' stable part when the live cache now holds it whole."""
+        stable = stable_part(segments)
+        end = sum(len(s.token_ids) for s in stable)
+        if end and self.store.line_offset >= end:
+            self._last_prefix = tuple(stable)
 
     def prefill(self, request: Request, chunk_size: int, should_cancel: CancelCheck,
                 metrics: Metrics,
@@ -165,6 +215,7 @@ class PrefixCache:
                              boundaries=[b.end - offset for b in pending], on_chunk=confirm)
         finally:
             metrics.checkpoint_bytes = self.store.nbytes
+            self._note_prefix(segments)
             self._update_stats()
         log.debug("prefill %s: %d cached, %d recomputed, miss=%s", request.request_id,
                   offset, len(ids) - offset, metrics.miss_reason)

@@ -24,10 +24,27 @@ def new_request_id() -> str:
 
 
 class Priority(IntEnum):
-    """Lower runs first. Interactive work preempts warm-up at chunk boundaries."""
+    """Lower runs first; FIFO within a priority.
+
+    - INTERACTIVE: someone waits for the answer (a hover, an ask, a code action,
+      an HTTP request).
+    - BACKGROUND: warm-up, which keeps the repository prefix prefilled; every
+      other request starts from what it leaves.
+    - PREPARE: work ahead of a request the user may make (hover answer heads,
+      prepared hover answers). It builds on the prefix warm-up keeps, so it
+      comes after warm-up: preparing over a prefix warm-up is about to replace
+      computes a prompt no hover will send.
+
+    A request still in prefill yields to a more urgent arrival at the next
+    chunk boundary: it rolls back to its last checkpoint and is queued again in
+    its old place. A PREPARE request also yields while it decodes: outranked, it
+    ends "cancelled" at the next decode step (a prepared answer is a guess, not
+    worth delaying anyone), and its caller may submit it again.
+    """
 
     INTERACTIVE = 0
     BACKGROUND = 10
+    PREPARE = 20
 
 
 @dataclass(frozen=True)
@@ -136,6 +153,16 @@ def segment_kind(segment: SegmentLike) -> SegmentKind:
         return SegmentKind(segment.kind)
     except ValueError as err:
         raise ValueError(f"unknown segment kind {segment.kind!r}") from err
+
+
+def stable_part(segments: Sequence[SegmentLike]) -> list[SegmentLike]:
+    """The leading segments of a stable kind: the repository prefix of a prompt."""
+    part = []
+    for segment in segments:
+        if not segment_kind(segment).stable:
+            break
+        part.append(segment)
+    return part
 
 
 class SegmentLike(Protocol):
@@ -258,6 +285,36 @@ class Metrics:
         d = dict(self.__dict__)
         d.update(prefill_tps=self.prefill_tps, decode_tps=self.decode_tps, acceptance=self.acceptance)
         return d
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How much of a prompt the engine can restore right now (`Engine.probe`).
+
+    Attributes:
+        prompt_tokens: Tokens in the prompt.
+        warm_tokens: Leading tokens held at a checkpoint, in memory or in the
+            disk archive. (A request over exactly this prompt restores up to its
+            last checkpoint before the end and computes the rest, since it needs
+            the last position's logits.)
+        archived_tokens: Of `warm_tokens`, those a restore reads from the archive.
+        warm_segments: Leading segments wholly within `warm_tokens` (the warm
+            part ends inside or after segment `warm_segments`).
+        miss: Why the warm part ends there, as in `Metrics.miss_reason`: "new
+            prefix", "diverged at token N", "policy mismatch", "evicted" or
+            "corrupt archive entry"; None when the whole prompt is warm.
+    """
+
+    prompt_tokens: int
+    warm_tokens: int
+    archived_tokens: int = 0
+    warm_segments: int = 0
+    miss: str | None = None
+
+    @property
+    def warm(self) -> bool:
+        """The whole (non-empty) prompt is held."""
+        return self.prompt_tokens > 0 and self.warm_tokens == self.prompt_tokens
 
 
 @dataclass(frozen=True)
