@@ -62,10 +62,10 @@ class ComputeSettings:
 
 @dataclass(frozen=True)
 class WindowSettings:
-    """Windowed prefill: an attention policy of the KV cache (DESIGN.md, engine/window.py).
+    """Windowed prefill: an attention policy of the KV cache (engine/window.py; docs/configuration.md).
 
     Attributes:
-        enabled: False gives exact attention everywhere (`approximation.enabled`).
+        enabled: False gives exact attention everywhere.
         global_tokens: G, the leading positions every prefill query sees.
         window_tokens: W, the recent keys a prefill chunk sees.
         dense_tail_tokens: Positions before the end of the stable segments that stay dense.
