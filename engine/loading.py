@@ -57,7 +57,7 @@ def weight_dtype() -> mx.Dtype | None:
     """The dtype weights are converted to after loading, or None to keep the checkpoint's.
 
     On the CPU backend quantized and half-precision matmuls are far slower than
-    float32 (PLATFORM.md), so CPU models are dequantized to float32. Elsewhere
+    float32 (docs/benchmarks.md, "Engine (CPU)"), so CPU models are dequantized to float32. Elsewhere
     the checkpoint's own dtype and quantization are kept.
     """
     if mx.default_device().type == mx.DeviceType.cpu:

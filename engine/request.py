@@ -252,7 +252,7 @@ class Request:
 
 @dataclass
 class Metrics:
-    """The counters every request reports (DESIGN.md, "Metrics")."""
+    """The counters every request reports (docs/architecture.md)."""
 
     prompt_tokens: int = 0
     cached_tokens: int = 0          # restored from a checkpoint

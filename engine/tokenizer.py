@@ -2,7 +2,7 @@
 
 `Tokenizer` never adds BOS/EOS or other special tokens on its own: the chat
 template decides where they go, so that tokenizing prompt segments one by one
-gives the same ids as tokenizing the rendered template (see DESIGN.md).
+gives the same ids as tokenizing the rendered template (docs/context.md).
 """
 from __future__ import annotations
 

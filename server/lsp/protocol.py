@@ -1,6 +1,6 @@
 """pygls' LanguageServerProtocol with its request bookkeeping fixed.
 
-pygls 2.1.1 (PLATFORM.md) runs `workspace/executeCommand`, `initialize`,
+pygls 2.1.1 runs `workspace/executeCommand`, `initialize`,
 `shutdown` and the document notifications as generators that call the user's
 handler under a fresh internal id. That has four consequences we fix here:
 
