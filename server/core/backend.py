@@ -1,9 +1,9 @@
 """The Backend features and transports run the model through, and `start_backend`.
 
 `Backend` is the interface: submit or generate a request, cancel it, probe how
-much of a prompt is warm, read counters. `EngineBackend` implements it over the
-local `engine.Engine`; another implementation (a remote engine) slots in beside
-it. `start_backend` is the one place an engine is built, for the language
+much of a prompt is warm (and which prefix it last prefilled), read counters.
+`EngineBackend` implements it over the local `engine.Engine`; another
+implementation (a remote engine) slots in beside it. `start_backend` is the one place an engine is built, for the language
 server, the HTTP API and every CLI command. MLX is imported lazily, inside it.
 """
 from __future__ import annotations
@@ -11,34 +11,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
+from engine.request import DoneEvent, Probe, Request, SegmentLike, TokenEvent
 
 from .settings import Settings, WindowSettings
-from .warmth import PrefixRecord, prefix_part
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONTEXT_LENGTH = 8192
 
 
-@dataclass(frozen=True)
-class Probe:
-    """How much of a prompt the backend can restore instead of recomputing.
-
-    Attributes:
-        warm_tokens: Leading tokens of the prompt the backend holds.
-        prompt_tokens: Tokens in the prompt.
-    """
-
-    warm_tokens: int
-    prompt_tokens: int
-
-    @property
-    def warm(self) -> bool:
-        """The whole (non-empty) prompt is held."""
-        return self.prompt_tokens > 0 and self.warm_tokens == self.prompt_tokens
+__all__ = ["Backend", "EngineBackend", "Probe", "start_backend", "window_policy"]
 
 
 class Backend(Protocol):
@@ -65,8 +48,13 @@ class Backend(Protocol):
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request (unknown ids are ignored)."""
 
-    def probe(self, segments: Sequence[PromptSegment]) -> Probe:
-        """How much of `segments` is warm."""
+    def probe(self, segments: Sequence[SegmentLike]) -> Probe:
+        """How much of `segments` the backend could restore now, and why not more (cheap:
+        no model work, callable per hover)."""
+
+    def warm_prefix(self) -> Sequence[SegmentLike]:
+        """The repository prefix (leading stable segments) the backend last prefilled, while it
+        still holds all of it; empty otherwise."""
 
     def stats(self) -> dict:
         """Counters for status pages and metrics (shown, never interpreted)."""
@@ -100,9 +88,6 @@ class EngineBackend:
         self.model_id = model_id
         loaded = getattr(engine, "loaded", None)
         self.context_length = context_length or int(getattr(loaded, "context_length", 0) or DEFAULT_CONTEXT_LENGTH)
-        # What `probe` knows until the engine answers it itself: the prefix of the last
-        # request that finished its prefill, cut back to the engine's checkpoints.
-        self._read = PrefixRecord()
 
     def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> Any:
         return self.engine.submit(request, on_progress=on_progress)
@@ -124,8 +109,6 @@ class EngineBackend:
                     if on_text is not None and event.text:
                         on_text(event.text)
                 elif isinstance(event, DoneEvent):
-                    if event.finish_reason in ("stop", "length") and request.segments:
-                        self._read.record(request.segments)
                     return event
             raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
         except asyncio.CancelledError:
@@ -135,21 +118,11 @@ class EngineBackend:
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)
 
-    def probe(self, segments: Sequence[PromptSegment]) -> Probe:
-        """The warm part of `segments`: the leading segments equal to the last prefilled
-        prefix, cut back to the engine's last checkpoint inside them; past a wholly warm
-        prefix, up to the last segment whose end holds a checkpoint of its kind."""
-        held = self.engine.stats()["cache"].get("checkpoint_list", [])
-        ends = {(c["end"], c["kind"]) for c in held}
-        common = self._read.common_segments(segments)
-        position = sum(len(s.token_ids) for s in segments[:common])
-        warm = max((end for end, _ in ends if end <= position), default=0)
-        if common == len(prefix_part(segments)) and warm == position:
-            for segment in segments[common:]:
-                position += len(segment.token_ids)
-                if (position, segment.kind) in ends:
-                    warm = position
-        return Probe(warm, sum(len(s.token_ids) for s in segments))
+    def probe(self, segments: Sequence[SegmentLike]) -> Probe:
+        return self.engine.probe(segments)
+
+    def warm_prefix(self) -> Sequence[SegmentLike]:
+        return self.engine.warm_prefix()
 
     def stats(self) -> dict:
         return self.engine.stats()

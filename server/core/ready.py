@@ -52,8 +52,7 @@ class ReadySession(Session):
         lead_in = hover_feature.lead_in if base.settings.hover.enabled else None
         self.warmup = Warmup(self, self._warmup_state, lead_in=lead_in)
         self.prefetch = HoverPrefetch(self, self.hover_cache, busy=lambda: self.warmup.busy,
-                                      on_prepared=lambda: self._warmup_state(self.warmup.state()))
-        self.interactive_hooks = (self.prefetch.interactive_started, self.prefetch.interactive_done)
+                                      on_prepared=lambda: self._report(self.warmup.state()))
         for path in sorted(base.dirty):
             prompt.mark_dirty(path)
         base.dirty.clear()
@@ -65,10 +64,14 @@ class ReadySession(Session):
         self.warmup.schedule(0)
 
     def _warmup_state(self, state: dict) -> None:
-        """Reports warmth (warm-up + prepared hovers); once warm-up is idle, prepares hovers."""
-        self.on_warmth(dict(state, hoverPrefetch=self.prefetch.state()))
+        """Reports warmth; once warm-up is idle, prepares hovers."""
+        self._report(state)
         # Called from inside the warm-up task: look again once that task has ended.
         asyncio.get_running_loop().call_soon(self._kick_if_idle)
+
+    def _report(self, state: dict) -> None:
+        """Reports warmth (warm-up + prepared hovers)."""
+        self.on_warmth(dict(state, hoverPrefetch=self.prefetch.state()))
 
     def _kick_if_idle(self) -> None:
         if not self.warmup.busy:
@@ -80,12 +83,12 @@ class ReadySession(Session):
             self.prefetch.focus_on(path, line)
 
     def edited(self, paths: list[Path]) -> None:
-        """Buffers or files changed: the prompt re-reads them, warm-up follows after the
-        debounce, and a running hover preparation steps aside (the engine is warm-up's first)."""
+        """Buffers or files changed: the prompt re-reads them and warm-up follows after the
+        debounce (hover preparation starts no new step meanwhile, and the engine runs the
+        warm-up before any preparation: `engine.request.Priority`)."""
         for path in paths:
             self.prompt.mark_dirty(path)
             self.warmup.schedule(self.settings.warmup.debounce_ms / 1000, path)
-        self.prefetch.interrupt()
 
     def reindex(self) -> int:
         """Rescans the workspace and warms it up again; returns the number of files in it."""

@@ -23,7 +23,7 @@ from engine.request import DoneEvent, Priority, PromptSegment, Request, Sampling
 from .backend import Backend
 from .prompt import WorkspacePrompt
 from .settings import Settings
-from .warmth import PrefixRecord
+from .warmth import on_warm_prefix
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,10 +101,7 @@ class Session:
         self.base = base
         self.backend = backend
         self.prompt = prompt
-        self.prefilled = PrefixRecord()
         self._running: set[str] = set()
-        # Called when an interactive request starts and ends (background work steps aside).
-        self.interactive_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -156,7 +153,8 @@ class Session:
         """Runs one backend request, streaming text to `on_text`.
 
         `on_prefill(done, total)` runs on the event loop after each prefill chunk;
-        `sampling` defaults to greedy.
+        `sampling` defaults to greedy. The backend runs requests in `priority` order
+        (interactive work first; see `engine.request.Priority`).
         Cancelling the awaiting task cancels the request (which rolls back to its
         last confirmed checkpoint) and re-raises CancelledError.
 
@@ -166,18 +164,8 @@ class Session:
         Raises:
             EngineError: The request failed (its metrics are in `counters.last_metrics`).
         """
-        hooks = self.interactive_hooks if priority == Priority.INTERACTIVE else None
-        if hooks is not None:
-            hooks[0]()
-        try:
-            request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority,
-                              sampling=sampling or SamplingParams())
-            return await self._generate(request, on_text, on_prefill)
-        finally:
-            if hooks is not None:
-                hooks[1]()
-
-    async def _generate(self, request: Request, on_text, on_prefill) -> DoneEvent:
+        request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority,
+                          sampling=sampling or SamplingParams())
         self._running.add(request.request_id)
         try:
             done = await self.backend.generate(request, on_text=on_text, on_prefill=on_prefill)
@@ -190,8 +178,6 @@ class Session:
         self.counters.last_metrics = done.metrics.as_dict()
         if done.error is not None and done.finish_reason == "error":
             raise done.error
-        if done.finish_reason in ("stop", "length"):
-            self.prefilled.record(request.segments)
         return done
 
     def warm_tokens(self, prefix: list[PromptSegment]) -> int:
@@ -199,9 +185,9 @@ class Session:
         return self.backend.probe(prefix).warm_tokens
 
     def on_warm_prefix(self, segments: list[PromptSegment]) -> list[PromptSegment]:
-        """`segments` on the last prefilled prefix while edits wait for warm-up (`PrefixRecord.on_warm_prefix`)."""
-        recorded = list(self.prefilled.segments)
-        return self.prefilled.on_warm_prefix(segments, bool(recorded) and self.backend.probe(recorded).warm)
+        """`segments` on the prefix the backend last prefilled while edits wait for warm-up
+        (`server.core.warmth.on_warm_prefix` over `Backend.warm_prefix`)."""
+        return on_warm_prefix(segments, self.backend.warm_prefix())
 
     def cancel_all(self) -> None:
         """Cancels every running request of this session (shutdown, Ctrl-C)."""

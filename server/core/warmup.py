@@ -74,7 +74,7 @@ class Warmup:
 
     def settled(self, prefix: list[PromptSegment]) -> list[PromptSegment]:
         """The prefix up to the first not-yet-warm segment of a file still being edited."""
-        warm = self.session.prefilled.common_segments(prefix)
+        warm = self.session.backend.probe(prefix).warm_segments
         editing = set(self._timers) - {ALL}
         cut = next((i for i in range(warm, len(prefix)) if prefix[i].key in editing), len(prefix))
         return prefix[:cut]

@@ -50,7 +50,27 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     assert last["startPrepared"] is True and last["recomputedTokens"] == 1
 
 
-async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hovers_own_answer(tmp_path):
+class FirstText:
+    """The session's real backend, setting `streaming` once a PREPARE request streams text
+    (a recorder around our own stack, not a stand-in: every call goes through)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.streaming = asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    async def generate(self, request, *, on_text=None, on_prefill=None):
+        def text(piece: str) -> None:
+            if request.priority == Priority.PREPARE:
+                self.streaming.set()
+            if on_text is not None:
+                on_text(piece)
+        return await self.backend.generate(request, on_text=text, on_prefill=on_prefill)
+
+
+async def test_an_ask_goes_first_and_the_preparation_it_cut_then_gives_the_hovers_own_answer(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
     (root / "calc.py").write_text("def double(x):\n    return 2 * x\n\n\ndef triple(x):\n    return 3 * x\n",
@@ -58,27 +78,27 @@ async def test_an_ask_interrupts_a_preparation_which_then_resumes_with_the_hover
     model = build_tiny_model(tmp_path / "endless", eos_token=None, hidden_size=64, num_hidden_layers=2,
                              intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
     session = await in_process_session(default_options(
-        model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1}), root)
+        model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1,
+                                                "prefetchHeads": True}), root)
+    session.backend = watched = FirstText(session.backend)
     try:
         cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
         prepared = asyncio.Event()
         prefetch = HoverPrefetch(session, cache, busy=lambda: False,
                                  on_prepared=lambda: prefetch.prepared and prepared.set())
-        session.interactive_hooks = (prefetch.interactive_started, prefetch.interactive_done)
 
         prefetch.focus_on(root / "calc.py", 1)
-        await asyncio.sleep(0)  # one loop turn: the preparation of `double` has started
-        first = prefetch._current
-        assert first is not None and not first.done()
+        await watched.streaming.wait()  # both heads prefilled; the answer of `double` is decoding
+        assert prefetch.starts == 2 and prefetch.prepared == 0
         asked = await session.generate(session.prompt.segments([Turn("user", "hi")]), max_tokens=3)
-        assert asked.finish_reason == "length" and first.cancelled() and prefetch.interrupted == 1
-        assert not prepared.is_set()
+        assert asked.finish_reason == "length" and not prepared.is_set()  # the engine ran the ask first
 
-        await prepared.wait()  # resumed after the ask
-        assert prefetch.prepared == 1 and len(cache.answers) == 1 and prefetch.starts == 2
+        await prepared.wait()  # generated again after the ask
+        assert prefetch.interrupted == 1 and prefetch.prepared == 1 and len(cache.answers) == 1
         site = cache.index.find("double", root / "calc.py", session.prompt.files)
         own = await hover._generate(session, cache, site, 0.0, Priority.INTERACTIVE)
         assert cache.answers[cache.key(site, session.prompt.files)] == own  # what the hover would generate
+        assert len(own) > 40  # long enough that the ask cut into it
     finally:
         prefetch.stop()
         session.close()

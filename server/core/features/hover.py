@@ -13,6 +13,12 @@ that names no symbol and the answer header form a *lead-in* shared by every
 hover (warm-up prefills it, see `server.core.warmup`); the model's answer is
 then started with the symbol's name ("`name` is"), so a hover computes only
 those few tokens before its first generated one.
+
+The layout is always `[lead-in][head][tail]`: the head ("`name`") is a segment
+of its own, so its end is a checkpoint that hover preparation prefills ahead
+(`hover_prefetch`) and a later hover restores; the tail (" is") is computed.
+Whether the head was prepared changes what is restored, never the tokens or
+the forward calls that follow (warm == cold).
 """
 from __future__ import annotations
 
@@ -22,20 +28,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
 from context.lru import LRUDict
 
-from engine.request import Priority, PromptSegment, token_bytes
+from engine.request import Priority, PromptSegment, SegmentKind, stable_part
 
 from ..prompt import Turn
 from ..session import Session
-from ..warmth import prefix_part
 from .symbols import DefinitionIndex, DefinitionSite
 
 logger = logging.getLogger(__name__)
 MAX_ANSWERS = 4096
-MAX_STARTS = 1024  # answer heads the engine may still hold (it evicts by its own budget)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,6 @@ class HoverCache:
         # Bounded: every edit of a definition or of what it uses makes a new key.
         self.answers: LRUDict[tuple[str, str], str] = LRUDict(MAX_ANSWERS)
         self.pending: dict[tuple[str, str], asyncio.Task] = {}
-        self.starts: LRUDict[tuple[str, tuple[int, ...]], bool] = LRUDict(MAX_STARTS)  # (lead-in digest, head)
 
     def key(self, site: DefinitionSite, files: list[Path]) -> tuple[str, str]:
         """What an answer about `site` depends on."""
@@ -98,45 +99,25 @@ def answer_start(site: DefinitionSite, stale: bool) -> tuple[str, str]:
     return f"`{name}`", " is"
 
 
-def hover_segments(session: Session, site: DefinitionSite,
-                   starts: LRUDict[tuple[str, tuple[int, ...]], bool] | None = None) -> tuple[list[PromptSegment], str]:
-    """The lead-in (on the warm prefix when allowed) and the answer start for `site`, with its text.
-
-    When `starts` says the engine holds this lead-in + answer head (prefilled by
-    `hover_prefetch`), head and tail are separate segments, so the hover restores
-    the head and computes only the tail's token; otherwise one segment (one forward call).
-    """
+def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str]:
+    """`[lead-in][head][tail]` for `site` (the lead-in on the warm prefix when allowed), and the
+    answer start's text (head + tail)."""
     current = lead_in(session)
-    segments = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
-    stale = _text_of(segments, site, session.root) != _text_of(current, site, session.root)
+    lead = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
+    stale = _text_of(lead, site, session.root) != _text_of(current, site, session.root)
     head, tail = answer_start(site, stale)
     encode = session.tokenizer.encode
-    head_ids = tuple(encode(head))
-    if starts is not None and (lead_digest(segments), head_ids) in starts:
-        return segments + [PromptSegment("answer", "hover", head_ids),
-                           PromptSegment("answer", "hover-tail", tuple(encode(tail)))], head + tail
-    return segments + [PromptSegment("answer", "hover", tuple(encode(head + tail)))], head + tail
+    return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(encode(head))),
+            PromptSegment(SegmentKind.ANSWER, "hover-tail", tuple(encode(tail)))], head + tail
 
 
-def start_segments(session: Session, site: DefinitionSite, lead: list[PromptSegment] | None = None,
-                   digest: str | None = None) -> tuple[list[PromptSegment], tuple[str, tuple[int, ...]]]:
-    """The lead-in and the answer head of `site`, and the key `hover_segments` looks for.
-
-    `lead` and its `digest` may be passed in when several heads follow one lead-in.
-    """
+def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegment] | None = None
+                  ) -> list[PromptSegment]:
+    """`[lead-in][head]` of `site` on the current prefix: what preparation prefills so that a
+    hover restores the head (`lead` may be passed in when several heads follow one lead-in)."""
     lead = lead_in(session) if lead is None else lead
-    digest = lead_digest(lead) if digest is None else digest
     head, _ = answer_start(site, False)
-    head_ids = tuple(session.tokenizer.encode(head))
-    return lead + [PromptSegment("answer", "hover", head_ids)], (digest, head_ids)
-
-
-def lead_digest(segments: list[PromptSegment]) -> str:
-    """xxh3 over the lead-in's token ids (which prefix and lead-in an answer head follows)."""
-    digest = xxhash.xxh3_64()
-    for segment in segments:
-        digest.update(token_bytes(segment.token_ids))
-    return digest.hexdigest()
+    return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(session.tokenizer.encode(head)))]
 
 
 def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | None) -> tuple[int, ...] | None:
@@ -145,7 +126,8 @@ def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | N
         key = site.path.relative_to(root).as_posix() if root is not None else str(site.path)
     except ValueError:
         return None
-    held = [s.token_ids for s in prefix_part(segments) if s.kind in ("file", "hot") and s.key == key]
+    held = [s.token_ids for s in stable_part(segments)
+            if s.kind in (SegmentKind.FILE, SegmentKind.HOT) and s.key == key]
     return tuple(held[-1]) if held else None
 
 
@@ -188,7 +170,7 @@ def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[
 async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, started: float,
                     priority: Priority = Priority.INTERACTIVE) -> str:
     """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
-    segments, start_text = hover_segments(session, site, cache.starts)
+    segments, start_text = hover_segments(session, site)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:
@@ -201,13 +183,16 @@ async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, s
         raise asyncio.CancelledError()
     if priority != Priority.INTERACTIVE:
         return _explanation(start_text, done.text)
+    prompt_tokens = sum(len(s.token_ids) for s in segments)
+    head_end = prompt_tokens - len(segments[-1].token_ids)
     session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
                                    "totalS": time.perf_counter() - started,
-                                   "promptTokens": sum(len(s.token_ids) for s in segments),
+                                   "promptTokens": prompt_tokens,
                                    "cachedTokens": done.metrics.cached_tokens,
                                    "recomputedTokens": done.metrics.recomputed_tokens,
                                    "quotesDefinition": "```" in start_text,
-                                   "startPrepared": len(segments) > 1 and segments[-2].key == "hover"}
+                                   # the head was restored (prepared, or left by an earlier hover)
+                                   "startPrepared": done.metrics.cached_tokens == head_end}
     return _explanation(start_text, done.text)
 
 
