@@ -1,16 +1,24 @@
-"""pytest-lsp harness: the real `codectx serve` over stdio with a tiny random-weight model."""
+"""pytest-lsp harness: the real `codectx serve` over stdio with a tiny random-weight model.
+
+`client` (once per client kind), `vscode_client` and `raw_client` start a server of
+their own for one test; `shared` (and
+`shared_each_kind`, once per client kind) is the module's server, shared by the
+tests that mark themselves `SHARED` (they run on the module's event loop).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import pytest_lsp
 from pytest_lsp import LanguageClient
 
 from tests.server.harness import (build_server_test_model, collect_streams, default_options, server_config, start,
                                   write_sample_workspace)
+from tests.server.shared_server import SharedServers
 
-
+KINDS = ["vscode", "neovim"]
 
 
 @pytest.fixture(scope="session")
@@ -23,15 +31,28 @@ def workspace(tmp_path) -> Path:
     return write_sample_workspace(tmp_path)
 
 
-@pytest_lsp.fixture(config=server_config(), params=["vscode", "neovim"])
+@pytest_lsp.fixture(config=server_config(), params=KINDS)
 async def client(request, lsp_client: LanguageClient, tiny_model, workspace):
-    """A server initialized with `kind` capabilities and the tiny model."""
-    lsp_client.streams = collect_streams(lsp_client)
-    lsp_client.kind = request.param
-    lsp_client.root = workspace
-    lsp_client.init_result = await start(lsp_client, request.param, workspace, default_options(tiny_model))
+    """A server of its own, initialized with `kind` capabilities and the tiny model."""
+    await _start_own(request.param, lsp_client, tiny_model, workspace)
     yield
     await lsp_client.shutdown_session()
+
+
+@pytest_lsp.fixture(config=server_config())
+async def vscode_client(lsp_client: LanguageClient, tiny_model, workspace):
+    """A server of its own, initialized with VS Code's capabilities and the tiny model
+    (for tests where the client kind does not matter)."""
+    await _start_own("vscode", lsp_client, tiny_model, workspace)
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def _start_own(kind: str, lsp_client: LanguageClient, tiny_model: Path, workspace: Path) -> None:
+    lsp_client.streams = collect_streams(lsp_client)
+    lsp_client.kind = kind
+    lsp_client.root = workspace
+    lsp_client.init_result = await start(lsp_client, kind, workspace, default_options(tiny_model))
 
 
 @pytest_lsp.fixture(config=server_config())
@@ -41,3 +62,22 @@ async def raw_client(lsp_client: LanguageClient, tiny_model, workspace):
     lsp_client.root = workspace
     yield
     await lsp_client.shutdown_session()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_servers(tiny_model, tmp_path_factory):
+    servers = SharedServers(tiny_model, tmp_path_factory.mktemp("shared"))
+    yield servers
+    await servers.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def shared(shared_servers) -> LanguageClient:
+    """The module's loaded server with VS Code's capabilities."""
+    return await shared_servers.client("vscode")
+
+
+@pytest_asyncio.fixture(loop_scope="module", params=KINDS)
+async def shared_each_kind(request, shared_servers) -> LanguageClient:
+    """The module's loaded server of each client kind (where the position encoding matters)."""
+    return await shared_servers.client(request.param)

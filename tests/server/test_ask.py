@@ -1,4 +1,8 @@
-"""codectx.ask end to end: streaming, cancellation, shutdown and edits while generating."""
+"""codectx.ask end to end: streaming, cancellation, shutdown and edits while generating.
+
+The tests share the module's server (`shared`; what they count is counted from the
+status before they start), except the shutdown test, which ends its own.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +12,9 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
 from tests.server.harness import cancel_request, command, start_command
+from tests.server.shared_server import close_document
+
+SHARED = pytest.mark.asyncio(loop_scope="module")
 
 LONG = 2000  # decode budget large enough to still be running when the test cancels
 # Checked on the tiny model: greedy output for this question does not reach EOS within LONG tokens.
@@ -27,7 +34,17 @@ async def status(client) -> dict:
     return await command(client, "codectx.status")
 
 
-async def test_stream_concatenation_equals_result(client):
+async def stream_done(client, count: int = 1) -> None:
+    """Waits until `count` streams have sent their last notification (a cancelled
+    request's answer may be handled before it)."""
+    while sum(p.done for p in client.streams) < count:
+        await client.wait_for_notification("codectx/stream")
+
+
+@SHARED
+async def test_stream_concatenation_equals_result(shared):
+    client = shared
+    client.progress_reports.clear()
     result = await command(client, "codectx.ask", question="What does add do?", maxTokens=12)
     assert result["text"] and result["text"] == streamed(client)
     assert client.streams[-1].done is True and client.streams[-1].finishReason == result["finishReason"]
@@ -38,14 +55,19 @@ async def test_stream_concatenation_equals_result(client):
     assert any(r.kind == "report" and r.message == client.streams[0].text for r in reports)
 
 
-async def test_greedy_answer_is_repeatable_within_a_conversation_free_ask(client):
+@SHARED
+async def test_greedy_answer_is_repeatable_within_a_conversation_free_ask(shared):
+    client = shared
     first = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
     second = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
     assert first["text"] == second["text"]
     assert first["conversationId"] != second["conversationId"]
 
 
-async def test_cancel_mid_decode_then_a_correct_request(client):
+@SHARED
+async def test_cancel_mid_decode_then_a_correct_request(shared):
+    client = shared
+    before = await status(client)
     reference = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
     client.streams.clear()
     task = start_command(client, "ask-1", "codectx.ask", question=ENDLESS, maxTokens=LONG)
@@ -54,17 +76,20 @@ async def test_cancel_mid_decode_then_a_correct_request(client):
     with pytest.raises(JsonRpcException) as info:
         await task
     assert info.value.code == -32800
-    while not any(p.done for p in client.streams):
-        await client.wait_for_notification("codectx/stream")
+    await stream_done(client)
     assert [p.finishReason for p in client.streams if p.done] == ["cancelled"]
     after = await command(client, "codectx.ask", question="Explain greet.", maxTokens=10)
     assert after["text"] == reference["text"]
     state = await status(client)
-    assert state["counters"]["cancelled"] == 1 and state["engine"]["requests_cancelled"] == 1
-    assert state["engine"]["decode_tokens"] < 3 * 10 + LONG
+    assert state["counters"]["cancelled"] == before["counters"]["cancelled"] + 1
+    assert state["engine"]["requests_cancelled"] == before["engine"]["requests_cancelled"] + 1
+    assert state["engine"]["decode_tokens"] - before["engine"]["decode_tokens"] < 3 * 10 + LONG
 
 
-async def test_cancel_mid_prefill_then_a_correct_request(client):
+@SHARED
+async def test_cancel_mid_prefill_then_a_correct_request(shared):
+    client = shared
+    before = await status(client)
     big = "\n".join(f"def f{i}(x):\n    return x * {i}  # {'ü' * (i % 5)}" for i in range(80))
     (client.root / "big.py").write_text(big, encoding="utf-8")
     await command(client, "codectx.reindex")
@@ -85,10 +110,16 @@ async def test_cancel_mid_prefill_then_a_correct_request(client):
     after = await command(client, "codectx.ask", question="Explain greet.", maxTokens=6)
     assert after["text"] == reference["text"]
     state = await status(client)
-    assert state["engine"]["requests_cancelled"] == 1
+    assert state["engine"]["requests_cancelled"] == before["engine"]["requests_cancelled"] + 1
+    await stream_done(client, count=3)  # reference, cancelled, after
+    (client.root / "big.py").unlink()  # the module's workspace as it was
+    await command(client, "codectx.reindex")
 
 
-async def test_progress_cancel_answers_the_request_as_cancelled(client):
+@SHARED
+async def test_progress_cancel_answers_the_request_as_cancelled(shared):
+    client = shared
+    before = await status(client)
     client.progress_reports.clear()
     task = asyncio.ensure_future(command(client, "codectx.ask", question=ENDLESS, maxTokens=LONG))
     await first_stream_token(client)
@@ -97,12 +128,16 @@ async def test_progress_cancel_answers_the_request_as_cancelled(client):
     with pytest.raises(JsonRpcException) as info:
         await task
     assert info.value.code == -32800
+    await stream_done(client)
     state = await status(client)
-    assert state["counters"]["cancelled"] == 1
+    assert state["counters"]["cancelled"] == before["counters"]["cancelled"] + 1
     assert state["server"]["progressTokens"] == 0
 
 
-async def test_did_change_storm_during_generation_leaks_nothing(client):
+@SHARED
+async def test_did_change_storm_during_generation_leaks_nothing(shared):
+    client = shared
+    before = await status(client)
     uri = (client.root / "util.py").as_uri()
     text = (client.root / "util.py").read_text(encoding="utf-8")
     client.text_document_did_open(types.DidOpenTextDocumentParams(
@@ -117,12 +152,15 @@ async def test_did_change_storm_during_generation_leaks_nothing(client):
     result = await task
     assert result["text"] == streamed(client)
     state = await status(client)
-    assert state["prefixVersion"] == 200
+    assert state["prefixVersion"] == before["prefixVersion"] + 200
     # Only the status request itself is in flight: no entry per notification or command.
+    assert before["server"]["openDocuments"] == 0
     assert state["server"] == {"pendingRequests": 1, "progressTokens": 0, "openDocuments": 1}
+    close_document(client, client.root / "util.py")
 
 
-async def test_shutdown_with_a_request_in_flight(client):
+async def test_shutdown_with_a_request_in_flight(vscode_client):
+    client = vscode_client
     task = asyncio.ensure_future(command(client, "codectx.ask", question=ENDLESS, maxTokens=LONG))
     await first_stream_token(client)
     assert await client.shutdown_async(None) is None
@@ -134,8 +172,11 @@ async def test_shutdown_with_a_request_in_flight(client):
     client.capabilities = None  # already shut down; the fixture must not repeat it
 
 
-async def test_a_client_work_done_token_carries_the_stream(client):
-    token = f"client-token-{client.kind}"
+@SHARED
+async def test_a_client_work_done_token_carries_the_stream(shared):
+    client = shared
+    client.progress_reports.clear()
+    token = "client-token"
     client.progress_reports[token] = []  # the client created it; the server must not create another
     result = await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command="codectx.ask", arguments=[{"question": "What does add do?", "maxTokens": 8}],

@@ -1,18 +1,35 @@
-"""Start-up over stdio: capabilities, encodings, settings, progress, document sync."""
+"""Start-up over stdio: capabilities, encodings, settings, progress, document sync.
+
+Tests that only read what start-up did share the module's servers (`shared`,
+`shared_each_kind`); those that start with their own options or change settings
+start a server of their own. How window settings reach the engine is checked in
+process, through the core (`SessionHost.apply_settings`).
+"""
 from __future__ import annotations
 
 import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
+from server.core.features import ask as ask_feature
+from server.core.features import status as status_feature
+from server.core.host import SessionHost
+from server.core.session import LoadingSession
+from server.core.settings import parse_settings
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
 from tests.server.harness import command, default_options, start
+
+SHARED = pytest.mark.asyncio(loop_scope="module")
 
 
 async def status(client) -> dict:
     return await command(client, "codectx.status")
 
 
-async def test_capabilities_and_negotiated_encoding(client):
+@SHARED
+async def test_capabilities_and_negotiated_encoding(shared_each_kind):
+    client = shared_each_kind
     caps = client.init_result.capabilities
     expected = "utf-8" if client.kind == "neovim" else "utf-16"
     assert caps.position_encoding == expected
@@ -22,12 +39,14 @@ async def test_capabilities_and_negotiated_encoding(client):
     assert result["positionEncoding"] == expected
 
 
-async def test_model_load_reports_progress_and_becomes_ready(client):
+@SHARED
+async def test_model_load_reports_progress_and_becomes_ready(shared):
+    client = shared
     await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command="codectx.ask", arguments=[{"question": "hi", "maxTokens": 1}]))
     result = await status(client)
     assert result["ready"] is True and result["model"]
-    load = next(reports for token, reports in client.progress_reports.items() if str(token).startswith("codectx-load"))
+    load = client.load_reports  # the `codectx-load-*` progress of the server's start-up
     assert [r.kind for r in load] == ["begin", "report", "end"]
     assert load[0].title == "codectx: loading model" and load[1].message.startswith("scanning ")
 
@@ -43,14 +62,18 @@ async def test_invalid_settings_show_message_and_fall_back(raw_client, tiny_mode
     assert result["positionEncoding"] == "utf-16"
 
 
-async def test_unknown_command_is_invalid_params(client):
+@SHARED
+async def test_unknown_command_is_invalid_params(shared):
+    client = shared
     with pytest.raises(JsonRpcException) as info:
         await client.workspace_execute_command_async(
             types.ExecuteCommandParams(command="codectx.nope", arguments=[]))
     assert info.value.code == -32602 and "codectx.nope" in info.value.message
 
 
-async def test_bad_ask_arguments_are_invalid_params(client):
+@SHARED
+async def test_bad_ask_arguments_are_invalid_params(shared):
+    client = shared
     with pytest.raises(JsonRpcException) as info:
         await client.workspace_execute_command_async(
             types.ExecuteCommandParams(command="codectx.ask", arguments=[{"question": ""}]))
@@ -67,29 +90,49 @@ async def test_missing_model_is_reported(raw_client, tmp_path):
     assert any(m.type == types.MessageType.Error for m in raw_client.messages)
 
 
-async def test_configuration_change_applies_without_restart(client):
-    client.set_configuration({"ask": {"maxTokens": 2}, "hover": {"maxTokens": "many"}}, section="codectx")
+async def test_configuration_change_applies_without_restart(vscode_client, tiny_model):
+    client = vscode_client
+    # The whole section, as editors send it (a section without a model names the default model).
+    client.set_configuration(dict(default_options(tiny_model), ask={"maxTokens": 2}, hover={"maxTokens": "many"}),
+                             section="codectx")
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
     await client.wait_for_notification(types.WINDOW_SHOW_MESSAGE)
     assert "hover.maxTokens" in client.messages[-1].message
     result = await command(client, "codectx.ask", question="Explain greet.")
     assert result["metrics"]["decode_tokens"] <= 2
+    assert (await status(client))["model"] == (await status(client))["engine"]["model_id"] != "smollm2-135m"
 
 
-async def test_window_settings_reach_the_engine(client):
-    await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
-    again = await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
-    assert again["metrics"]["cached_tokens"] > 0
-    state = await status(client)
-    assert state["engine"]["window"] == {"enabled": True, "global_tokens": 8192, "window_tokens": 8192,
-                                         "dense_tail": 2048, "continuation_tail": 128, "form": "block"}
+async def test_window_settings_reach_the_engine(tiny_model, workspace):
+    """In process: new window settings reach the loaded engine (the transport's part,
+    `workspace/didChangeConfiguration`, is the test above)."""
+    settings, problems = parse_settings(default_options(tiny_model))
+    assert problems == []
+    host = SessionHost(LoadingSession(settings, DocumentStore(UTF16), workspace))
+    session = await host.load()
+    try:
+        await ask(session, maxTokens=1)
+        again = await ask(session, maxTokens=1)
+        assert again["metrics"]["cached_tokens"] > 0
+        assert engine_window(host) == {"enabled": True, "global_tokens": 8192, "window_tokens": 8192,
+                                       "dense_tail": 2048, "continuation_tail": 128, "form": "block"}
 
-    window = {"globalTokens": 16, "windowTokens": 32, "denseTailTokens": 8, "continuationTailTokens": 4}
-    client.set_configuration({"window": window, "hover": {"maxTokens": "many"}}, section="codectx")
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
-    await client.wait_for_notification(types.WINDOW_SHOW_MESSAGE)  # sent once the settings are applied
-    windowed = await command(client, "codectx.ask", question="Explain greet.", maxTokens=1)
-    assert windowed["metrics"]["cached_tokens"] == 0  # checkpoints of the old policy are not reused
-    state = await status(client)
-    assert state["engine"]["window"] == {"enabled": True, "global_tokens": 16, "window_tokens": 32,
-                                         "dense_tail": 8, "continuation_tail": 4, "form": "block"}
+        window = {"globalTokens": 16, "windowTokens": 32, "denseTailTokens": 8, "continuationTailTokens": 4}
+        changed, problems = parse_settings(dict(default_options(tiny_model), window=window))
+        assert problems == [] and host.apply_settings(changed) is False  # no restart needed
+        windowed = await ask(session, maxTokens=1)
+        assert windowed["metrics"]["cached_tokens"] == 0  # checkpoints of the old policy are not reused
+        assert engine_window(host) == {"enabled": True, "global_tokens": 16, "window_tokens": 32,
+                                       "dense_tail": 8, "continuation_tail": 4, "form": "block"}
+    finally:
+        host.close()
+
+
+async def ask(session, maxTokens: int) -> dict:  # noqa: N803 - the command's argument name
+    result = await ask_feature.ask(session, "Explain greet.", on_text=lambda text: None,
+                                   conversations=ask_feature.Conversations(), max_tokens=maxTokens)
+    return result.as_dict()
+
+
+def engine_window(host: SessionHost) -> dict:
+    return status_feature.status(host.base, host.ready_now(), "utf-16", {})["engine"]["window"]

@@ -16,7 +16,8 @@ async def context_rows(client) -> dict[str, dict]:
     return {row["key"]: row for row in rows if row["kind"] in ("file", "hot")}
 
 
-async def test_file_events_update_the_prefix(client):
+async def test_file_events_update_the_prefix(vscode_client):
+    client = vscode_client
     before = await context_rows(client)
     assert {"util.py", "main.py"} <= set(before) and "extra.py" not in before
 
