@@ -147,3 +147,35 @@ async def in_process_session(options: dict, root: Path):
     base = LoadingSession(settings, DocumentStore(UTF16), root)
     backend = await asyncio.to_thread(start_backend, settings)
     return Session(base, backend, workspace_prompt(base, backend.tokenizer))
+
+
+async def loaded_host(options: dict, root: Path):
+    """A `SessionHost` over `root`, loaded with the real backend and the server's prompt,
+    warm-up and hover preparation: what a server holds after start-up, without the
+    transport (for feature tests through the core). Close it when done."""
+    from server.core.host import SessionHost
+    from server.core.session import LoadingSession
+    from server.core.settings import parse_settings
+    from server.lsp.convert import UTF16
+    from server.lsp.documents import DocumentStore
+
+    settings, problems = parse_settings(options)
+    assert problems == [], problems
+    host = SessionHost(LoadingSession(settings, DocumentStore(UTF16), root))
+    await host.load()
+    return host
+
+
+def edit_buffer(host, path: Path, version: int, line: int, text: str) -> None:
+    """What the server does on didOpen (at version 1) or didChange: `text` inserted at the
+    start of 0-based `line` of `path`'s buffer, and the host told."""
+    documents = host.base.documents
+    if documents.by_path(path) is None:
+        documents.open(types.TextDocumentItem(uri=path.as_uri(), language_id="python", version=1,
+                                              text=path.read_text(encoding="utf-8")))
+        host.reread(path)
+    at = types.Position(line, 0)
+    documents.change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=path.as_uri(), version=version),
+        content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=text)]))
+    host.changed([path])

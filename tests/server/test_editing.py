@@ -1,13 +1,29 @@
-"""Hover and code actions end to end, including applying the returned edits."""
+"""Hover and code actions end to end, including applying the returned edits.
+
+The end-to-end tests share the module's server of each client kind (`shared_each_kind`:
+the edits are applied in the negotiated position encoding); each leaves the server as
+it found it (documents closed, files removed) and counts from the status before it.
+What only the core decides (a hover over its latency budget, a hover right after an
+edit) is checked in process through the core.
+"""
 from __future__ import annotations
 
 import ast
+import asyncio
+import shutil
 
+import pytest
 from lsprotocol import types
 
 from pytest_lsp import client_capabilities
 
-from tests.server.harness import apply_edits, command, default_options, open_document, start
+from server.core.features import ask as ask_feature
+from server.core.features import hover as hover_feature
+from server.core.features import status as status_feature
+from tests.server.harness import apply_edits, command, default_options, edit_buffer, loaded_host, open_document
+from tests.server.shared_server import close_document
+
+SHARED = pytest.mark.asyncio(loop_scope="module")
 
 ADD_LINE = 4  # `    print(greet("café"), add(1, 2))` in main.py
 
@@ -38,8 +54,11 @@ async def hover_counts(client) -> tuple[int, int]:
     return counters["hovers"], counters["hoverCacheHits"]
 
 
-async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
-    await command(client, "codectx.ask", question="hi", maxTokens=1)  # model loaded
+@SHARED
+async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(shared_each_kind):
+    """The only test of the module's servers that hovers `add` or `main`: the first hovers miss."""
+    client = shared_each_kind
+    hovers, hits = await hover_counts(client)
     main_uri = open_document(client, client.root / "main.py")
     position = add_position(client)  # after "café" on its line: non-ASCII columns
     first = await hover(client, main_uri, position)
@@ -52,7 +71,7 @@ async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
     last = (await command(client, "codectx.status"))["lastHover"]
     assert 0 < last["firstTokenS"] <= last["totalS"] and last["promptTokens"] > 0
     assert (await hover(client, main_uri, main_position)).contents.value == main_first.contents.value
-    assert await hover_counts(client) == (3, 1)
+    assert await hover_counts(client) == (hovers + 3, hits + 1)
 
     util_uri = open_document(client, client.root / "util.py")
     insert_line(client, util_uri, 2, 0, "# edited\n")  # same file, but nothing add or main uses
@@ -60,35 +79,48 @@ async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(client):
     assert "**add** (function, `util.py:5`)" in moved.contents.value  # the new place, the cached answer
     assert moved.contents.value.split("\n\n")[1] == first.contents.value.split("\n\n")[1]
     assert (await hover(client, main_uri, main_position)).contents.value == main_first.contents.value
-    assert await hover_counts(client) == (5, 3)
+    assert await hover_counts(client) == (hovers + 5, hits + 3)
 
     insert_line(client, util_uri, 3, 10, "    name = name.strip()\n")  # inside greet, which main uses
     await hover(client, main_uri, main_position)
-    assert await hover_counts(client) == (6, 3)  # main regenerated
+    assert await hover_counts(client) == (hovers + 6, hits + 3)  # main regenerated
     await hover(client, main_uri, position)
-    assert await hover_counts(client) == (7, 4)  # add does not use greet: still cached
+    assert await hover_counts(client) == (hovers + 7, hits + 4)  # add does not use greet: still cached
+    for name in ("main.py", "util.py"):
+        close_document(client, client.root / name)
 
 
-async def test_hover_over_budget_returns_signature_and_docstring(raw_client, tiny_model):
-    raw_client.init_result = await start(raw_client, "vscode", raw_client.root,
-                                         default_options(tiny_model, hover={"latencyBudgetMs": 0}))
-    await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
-    uri = open_document(raw_client, raw_client.root / "main.py")
-    result = await hover(raw_client, uri, add_position(raw_client))
-    assert result.contents.value == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
-    # The answer is still being generated; the engine serves equal priorities in order,
-    # so once a later ask is answered the hover's answer is in the cache.
-    await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
-    filled = await hover(raw_client, uri, add_position(raw_client))
-    assert filled.contents.value != result.contents.value
-    assert filled.contents.value.startswith("**add** (function, `util.py:4`)\n\n")
-    assert filled.contents.value.endswith("```\ndef add(a, b):\n```")
-    state = await command(raw_client, "codectx.status")
-    assert (state["counters"]["hovers"], state["counters"]["hoverCacheHits"]) == (2, 1)
+async def test_hover_over_budget_returns_signature_and_docstring(tiny_model, workspace):
+    """In process: the budget's fallback, and the answer that lands in the cache meanwhile."""
+    host = await loaded_host(default_options(tiny_model, hover={"latencyBudgetMs": 0}), workspace)
+    session = host.ready_now()
+    try:
+        result = await explain(session, "add", workspace / "main.py")
+        assert result.source == "signature"
+        assert result.markdown == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
+        # The answer is still being generated; the engine serves equal priorities in order,
+        # so once a later ask is answered the hover's answer is done too (and then stored).
+        await ask_feature.ask(session, "hi", on_text=lambda text: None, conversations=ask_feature.Conversations(),
+                              max_tokens=1)
+        await asyncio.gather(*session.hover_cache.pending.values())
+        filled = await explain(session, "add", workspace / "main.py")
+        assert filled.source == "cache" and filled.markdown != result.markdown
+        assert filled.markdown.startswith("**add** (function, `util.py:4`)\n\n")
+        assert filled.markdown.endswith("```\ndef add(a, b):\n```")
+        counters = session.counters
+        assert (counters.hovers, counters.hover_cache_hits) == (2, 1)
+    finally:
+        host.close()
 
 
-async def test_code_actions_list_instantly_and_resolve(client):
-    await command(client, "codectx.ask", question="hi", maxTokens=1)
+async def explain(session, name: str, current):
+    """What the hover handler asks the core for `name` under the cursor in `current`."""
+    return await hover_feature.explain(session, session.hover_cache, name, current, session.prompt.files)
+
+
+@SHARED
+async def test_code_actions_list_instantly_and_resolve(shared_each_kind):
+    client = shared_each_kind
     uri = open_document(client, client.root / "util.py")
     text = (client.root / "util.py").read_text(encoding="utf-8")
     rng = types.Range(start=types.Position(9, 4), end=types.Position(9, 10))  # inside greet
@@ -134,9 +166,12 @@ async def test_code_actions_list_instantly_and_resolve(client):
     found = await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command=bugs.command.command, arguments=bugs.command.arguments))
     assert len(client.diagnostics[uri]) == found["diagnostics"] >= 1
+    close_document(client, client.root / "util.py")
 
 
-async def test_write_tests_extends_an_existing_test_file(client):
+@SHARED
+async def test_write_tests_extends_an_existing_test_file(shared_each_kind):
+    client = shared_each_kind
     existing = "from util import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
     (client.root / "tests").mkdir()
     (client.root / "tests" / "test_util.py").write_text(existing, encoding="utf-8")
@@ -153,6 +188,8 @@ async def test_write_tests_extends_an_existing_test_file(client):
     assert extended.startswith(existing)
     tests = [n.name for n in ast.parse(extended).body if isinstance(n, ast.FunctionDef)]
     assert tests[0] == "test_add" and len(tests) >= 2 and len(set(tests)) == len(tests)
+    close_document(client, client.root / "util.py")
+    shutil.rmtree(client.root / "tests")  # the module's workspace as it was
 
 
 async def test_hover_positions_in_utf32(raw_client, tiny_model):
@@ -171,7 +208,9 @@ async def test_hover_positions_in_utf32(raw_client, tiny_model):
     assert (result.range.start.character, result.range.end.character) == (column, column + 3)
 
 
-async def test_find_bugs_publishes_diagnostics_cleared_on_change(client):
+@SHARED
+async def test_find_bugs_publishes_diagnostics_cleared_on_change(shared_each_kind):
+    client = shared_each_kind
     uri = open_document(client, client.root / "util.py")
     rng = {"start": {"line": 3, "character": 0}, "end": {"line": 6, "character": 0}}
     result = await command(client, "codectx.findBugs", uri=uri, range=rng)
@@ -185,20 +224,27 @@ async def test_find_bugs_publishes_diagnostics_cleared_on_change(client):
             range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="#\n")]))
     await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     assert list(client.diagnostics[uri]) == []
+    close_document(client, client.root / "util.py")
 
 
-async def test_hover_right_after_an_edit_reads_the_warm_prefix(client):
-    await command(client, "codectx.ask", question="hi", maxTokens=1)  # prefills the prefix
-    warm = await command(client, "codectx.showContext")
-    warm_tokens = sum(row["tokens"] for row in warm["segments"])
-    util_uri = open_document(client, client.root / "util.py")
-    insert_line(client, util_uri, 2, 0, "# edited, not prefilled yet\n")
-    edited = await command(client, "codectx.showContext")
-    assert {row["cache"] for row in edited["segments"]} != {"cached"}
-    await hover(client, util_uri, types.Position(9, 5))  # `def greet`, one line lower now
-    state = await command(client, "codectx.status")
-    metrics = state["lastMetrics"]
-    # The whole warm prefix was restored; only the hover lead-in and answer start were prefilled.
-    assert metrics["cached_tokens"] == warm_tokens
-    assert metrics["recomputed_tokens"] == state["lastHover"]["promptTokens"] - warm_tokens
-    assert state["lastHover"]["quotesDefinition"] is True  # util.py changed: greet's current text is quoted
+async def test_hover_right_after_an_edit_reads_the_warm_prefix(tiny_model, workspace):
+    """In process: a hover right after an edit restores the whole warm prefix."""
+    host = await loaded_host(default_options(tiny_model), workspace)
+    session = host.ready_now()
+    try:
+        await ask_feature.ask(session, "hi", on_text=lambda text: None, conversations=ask_feature.Conversations(),
+                              max_tokens=1)  # prefills the prefix
+        warm = status_feature.show_context(session, session.warmup.segment_states())
+        warm_tokens = sum(row["tokens"] for row in warm["segments"])
+        edit_buffer(host, workspace / "util.py", 2, 0, "# edited, not prefilled yet\n")
+        edited = status_feature.show_context(session, session.warmup.segment_states())
+        assert {row["cache"] for row in edited["segments"]} != {"cached"}
+        answer = await explain(session, "greet", workspace / "util.py")  # `def greet`, one line lower now
+        assert answer.source == "model"
+        metrics, last = session.counters.last_metrics, session.counters.last_hover
+        # The whole warm prefix was restored; only the hover lead-in and answer start were prefilled.
+        assert metrics["cached_tokens"] == warm_tokens
+        assert metrics["recomputed_tokens"] == last["promptTokens"] - warm_tokens
+        assert last["quotesDefinition"] is True  # util.py changed: greet's current text is quoted
+    finally:
+        host.close()
