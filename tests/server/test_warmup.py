@@ -1,12 +1,27 @@
-"""Background warm-up after start-up and after edits (per-file debounce, preemption); the context view."""
+"""Background warm-up after start-up and after edits (per-file debounce, preemption); the context view.
+
+Warm-up end to end (`codectx/warmth`) runs on a server of its own; the context view and
+reset share the module's server; debounce and preemption are checked in process
+through the core.
+"""
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from lsprotocol import types
 
+from server.core.features import ask as ask_feature
+from server.core.host import SessionHost
+from server.core.session import LoadingSession
+from server.core.settings import parse_settings
 from server.core.warmup import Warmup
+from server.lsp.convert import UTF16
+from server.lsp.documents import DocumentStore
 from tests.server.harness import command, default_options, in_process_session, open_document, start
+from tests.server.shared_server import close_document
+
+SHARED = pytest.mark.asyncio(loop_scope="module")
 
 
 def finished(client) -> list:
@@ -69,20 +84,35 @@ async def test_prefix_warms_up_after_start_and_after_an_edit(raw_client, tiny_mo
     assert 0 < hovered["recomputedTokens"] <= 8 and hovered["quotesDefinition"] is False
 
 
-async def test_an_ask_preempts_a_running_warm_up(raw_client, tiny_model):
-    (raw_client.root / "big.py").write_text(big_module(200), encoding="utf-8")
-    watch_warmth(raw_client)
-    await start(raw_client, "vscode", raw_client.root,
-                default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0}))
-    while not raw_client.warmth:  # the start-up warm-up has prefilled its first chunk
-        await raw_client.wait_for_notification("codectx/warmth")
-    assert raw_client.warmth[0].running is True and raw_client.warmth[0].prefilled < raw_client.warmth[0].prefixTokens
-    answer = await command(raw_client, "codectx.ask", question="hi", maxTokens=1)
-    assert finished(raw_client) == []  # answered before the background warm-up ended
-    assert answer["metrics"]["cached_tokens"] > 0  # restored what the warm-up had confirmed
-    done = await next_finished(raw_client, 0)
-    assert done.warm is True and done.runs == 1
-    assert done.lastRun.cachedTokens > 0  # the ask prefilled the rest of the prefix
+async def test_an_ask_preempts_a_running_warm_up(workspace, tiny_model):
+    """In process: the host's start-up warm-up, and an ask made while it runs."""
+    (workspace / "big.py").write_text(big_module(200), encoding="utf-8")
+    settings, problems = parse_settings(default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0}))
+    assert problems == []
+    progress, finished_runs = asyncio.Event(), asyncio.Queue()
+    first: list[dict] = []
+
+    def on_warmth(state: dict) -> None:
+        if "prefilled" in state:  # progress of a running warm-up
+            first.append(state)
+            progress.set()
+        else:
+            finished_runs.put_nowait(state)
+
+    host = SessionHost(LoadingSession(settings, DocumentStore(UTF16), workspace), on_warmth)
+    try:
+        session = await host.load()  # starts the warm-up
+        await progress.wait()  # the start-up warm-up has prefilled its first chunk
+        assert first[0]["running"] is True and first[0]["prefilled"] < first[0]["prefixTokens"]
+        answer = await ask_feature.ask(session, "hi", on_text=lambda text: None,
+                                       conversations=ask_feature.Conversations(), max_tokens=1)
+        assert finished_runs.empty()  # answered before the background warm-up ended
+        assert answer.metrics["cached_tokens"] > 0  # restored what the warm-up had confirmed
+        done = await finished_runs.get()
+        assert done["warm"] is True and done["runs"] == 1
+        assert done["lastRun"]["cachedTokens"] > 0  # the ask prefilled the rest of the prefix
+    finally:
+        host.close()
 
 
 async def test_warm_up_is_debounced_per_file(tmp_path, tiny_model):
@@ -128,7 +158,9 @@ async def test_warm_up_is_debounced_per_file(tmp_path, tiny_model):
         session.close()
 
 
-async def test_show_context_lists_the_layout(client):
+@SHARED
+async def test_show_context_lists_the_layout(shared):
+    client = shared
     await command(client, "codectx.ask", question="hi", maxTokens=1)
     result = await command(client, "codectx.showContext")
     keys = [row["key"] for row in result["segments"]]
@@ -148,9 +180,12 @@ async def test_show_context_lists_the_layout(client):
     states = [row["cache"] for row in edited["segments"]]
     changed = max(i for i, row in enumerate(edited["segments"]) if row["key"] == "util.py")
     assert states[changed] == "cold" and "cached" in states[:changed]
+    close_document(client, client.root / "util.py")
 
 
-async def test_reset_forgets_conversations(client):
+@SHARED
+async def test_reset_forgets_conversations(shared):
+    client = shared
     first = await command(client, "codectx.ask", question="Q1", maxTokens=2)
     assert (await command(client, "codectx.reset")) == {"reset": True}
     again = await command(client, "codectx.ask", question="Q1", maxTokens=2,
