@@ -1,8 +1,9 @@
 """The converted default model's manifest: damage is found, named and repaired, never loaded.
 
 The manifest checks run on a tiny random-weight model directory. The repair tests use the
-real default model's GGUF (the session's `default_model_path`), converted once into an
-isolated `CODECTX_HOME` and copied per test, and drive the real `codectx ask` and
+real default model, converted once per run (the session's `default_model_path`): each test
+gets an isolated `CODECTX_HOME` whose files are hard links to that conversion (a damaged
+file is copied before it is changed in place), and drives the real `codectx ask` and
 `codectx doctor` in subprocesses.
 """
 from __future__ import annotations
@@ -38,6 +39,10 @@ def model_dir(tiny_dir, tmp_path) -> Path:
 
 
 def _flip(path: Path, offset: int) -> None:
+    if path.stat().st_nlink > 1:  # a link to the run's model: damage a copy of its own
+        copy = path.with_name(path.name + ".copy")
+        shutil.copy2(path, copy)
+        copy.replace(path)
     with open(path, "r+b") as handle:
         handle.seek(offset)
         byte = handle.read(1)
@@ -77,20 +82,11 @@ def test_the_kept_gguf_is_left_to_its_sha256(model_dir):
 # -- repairs of the real default model ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pristine_home(default_model_path, tmp_path_factory) -> Path:
-    """A CODECTX_HOME holding the default model converted from the session's GGUF."""
-    home = tmp_path_factory.mktemp("pristine-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CODECTX_HOME", str(home))
-        ensure_default_model(progress=False, gguf_source=default_model_path / GGUF_NAME)
-    return home
-
-
 @pytest.fixture
-def home(pristine_home, tmp_path, monkeypatch) -> Path:
+def home(default_model_path, tmp_path, monkeypatch) -> Path:
+    """A CODECTX_HOME holding the run's converted default model (hard links)."""
     home = tmp_path / "home"
-    shutil.copytree(pristine_home / "models", home / "models")
+    shutil.copytree(default_model_path, home / "models" / default_model_path.name, copy_function=os.link)
     monkeypatch.setenv("CODECTX_HOME", str(home))
     return home
 
