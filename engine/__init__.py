@@ -15,7 +15,7 @@ _LAZY = {
     "RequestHandle": "engine.handle",
     "load_model": "engine.loading",
     "LoadedModel": "engine.loading",
-    "ComputeOptions": "engine.compute",
+    "ComputeOptions": "engine.compute_options",
 }
 
 __all__ = sorted(_LAZY)

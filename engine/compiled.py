@@ -1,8 +1,9 @@
 """A compiled decode step (`mx.compile`) over the model's own KV caches.
 
-One token per call for plain decoding (`decode_step_for`); up to
-`VERIFY_MAX_TOKENS` per call for speculative verification (`verify_step_for`:
-the last token and the drafts in one forward, traced once per length).
+One token per call for plain decoding; up to `VERIFY_MAX_TOKENS` per call for
+speculative verification (the last token and the drafts in one forward, traced
+once per length). `engine.compute.ComputePath` owns one step of each kind per
+engine, when its path compiles.
 
 mlx-lm caches are Python objects whose ``offset`` is an int and whose
 ``update_and_fetch`` returns a slice that grows by one each step, so compiling
@@ -59,7 +60,7 @@ class _BufferCache:
 
 
 VERIFY_MAX_TOKENS = 16
-"""Longest input `verify_step_for` compiles (the last token plus 15 drafts)."""
+"""Longest input the verify step compiles (the last token plus 15 drafts)."""
 
 
 class CompiledDecodeStep:

@@ -1,9 +1,9 @@
 """pytest-lsp harness: the real `codectx serve` over stdio with a tiny random-weight model.
 
 `client` (once per client kind), `vscode_client` and `raw_client` start a server of
-their own for one test; `shared` (and
-`shared_each_kind`, once per client kind) is the module's server, shared by the
-tests that mark themselves `SHARED` (they run on the module's event loop).
+their own for one test; `shared` (and `shared_each_kind`, once per client kind) is the
+run's server, shared by the tests that mark themselves `SHARED` (they run on the
+session's event loop; see tests/server/shared_server.py).
 """
 from __future__ import annotations
 
@@ -64,20 +64,20 @@ async def raw_client(lsp_client: LanguageClient, tiny_model, workspace):
     await lsp_client.shutdown_session()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def shared_servers(tiny_model, tmp_path_factory):
     servers = SharedServers(tiny_model, tmp_path_factory.mktemp("shared"))
     yield servers
     await servers.close()
 
 
-@pytest_asyncio.fixture(loop_scope="module")
+@pytest_asyncio.fixture(loop_scope="session")
 async def shared(shared_servers) -> LanguageClient:
-    """The module's loaded server with VS Code's capabilities."""
+    """The run's loaded server with VS Code's capabilities."""
     return await shared_servers.client("vscode")
 
 
-@pytest_asyncio.fixture(loop_scope="module", params=KINDS)
+@pytest_asyncio.fixture(loop_scope="session", params=KINDS)
 async def shared_each_kind(request, shared_servers) -> LanguageClient:
-    """The module's loaded server of each client kind (where the position encoding matters)."""
+    """The run's loaded server of each client kind (where the position encoding matters)."""
     return await shared_servers.client(request.param)

@@ -1,14 +1,18 @@
-"""One real `codectx serve` per client kind, shared by the tests of a module.
+"""One real `codectx serve` per client kind, shared by the end-to-end tests of a run.
 
 Starting a server process and loading the model costs about two seconds; most
 end-to-end tests need a loaded server, not a new one. `SharedServers` starts
 one server per client kind on first use (over its own sample workspace), waits
 until the model is loaded (the load progress is kept in `load_reports`) and
-ends them when the module is done. Tests that share a server leave it as they
+ends them when the run is done. Tests that share a server leave it as they
 found it: they close the documents they open and remove the files they add;
-counters they check are counted from what status said before they started.
+counters they check are counted from what status said before they started; and
+only tests/server/test_editing.py hovers there (a hover answer stays cached).
 Tests that need a server of their own (start-up options, shutdown) use the
-function-scoped `client` fixture instead.
+function-scoped `client` fixtures instead.
+
+A test on a shared server is marked `SHARED`: it runs on the session's event
+loop, where the servers' clients live.
 """
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from tests.server.harness import collect_streams, default_options, server_config, start, write_sample_workspace
 
 
+SHARED = pytest.mark.asyncio(loop_scope="session")
 LOAD_TIMEOUT_S = 120  # a loaded 2-core machine loads the tiny model in seconds
 
 

@@ -12,9 +12,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
 from tests.server.harness import cancel_request, command, start_command
-from tests.server.shared_server import close_document
-
-SHARED = pytest.mark.asyncio(loop_scope="module")
+from tests.server.shared_server import SHARED, close_document
 
 LONG = 2000  # decode budget large enough to still be running when the test cancels
 # Checked on the tiny model: greedy output for this question does not reach EOS within LONG tokens.

@@ -21,9 +21,7 @@ from server.core.features import ask as ask_feature
 from server.core.features import hover as hover_feature
 from server.core.features import status as status_feature
 from tests.server.harness import apply_edits, command, default_options, edit_buffer, loaded_host, open_document
-from tests.server.shared_server import close_document
-
-SHARED = pytest.mark.asyncio(loop_scope="module")
+from tests.server.shared_server import SHARED, close_document
 
 ADD_LINE = 4  # `    print(greet("café"), add(1, 2))` in main.py
 

@@ -19,8 +19,7 @@ from server.core.settings import parse_settings
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
 from tests.server.harness import command, default_options, start
-
-SHARED = pytest.mark.asyncio(loop_scope="module")
+from tests.server.shared_server import SHARED
 
 
 async def status(client) -> dict:

@@ -19,9 +19,7 @@ from server.core.warmup import Warmup
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
 from tests.server.harness import command, default_options, in_process_session, open_document, start
-from tests.server.shared_server import close_document
-
-SHARED = pytest.mark.asyncio(loop_scope="module")
+from tests.server.shared_server import SHARED, close_document
 
 
 def finished(client) -> list:
