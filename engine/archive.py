@@ -25,20 +25,18 @@ import queue
 import stat
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import msgpack
 import xxhash
 
-from engine.archive_files import (is_plain_key, is_plain_policy, read_regular, write_atomically,
-                                  write_failure)
+from engine.archive_entry import ArchiveEntry
+from engine.archive_files import is_plain_key, is_plain_policy, read_regular, write_atomically, write_failure
 from engine.boundaries import Boundary
 from engine.errors import EngineError
 from engine.paths import codectx_home
-from engine.request import SegmentKind
 from engine.state import Arrays
 
 log = logging.getLogger(__name__)
@@ -56,54 +54,6 @@ class ArchiveCorruptError(EngineError):
 def archive_root() -> Path:
     """``<codectx home>/archive``."""
     return codectx_home() / "archive"
-
-
-@dataclass
-class ArchiveEntry:
-    """One archived checkpoint: a Boundary plus where its arrays are and how to check them."""
-
-    key: str
-    token_key: str
-    parent: str
-    start: int
-    end: int
-    tokens: bytes
-    kind: str  # a SegmentKind's name
-    protected: bool
-    size: int
-    checksum: str
-    last_used: float
-
-    @classmethod
-    def from_boundary(cls, b: Boundary, size: int, checksum: str) -> ArchiveEntry:
-        return cls(b.key, b.token_key, b.parent, b.start, b.end, b.tokens, SegmentKind(b.kind).value,
-                   b.protected, size, checksum, time.time())
-
-    @classmethod
-    def parse(cls, key: object, value: object) -> ArchiveEntry | None:
-        """The entry an index row describes, or None unless every field has the written form."""
-        if not is_plain_key(key) or not isinstance(value, dict) or set(value) != _ENTRY_FIELDS:
-            return None
-        e = cls(**value)
-        sound = (e.key == key and isinstance(e.token_key, str) and isinstance(e.kind, str) and e.kind in _KIND_NAMES
-                 and (e.parent == "" or is_plain_key(e.parent)) and isinstance(e.tokens, bytes)
-                 and all(_is_int(v) and v >= 0 for v in (e.start, e.end, e.size))
-                 and e.start <= e.end and isinstance(e.protected, bool)
-                 and isinstance(e.checksum, str)
-                 and isinstance(e.last_used, (int, float)) and not isinstance(e.last_used, bool))
-        return e if sound else None
-
-    def boundary(self) -> Boundary:
-        return Boundary(self.key, self.token_key, self.parent, self.start, self.end,
-                        self.tokens, SegmentKind(self.kind), self.protected)
-
-    def matches(self, b: Boundary) -> bool:
-        """Verified on tokens and position, not only on the hash."""
-        return (self.parent, self.start, self.end, self.tokens) == (b.parent, b.start, b.end, b.tokens)
-
-
-_ENTRY_FIELDS = frozenset(f.name for f in fields(ArchiveEntry))
-_KIND_NAMES = frozenset(k.value for k in SegmentKind)
 
 
 class CheckpointArchive:
@@ -404,6 +354,3 @@ class CheckpointArchive:
         except OSError as err:
             self._turn_off(write_failure(err, self.directory / INDEX_NAME))
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -98,7 +98,7 @@ class Plan:
     """What `CheckpointStore.restore` will do for one request."""
 
     path: list[Checkpoint]
-    archived: list[Any]   # engine.archive.ArchiveEntry, following `path`
+    archived: list[Any]   # engine.archive_entry.ArchiveEntry, following `path`
     miss: Miss | None
 
     @property

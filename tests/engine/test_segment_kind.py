@@ -14,7 +14,7 @@ import pytest
 
 from checkpoint_helpers import run
 from context.workspace import Workspace
-from engine.archive import ArchiveEntry
+from engine.archive_entry import ArchiveEntry
 from engine.boundaries import boundaries, cut_points
 from engine.engine import Engine
 from engine.request import PromptSegment, Request, SegmentKind
