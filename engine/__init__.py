@@ -14,7 +14,7 @@ _LAZY = {
     "Engine": "engine.engine",
     "RequestHandle": "engine.handle",
     "load_model": "engine.loading",
-    "LoadedModel": "engine.loading",
+    "LoadedModel": "engine.loaded_model",
     "ComputeOptions": "engine.compute_options",
 }
 

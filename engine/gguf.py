@@ -24,7 +24,7 @@ from tokenizers import Tokenizer as RawTokenizer
 from transformers import PreTrainedTokenizerFast
 
 from engine.errors import ModelLoadError
-from engine.loading import LoadedModel, file_edges_hash, weight_dtype
+from engine.loaded_model import LoadedModel, file_edges_hash, weight_dtype
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,8 @@ import mlx.core as mx
 
 from engine import state
 from engine.archive import CheckpointArchive
-from engine.checkpoints import Boundary, Checkpoint, CheckpointStore, Miss
+from engine.boundaries import Boundary
+from engine.checkpoints import Checkpoint, CheckpointStore, Miss
 from engine.compute import path_of
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache

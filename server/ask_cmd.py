@@ -237,7 +237,7 @@ class _Asker:
         """The repository through the core: workspace prompt, session and the ask feature."""
         from context.errors import ContextError
         from engine.request import SegmentKind
-        from server.core.features.ask import Conversations, ask
+        from server.core.features.ask import ask
         from server.core.prompt import Turn
 
         try:
@@ -256,7 +256,7 @@ class _Asker:
         if self.interrupted:
             return INTERRUPTED
         result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
-                           conversations=Conversations(), tools=tools, max_tokens=self.args.max_tokens,
+                           tools=tools, max_tokens=self.args.max_tokens,
                            sampling=self._sampling())
         return result.metrics, result.finish_reason
 

@@ -7,6 +7,7 @@ of keystrokes costs one update per file.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +15,14 @@ from typing import Callable, Sequence
 
 from context.access import AccessPolicy
 from context.errors import WorkspaceError
+from context.lru import LRUDict
 from context.segments import Segment
 from context.workspace import Workspace
 
 from .settings import ContextSettings
 
 logger = logging.getLogger(__name__)
+_conversation_ids = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,26 @@ class Turn:
 def _text(content: str) -> str:
     """`content` without lone surrogates (JSON can carry "\\ud800"; tokenizers refuse it)."""
     return content.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+MAX_CONVERSATIONS = 64
+
+
+class Conversations:
+    """Turns of earlier asks, by conversation id."""
+
+    def __init__(self, capacity: int = MAX_CONVERSATIONS) -> None:
+        # Bounded: every ask without an id starts one, and a client may send any ids.
+        self._turns: LRUDict[str, list[Turn]] = LRUDict(capacity)
+
+    def get(self, conversation_id: str | None) -> tuple[str, list[Turn]]:
+        if conversation_id is None or conversation_id not in self._turns:
+            conversation_id = conversation_id or f"conv-{next(_conversation_ids)}"
+            self._turns[conversation_id] = []
+        return conversation_id, self._turns[conversation_id]
+
+    def reset(self) -> None:
+        self._turns.clear()
 
 
 class WorkspacePrompt:

@@ -21,7 +21,7 @@ from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
 from .backend import Backend
-from .prompt import WorkspacePrompt
+from .prompt import Conversations, WorkspacePrompt
 from .settings import Settings
 from .warmth import on_warm_prefix
 
@@ -76,6 +76,7 @@ class LoadingSession:
         self.documents = documents
         self.root = root
         self.counters = Counters()
+        self.conversations = Conversations()  # earlier asks' turns, by conversation id
         self.prefix_version = 0  # bumped on every edit
         self.dirty: set[Path] = set()  # edited while loading: the prompt reads them once built
 
@@ -88,7 +89,7 @@ class LoadingSession:
 class Session:
     """A loaded session: the backend and the workspace prompt, never missing.
 
-    Settings, buffers, root and counters are the `LoadingSession`'s (shared, so a
+    Settings, buffers, root, counters and conversations are the `LoadingSession`'s (shared, so a
     settings change reaches both phases).
 
     Args:

@@ -15,7 +15,6 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from server.core.features import ask as ask_feature
 from server.core.host import SessionHost
 from server.core.ready import ReadySession
 from server.core.session import LoadingSession
@@ -39,7 +38,6 @@ class CodectxServer(LanguageServer):
         super().__init__("codectx", "0.1.0", protocol_cls=CodectxProtocol,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         self.host = SessionHost(LoadingSession(Settings(), DocumentStore(convert.UTF16), Path.cwd()))
-        self.conversations = ask_feature.Conversations()
         self.settings_problems: list[str] = []
         self.start_up_task: asyncio.Task | None = None
 

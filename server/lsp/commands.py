@@ -35,7 +35,7 @@ def register(server: Any) -> None:
 
     @server.command("codectx.reset")
     def reset_command(ls, *args: Any) -> dict:
-        ls.conversations.reset()
+        ls.base.conversations.reset()
         return {"reset": True}
 
     @server.command("codectx.reindex")
@@ -62,8 +62,7 @@ async def ask_command(ls: Any, *args: Any) -> dict:
     reason = "error"
     try:
         result = await ask_feature.ask(
-            session, question, on_text=stream.send, on_prefill=stream.prefill, conversations=ls.conversations,
-            conversation_id=options.get("conversationId"), selection=selection, path=path,
+            session, question, on_text=stream.send, on_prefill=stream.prefill, conversation_id=options.get("conversationId"), selection=selection, path=path,
             tools=session.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"))
         reason = result.finish_reason
         return result.as_dict()

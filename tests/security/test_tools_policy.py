@@ -15,7 +15,7 @@ import time
 import pytest
 from lsprotocol import types
 
-from server.core.features.ask import Conversations, ask
+from server.core.features.ask import ask
 from server.core.tools import MAX_ERROR_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
 from tests.server.harness import write_sample_workspace
 from tests.server.scripted import ByteTokenizer, session_for
@@ -135,7 +135,7 @@ async def test_ask_loop_survives_every_bad_call_and_leaks_nothing(repo):
     calls += ['<tool_call>{"name": "run_shell", "arguments": {"cmd": "cat .env"}}</tool_call>',
               '<tool_call>{"name": "search", "arguments": {"text": "' + SECRET + '"}}</tool_call>']
     session, engine = session_for(repo, [*calls, "done reading."], ask={"maxToolCalls": len(calls)})
-    result = await ask(session, "Read every secret.", on_text=lambda t: None, conversations=Conversations(),
+    result = await ask(session, "Read every secret.", on_text=lambda t: None,
                        tools=tools_of(session))
     assert result.finish_reason == "stop" and result.text.endswith("done reading. ")
     assert len(result.tool_calls) == len(calls) and len(engine.requests) == len(calls) + 1
@@ -150,14 +150,14 @@ async def test_ask_loop_survives_every_bad_call_and_leaks_nothing(repo):
     assert not any(SECRET + name in prompt for prompt in prompts
                    for name in (".env", ".env.local", "id_rsa", "ignored.py", "build.log", "gitconfig", "outside"))
     # The same session answers the next question normally.
-    again = await ask(session, "What does add do?", on_text=lambda t: None, conversations=Conversations())
+    again = await ask(session, "What does add do?", on_text=lambda t: None)
     assert again.finish_reason == "stop"
 
 
 async def test_ask_with_an_unparsable_call_answers(repo):
     huge = '<tool_call>{"name": "read_file", "arguments": {"start_line": ' + "9" * 5000 + '}}</tool_call>'
     session, engine = session_for(repo, [huge, "not reached"])
-    result = await ask(session, "Read it.", on_text=lambda t: None, conversations=Conversations(),
+    result = await ask(session, "Read it.", on_text=lambda t: None,
                        tools=tools_of(session))
     assert result.finish_reason == "stop" and result.tool_calls == [] and len(engine.requests) == 1
 

@@ -1,7 +1,7 @@
 """The server's per-session caches stay bounded however many keys a client sends."""
 from __future__ import annotations
 
-from server.core.features.ask import Conversations
+from server.core.prompt import Conversations
 from server.core.features.hover import MAX_ANSWERS, HoverCache
 
 

@@ -12,7 +12,6 @@ import ast
 import asyncio
 import shutil
 
-import pytest
 from lsprotocol import types
 
 from pytest_lsp import client_capabilities
@@ -98,7 +97,7 @@ async def test_hover_over_budget_returns_signature_and_docstring(tiny_model, wor
         assert result.markdown == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
         # The answer is still being generated; the engine serves equal priorities in order,
         # so once a later ask is answered the hover's answer is done too (and then stored).
-        await ask_feature.ask(session, "hi", on_text=lambda text: None, conversations=ask_feature.Conversations(),
+        await ask_feature.ask(session, "hi", on_text=lambda text: None,
                               max_tokens=1)
         await asyncio.gather(*session.hover_cache.pending.values())
         filled = await explain(session, "add", workspace / "main.py")
@@ -230,7 +229,7 @@ async def test_hover_right_after_an_edit_reads_the_warm_prefix(tiny_model, works
     host = await loaded_host(default_options(tiny_model), workspace)
     session = host.ready_now()
     try:
-        await ask_feature.ask(session, "hi", on_text=lambda text: None, conversations=ask_feature.Conversations(),
+        await ask_feature.ask(session, "hi", on_text=lambda text: None,
                               max_tokens=1)  # prefills the prefix
         warm = status_feature.show_context(session, session.warmup.segment_states())
         warm_tokens = sum(row["tokens"] for row in warm["segments"])

@@ -128,8 +128,7 @@ async def test_window_settings_reach_the_engine(tiny_model, workspace):
 
 
 async def ask(session, maxTokens: int) -> dict:  # noqa: N803 - the command's argument name
-    result = await ask_feature.ask(session, "Explain greet.", on_text=lambda text: None,
-                                   conversations=ask_feature.Conversations(), max_tokens=maxTokens)
+    result = await ask_feature.ask(session, "Explain greet.", on_text=lambda text: None, max_tokens=maxTokens)
     return result.as_dict()
 
 

@@ -1,5 +1,6 @@
-"""The server package's shape, read from the source: transports over one core, no import
-cycles, small modules and functions. `pytest -s` prints the import graph and module sizes."""
+"""The code's shape, read from the source: the server's transports over one core, no import
+cycles among the product's modules (server, engine, context), small modules and functions
+everywhere. `pytest -s` prints the server's import graph and module sizes."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +9,8 @@ from pathlib import Path
 from tests.server.harness import REPO_ROOT
 
 SERVER = REPO_ROOT / "server"
+PRODUCT = ("server", "engine", "context")
+SIZED = PRODUCT + ("bench", "tests", "scripts", "editors")  # every Python file we write
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -17,8 +20,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(SERVER.rglob("*.py"))}
+def modules(packages: tuple[str, ...] = ("server",)) -> dict[str, Path]:
+    return {module_name(path): path for package in packages for path in sorted((REPO_ROOT / package).rglob("*.py"))
+            if "node_modules" not in path.parts}
 
 
 def imported(path: Path, name: str, known: set[str]) -> set[str]:
@@ -46,8 +50,8 @@ def imported(path: Path, name: str, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    found = modules()
+def import_graph(packages: tuple[str, ...] = ("server",)) -> dict[str, set[str]]:
+    found = modules(packages)
     known = set(found)
     return {name: imported(path, name, known) for name, path in found.items()}
 
@@ -94,13 +98,20 @@ def test_the_core_imports_no_transport():
                            for lib in ("pygls", "lsprotocol", "starlette")), name
 
 
-def test_no_import_cycles_among_server_modules():
-    graph = import_graph()
+def test_no_import_cycles_among_product_modules():
+    graph = import_graph(PRODUCT)
     print("\nimport graph of server/ (module: lines -> server modules it imports)")
     for name, path in modules().items():
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        print(f"  {name}: {lines} -> {', '.join(sorted(graph[name])) or '-'}")
+        print(f"  {name}: {lines} -> {', '.join(sorted(t for t in graph[name] if t.startswith('server'))) or '-'}")
     assert cycle(graph) is None
+
+
+def test_context_and_engine_import_no_server_module():
+    graph = import_graph(PRODUCT)
+    offending = {name: sorted(t for t in targets if t.startswith("server"))
+                 for name, targets in graph.items() if name.startswith(("engine", "context"))}
+    assert {name: targets for name, targets in offending.items() if targets} == {}
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -108,10 +119,9 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycle({"a": {"b"}, "b": set()}) is None
 
 
-
 def test_modules_and_functions_stay_small():
     too_long = []
-    for name, path in modules().items():
+    for name, path in modules(SIZED).items():
         text = path.read_text(encoding="utf-8")
         if len(text.splitlines()) > MAX_MODULE_LINES:
             too_long.append(f"{name}: {len(text.splitlines())} lines")

@@ -84,8 +84,7 @@ async def test_requests_before_while_and_after_loading(tiny_model, repo):
     assert ready.prefetch.focus == (util, 2) and host.base.dirty == set()
 
     # After: requests run, status reports the model.
-    answer = await ask_feature.ask(ready, "What does add do?", on_text=lambda text: None,
-                                   conversations=ask_feature.Conversations(), max_tokens=2)
+    answer = await ask_feature.ask(ready, "What does add do?", on_text=lambda text: None, max_tokens=2)
     assert answer.metrics["prompt_tokens"] > 0 and answer.finish_reason in ("stop", "length")
     state = status(host)
     assert state["ready"] is True and state["model"] == ready.model_id and state["counters"]["asks"] == 1

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from context.access import AccessPolicy
-from server.core.features.ask import Conversations, ask
+from server.core.features.ask import ask
 from server.core.tools import MAX_RESULT_CHARS, ToolCall, ToolError, WorkspaceTools, parse_tool_call
 from tests.server.harness import write_sample_workspace
 from tests.server.scripted import ByteTokenizer, session_for
@@ -69,7 +69,7 @@ async def test_ask_runs_a_tool_and_continues(repo):
     call = '<tool_call>{"name": "read_file", "arguments": {"path": "util.py", "start_line": 4, "end_line": 6}}</tool_call>'
     session, engine = session_for(repo, [call, "add returns the sum."])
     pieces = []
-    result = await ask(session, "What does add do?", on_text=pieces.append, conversations=Conversations(),
+    result = await ask(session, "What does add do?", on_text=pieces.append,
                        tools=tools_for(repo))
     assert result.text == "".join(pieces)
     assert "[tool read_file returned" in result.text and result.text.endswith("add returns the sum. ")
@@ -84,7 +84,7 @@ async def test_ask_runs_a_tool_and_continues(repo):
 async def test_ask_stops_after_max_tool_calls_and_reports_errors(repo):
     call = '<tool_call>{"name": "read_file", "arguments": {"path": "../secret.txt"}}</tool_call>'
     session, engine = session_for(repo, [call], ask={"maxToolCalls": 2})
-    result = await ask(session, "Read the secret", on_text=lambda t: None, conversations=Conversations(),
+    result = await ask(session, "Read the secret", on_text=lambda t: None,
                        tools=tools_for(repo))
     assert len(engine.requests) == 3 and len(result.tool_calls) == 2
     last_prompt = ByteTokenizer().decode(engine.requests[-1].all_token_ids())
@@ -94,9 +94,7 @@ async def test_ask_stops_after_max_tool_calls_and_reports_errors(repo):
 
 async def test_conversation_turns_carry_over(repo):
     session, engine = session_for(repo, ["first answer", "second answer"])
-    conversations = Conversations()
-    first = await ask(session, "Q1", on_text=lambda t: None, conversations=conversations)
-    await ask(session, "Q2", on_text=lambda t: None, conversations=conversations,
-              conversation_id=first.conversation_id)
+    first = await ask(session, "Q1", on_text=lambda t: None)
+    await ask(session, "Q2", on_text=lambda t: None, conversation_id=first.conversation_id)
     prompt = ByteTokenizer().decode(engine.requests[1].all_token_ids())
     assert prompt.index("Q1") < prompt.index("first answer") < prompt.index("Q2")

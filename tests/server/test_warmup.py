@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from lsprotocol import types
 
 from server.core.features import ask as ask_feature
@@ -102,8 +101,7 @@ async def test_an_ask_preempts_a_running_warm_up(workspace, tiny_model):
         session = await host.load()  # starts the warm-up
         await progress.wait()  # the start-up warm-up has prefilled its first chunk
         assert first[0]["running"] is True and first[0]["prefilled"] < first[0]["prefixTokens"]
-        answer = await ask_feature.ask(session, "hi", on_text=lambda text: None,
-                                       conversations=ask_feature.Conversations(), max_tokens=1)
+        answer = await ask_feature.ask(session, "hi", on_text=lambda text: None, max_tokens=1)
         assert finished_runs.empty()  # answered before the background warm-up ended
         assert answer.metrics["cached_tokens"] > 0  # restored what the warm-up had confirmed
         done = await finished_runs.get()

@@ -1,12 +1,10 @@
 """`codectx.ask`: a question about the repository, with the tool loop."""
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from context.lru import LRUDict
 from engine.request import SamplingParams
 
 from ..prompt import Turn
@@ -14,7 +12,6 @@ from ..session import Session
 from ..tools import CALL_CLOSE, ToolError, WorkspaceTools, parse_tool_call
 
 logger = logging.getLogger(__name__)
-_conversation_ids = itertools.count(1)
 
 
 @dataclass
@@ -32,26 +29,6 @@ class AskResult:
                 "conversationId": self.conversation_id, "toolCalls": self.tool_calls}
 
 
-MAX_CONVERSATIONS = 64
-
-
-class Conversations:
-    """Turns of earlier asks, by conversation id."""
-
-    def __init__(self, capacity: int = MAX_CONVERSATIONS) -> None:
-        # Bounded: every ask without an id starts one, and a client may send any ids.
-        self._turns: LRUDict[str, list[Turn]] = LRUDict(capacity)
-
-    def get(self, conversation_id: str | None) -> tuple[str, list[Turn]]:
-        if conversation_id is None or conversation_id not in self._turns:
-            conversation_id = conversation_id or f"conv-{next(_conversation_ids)}"
-            self._turns[conversation_id] = []
-        return conversation_id, self._turns[conversation_id]
-
-    def reset(self) -> None:
-        self._turns.clear()
-
-
 def question_text(question: str, selection: str | None, path: str | None) -> str:
     """The user turn: the question, with the selected code when there is one."""
     if not selection:
@@ -62,7 +39,7 @@ def question_text(question: str, selection: str | None, path: str | None) -> str
 
 async def ask(session: Session, question: str, *, on_text: Callable[[str], None],
               on_prefill: Callable[[int, int], None] | None = None,
-              conversations: Conversations, conversation_id: str | None = None,
+              conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
               tools: WorkspaceTools | None = None, max_tokens: int | None = None,
               sampling: SamplingParams | None = None) -> AskResult:
@@ -77,7 +54,7 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
     """
     settings = session.settings.ask
-    conversation_id, history = conversations.get(conversation_id)
+    conversation_id, history = session.base.conversations.get(conversation_id)
     turns = history + [Turn("user", question_text(question, selection, path))]
     pieces: list[str] = []
     calls: list[dict] = []
