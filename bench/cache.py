@@ -143,15 +143,21 @@ class Peer:
                 "ttft_s": ttft}
 
 
-def run(args) -> dict:
-    from context.hf_tokenizer import HFTokenizer
-    from context.segments import file_text
-    from context.workspace import Workspace
-    from engine.engine import Engine
-    from engine.loading import load_model
-    from engine.request import Request, SegmentKind
+STEPS = (("cold ask", QUESTIONS[0]), ("follow-up", QUESTIONS[1]),
+         ("edit mid file + ask", QUESTIONS[2]), ("restart + ask", QUESTIONS[2]))
+"""The scenario: (step, question asked at that step)."""
 
-    work = Path(tempfile.mkdtemp(prefix="codectx-bench-cache-"))
+
+def prepare_model(args, work: Path) -> tuple[Path, str]:
+    """The benchmark's model directory and its name in the results; moves CODECTX_HOME under `work`.
+
+    Args:
+        args: The parsed command line (``--tiny``, ``--random-like``).
+        work: The run's private folder (random weights, the tiny model, CODECTX_HOME).
+
+    Returns:
+        The model directory and the name the results carry.
+    """
     default_dir = None
     if not (args.random_like or args.tiny):  # the user's converted default model, not a new copy
         from engine.default_model import ensure_default_model
@@ -159,91 +165,164 @@ def run(args) -> dict:
         default_dir = ensure_default_model(progress=False).directory
     os.environ["CODECTX_HOME"] = str(work / "home")  # archive, token caches, workspace state
     if args.random_like:
-        model_dir = random_like(Path(args.random_like), work / "random")
-        spec, name = str(model_dir), Path(args.random_like).name + "-random"
-    elif args.tiny:
+        return random_like(Path(args.random_like), work / "random"), Path(args.random_like).name + "-random"
+    if args.tiny:
         from tiny_models import build_tiny_model
 
         model_dir = build_tiny_model(work / "tiny", "llama", hidden_size=256, num_hidden_layers=4,
                                      num_attention_heads=4, num_key_value_heads=2,
                                      max_position_embeddings=65536)
-        spec, name = str(model_dir), "tiny"
-    else:
-        model_dir, spec, name = default_dir, str(default_dir), Path(default_dir).name
-    loaded = load_model(spec, progress=False)
-    tree = source_tree(work / "repo")
-    tokenizer = HFTokenizer.from_dir(model_dir)
-    budget = int(args.prefix_tokens / (1 - HOT_SHARE))
+        return model_dir, "tiny"
+    return default_dir, Path(default_dir).name
 
-    def new_workspace():
-        ws = Workspace(tree, tokenizer, budget=budget, hot_share=HOT_SHARE)
+
+def edited_file(ws, budget: int) -> str:
+    """The key of the file the scenario edits (see `EDITED_SHARE`)."""
+    from engine.request import SegmentKind
+
+    files = [s for s in ws.layout.segments if s.kind == SegmentKind.FILE]
+    middle = files[len(files) // 2:]
+    return next((s for s in middle if len(s) <= budget * HOT_SHARE * EDITED_SHARE), middle[0]).key
+
+
+class Scenario:
+    """codectx (an `Engine` and a `Workspace`) and, when compared, mlx_lm.server through the steps."""
+
+    def __init__(self, args, loaded, tree: Path, tokenizer, peer: Peer | None) -> None:
+        self.args, self.loaded, self.tree, self.tokenizer, self.peer = args, loaded, tree, tokenizer, peer
+        self.budget = int(args.prefix_tokens / (1 - HOT_SHARE))
+        self.ws = self.new_workspace()
+        self.target = edited_file(self.ws, self.budget)
+        self.prefix_tokens = self.ws.layout.tokens
+        self.eng = None
+
+    def new_workspace(self):
+        """A workspace over the tree, built (from disk and the persisted hot tail after a restart)."""
+        from context.workspace import Workspace
+
+        ws = Workspace(self.tree, self.tokenizer, budget=self.budget, hot_share=HOT_SHARE)
         ws.build()
         return ws
 
-    ws = new_workspace()
-    files = [s for s in ws.layout.segments if s.kind == SegmentKind.FILE]
-    middle = files[len(files) // 2:]
-    target = next((s for s in middle if len(s) <= budget * HOT_SHARE * EDITED_SHARE), middle[0]).key
-    prefix_tokens = ws.layout.tokens
+    def new_engine(self):
+        """An engine on the loaded model with the disk archive on."""
+        from engine.engine import Engine
 
-    def new_engine():
-        return Engine(loaded, prefill_chunk=args.chunk, archive_bytes=args.archive_bytes)
+        return Engine(self.loaded, prefill_chunk=self.args.chunk, archive_bytes=self.args.archive_bytes)
 
+    def start(self) -> None:
+        """Start both systems and warm them up."""
+        self.eng = self.new_engine()
+        if self.peer:
+            self.peer.start()
+        warm_up(self.eng, self.peer, self.loaded.tokenizer)
+
+    def edit(self) -> None:
+        """Append two lines to the edited file and tell the workspace."""
+        path = self.tree / self.target
+        path.write_text(path.read_text() + "\n# edited by the benchmark\nEDITED = True\n")
+        self.ws.update(path, path.read_text())
+
+    def restart(self) -> None:
+        """A new engine and workspace (a new process's), and a restarted mlx_lm.server."""
+        self.eng.close()
+        before = self.ws.layout.segments
+        self.ws = self.new_workspace()  # a new process would rebuild from disk + the persisted hot tail
+        if [x.hash for x in self.ws.layout.segments] != [x.hash for x in before]:
+            raise RuntimeError("the restarted workspace laid the prefix out differently")
+        self.eng = self.new_engine()
+        if self.peer:
+            self.peer.stop()
+            self.peer.start()
+        warm_up(self.eng, self.peer, self.loaded.tokenizer)
+
+    def ask(self, step: str, question: str) -> dict:
+        """Ask `question` of both systems; the step's row of the results."""
+        from engine.request import Request
+
+        segments = self.ws.prompt(question)
+        done = self.eng.submit(Request(segments=segments, max_tokens=self.args.max_tokens)).result()
+        m = done.metrics
+        row = {"step": step, "codectx": {"prompt": m.prompt_tokens, "restored": m.cached_tokens,
+                                         "recomputed": m.recomputed_tokens, "ttft_s": m.ttft_s,
+                                         "miss": m.miss_reason}}
+        if step.startswith("edit"):
+            row.update(self.edit_sizes(segments))
+        if self.peer:
+            row["mlx_lm.server"] = self.peer.ask("".join(s.text for s in segments), self.args.max_tokens)
+            if step.startswith("edit"):
+                row["mlx_lm.server, edit in place"] = self.peer.ask(self.edit_in_place(segments),
+                                                                    self.args.max_tokens)
+        return row
+
+    def edit_sizes(self, segments) -> dict:
+        """The edited file's tokens, whether the edit folded the hot tail, and the question's tokens."""
+        from engine.request import SegmentKind
+
+        # Its hot copy, or (when the edit folded the tail) its segment in place.
+        edited = [s for s in segments if s.key == self.target and s.kind in (SegmentKind.HOT, SegmentKind.FILE)]
+        return {"edited_file_tokens": len(edited[-1]),
+                "folded": not any(s.kind == SegmentKind.HOT for s in edited),
+                "question_tokens": sum(len(s) for s in segments
+                                       if s.kind in (SegmentKind.QUESTION, SegmentKind.HEADER))}
+
+    def edit_in_place(self, segments) -> str:
+        """The prompt text a client without codectx's layout sends: the edit in place, no hot tail."""
+        from context.segments import file_text
+        from engine.request import SegmentKind
+
+        current = self.ws._files[self.target]
+        return "".join(file_text(self.target, current.language, current.text) if s.kind == SegmentKind.FILE
+                       and s.key == self.target else s.text for s in segments if s.kind != SegmentKind.HOT)
+
+    def close(self) -> None:
+        """Stop both systems."""
+        self.eng.close()
+        if self.peer:
+            self.peer.stop()
+
+
+def run_steps(scenario: Scenario) -> list[dict]:
+    """The scenario's rows, step by step (each also written to stderr as progress)."""
     rows = []
-    peer = Peer(Path(model_dir), args.chunk) if args.peer else None
-    eng = new_engine()
-    if peer:
-        peer.start()
-    warm_up(eng, peer, loaded.tokenizer)
+    scenario.start()
     try:
-        steps = [("cold ask", QUESTIONS[0]), ("follow-up", QUESTIONS[1]),
-                 ("edit mid file + ask", QUESTIONS[2]), ("restart + ask", QUESTIONS[2])]
-        for step, question in steps:
+        for step, question in STEPS:
             if step.startswith("edit"):
-                path = tree / target
-                path.write_text(path.read_text() + "\n# edited by the benchmark\nEDITED = True\n")
-                ws.update(path, path.read_text())
+                scenario.edit()
             if step.startswith("restart"):
-                eng.close()
-                before = ws.layout.segments
-                ws = new_workspace()  # a new process would rebuild from disk + the persisted hot tail
-                if [x.hash for x in ws.layout.segments] != [x.hash for x in before]:
-                    raise RuntimeError("the restarted workspace laid the prefix out differently")
-                eng = new_engine()
-                if peer:
-                    peer.stop()
-                    peer.start()
-                warm_up(eng, peer, loaded.tokenizer)
-            segments = ws.prompt(question)
-            done = eng.submit(Request(segments=segments, max_tokens=args.max_tokens)).result()
-            m = done.metrics
-            row = {"step": step, "codectx": {"prompt": m.prompt_tokens, "restored": m.cached_tokens,
-                                             "recomputed": m.recomputed_tokens, "ttft_s": m.ttft_s,
-                                             "miss": m.miss_reason}}
-            if step.startswith("edit"):
-                # Its hot copy, or (when the edit folded the tail) its segment in place.
-                edited = [s for s in segments if s.key == target and s.kind in (SegmentKind.HOT, SegmentKind.FILE)]
-                row["edited_file_tokens"] = len(edited[-1])
-                row["folded"] = not any(s.kind == SegmentKind.HOT for s in edited)
-                row["question_tokens"] = sum(len(s) for s in segments
-                                             if s.kind in (SegmentKind.QUESTION, SegmentKind.HEADER))
-            if peer:
-                row["mlx_lm.server"] = peer.ask("".join(s.text for s in segments), args.max_tokens)
-                if step.startswith("edit"):
-                    current = ws._files[target]
-                    in_place = [file_text(target, current.language, current.text) if s.kind == SegmentKind.FILE
-                                and s.key == target else s.text for s in segments if s.kind != SegmentKind.HOT]
-                    row["mlx_lm.server, edit in place"] = peer.ask("".join(in_place), args.max_tokens)
+                scenario.restart()
+            row = scenario.ask(step, question)
             rows.append(row)
             sys.stderr.write(json.dumps(row) + "\n")  # progress, step by step
     finally:
-        eng.close()
-        if peer:
-            peer.stop()
-    return {"model": name, "prefix_tokens": prefix_tokens, "budget": budget, "chunk": args.chunk,
-            "source": PINNED_SOURCE, "edited_file": target, "machine": machine(), "steps": rows,
+        scenario.close()
+    return rows
+
+
+def run(args) -> dict:
+    """Run the scenario on codectx (and mlx_lm.server unless ``--no-peer``).
+
+    Args:
+        args: The parsed command line.
+
+    Returns:
+        The results: the model, the prefix, one row per step, the goals and the cache's statistics.
+    """
+    from context.hf_tokenizer import HFTokenizer
+    from engine.loading import load_model
+
+    work = Path(tempfile.mkdtemp(prefix="codectx-bench-cache-"))
+    model_dir, name = prepare_model(args, work)
+    loaded = load_model(str(model_dir), progress=False)
+    tree = source_tree(work / "repo")
+    peer = Peer(Path(model_dir), args.chunk) if args.peer else None
+    scenario = Scenario(args, loaded, tree, HFTokenizer.from_dir(model_dir), peer)
+    rows = run_steps(scenario)
+    return {"model": name, "prefix_tokens": scenario.prefix_tokens, "budget": scenario.budget, "chunk": args.chunk,
+            "source": PINNED_SOURCE, "edited_file": scenario.target, "machine": machine(), "steps": rows,
             "goals": goals(rows),
-            "cache_stats": {k: v for k, v in eng.stats()["cache"].items() if k != "checkpoint_list"}}
+            "cache_stats": {k: v for k, v in scenario.eng.stats()["cache"].items() if k != "checkpoint_list"}}
 
 
 def goals(rows: list[dict]) -> dict:

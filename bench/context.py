@@ -19,10 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+T = TypeVar("T")
 
 
 def _targets() -> dict[str, Path]:
@@ -35,77 +39,140 @@ def _targets() -> dict[str, Path]:
     return out
 
 
-def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) -> dict:
-    """Runs in the child process: all phases on one target."""
-    from context.hf_tokenizer import HFTokenizer
+def timed(work: Callable[[], T]) -> tuple[T, float, float]:
+    """`work()`'s result, its wall seconds and this process's CPU seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = work()
+    return result, time.perf_counter() - t0, time.process_time() - c0
+
+
+def built(target: Path, tok, **options) -> tuple[Any, Any]:
+    """A new `Workspace` over `target` and the layout its build returned."""
     from context.workspace import Workspace
 
-    tok = HFTokenizer.from_dir(tokenizer_dir)
-    cpu = time.process_time
-    t0, c0 = time.perf_counter(), cpu()
-    ws = Workspace(target, tok)
-    cold = ws.build()
-    cold_s, cold_cpu = time.perf_counter() - t0, cpu() - c0
-    n_files = len(cold.rows)
+    ws = Workspace(target, tok, **options)
+    return ws, ws.build()
 
-    t0, c0 = time.perf_counter(), cpu()
-    warm_ws = Workspace(target, tok)
-    warm = warm_ws.build()
-    warm_s, warm_cpu = time.perf_counter() - t0, cpu() - c0
 
-    t0, c0 = time.perf_counter(), cpu()
-    Workspace(target, tok, budget=budget).build()  # first budgeted build: ranks the files
-    first_budget_s, first_budget_cpu = time.perf_counter() - t0, cpu() - c0
-    t0, c0 = time.perf_counter(), cpu()
-    budget_ws = Workspace(target, tok, budget=budget)  # steady state: saved edges and ranks
-    budgeted = budget_ws.build()
-    budget_s, budget_cpu = time.perf_counter() - t0, cpu() - c0
+@dataclass
+class Builds:
+    """The four builds of one target: workspaces (alive until the peak RSS is read), layouts and timings."""
 
-    # Updates: edit a file in the middle of the order, then keep editing it (now hot).
-    files = [s for s in warm.segments if s.kind == "file"]
-    victim = files[len(files) // 2].key
-    text = (target / victim).read_text(encoding="utf-8", errors="replace")
-    first_ms, hot_ms, budget_ms, hot_cpu_ms, budget_cpu_ms = [], [], [], [], []
+    cold_ws: Any
+    cold: Any
+    cold_s: float
+    cold_cpu: float
+    warm_ws: Any
+    warm: Any
+    warm_s: float
+    warm_cpu: float
+    first_budget_s: float
+    first_budget_cpu: float
+    budget_ws: Any
+    budgeted: Any
+    budget_s: float
+    budget_cpu: float
+
+
+def build_phases(target: Path, tok, budget: int | None) -> Builds:
+    """Cold, warm, first budgeted (it ranks the files) and steady budgeted (saved edges and ranks) builds."""
+    (cold_ws, cold), cold_s, cold_cpu = timed(lambda: built(target, tok))
+    (warm_ws, warm), warm_s, warm_cpu = timed(lambda: built(target, tok))
+    first_budget_s, first_budget_cpu = timed(lambda: built(target, tok, budget=budget))[1:]  # not kept
+    (budget_ws, budgeted), budget_s, budget_cpu = timed(lambda: built(target, tok, budget=budget))
+    return Builds(cold_ws, cold, cold_s, cold_cpu, warm_ws, warm, warm_s, warm_cpu, first_budget_s, first_budget_cpu,
+                  budget_ws, budgeted, budget_s, budget_cpu)
+
+
+def read(target: Path, key: str) -> str:
+    """The text of file `key` under `target`, as the workspace reads it."""
+    return (target / key).read_text(encoding="utf-8", errors="replace")
+
+
+def hot_updates(ws, key: str, text: str, updates: int) -> tuple[float, list[float], list[float]]:
+    """Edit one file over and over (hot after the first edit).
+
+    Returns:
+        The first update's ms, then the later updates' wall ms and CPU ms.
+    """
+    first_ms, hot_ms, hot_cpu_ms = [], [], []
     for i in range(updates):
-        t0, c0 = time.perf_counter(), cpu()
-        warm_ws.update(victim, text + f"\n# edit {i}\n")
+        t0, c0 = time.perf_counter(), time.process_time()
+        ws.update(key, text + f"\n# edit {i}\n")
         (first_ms if i == 0 else hot_ms).append((time.perf_counter() - t0) * 1000)
         if i:
-            hot_cpu_ms.append((cpu() - c0) * 1000)
-    big = max(files, key=lambda s: (len(s.text), s.key)).key  # the largest kept file
-    big_text = (target / big).read_text(encoding="utf-8", errors="replace")
+            hot_cpu_ms.append((time.process_time() - c0) * 1000)
+    return first_ms[0], hot_ms, hot_cpu_ms
+
+
+def big_updates(ws, key: str, text: str, updates: int) -> tuple[float, list[float]]:
+    """Edit near the top of a large file, over and over: the first update's ms and the later ones'."""
     big_ms, big_first_ms = [], 0.0
     for i in range(updates):
         t0 = time.perf_counter()
-        warm_ws.update(big, big_text.replace("\n", f"\n# big edit {i}\n", 1))  # an edit near the top
+        ws.update(key, text.replace("\n", f"\n# big edit {i}\n", 1))  # an edit near the top
         elapsed = (time.perf_counter() - t0) * 1000
         if i:
             big_ms.append(elapsed)
         else:
             big_first_ms = elapsed
-    budget_victim = next(s.key for s in budgeted.segments[::-1] if s.kind == "file")
-    budget_text = (target / budget_victim).read_text(encoding="utf-8", errors="replace")
+    return big_first_ms, big_ms
+
+
+def budget_updates(ws, key: str, text: str, updates: int) -> tuple[list[float], list[float]]:
+    """Edit one file of a budgeted workspace over and over: wall ms and CPU ms per update."""
+    budget_ms, budget_cpu_ms = [], []
     for i in range(updates):
-        t0, c0 = time.perf_counter(), cpu()
-        budget_ws.update(budget_victim, budget_text + f"\n# budget edit {i}\n")
+        t0, c0 = time.perf_counter(), time.process_time()
+        ws.update(key, text + f"\n# budget edit {i}\n")
         budget_ms.append((time.perf_counter() - t0) * 1000)
-        budget_cpu_ms.append((cpu() - c0) * 1000)
+        budget_cpu_ms.append((time.process_time() - c0) * 1000)
+    return budget_ms, budget_cpu_ms
+
+
+def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) -> dict:
+    """Runs in the child process: all phases on one target.
+
+    Args:
+        target: The repository to lay out.
+        tokenizer_dir: A folder with tokenizer.json.
+        budget: The token budget of the budgeted builds.
+        updates: Single-file updates timed per kind of update.
+
+    Returns:
+        The target's numbers (the JSON `main` collects per target).
+    """
+    from context.hf_tokenizer import HFTokenizer
+
+    b = build_phases(target, HFTokenizer.from_dir(tokenizer_dir), budget)
+    cold, budgeted = b.cold, b.budgeted
+    n_files = len(cold.rows)
+    # Updates: edit a file in the middle of the order, then keep editing it (now hot).
+    files = [s for s in b.warm.segments if s.kind == "file"]
+    victim = files[len(files) // 2].key
+    text = read(target, victim)
+    first_ms, hot_ms, hot_cpu_ms = hot_updates(b.warm_ws, victim, text, updates)
+    big = max(files, key=lambda s: (len(s.text), s.key)).key  # the largest kept file
+    big_text = read(target, big)
+    big_first_ms, big_ms = big_updates(b.warm_ws, big, big_text, updates)
+    budget_victim = next(s.key for s in budgeted.segments[::-1] if s.kind == "file")
+    budget_ms, budget_cpu_ms = budget_updates(b.budget_ws, budget_victim, read(target, budget_victim), updates)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "files": n_files, "skipped": len(cold.skipped), "tokens": cold.tokens,
         "bytes": sum(len(s.text.encode()) for s in cold.segments),
-        "cold_cpu_s": cold_cpu, "warm_cpu_s": warm_cpu, "budget_cpu_s": budget_cpu,
-        "budget_files_per_s": n_files / budget_s,
-        "cold_s": cold_s, "cold_files_per_s": n_files / cold_s,
-        "warm_s": warm_s, "warm_files_per_s": n_files / warm_s,
-        "budget": budget, "budget_build_s": budget_s, "budget_tokens": budgeted.tokens,
+        "cold_cpu_s": b.cold_cpu, "warm_cpu_s": b.warm_cpu, "budget_cpu_s": b.budget_cpu,
+        "budget_files_per_s": n_files / b.budget_s,
+        "cold_s": b.cold_s, "cold_files_per_s": n_files / b.cold_s,
+        "warm_s": b.warm_s, "warm_files_per_s": n_files / b.warm_s,
+        "budget": budget, "budget_build_s": b.budget_s, "budget_tokens": budgeted.tokens,
         "budget_whole_files": sum(1 for s in budgeted.segments if s.kind in ("file", "hot")),
-        "update_first_ms": first_ms[0], "update_hot_median_ms": statistics.median(hot_ms),
+        "update_first_ms": first_ms, "update_hot_median_ms": statistics.median(hot_ms),
         "update_hot_p95_ms": sorted(hot_ms)[int(0.95 * (len(hot_ms) - 1))],
         "update_budget_median_ms": statistics.median(budget_ms),
         "update_hot_median_cpu_ms": statistics.median(hot_cpu_ms),
         "update_budget_median_cpu_ms": statistics.median(budget_cpu_ms),
-        "first_budget_build_s": first_budget_s, "first_budget_build_cpu_s": first_budget_cpu,
+        "first_budget_build_s": b.first_budget_s, "first_budget_build_cpu_s": b.first_budget_cpu,
         "update_big_first_ms": big_first_ms, "update_big_median_ms": statistics.median(big_ms),
         "update_big_file": big, "update_big_chars": len(big_text),
         "update_victim": victim, "update_victim_chars": len(text), "budget_victim": budget_victim,

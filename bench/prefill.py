@@ -163,7 +163,8 @@ def prefill(model, tokens: mx.array, caches, chunk: int) -> float:
     return time.perf_counter() - tic
 
 
-def run(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: shape, lengths, device, modes and the prefill settings."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--lengths", default="8192,16384,32768")
@@ -181,66 +182,123 @@ def run(argv: list[str] | None = None) -> dict:
                     help="dequantized: prefill chunks multiply with bf16-dequantized weights (experiment)")
     ap.add_argument("--out", default=None)
     blas_arguments(ap)
-    a = ap.parse_args(argv)
+    return ap
 
-    mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
-    shape = SHAPES[a.shape]
-    chunk = a.chunk or (2048 if a.device == "gpu" else 512)
-    g, w = map(int, a.window.split(",")) if a.window else (shape.global_tokens, shape.window_tokens)
-    tail = shape.dense_tail if a.tail is None else a.tail
-    peak = a.peak_tflops or (989.0 if a.device == "gpu" else None)
-    lengths = [int(x) for x in a.lengths.split(",")]
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's prefill settings: the command line's, or the device's and the shape's defaults."""
+
+    chunk: int
+    global_tokens: int
+    window_tokens: int
+    tail: int
+    peak: float | None  # TFLOP/s of the device, for the fraction column
+    linear: str
+    warmup: int
+
+    @classmethod
+    def resolve(cls, a: argparse.Namespace, shape: Shape) -> Settings:
+        """The settings for the parsed command line `a` and its `shape`."""
+        gpu = a.device == "gpu"
+        chunk = a.chunk or (2048 if gpu else 512)
+        g, w = map(int, a.window.split(",")) if a.window else (shape.global_tokens, shape.window_tokens)
+        tail = shape.dense_tail if a.tail is None else a.tail
+        warmup = a.warmup
+        if warmup is None:
+            warmup = g + w + 2 * chunk + tail + chunk if gpu else 0
+        return cls(chunk, g, w, tail, a.peak_tflops or (989.0 if gpu else None), a.linear, warmup)
+
+
+def modes_of(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[str]:
+    """The ``--modes`` asked for (the parser exits on an unknown one)."""
     modes = [m for m in a.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown modes {unknown}; choose from {list(MODES)}")
+    return modes
 
+
+def prepared_model(shape: Shape, layers: int | None, linear: str) -> tuple[nn.Module, float, float]:
+    """The random-weight model (linears dequantized if asked), its linear FLOPs per token, build seconds."""
     build_s = time.perf_counter()
-    model = build_model(shape, a.layers)
+    model = build_model(shape, layers)
     lin = linear_flops_per_token(model)
-    if a.linear == "dequantized":
+    if linear == "dequantized":
         dequantize_linears(model)
-    build_s = time.perf_counter() - build_s
-    margs = model.args
-    heads, hd, n_layers = margs.num_attention_heads, margs.head_dim, margs.num_hidden_layers
-    if a.warmup is None:
-        a.warmup = g + w + 2 * chunk + tail + chunk if a.device == "gpu" else 0
-    if a.warmup:  # kernel compilation (JIT on CUDA) is not prefill time
-        tokens = mx.random.randint(0, margs.vocab_size, (1, a.warmup), key=mx.random.key(0))
-        for mode in modes:
-            form, bits = MODES[mode]
-            caches = make_window_cache(model, WindowPolicy(enabled=form is not None, global_tokens=g,
-                                                           window_tokens=w, form=form or "block"), bits)
-            set_dense_from(caches, max(0, a.warmup - tail))
-            prefill(model, tokens, caches, chunk)
-            del caches
+    return model, lin, time.perf_counter() - build_s
+
+
+def warm_up(model: nn.Module, modes: list[str], s: Settings) -> None:
+    """Prefill `s.warmup` tokens untimed in every mode: kernel compilation (JIT on CUDA) is not prefill time."""
+    tokens = mx.random.randint(0, model.args.vocab_size, (1, s.warmup), key=mx.random.key(0))
+    for mode in modes:
+        form, bits = MODES[mode]
+        caches = make_window_cache(model, WindowPolicy(enabled=form is not None, global_tokens=s.global_tokens,
+                                                       window_tokens=s.window_tokens, form=form or "block"), bits)
+        set_dense_from(caches, max(0, s.warmup - s.tail))
+        prefill(model, tokens, caches, s.chunk)
+        del caches
+
+
+def measure_mode(model: nn.Module, tokens: mx.array, mode: str, s: Settings, lin: float) -> dict:
+    """Prefill `tokens` as a cold request in `mode`: the row of the results."""
+    n = tokens.shape[1]
+    heads, hd, n_layers = model.args.num_attention_heads, model.args.head_dim, model.args.num_hidden_layers
+    form, bits = MODES[mode]
+    policy = WindowPolicy(enabled=form is not None, global_tokens=s.global_tokens, window_tokens=s.window_tokens,
+                          dense_tail=s.tail, form=form or "block")
+    caches = make_window_cache(model, policy, bits)
+    dense_from = max(0, n - s.tail)
+    set_dense_from(caches, dense_from)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    secs = prefill(model, tokens, caches, s.chunk)
+    flops = n * lin + attention_flops(n, s.chunk, policy, dense_from) * heads * hd * n_layers
+    row = dict(mode=mode, linear=s.linear, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
+               peak_gib=round(mx.get_peak_memory() / 2**30, 3),
+               kv_gib=round(sum(c.nbytes for c in caches) / 2**30, 3),
+               tflops=round(flops / secs / 1e12, 3))
+    if s.peak:
+        row["peak_fraction"] = round(row["tflops"] / s.peak, 4)
+    return row
+
+
+def measure_length(model: nn.Module, n: int, modes: list[str], s: Settings, lin: float) -> list[dict]:
+    """One random prompt of `n` tokens prefilled in every mode; each row also goes to stderr."""
+    tokens = mx.random.randint(0, model.args.vocab_size, (1, n), key=mx.random.key(n))
     rows = []
-    for n in lengths:
-        tokens = mx.random.randint(0, margs.vocab_size, (1, n), key=mx.random.key(n))
-        for mode in modes:
-            form, bits = MODES[mode]
-            policy = WindowPolicy(enabled=form is not None, global_tokens=g, window_tokens=w,
-                                  dense_tail=tail, form=form or "block")
-            caches = make_window_cache(model, policy, bits)
-            dense_from = max(0, n - tail)
-            set_dense_from(caches, dense_from)
-            mx.clear_cache()
-            mx.reset_peak_memory()
-            secs = prefill(model, tokens, caches, chunk)
-            flops = n * lin + attention_flops(n, chunk, policy, dense_from) * heads * hd * n_layers
-            row = dict(mode=mode, linear=a.linear, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
-                       peak_gib=round(mx.get_peak_memory() / 2**30, 3),
-                       kv_gib=round(sum(c.nbytes for c in caches) / 2**30, 3),
-                       tflops=round(flops / secs / 1e12, 3))
-            if peak:
-                row["peak_fraction"] = round(row["tflops"] / peak, 4)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            del caches
-    result = dict(shape=a.shape, device=a.device, chunk=chunk, global_tokens=g, window_tokens=w,
-                  dense_tail=tail, layers=n_layers, linear=a.linear, weight_bits=shape.weight_bits, dtype=shape.dtype,
-                  build_s=round(build_s, 1), mlx=mx.__version__, platform=platform.platform(),
-                  peak_tflops=peak, rows=rows)
+    for mode in modes:
+        row = measure_mode(model, tokens, mode, s, lin)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Prefill every length in every mode, write the JSON and print the table.
+
+    Args:
+        argv: The command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The results: the settings and one row per (length, mode).
+    """
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
+    shape = SHAPES[a.shape]
+    s = Settings.resolve(a, shape)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    modes = modes_of(ap, a)
+    model, lin, build_s = prepared_model(shape, a.layers, a.linear)
+    if s.warmup:
+        warm_up(model, modes, s)
+    rows = [row for n in lengths for row in measure_length(model, n, modes, s, lin)]
+    result = dict(shape=a.shape, device=a.device, chunk=s.chunk, global_tokens=s.global_tokens,
+                  window_tokens=s.window_tokens, dense_tail=s.tail, layers=model.args.num_hidden_layers,
+                  linear=a.linear, weight_bits=shape.weight_bits, dtype=shape.dtype, build_s=round(build_s, 1),
+                  mlx=mx.__version__, platform=platform.platform(), peak_tflops=s.peak, rows=rows)
     out = Path(a.out or f"bench/results/prefill-{a.shape}-{a.device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -29,7 +29,6 @@ import re
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import machine, markdown_table, write_json  # noqa: E402
 from bench.soak_lsp import LspPeer, frame  # noqa: E402
+from bench.soak_report import Tally, percentile, report  # noqa: E402
 
 TIMEOUT_S = 60.0
 LISTENING = re.compile(r"codectx HTTP API on (http://\S+)")
@@ -54,25 +53,6 @@ def scale_{i}(value: int) -> int:
 def offset_{i}(value: int) -> int:
     return scale_{i}(value) + {i}
 '''
-
-
-class Tally:
-    """Outcomes by (phase, kind, outcome) and latencies of answered valid requests."""
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self.latency: dict[tuple[str, str], list[float]] = {}
-        self.phase = "clean"
-        self.sent = 0
-
-    def add(self, kind: str, outcome: str, seconds: float | None = None) -> None:
-        self.counts[(self.phase, kind, outcome)] += 1
-        if outcome == "ok" and seconds is not None:
-            self.latency.setdefault((self.phase, kind), []).append(seconds)
-
-    def latencies(self, phase: str, kind: str | None = None) -> list[float]:
-        return sorted(v for (p, k), values in self.latency.items() if p == phase and kind in (None, k)
-                      for v in values)
 
 
 def write_workspace(root: Path, modules: int = 6) -> list[Path]:
@@ -313,11 +293,6 @@ async def sample(peer: LspPeer, samples: list[dict], started: float, every: floa
         await asyncio.sleep(every)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-quantile of sorted `values` in milliseconds (None when empty)."""
-    return 1000 * values[int(q * (len(values) - 1))] if values else None
-
-
 async def main_async(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="codectx-soak-") as tmp:
@@ -361,36 +336,6 @@ def build_model(directory: Path) -> Path:
     from tests.server.harness import build_server_test_model
 
     return build_server_test_model(directory)
-
-
-def report(phases: list[dict], tally: Tally, args: argparse.Namespace, alive: bool, exit_code: int | None,
-           unreadable: int) -> None:
-    rows = []
-    for p in phases:
-        counts = {k: v for k, v in tally.counts.items() if k[0] == p["phase"]}
-        unexpected = sum(v for k, v in counts.items() if k[2].startswith("unexpected"))
-        rows.append([p["phase"], round(p["seconds"]), sum(counts.values()), p["answered_valid"],
-                     round(p["answered_valid"] / p["seconds"], 1), unexpected, p["p50_ms"], p["p95_ms"],
-                     f"{p['before']['rss_kib'] // 1024} → {p['after']['rss_kib'] // 1024}",
-                     f"{p['before']['fds']} → {p['after']['fds']}",
-                     f"{p['before']['threads']} → {p['after']['threads']}"])
-    print(markdown_table(["phase", "s", "requests", "valid answered", "valid/s", "unexpected", "p50 ms", "p95 ms",
-                          "RSS MiB", "fds", "threads"], rows))
-    print()
-    kinds = sorted({(k[1], k[2]) for k in tally.counts})
-    print(markdown_table(["kind", "outcome", "clean", "abusive", "p50 ms clean", "p50 ms abusive"],
-                         [[kind, outcome, tally.counts.get(("clean", kind, outcome), 0),
-                           tally.counts.get(("abusive", kind, outcome), 0),
-                           *(percentile(tally.latencies(p, kind), 0.5) if outcome == "ok" else None
-                             for p in ("clean", "abusive"))] for kind, outcome in kinds]))
-    sent = sum(v for k, v in tally.counts.items() if k[1].startswith("lsp bad frame"))
-    print(f"\nbroken LSP frames sent: {sent}; answered -32700 (id null): {unreadable}")
-    print(f"server answered LSP and HTTP after the run: {alive}; exit code after shutdown/exit: {exit_code}")
-    path = write_json("soak", {"machine": machine(), "args": vars(args), "phases": phases, "alive": alive,
-                               "exit_code": exit_code, "broken_frames_sent": sent, "broken_frames_answered": unreadable,
-                               "counts": [{"phase": k[0], "kind": k[1], "outcome": k[2], "n": v}
-                                          for k, v in sorted(tally.counts.items())]})
-    print(f"wrote {path.relative_to(ROOT)}")
 
 
 def main() -> int:

@@ -1,13 +1,19 @@
-"""Tiny random models and a plain greedy reference for the speculative-decoding tests."""
+"""Tiny random models, a plain greedy reference, test prompts and a scripted drafter for the
+speculative-decoding tests."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
+import numpy as np
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama, qwen3_next
 from mlx_lm.models.cache import make_prompt_cache
+
+if TYPE_CHECKING:
+    from engine.speculative import SpeculativeDecoder
 
 
 def tiny_llama(
@@ -92,6 +98,43 @@ def plain_greedy(model, prompt: list[int], n: int, cache=None) -> list[int]:
     ):
         out.append(int(tok))
     return out
+
+
+def prompts(vocab: int = 256, count: int = 12) -> list[list[int]]:
+    """Random prompts of many lengths, most with a repeated stretch to look up."""
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(count):
+        n = [1, 3, 9, 24, 48, 80][i % 6]
+        base = rng.integers(0, vocab, size=n).tolist()
+        out.append(base + base[: n // 2] if i % 3 else base)
+    return out
+
+
+def decode(decoder: SpeculativeDecoder, n: int) -> list[int]:
+    """The decoder's next `n` tokens, stepped until there are that many."""
+    out: list[int] = []
+    while len(out) < n:
+        out += decoder.step(limit=n - len(out))
+    return out
+
+
+class ScriptedDrafter:
+    """Drafts the given continuation of the reference output, wrong from position `wrong_at`."""
+
+    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_at: int, vocab: int = 256):
+        self.reference, self.prompt_len, self.k, self.wrong_at, self.vocab = (
+            reference, prompt_len, k, wrong_at, vocab)
+        self.calls = 0
+
+    def draft(self, history, k=None):
+        self.calls += 1
+        done = len(history) - self.prompt_len
+        drafts = self.reference[done : done + self.k]
+        return [t if i < self.wrong_at else (t + 1) % self.vocab for i, t in enumerate(drafts)]
+
+    def observe(self, drafted, accepted):
+        pass
 
 
 def chi2_pvalue(statistic: float, dof: int) -> float:
