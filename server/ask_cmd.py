@@ -133,7 +133,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     """Run `codectx ask`; returns the exit status (module docstring)."""
     args = build_parser().parse_args(argv)
     out, err = out or sys.stdout, err or sys.stderr
+    from server.core.question import EmptyQuestionError, check_question
+
     try:
+        try:
+            check_question(args.question)
+        except EmptyQuestionError as error:
+            raise UsageError(str(error)) from error
         if args.max_tokens < 1:
             raise UsageError("--max-tokens must be >= 1")
         if args.repo is not None and not args.repo.is_dir():

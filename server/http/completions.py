@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
+from server.core.question import EmptyQuestionError, check_question
 
 from . import openai_format as fmt
 from .activity import Activity
@@ -17,7 +18,7 @@ from .body import parse_json_object, read_body, require_json_content_type
 from .chat_prompt import REPOSITORY_MODEL, message_segments, repository_turns
 from .chat_request import ChatParams, parse_chat_request
 from .config import HttpConfig
-from .errors import (ContextLengthError, ModelNotFoundError, NotReadyError, error_body,
+from .errors import (BadRequestError, ContextLengthError, ModelNotFoundError, NotReadyError, error_body,
                      to_http_error)
 from .generation import Generation, result_unless_disconnected
 from .prompt_limits import Workers, check_text_fits
@@ -170,8 +171,17 @@ class ChatService:
 
 
 def _parse(raw: bytes) -> ChatParams:
-    """The body parsed and validated (CPU work: runs on a worker thread)."""
-    return parse_chat_request(parse_json_object(raw))
+    """The body parsed and validated (CPU work: runs on a worker thread); the last user
+    message goes through the core's question check."""
+    params = parse_chat_request(parse_json_object(raw))
+    users = [i for i, m in enumerate(params.messages) if m["role"] == "user"]
+    if users:
+        try:
+            check_question(params.messages[users[-1]]["content"])
+        except EmptyQuestionError as err:
+            raise BadRequestError(str(err), param=f"messages[{users[-1]}].content",
+                                  code="empty_question") from err
+    return params
 
 
 def from_done(done: DoneEvent, request_id: str, params: ChatParams, created: int,

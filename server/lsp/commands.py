@@ -11,6 +11,7 @@ from pygls.uris import to_fs_path
 
 from server.core.features import ask as ask_feature
 from server.core.features import status as status_feature
+from server.core.question import check_question
 from server.core.session import Session
 
 from . import convert, editing
@@ -49,8 +50,9 @@ async def ask_command(ls: Any, *args: Any) -> dict:
     answer (`codectx/stream`, `$/progress`) and returns it with its metrics."""
     options = _command_args(args)
     question = options.get("question")
-    if not isinstance(question, str) or not question.strip():
+    if not isinstance(question, str):
         raise InvalidArgumentsError("codectx.ask needs a non-empty string 'question'")
+    check_question(question)
     _check_option(options, "maxTokens", int, lambda v: v >= 1, "a positive integer")
     _check_option(options, "conversationId", str, lambda v: bool(v), "a non-empty string")
     _check_option(options, "tools", bool, lambda v: True, "true or false")
