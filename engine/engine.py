@@ -361,7 +361,7 @@ class Engine:
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
         """Decode, detokenize and push text events until a stop string, EOS or the length limit."""
         request = job.request
-        detok = self.tokenizer.detokenizer()
+        detok = self.tokenizer.detokenizer(continuation=request.continues_answer())
         stops = StopStrings(request.stop)
         pending_ids: list[int] = []
 

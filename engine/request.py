@@ -244,6 +244,11 @@ class Request:
         for segment in self.segments or ():
             segment_kind(segment)
 
+    def continues_answer(self) -> bool:
+        """Whether the prompt ends inside the model's answer (a hover's "`name` is", a long
+        answer's continuation): the generated text then continues it, leading space and all."""
+        return self.prompt_ids is None and bool(self.segments) and segment_kind(self.segments[-1]) is SegmentKind.ANSWER
+
     def all_token_ids(self) -> list[int]:
         if self.prompt_ids is not None:
             return list(self.prompt_ids)

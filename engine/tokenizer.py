@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import xxhash
 from tokenizers import decoders
@@ -27,7 +27,9 @@ class Detokenizer:
     """Turns a stream of token ids into text deltas that never split a UTF-8 character.
 
     Byte-level BPE streams drop the space that begins the very first token (a
-    reply's first word), as mlx-lm does; otherwise the deltas join to `decode`.
+    reply's first word), as mlx-lm does, unless the generation continues an answer
+    already started in the prompt (`continuation`: a hover's "`name` is" is followed
+    by " a function", not "a function"); otherwise the deltas join to `decode`.
 
     Example:
         stream = tokenizer.detokenizer()
@@ -36,23 +38,34 @@ class Detokenizer:
         print(stream.finalize())
     """
 
-    def __init__(self, streaming: StreamingDetokenizer) -> None:
+    def __init__(self, streaming: StreamingDetokenizer, decode: Callable[[list[int]], str] | None = None) -> None:
         self._streaming = streaming
+        self._decode = decode  # set for a continuation: puts back a first space the stream trimmed
+        self._lead = ""
 
     def add(self, token_id: int) -> str:
         """Consume one token; return the text it completes (possibly "")."""
         self._streaming.add_token(int(token_id))
-        return self._streaming.last_segment
+        return self._restore_space(self._streaming.last_segment)
 
     def finalize(self) -> str:
         """Flush text held back for an incomplete character or word; return it."""
         self._streaming.finalize()
-        return self._streaming.last_segment
+        return self._restore_space(self._streaming.last_segment)
+
+    def _restore_space(self, segment: str) -> str:
+        if self._decode is None or not segment:
+            return segment
+        decode, self._decode = self._decode, None  # only the first text can have lost it
+        if decode(list(self._streaming.tokens)).startswith(" ") and not segment.startswith(" "):
+            self._lead = " "
+            return " " + segment
+        return segment
 
     @property
     def text(self) -> str:
         """All text emitted so far."""
-        return self._streaming.text
+        return self._lead + self._streaming.text
 
     @property
     def tokens(self) -> list[int]:
@@ -94,9 +107,10 @@ class Tokenizer:
         """Text of `ids`, special tokens included."""
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
-    def detokenizer(self) -> Detokenizer:
-        """A fresh streaming detokenizer (one per generation)."""
-        return Detokenizer(self.wrapper.detokenizer)
+    def detokenizer(self, continuation: bool = False) -> Detokenizer:
+        """A fresh streaming detokenizer (one per generation); `continuation` when the prompt
+        ends inside the answer, so its first token's space is kept."""
+        return Detokenizer(self.wrapper.detokenizer, self.decode if continuation else None)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

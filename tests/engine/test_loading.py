@@ -244,3 +244,21 @@ def test_two_processes_convert_the_default_model_once(tiny_gguf, home):
     assert all(out.strip().endswith(str(home / "models" / "smollm2-135m")) for out in outputs)
     assert _cache_entries() == ["smollm2-135m"]
     assert cached_default_model(sha256_of(tiny_gguf)) is not None
+
+
+def test_a_continuation_keeps_the_space_a_reply_drops(loaded):
+    """A hover's answer starts in the prompt ("`add` is"): the generated " a function" must not
+    lose its space, while a reply's first word still does (as mlx-lm's stream)."""
+    tok = loaded.tokenizer
+    head = tok.encode("`add` is")
+    ids = tok.encode("`add` is a function that adds")[len(head):]
+    assert tok.decode(ids).startswith(" ")  # the split falls before " a"
+
+    def stream(**kwargs) -> str:
+        detok = tok.detokenizer(**kwargs)
+        text = "".join(detok.add(i) for i in ids) + detok.finalize()
+        assert text == detok.text
+        return text
+
+    assert stream(continuation=True) == tok.decode(ids)
+    assert stream() == tok.decode(ids).lstrip(" ")
