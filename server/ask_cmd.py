@@ -9,10 +9,11 @@ system prompt and ask feature (tool loop included) as the language server, so
 a second ask on an unchanged repository restores the repository prefix from
 the archive instead of recomputing it.
 
-Exit status: 0 answered, 1 the run failed (the model cannot be loaded, an
-engine error, a prompt longer than the model's context), 2 the command line
-cannot run as asked (a bad option, a `--repo` that is not a readable folder,
-a model that is not found), 130 interrupted.
+Exit status (`server.exit_status`, the same for every command): 0 answered,
+1 the run failed (the model cannot be loaded, an engine error, a prompt longer
+than the model's context), 2 the command line cannot run as asked (a bad
+option, an empty question, a `--repo` that is not a folder, a model that is
+not found), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -25,12 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+from server.exit_status import FAILED, INTERRUPTED, USAGE, UsageError, check_folder, status_for
+
 _RESERVED_TOKENS = 64  # slack for the chat template's framing of the question and answer
-USAGE, FAILED, INTERRUPTED = 2, 1, 130
-
-
-class UsageError(Exception):
-    """The command line cannot run as asked (exit status 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,13 +140,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             raise UsageError(str(error)) from error
         if args.max_tokens < 1:
             raise UsageError("--max-tokens must be >= 1")
-        if args.repo is not None and not args.repo.is_dir():
-            raise UsageError(f"--repo {args.repo}: not a folder")
+        if args.repo is not None:
+            check_folder("--repo", args.repo)
         settings = settings_from(args)
     except UsageError as error:
         err.write(f"codectx ask: {error}\n")
         return USAGE
-    from engine.errors import EngineError, ModelNotFoundError
+    from engine.errors import EngineError
     from server.core.backend import start_backend
 
     # Counting a whole file's tokens is fine here; transformers warns past model_max_length.
@@ -157,7 +155,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         backend = start_backend(settings, progress=True)
     except EngineError as error:
         err.write(f"codectx ask: {error}\n")
-        return USAGE if isinstance(error, ModelNotFoundError) else FAILED
+        return status_for(error)
     except KeyboardInterrupt:
         return INTERRUPTED
     try:
@@ -202,7 +200,7 @@ class _Asker:
             outcome = await (self._plain() if self.args.repo is None else self._with_repo())
         except EngineError as error:
             self.err.write(f"codectx ask: {error}\n")
-            return FAILED
+            return status_for(error)
         if isinstance(outcome, int):
             return outcome
         metrics, finish_reason = outcome
@@ -250,7 +248,7 @@ class _Asker:
             session, tools = await asyncio.to_thread(self._session)
         except ContextError as error:
             self.err.write(f"codectx ask: {error}\n")
-            return USAGE
+            return status_for(error)
         layout = session.prompt.workspace.layout
         files = sum(1 for s in layout.segments if s.kind in (SegmentKind.FILE, SegmentKind.HOT))
         self.err.write(f"[repo {self.args.repo}: {files} files whole, {len(layout.skipped)} skipped, "

@@ -66,7 +66,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for problem in prepare_home():
         logging.getLogger("codectx").warning("%s", problem)
-    return SUBCOMMANDS[args.command].load()(rest)
+    return _run(args.command, rest)
+
+
+def _run(name: str, argv: list[str]) -> int:
+    """Runs one subcommand; an error it lets through ends the run with one line and the
+    status of its kind (`server.exit_status`); an unexpected one keeps its traceback."""
+    from server.core.errors import Category, classify
+    from server.exit_status import INTERRUPTED, UsageError, status_for
+
+    try:
+        return SUBCOMMANDS[name].load()(argv)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except Exception as err:
+        if not isinstance(err, UsageError) and classify(err).category is Category.INTERNAL:
+            raise
+        sys.stderr.write(f"codectx {name}: {err}\n")
+        return status_for(err)
 
 
 def _version() -> str:

@@ -15,6 +15,7 @@ from context.errors import ContextError
 from context.layout import Layout
 from context.scan import iter_reasons
 from engine.request import SegmentKind
+from server.exit_status import UsageError, check_folder, status_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,14 +54,18 @@ def run(args: argparse.Namespace) -> int:
     from context.workspace import DEFAULT_PINS, Workspace
 
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        root = check_folder("--repo", args.repo)
+        try:
+            tokenizer = load_tokenizer(args.tokenizer)
+        except ContextError as err:
+            raise UsageError(str(err)) from err
         bar = progress_bar(sys.stderr)
-        ws = Workspace(Path(args.repo), tokenizer, budget=args.budget, pins=args.pin or DEFAULT_PINS,
+        ws = Workspace(root, tokenizer, budget=args.budget, pins=args.pin or DEFAULT_PINS,
                        include=args.include, exclude=args.exclude, progress=bar)
         layout = ws.build()
-    except ContextError as err:
+    except (ContextError, UsageError) as err:
         sys.stderr.write(f"codectx context: {err}\n")
-        return 2
+        return status_for(err)
     sys.stdout.write(to_json(layout) + "\n" if args.json else render_table(layout, args.all_skipped))
     return 0
 

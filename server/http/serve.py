@@ -16,6 +16,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from server.exit_status import FAILED, USAGE, check_folder
+
 from .config import HttpConfig, HttpConfigError, parse_listen
 from .keys import resolve_api_key
 
@@ -87,7 +89,7 @@ def prepare(args: argparse.Namespace) -> tuple[HttpConfig, socket.socket] | int:
     """The validated config and the bound listening socket, or the exit status to end with.
 
     The port is bound before the model loads, so a port in use fails at once
-    with one line and status 1; configuration errors give status 2.
+    with one line and status 1 (FAILED); configuration errors give status 2 (USAGE).
     """
     from .runner import ListenError, bind_listener
 
@@ -95,15 +97,15 @@ def prepare(args: argparse.Namespace) -> tuple[HttpConfig, socket.socket] | int:
         config = config_from(args)
     except HttpConfigError as err:
         logger.error("%s", err)
-        return 2
+        return USAGE
     if getattr(args, "tcp", None):
         logger.error("--http runs beside the language server on stdio (--stdio), not with --tcp")
-        return 2
+        return USAGE
     try:
         return config, bind_listener(config.host, config.port)
     except ListenError as err:
         logger.error("%s", err)
-        return 1
+        return FAILED
 
 
 def start_beside(source: EngineSource, config: HttpConfig, sock: socket.socket) -> HttpServer:
@@ -118,11 +120,17 @@ def start_beside(source: EngineSource, config: HttpConfig, sock: socket.socket) 
 
 def run(args: argparse.Namespace) -> int:
     """Runs HTTP alone (the model loads here, `--workspace` adds the repository model);
-    returns the exit status."""
+    returns the exit status.
+
+    Raises:
+        UsageError: `--workspace` is not a folder.
+    """
     from .app import create_app
     from .runner import HttpServer
     from .source import StandaloneSource
 
+    if args.workspace is not None:
+        check_folder("--workspace", args.workspace)  # UsageError: one line and status 2 (server.cli)
     prepared = prepare(args)
     if isinstance(prepared, int):
         return prepared

@@ -2,6 +2,8 @@
 everywhere (the CLI and the language server here; HTTP in tests/http/test_first_use_http.py)."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 from pygls.exceptions import JsonRpcException
 
@@ -27,3 +29,40 @@ async def test_lsp_ask_refuses_an_empty_question(shared, question):
     assert raised.value.code == -32602 and EMPTY_QUESTION in raised.value.message
     result = await command(shared, "codectx.ask", question="What does add do?", maxTokens=4)
     assert result["finishReason"] in ("stop", "length") and result["metrics"]["decode_tokens"] >= 1
+
+
+def _missing(tmp_path):
+    return str(tmp_path / "nope")
+
+
+# One kind of error, one status, whichever command meets it (server/exit_status.py, README).
+SAME_CAUSE = {
+    "a path that is not a folder": (2, [("ask", "--repo", "{missing}", "hi"),
+                                        ("context", "--repo", "{missing}"),
+                                        ("serve", "--http", "0", "--workspace", "{missing}")]),
+    "a model that is not found": (2, [("ask", "--model", "{missing}", "hi"),
+                                      ("serve", "--http", "0", "--model", "{missing}"),
+                                      ("eval", "--model", "{missing}", "--tasks", "needle")]),
+    "a bad option": (2, [("ask", "--max-tokens", "0", "hi"), ("context", "--budget", "x"),
+                         ("serve", "--http", "nohost:"), ("measure", "--file", "{missing}")]),
+}
+
+
+@pytest.mark.parametrize("cause", list(SAME_CAUSE))
+def test_one_exit_status_per_kind_of_error(cause, tmp_path):
+    status, commands = SAME_CAUSE[cause]
+    for argv in commands:
+        result = codectx(*(a.format(missing=_missing(tmp_path)) for a in argv), home=tmp_path / "home")
+        assert result.returncode == status, (argv, result.stderr)
+        assert "Traceback" not in result.stderr and result.stdout == "", argv
+        assert f"codectx {argv[0]}" in result.stderr, (argv, result.stderr)
+
+
+def test_a_run_that_fails_is_status_1(tmp_path):
+    question = tmp_path / "q.txt"
+    question.write_text("hi")
+    with socket.socket() as sock:  # a port nobody serves: the server cannot be reached
+        sock.bind(("127.0.0.1", 0))
+        unreachable = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    result = codectx("measure", "--file", str(question), "--url", unreachable, home=tmp_path)
+    assert result.returncode == 1 and "codectx measure:" in result.stderr and "Traceback" not in result.stderr
