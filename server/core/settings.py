@@ -118,7 +118,7 @@ class HoverSettings:
     """
 
     enabled: bool = True
-    latency_budget_ms: int = 1500
+    latency_budget_ms: int = 0
     max_tokens: int = 96
     use_warm_prefix: bool = True
     prefetch: int = 8

@@ -87,14 +87,16 @@ async def test_hover_is_cached_then_invalidated_by_a_dependency_edit(shared_each
         close_document(client, client.root / name)
 
 
-async def test_hover_over_budget_returns_signature_and_docstring(tiny_model, workspace):
-    """In process: the budget's fallback, and the answer that lands in the cache meanwhile."""
+async def test_hover_over_budget_returns_the_static_card_then_the_answer(tiny_model, workspace):
+    """In process: the default budget (0) answers at once with the static card and a pending
+    line; the answer lands in the cache meanwhile and the next hover shows it."""
     host = await loaded_host(default_options(tiny_model, hover={"latencyBudgetMs": 0}), workspace)
     session = host.ready_now()
     try:
         result = await explain(session, "add", workspace / "main.py")
         assert result.source == "signature"
-        assert result.markdown == "**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
+        assert result.markdown == ("**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
+                                   f"\n\n{hover_feature.PENDING_LINE}")
         # The answer is still being generated; the engine serves equal priorities in order,
         # so once a later ask is answered the hover's answer is done too (and then stored).
         await ask_feature.ask(session, "hi", on_text=lambda text: None,

@@ -4,9 +4,10 @@ Answers are cached by (definition hash, dependencies hash): the xxh3 of the
 symbol's own text and the xxh3 over the definitions its text refers to. A new
 answer is generated only when one of those changed; edits elsewhere, even in
 the same file, keep the cached answer.
-When the model cannot answer within the latency budget, the signature and
-docstring are returned at once and the answer lands in the cache for the
-next hover.
+A hover returns at once (or within `hover.latencyBudgetMs`, 0 by default) with
+the static card: location, signature and docstring, plus a visible "explanation
+pending" line while the model's answer is still being generated; the answer
+lands in the cache and the next hover on the symbol shows it.
 
 The prompt is built for a fast first token: the stable prefix, a hover turn
 that names no symbol and the answer header form a *lead-in* shared by every
@@ -66,8 +67,12 @@ class HoverCache:
         return site.key, self.index.dependencies_hash(site, files)
 
 
-def render(site: DefinitionSite, explanation: str | None) -> str:
-    """The hover markdown: explanation (if any), then signature and docstring."""
+PENDING_LINE = "*codectx: explanation pending; hover again in a moment.*"
+
+
+def render(site: DefinitionSite, explanation: str | None, pending: bool = False) -> str:
+    """The hover markdown: explanation (if any), then signature and docstring; without an
+    explanation, the static card, with `PENDING_LINE` while the model's answer is coming."""
     definition = site.definition
     parts = [f"**{definition.name}** ({definition.kind}, `{site.path.name}:{definition.line}`)"]
     if explanation:
@@ -75,6 +80,8 @@ def render(site: DefinitionSite, explanation: str | None) -> str:
     parts.append(f"```\n{definition.signature}\n```")
     if site.docstring and not explanation:
         parts.append(site.docstring)
+    if pending and not explanation:
+        parts.append(PENDING_LINE)
     return "\n\n".join(parts)
 
 
@@ -154,7 +161,7 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
             raise
         text = None  # a background preparation of this answer was interrupted, not this hover
     if text is None:
-        return HoverAnswer(render(site, None), "signature")
+        return HoverAnswer(render(site, None, pending=not task.done()), "signature")
     return HoverAnswer(render(site, text), "model")
 
 

@@ -22,7 +22,7 @@ test('initializationOptions are the nested camelCase tree of the settings', () =
   assert.deepEqual(tree.model, { name: '/models/tiny', kvBits: 16, prefillChunk: 256, speculation: 'lookup', draftModel: '' });
   assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0 });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
-  assert.deepEqual(tree.hover, { enabled: true, latencyBudgetMs: 1500, maxTokens: 96, useWarmPrefix: true, prefetch: 8, prefetchHeads: true });
+  assert.deepEqual(tree.hover, { enabled: true, latencyBudgetMs: 0, maxTokens: 96, useWarmPrefix: true, prefetch: 8, prefetchHeads: true });
   assert.deepEqual(Object.keys(tree), ['model', 'compute', 'window', 'context', 'memory', 'hover', 'ask', 'warmup']);
   assert.equal('server' in tree || 'trace' in tree, false);
 });
