@@ -19,8 +19,8 @@ DEFAULT_SYSTEM = ("You are codectx, a coding assistant. The repository below is 
 
 
 def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, question: str,
-                    turns: Sequence[tuple[str, str]] = ()) -> list[Segment]:
-    """`[prefix…][turn…][question][header]`; each template piece joins the segment after it.
+                    turns: Sequence[tuple[str, str]] = (), focus: Sequence[Segment] = ()) -> list[Segment]:
+    """`[prefix…][focus…][turn…][question][header]`; each template piece joins the segment after it.
 
     An assistant turn is two segments, `[header][answer]`, like the prompt that produced it
     followed by its answer (unless the answer starts with whitespace: then one "turn").
@@ -31,6 +31,7 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
         tokens: Token cache of the same tokenizer.
         question: The user's question.
         turns: Earlier (role, content) messages after the system message, oldest first.
+        focus: `SegmentKind.FOCUS` segments (`context.focus`), placed after the prefix.
 
     Raises:
         TemplateError: The template frames the system message differently with these turns.
@@ -39,7 +40,7 @@ def prompt_segments(layout: Layout, template: ChatTemplate, tokens: TokenCache, 
     pieces = template.frame(roles)
     if pieces[0] != layout.system_piece:
         raise TemplateError("chat template renders the system message differently depending on later turns")
-    out = list(layout.segments)
+    out = list(layout.segments) + list(focus)
     contents = [template.content(content) for _, content in turns] + [template.content(question)]
     kinds = [SegmentKind.TURN] * len(turns) + [SegmentKind.QUESTION]
     for i, (kind, piece, content) in enumerate(zip(kinds, pieces[1:], contents)):

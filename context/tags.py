@@ -25,16 +25,20 @@ log = logging.getLogger(__name__)
 _QUERY_FILE = {"tsx": "typescript"}
 _SIGNATURE_CHARS = 160
 _WS = re.compile(r"\s+")
+_FORMAT = b"definitions-with-end-v2"
+"""Changes whenever `FileTags`' stored shape changes (part of `queries_version`)."""
 
 
 @dataclass(frozen=True)
 class Definition:
-    """A named definition: kind ("function", "class", ...), name, 1-based line, signature text."""
+    """A named definition: kind ("function", "class", ...), name, 1-based first line, signature
+    text, and the 1-based last line of the whole definition (0 when unknown)."""
 
     kind: str
     name: str
     line: int
     signature: str
+    end_line: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class FileTags:
     error: str | None = None
 
     def to_msgpack(self) -> list:
-        return [[[d.kind, d.name, d.line, d.signature] for d in self.definitions],
+        return [[[d.kind, d.name, d.line, d.signature, d.end_line] for d in self.definitions],
                 list(self.references), list(self.imports), self.error]
 
     @classmethod
@@ -122,7 +126,7 @@ def extract(language: str, text: str) -> FileTags:
                     node = nodes[0]
                     defs.setdefault((node.start_byte, names[0].start_byte), Definition(
                         cap.split(".", 1)[1], _text(names[0], data), node.start_point[0] + 1,
-                        _signature(node, data)))
+                        _signature(node, data), node.end_point[0] + 1 - (node.end_point[1] == 0)))
             elif cap == "reference":
                 refs.update(_text(n, data) for n in nodes)
         if len(caps) == 1 and ("reference" in caps or "name" in caps):
@@ -151,7 +155,7 @@ def queries_version() -> str:
     """Changes when any query file or the tree-sitter version changes (invalidates tag caches)."""
     import tree_sitter
 
-    h = xxhash.xxh3_64()
+    h = xxhash.xxh3_64(_FORMAT)
     h.update(getattr(tree_sitter, "__version__", "0.26").encode())
     for entry in sorted(resources.files("context.queries").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".scm"):

@@ -6,14 +6,13 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import xxhash
 
-from context import budget as budgeting
-from context import store
+from context import budget as budgeting, store
 from context.chat import ChatTemplate
-from context.errors import BudgetError, WorkspaceError
+from context.errors import AccessDeniedError, BudgetError, WorkspaceError
 from context.home import codectx_home
 from context.graph import RepoGraph, SegmentTexts, WorkspaceFile
 from context.hot import HotTail
@@ -22,7 +21,6 @@ from context.languages import language_of
 from context.layout import Layout, left_out_rows
 from context.order import dependency_order, pinned
 from context.access import AccessPolicy
-from context.errors import AccessDeniedError
 from context.prompt import DEFAULT_SYSTEM, prompt_segments
 from context.scan import ScanRules, Skipped, SourceFile, inside_skipped_folder
 from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
@@ -391,7 +389,12 @@ class Workspace:
             self.tokens.save()
             self.tags.save()
 
-    def prompt(self, question: str, turns: Sequence[tuple[str, str]] = ()) -> list[Segment]:
-        """The current layout framed as a chat: see `context.prompt.prompt_segments`."""
-        return prompt_segments(self._layout, self.template, self.tokens, question, turns)
+    @property
+    def files(self) -> Mapping[str, WorkspaceFile]:
+        """Every kept file (whole, map-only or omitted) by path, with its current text and tags."""
+        return self._files
+
+    def prompt(self, question: str, turns: Sequence[tuple[str, str]] = (), focus: Sequence[Segment] = ()):
+        """The current layout framed as a chat (a list of segments): `context.prompt.prompt_segments`."""
+        return prompt_segments(self._layout, self.template, self.tokens, question, turns, focus)
 

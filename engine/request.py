@@ -49,11 +49,20 @@ class Priority(IntEnum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Greedy when temperature == 0 (the default)."""
+    """How the next token is chosen and when a generation is stopped early.
+
+    Greedy when temperature == 0 (the default). `repetition_penalty` > 1 makes
+    the tokens this request already generated less likely (`engine.sampling.
+    RepetitionPenalty`; 1.0 leaves the logits untouched); `loop_guard` ends the
+    generation with finish reason "repetition" once its output repeats itself
+    (`engine.loop_guard`; the server turns it on, `generation.loopGuard`).
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    loop_guard: bool = False
 
 
 class SegmentKind(StrEnum):
@@ -67,6 +76,9 @@ class SegmentKind(StrEnum):
     - MAP: signatures of the files that did not fit whole.
     - FILE: one repository file, whole (key: its path).
     - HOT: the current copy of a file edited since the layout was built.
+    - FOCUS: definitions and files one request is about (context.focus), after the
+      stable prefix and before the turns: chosen per question, so not stable; each
+      one's end is an anchor, so a question about the same code restores them.
     - TURN: an earlier chat message.
     - QUESTION: the message being answered.
     - HEADER: the chat template's response header before an answer.
@@ -103,6 +115,7 @@ class SegmentKind(StrEnum):
     MAP = "map"
     FILE = "file"
     HOT = "hot"
+    FOCUS = "focus"
     TURN = "turn"
     QUESTION = "question"
     HEADER = "header"
@@ -137,8 +150,8 @@ class SegmentKind(StrEnum):
 
 _S = SegmentKind
 _STABLE = frozenset({_S.SYSTEM, _S.TOOLS, _S.MAP, _S.FILE, _S.HOT})
-_DENSE = frozenset({_S.HOT, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
-_ANCHOR = frozenset({_S.HOT, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
+_DENSE = frozenset({_S.HOT, _S.FOCUS, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
+_ANCHOR = frozenset({_S.HOT, _S.FOCUS, _S.TURN, _S.QUESTION, _S.HEADER, _S.ANSWER})
 _PROTECTED = frozenset({_S.QUESTION, _S.HEADER})
 _ONE_OFF = frozenset({_S.QUESTION, _S.HEADER, _S.ANSWER})
 
@@ -273,6 +286,8 @@ class Metrics:
     draft_recomputed_tokens: int = 0  # the draft model's prompt tokens prefilled in this request
     checkpoint_bytes: int = 0
     miss_reason: str | None = None
+    loop_period: int = 0            # the loop guard stopped a loop of this many tokens per copy
+    loop_tokens: int = 0            # ... whose repeated tail covered this many tokens
 
     @property
     def prefill_tps(self) -> float:
@@ -335,7 +350,8 @@ class TokenEvent:
 class DoneEvent:
     """The last event of every request.
 
-    finish_reason: "stop" (EOS or stop string), "length", "cancelled", "error".
+    finish_reason: "stop" (EOS or stop string), "length", "repetition" (the loop
+    guard stopped a loop; the repeated text stays in `text`), "cancelled", "error".
     """
 
     request_id: str
