@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from context.access import AccessPolicy
-from context.errors import WorkspaceError
+from context.errors import AccessDeniedError, WorkspaceError
+from context.focus import Focus, select_focus
+from context.focus_query import FocusQuery
 from context.lru import LRUDict
 from context.segments import Segment
 from context.workspace import Workspace
@@ -117,11 +119,24 @@ class WorkspacePrompt:
         self._flush()
         self.workspace.build(fold=True)
 
-    def segments(self, turns: Sequence[Turn]) -> list[Segment]:
-        """The prompt for `turns`; the last turn is the question (engine segments as they are)."""
+    def segments(self, turns: Sequence[Turn], focus: Sequence[Segment] = ()) -> list[Segment]:
+        """The prompt for `turns`; the last turn is the question (engine segments as they are).
+        `focus` (`focus(...).segments`) goes after the stable prefix, before the turns."""
         self._flush()
         *earlier, question = turns
-        return self.workspace.prompt(_text(question.content), [(t.role, _text(t.content)) for t in earlier])
+        return self.workspace.prompt(_text(question.content), [(t.role, _text(t.content)) for t in earlier],
+                                     focus)
+
+    def focus(self, query: FocusQuery, budget: int) -> Focus:
+        """The focus of a request (`context.focus.select_focus`) over every file of the workspace,
+        within `budget` tokens. `query.path` may be absolute; outside the workspace it is ignored."""
+        self._flush()
+        if query.path is not None:
+            try:
+                query = replace(query, path=self.access.relative(query.path))
+            except AccessDeniedError:
+                query = replace(query, path=None, lines=None)
+        return select_focus(self.workspace.files, query, self.workspace.tokens, budget)
 
     def prefix_segments(self) -> list[Segment]:
         """The stable prefix alone: what warm-up prefills."""

@@ -134,6 +134,22 @@ class AskSettings:
 
 
 @dataclass(frozen=True)
+class FocusSettings:
+    """Focus segments (`context.focus`): the definitions and files a request names, from the whole
+    repository, after the stable prefix and before the question.
+
+    Attributes:
+        enabled: Add focus segments to asks.
+        budget_tokens: Most tokens they hold. The default model's context is 8192 tokens: the
+            prefix (`context.budgetTokens` 6000) and an answer (`ask.maxTokens` 512) leave 1680;
+            1024 of them for the focus leave 656 for the question and earlier turns.
+    """
+
+    enabled: bool = True
+    budget_tokens: int = 1024
+
+
+@dataclass(frozen=True)
 class WarmupSettings:
     """Background re-prefill after edits."""
 
@@ -152,6 +168,7 @@ class Settings:
     memory: MemorySettings = field(default_factory=MemorySettings)
     hover: HoverSettings = field(default_factory=HoverSettings)
     ask: AskSettings = field(default_factory=AskSettings)
+    focus: FocusSettings = field(default_factory=FocusSettings)
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from pygls.uris import to_fs_path
 
+from context.focus_query import FocusQuery
 from server.core.features import ask as ask_feature
 from server.core.features import status as status_feature
+from server.core.features.symbols import identifier_at
 from server.core.question import check_question
 from server.core.session import Session
 
@@ -31,8 +33,16 @@ def register(server: Any) -> None:
 
     @server.command("codectx.showContext")
     async def show_context_command(ls, *args: Any) -> dict:
+        """`codectx.showContext {question?, uri?, range?}`: the layout, and the focus an ask with
+        that question (and selection or cursor) would get."""
+        options = _command_args(args)
+        _check_option(options, "question", str, lambda v: bool(v.strip()), "a non-empty string")
         session = await ls.ready()
-        return status_feature.show_context(session, session.warmup.segment_states())
+        focus = None
+        if options.get("question"):
+            _, _, query = _selection(session, options, options["question"])
+            focus = session.prompt.focus(query, session.settings.focus.budget_tokens)
+        return status_feature.show_context(session, session.warmup.segment_states(), focus)
 
     @server.command("codectx.reset")
     def reset_command(ls, *args: Any) -> dict:
@@ -57,7 +67,7 @@ async def ask_command(ls: Any, *args: Any) -> dict:
     _check_option(options, "conversationId", str, lambda v: bool(v), "a non-empty string")
     _check_option(options, "tools", bool, lambda v: True, "true or false")
     session = await ls.ready()
-    selection, path = _selection(session, options)
+    selection, path, focus = _selection(session, options, question)
     stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress(),
                         client_token=ls.protocol.work_done_token)
     await stream.begin("codectx: answering")
@@ -65,7 +75,8 @@ async def ask_command(ls: Any, *args: Any) -> dict:
     try:
         result = await ask_feature.ask(
             session, question, on_text=stream.send, on_prefill=stream.prefill, conversation_id=options.get("conversationId"), selection=selection, path=path,
-            tools=session.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"))
+            tools=session.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"),
+            focus=focus)
         reason = result.finish_reason
         return result.as_dict()
     except asyncio.CancelledError:
@@ -90,10 +101,16 @@ def _check_option(options: dict, name: str, kind: type, valid: Any, what: str) -
         raise InvalidArgumentsError(f"'{name}' must be {what}, got {value!r}")
 
 
-def _selection(session: Session, options: dict) -> tuple[str | None, str | None]:
-    """The selected text and its path, from optional 'uri' + 'range' arguments."""
+def _selection(session: Session, options: dict, question: str) -> tuple[str | None, str | None, FocusQuery]:
+    """The selected text, its path and what the ask is about, from optional 'uri' + 'range'
+    arguments: the selection's file and lines, or for an empty range the identifier there."""
     if "uri" not in options or "range" not in options:
-        return None, None
+        return None, None, FocusQuery(question)
     _, text, rng = editing.document_range(session, options)
     span = convert.to_span(text, rng, session.documents.encoding)
-    return text[span.start:span.end], to_fs_path(options["uri"])
+    path = to_fs_path(options["uri"])
+    if span.start == span.end:
+        found = identifier_at(text, span.start)
+        return "", path, FocusQuery(question, symbol=found[0] if found else None, path=path)
+    lines = (rng.start.line + 1, rng.end.line + 1 - (rng.end.character == 0 and rng.end.line > rng.start.line))
+    return text[span.start:span.end], path, FocusQuery(question, path=path, lines=lines)

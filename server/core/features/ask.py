@@ -5,6 +5,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+from context.focus import Focus
+from context.focus_query import FocusQuery
 from engine.request import SamplingParams
 
 from ..prompt import Turn
@@ -23,10 +25,11 @@ class AskResult:
     metrics: dict
     conversation_id: str
     tool_calls: list[dict] = field(default_factory=list)
+    focus: dict | None = None  # `Focus.as_dict()`: what was focused and why (None: focus off)
 
     def as_dict(self) -> dict:
         return {"text": self.text, "finishReason": self.finish_reason, "metrics": self.metrics,
-                "conversationId": self.conversation_id, "toolCalls": self.tool_calls}
+                "conversationId": self.conversation_id, "toolCalls": self.tool_calls, "focus": self.focus}
 
 
 def question_text(question: str, selection: str | None, path: str | None) -> str:
@@ -42,13 +45,15 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
               conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
               tools: WorkspaceTools | None = None, max_tokens: int | None = None,
-              sampling: SamplingParams | None = None) -> AskResult:
+              sampling: SamplingParams | None = None, focus: FocusQuery | None = None) -> AskResult:
     """Answers `question`, streaming every piece of text to `on_text`.
 
     When the model emits a tool call, the tool runs inside the workspace, its
     result is appended as a turn and generation continues (at most
     `settings.ask.max_tool_calls` times; not after a cancelled round). Tool calls are
-    shown in the stream. `sampling` defaults to greedy.
+    shown in the stream. `sampling` defaults to greedy. Unless `focus.enabled` is off, the
+    definitions and files the request names (`focus`, default: the question and `path`) are
+    focus segments after the repository prefix (`context.focus`).
 
     Raises:
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
@@ -58,6 +63,8 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     turns = history + [Turn("user", question_text(question, selection, path))]
     pieces: list[str] = []
     calls: list[dict] = []
+    answer_tokens = max_tokens or settings.max_tokens
+    focused = focus_of(session, focus or FocusQuery(question, path=path), turns, answer_tokens)
 
     def emit(text: str) -> None:
         pieces.append(text)
@@ -66,7 +73,8 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     metrics: dict = {}
     for round_number in range(settings.max_tool_calls + 1):
         done = await session.generate(
-            session.prompt.segments(turns), max_tokens=max_tokens or settings.max_tokens, on_text=emit,
+            session.prompt.segments(turns, focused.segments if focused else ()), max_tokens=answer_tokens,
+            on_text=emit,
             stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill, sampling=sampling)
         metrics = _add_metrics(metrics, done.metrics.as_dict())
         more = tools and round_number < settings.max_tool_calls and done.finish_reason != "cancelled"
@@ -81,7 +89,19 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
     text = "".join(pieces)
     history += [turns[len(history)], Turn("assistant", text)]
     session.counters.asks += 1
-    return AskResult(text, done.finish_reason, metrics, conversation_id, calls)
+    return AskResult(text, done.finish_reason, metrics, conversation_id, calls,
+                     focused.as_dict() if focused else None)
+
+
+def focus_of(session: Session, query: FocusQuery, turns: list[Turn], answer_tokens: int) -> Focus | None:
+    """The focus of a request under the session's `focus.*` settings (None when off), within
+    what the model's context leaves after the prompt without it and the answer."""
+    settings = session.settings.focus
+    if not settings.enabled:
+        return None
+    prompt_tokens = sum(len(s.token_ids) for s in session.prompt.segments(turns))
+    room = session.backend.context_length - prompt_tokens - answer_tokens
+    return session.prompt.focus(query, max(0, min(settings.budget_tokens, room)))
 
 
 def _tool_call(text: str):

@@ -38,13 +38,15 @@ def status(base: LoadingSession, ready: ReadySession | None, position_encoding: 
     }
 
 
-def show_context(session: Session, cache_states: list[str]) -> dict:
+def show_context(session: Session, cache_states: list[str], focus=None) -> dict:
     """The prefix layout as rows and as a markdown document for a virtual buffer, with the
-    files the access policy left out (and why) and the layout's notes.
+    files the access policy left out (and why), the layout's notes and, for a question, its
+    focus (what an ask would add after the prefix, and why).
 
     Args:
         session: A ready session.
         cache_states: "cached", "partial" or "cold" per prefix segment (`Warmup.segment_states`).
+        focus: A `context.focus.Focus` to show, or None.
     """
     rows = [dict(row, cache=state) for row, state in zip(session.prompt.layout(), cache_states)]
     lines = ["# codectx context", "", "| # | kind | key | tokens | cache |", "|---|---|---|---|---|"]
@@ -57,4 +59,7 @@ def show_context(session: Session, cache_states: list[str]) -> dict:
         counts = iter_reasons(Skipped(s["path"], s["reason"]) for s in skipped)
         lines.append(f"skipped: {len(skipped)} ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
     lines += [f"note: {note}" for note in notes]
-    return {"segments": rows, "skipped": skipped, "notes": notes, "markdown": "\n".join(lines) + "\n"}
+    if focus is not None:
+        lines += ["", "## focus", "", *(f"    {line}" for line in focus.lines())]
+    return {"segments": rows, "skipped": skipped, "notes": notes, "markdown": "\n".join(lines) + "\n",
+            "focus": focus.as_dict() if focus is not None else None}
