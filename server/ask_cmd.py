@@ -26,9 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+from server.core.prefix_budget import ASK_MAX_TOKENS
 from server.exit_status import FAILED, INTERRUPTED, USAGE, UsageError, check_folder, status_for
-
-_RESERVED_TOKENS = 64  # slack for the chat template's framing of the question and answer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo", type=Path, help="repository whose files become the context")
     parser.add_argument("--model", help="model name, directory, .gguf file or hub id "
                                         "(default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    parser.add_argument("--max-tokens", type=int, default=ASK_MAX_TOKENS,
+                        help=f"most tokens to generate (default {ASK_MAX_TOKENS})")
     parser.add_argument("--kv-bits", type=int, choices=(8, 16), default=16, help="KV cache precision")
     parser.add_argument("--prefill-chunk", type=int, default=None, help="tokens per prefill step")
     parser.add_argument("--window", default=None, metavar="G,W[,TAIL]",
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exact attention everywhere (window.enabled = false)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--no-loop-guard", action="store_true",
+                        help="do not stop an answer that repeats itself (generation.loopGuard = false)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="penalize tokens the answer already holds; 1.0 (default) is off")
     return parser
 
 
@@ -73,7 +77,7 @@ def settings_from(args: argparse.Namespace) -> Any:
     """The server's settings tree with the command line's model options over its defaults.
 
     Raises:
-        UsageError: A malformed `--window` or `--prefill-chunk`.
+        UsageError: A malformed `--window`, `--prefill-chunk` or `--repetition-penalty`.
     """
     from server.core.settings import Settings
 
@@ -84,10 +88,14 @@ def settings_from(args: argparse.Namespace) -> Any:
         raise UsageError(f"--window: {err}") from err
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UsageError("--prefill-chunk must be >= 1")
+    if not 1.0 <= args.repetition_penalty < float("inf"):
+        raise UsageError("--repetition-penalty must be a number >= 1.0")
     model = dataclasses.replace(defaults.model, kv_bits=args.kv_bits,
                                 prefill_chunk=args.prefill_chunk or defaults.model.prefill_chunk,
                                 **({"name": args.model} if args.model else {}))
-    return dataclasses.replace(defaults, model=model, window=window)
+    generation = dataclasses.replace(defaults.generation, loop_guard=not args.no_loop_guard,
+                                     repetition_penalty=args.repetition_penalty)
+    return dataclasses.replace(defaults, model=model, window=window, generation=generation)
 
 
 def build_messages(question: str) -> list[dict[str, str]]:
@@ -240,7 +248,7 @@ class _Asker:
     async def _with_repo(self) -> tuple[dict, str] | int:
         """The repository through the core: workspace prompt, session and the ask feature."""
         from context.errors import ContextError
-        from engine.request import SegmentKind
+        from server.context_cmd import fit_summary
         from server.core.features.ask import ask
         from server.core.prompt import Turn
 
@@ -250,9 +258,9 @@ class _Asker:
             self.err.write(f"codectx ask: {error}\n")
             return status_for(error)
         layout = session.prompt.workspace.layout
-        files = sum(1 for s in layout.segments if s.kind in (SegmentKind.FILE, SegmentKind.HOT))
-        self.err.write(f"[repo {self.args.repo}: {files} files whole, {len(layout.skipped)} skipped, "
-                       f"{layout.tokens} prefix tokens (budget {session.settings.context.budget_tokens})]\n")
+        self.err.write(f"[repo {self.args.repo}: {fit_summary(layout)}; {len(layout.skipped)} skipped, "
+                       f"{layout.tokens} prefix tokens (budget {session.settings.context.budget_tokens}; "
+                       f"`codectx context` shows which)]\n")
         first = session.prompt.segments([Turn("user", self.args.question)])
         if not self._fits(sum(len(s.token_ids) for s in first)):
             return FAILED
@@ -271,16 +279,16 @@ class _Asker:
             ContextError: The repository cannot be scanned.
         """
         from server.context_cmd import progress_bar
+        from server.core.prefix_budget import prefix_budget
         from server.core.prompt import WorkspacePrompt
         from server.core.session import LoadingSession, NoBuffers, Session
         from server.core.tools import TOOLS_PROMPT, WorkspaceTools
 
         # The server's budget, within what the model's context leaves for the question and answer.
         question_tokens = len(self.backend.tokenizer.encode(self.args.question))
-        room = self.backend.context_length - self.args.max_tokens - question_tokens - _RESERVED_TOKENS
         context = self.settings.context
-        settings = dataclasses.replace(self.settings, context=dataclasses.replace(
-            context, budget_tokens=max(1, min(context.budget_tokens, room))))
+        budget = prefix_budget(context, self.backend.context_length, self.args.max_tokens, question_tokens)
+        settings = dataclasses.replace(self.settings, context=dataclasses.replace(context, budget_tokens=budget))
         base = LoadingSession(settings, NoBuffers(), self.args.repo.resolve())
         prompt = WorkspacePrompt(base.root, self.backend.tokenizer, base.buffer_text, TOOLS_PROMPT,
                                  settings.context, progress=progress_bar(self.err))

@@ -81,7 +81,8 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     result = codectx("ask", "--repo", str(tmp_path), "--model", str(cli_model), "--max-tokens", "4", "q?",
                      "--kv-bits", "8")
     assert result.returncode == 0, result.stderr
-    assert re.search(r"2 files whole, 1 skipped", result.stderr), result.stderr
+    assert re.search(r"2 files whole, 0 map-only \(signatures\), 0 not at all \(over budget\); 1 skipped",
+                     result.stderr), result.stderr
     bare = codectx("ask", "--model", str(cli_model), "--max-tokens", "4", "q?")
     with_repo, without = (int(FOOTER.search(r.stderr).group(1)) for r in (result, bare))
     assert with_repo > without + 10

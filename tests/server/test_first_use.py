@@ -2,6 +2,8 @@
 everywhere (the CLI and the language server here; HTTP in tests/http/test_first_use_http.py)."""
 from __future__ import annotations
 
+import json
+import re
 import socket
 
 import pytest
@@ -66,3 +68,41 @@ def test_a_run_that_fails_is_status_1(tmp_path):
         unreachable = f"http://127.0.0.1:{sock.getsockname()[1]}"
     result = codectx("measure", "--file", str(question), "--url", unreachable, home=tmp_path)
     assert result.returncode == 1 and "codectx measure:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_context_shows_the_layout_ask_uses_and_what_fits(tmp_path):
+    """Without --budget, `context` lays out with the budget `ask` uses for the model (ask also
+    subtracts its question's tokens); `--budget unlimited` has every file whole."""
+    from context.hf_tokenizer import HFTokenizer
+    from server.core.prefix_budget import prefix_budget
+    from server.core.settings import Settings
+    from tests.server.harness import build_server_test_model
+
+    model = build_server_test_model(tmp_path / "model")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for i in range(40):  # about 16k tokens: more than the tiny model's 4096-token context
+        (repo / f"mod{i}.py").write_text("".join(f"def f{i}_{k}(x):\n    return x * {k} + {i}\n"
+                                                 for k in range(30)), encoding="utf-8")
+    home = tmp_path / "home"
+    shown = codectx("context", "--repo", str(repo), "--model", str(model), "--tokenizer", str(model),
+                    "--max-tokens", "1", "--json", home=home)
+    assert shown.returncode == 0, shown.stderr
+    layout = json.loads(shown.stdout)
+    length = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    assert layout["budget"] == prefix_budget(Settings().context, length, 1) < Settings().context.budget_tokens
+    assert "what `codectx ask` uses" in layout["budgetSource"]
+    fit = layout["fit"]
+    assert fit["whole"] >= 1 and fit["notAtAll"] >= 1 and sum(fit.values()) == 40
+
+    question = "What does f3_2 do?"
+    asked = codectx("ask", "--repo", str(repo), "--model", str(model), "--max-tokens", "1", question, home=home)
+    assert asked.returncode == 0, asked.stderr
+    question_tokens = len(HFTokenizer.from_dir(model).encode(question))
+    said = re.search(r"\[repo .*: (\d+) files whole, (\d+) map-only .* \(budget (\d+);", asked.stderr)
+    assert said, asked.stderr
+    assert int(said.group(3)) == layout["budget"] - question_tokens
+
+    table = codectx("context", "--repo", str(repo), "--tokenizer", str(model), "--budget", "unlimited", home=home)
+    assert table.returncode == 0, table.stderr
+    assert "(budget unlimited); 40 files whole, 0 map-only (signatures), 0 not at all (over budget)" in table.stdout
