@@ -202,6 +202,14 @@ class TagCache:
             self._live[key] = tags
         return tags
 
+    def lookup(self, language: str, text_hash: str) -> FileTags | None:
+        """Tags already parsed for this content, or None (nothing is parsed or stored)."""
+        key = f"{language}:{text_hash}"
+        tags = self._live.get(key)
+        if tags is None and key in self._stored:
+            tags = FileTags.from_msgpack(self._stored[key])
+        return tags
+
     def save(self) -> None:
         """Writes the entries used in this session (older ones are dropped)."""
         if self.persist and self._dirty:

@@ -48,7 +48,7 @@ class ReadySession(Session):
         super().__init__(base, backend, prompt)
         self.on_warmth = on_warmth
         self.tools = WorkspaceTools(prompt.access, self.read_text, lambda: prompt.files)
-        self.hover_cache = hover_feature.HoverCache(self.read_text)
+        self.hover_cache = hover_feature.HoverCache(self.read_text, prompt.workspace.tags)
         lead_in = hover_feature.lead_in if base.settings.hover.enabled else None
         self.warmup = Warmup(self, self._warmup_state, lead_in=lead_in)
         self.prefetch = HoverPrefetch(self, self.hover_cache, busy=lambda: self.warmup.busy,

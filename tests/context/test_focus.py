@@ -1,8 +1,6 @@
 """Focus segments: what a request names, from the whole repository, within the focus budget."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from context.focus import select_focus
@@ -11,28 +9,7 @@ from context.tags import extract
 from context.workspace import Workspace
 from engine.request import SegmentKind, stable_part
 
-BLAS = ('"""OpenBLAS under the matmuls."""\n\n\n'
-        "def preload(path=None):\n"
-        '    """Loads the library before anything imports MLX."""\n'
-        "    handle = _open(path)\n"
-        "    return handle\n\n\n"
-        "def _open(path):\n"
-        "    return path or 'libopenblas.so'\n\n\n"
-        + "".join(f"def filler_{i}(x):\n    return x + {i}\n\n\n" for i in range(40)))
-"""A module large enough that it is not kept whole under the test budget, nor fits the focus whole."""
-
-
-def write_repo(root: Path) -> Path:
-    files = {"README.md": "# demo\n", "pkg/__init__.py": "", "pkg/blas.py": BLAS,
-             "pkg/small.py": "LIMIT = 3\n\n\ndef clamp(x):\n    return min(x, LIMIT)\n",
-             "pkg/user.py": "from .blas import preload\n\n\ndef start():\n    return preload('x')\n"}
-    files.update({f"pkg/m{i}.py": "".join(f"def f{i}_{j}(x):\n    return x * {j}\n\n\n" for j in range(12))
-                  for i in range(12)})
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text, encoding="utf-8")
-    return root
-
+from focus_repo import BLAS, write_repo
 
 @pytest.fixture
 def ws(tmp_path, smol_tokenizer):

@@ -54,10 +54,11 @@ class HoverCache:
 
     Args:
         read_text: A file's current text (open buffer or disk), for the definition index.
+        tags: The workspace's tag cache (`context.definitions.DefinitionIndex`), or None.
     """
 
-    def __init__(self, read_text) -> None:
-        self.index = DefinitionIndex(read_text)
+    def __init__(self, read_text, tags=None) -> None:
+        self.index = DefinitionIndex(read_text, tags)
         # Bounded: every edit of a definition or of what it uses makes a new key.
         self.answers: LRUDict[tuple[str, str], str] = LRUDict(MAX_ANSWERS)
         self.pending: dict[tuple[str, str], asyncio.Task] = {}

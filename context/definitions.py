@@ -1,0 +1,149 @@
+"""Where names are defined, and the text of a definition: the one definition index.
+
+Definitions come from the tree-sitter tags `context.tags` extracts (kind, name, first and
+last line, signature), read through a `TagCache` keyed by content hash: given the
+workspace's cache (`Workspace.tags`), a file the workspace parsed is not parsed again
+here, and what the focus (`context.focus`), hover and code actions see are the same tags.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import xxhash
+
+from context.errors import ContextError
+from context.languages import language_of
+from context.segments import text_hash
+from context.tags import Definition, TagCache, extract
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DOCSTRING = re.compile(r'^\s*(?:"""|\'\'\')(.*?)(?:"""|\'\'\')', re.S)
+MAX_SNIPPET_LINES = 40
+"""A definition's text is cut after this many lines (a hover explains, it does not quote)."""
+
+
+@dataclass(frozen=True)
+class DefinitionSite:
+    """A definition with the text a model needs to explain it.
+
+    Attributes:
+        path: The file.
+        definition: Its tag.
+        snippet: Its text: from its first line to its last (at most `MAX_SNIPPET_LINES`).
+    """
+
+    path: Path
+    definition: Definition
+    snippet: str
+
+    @property
+    def key(self) -> str:
+        """xxh3 of the definition's own text."""
+        return xxhash.xxh3_64_hexdigest(self.snippet.encode("utf-8", "surrogatepass"))
+
+    @property
+    def docstring(self) -> str | None:
+        body = self.snippet.split("\n", 1)[1] if "\n" in self.snippet else ""
+        match = _DOCSTRING.match(body)
+        return match.group(1).strip() if match else None
+
+
+def identifier_at(text: str, offset: int) -> tuple[str, tuple[int, int]] | None:
+    """The identifier touching `offset`, with its (start, end) offsets."""
+    for match in _IDENTIFIER.finditer(text, max(0, offset - 128), offset + 128):
+        if match.start() <= offset <= match.end():
+            return match.group(), (match.start(), match.end())
+    return None
+
+
+def definitions_in(path: Path, text: str, tags: TagCache | None = None) -> tuple[Definition, ...]:
+    """The definitions tree-sitter finds in one file: `tags`' when it parsed this text already
+    (it keeps what it holds: editor versions do not pile up in it), else parsed now."""
+    language = language_of(str(path))
+    known = tags.lookup(language, text_hash(text)) if tags is not None else None
+    return (known or extract(language, text)).definitions
+
+
+def site_of(path: Path, text: str, definition: Definition, following: Iterable[Definition]) -> DefinitionSite:
+    """Cuts the definition's text: its own lines when the tag knows its end, else up to the next
+    definition; at most `MAX_SNIPPET_LINES`."""
+    lines = text.splitlines()
+    if definition.end_line >= definition.line:
+        end = definition.end_line + 1
+    else:
+        end = min([d.line for d in following if d.line > definition.line] + [len(lines) + 1])
+    end = min(end, definition.line + MAX_SNIPPET_LINES, len(lines) + 1)
+    snippet = "\n".join(lines[definition.line - 1: end - 1]).rstrip()
+    return DefinitionSite(path, definition, snippet)
+
+
+def references_in(site: DefinitionSite) -> tuple[str, ...]:
+    """Names the definition's own text refers to (tree-sitter reference tags), sorted."""
+    return extract(language_of(str(site.path)), textwrap.dedent(site.snippet)).references
+
+
+class DefinitionIndex:
+    """Definitions per file, re-read only when a file's text changes.
+
+    Args:
+        read_text: A file's current text (open buffer or disk).
+        tags: The workspace's tag cache (`Workspace.tags`): texts it parsed are not parsed
+            again; None parses every new text here.
+    """
+
+    def __init__(self, read_text: Callable[[Path], str], tags: TagCache | None = None) -> None:
+        self.read_text = read_text
+        self.tags = tags
+        self._parsed: dict[Path, tuple[str, tuple[Definition, ...]]] = {}
+
+    def definitions(self, path: Path) -> tuple[str, tuple[Definition, ...]] | None:
+        """`path`'s current text and its definitions (None when it cannot be read)."""
+        try:
+            text = self.read_text(path)
+        except (OSError, ContextError):  # gone, or refused by the access policy
+            self._parsed.pop(path, None)
+            return None
+        cached = self._parsed.get(path)
+        if cached is None or cached[0] != text:
+            cached = (text, definitions_in(path, text, self.tags))
+            self._parsed[path] = cached
+        return cached
+
+    def find(self, name: str, current: Path, files: Iterable[Path]) -> DefinitionSite | None:
+        """Where `name` is defined: the current file first, then `files` in order."""
+        for path in [current] + [p for p in files if p != current]:
+            found = self.definitions(path)
+            if found is None:
+                continue
+            text, definitions = found
+            for definition in definitions:
+                if definition.name == name:
+                    return site_of(path, text, definition, definitions)
+        return None
+
+    def dependencies_hash(self, site: DefinitionSite, files: Iterable[Path]) -> str:
+        """xxh3 over the definitions `site` refers to (name and text of each, one level deep).
+
+        An edit changes this hash only when it changes the text of something the
+        symbol uses (or makes a used name resolve elsewhere).
+        """
+        files = list(files)
+        digest = xxhash.xxh3_64()
+        for name in references_in(site):
+            if name == site.definition.name:
+                continue
+            used = self.find(name, site.path, files)
+            if used is not None:
+                digest.update(f"{name}\0{used.path}\0{used.key}\0".encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+
+def enclosing_definition(path: Path, text: str, line: int, tags: TagCache | None = None) -> DefinitionSite | None:
+    """The last function, method or class starting at or before 1-based `line`."""
+    definitions = definitions_in(path, text, tags)
+    before = [d for d in definitions if d.line <= line and d.kind in ("function", "method", "class")]
+    return site_of(path, text, before[-1], definitions) if before else None
