@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+from context.focus_query import FocusQuery
 from engine.request import Priority, PromptSegment, Request
 from server.core.backend import Backend, start_backend
 from server.core.errors import NotReadyError
+from server.core.features.ask import focus_of
 from server.core.prompt import Turn, WorkspacePrompt
-from server.core.session import SessionProvider
+from server.core.session import Session, SessionProvider
 from server.core.settings import Settings
 from server.core.tools import TOOLS_PROMPT
 
@@ -153,7 +155,13 @@ class SessionSource:
         return Served(session.backend, _aliases(session.settings.model.name, session.backend.model_id), True)
 
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
+        """The editor's workspace prompt, with the focus of the last message (`focus.*`), as an ask's."""
+        def build(session: Session) -> list[PromptSegment]:
+            chat = _turns(turns)
+            focus = focus_of(session, FocusQuery(chat[-1].content), chat, session.settings.ask.max_tokens)
+            return session.prompt.segments(chat, focus.segments if focus is not None else ())
+
         try:
-            return await self.provider.call(lambda session: session.prompt.segments(_turns(turns)))
+            return await self.provider.call(build)
         except NotReadyError as err:
             raise LookupError("no workspace") from err

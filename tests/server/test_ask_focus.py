@@ -84,3 +84,17 @@ def test_context_command_shows_the_focus(model, repo, tmp_path):
     as_json = subprocess.run(args + ["--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
     focus = json.loads(as_json.stdout)["focus"]
     assert focus["items"][0]["name"] == "preload" and 0 < focus["tokens"] <= focus["budget"] == 1024
+
+
+async def test_http_beside_the_editor_gets_the_focus(model, repo):
+    from server.http.source import SessionSource
+    from tests.server.harness import loaded_host
+
+    host = await loaded_host(default_options(model, context={"budgetTokens": 1200}), repo)
+    try:
+        segments = await SessionSource(host).repository_segments([("user", QUESTION)])
+        focused = [s for s in segments if s.kind == SegmentKind.FOCUS]
+        assert focused and focused[0].key == "pkg/blas.py:4-7" and "def preload(" in focused[0].text
+        assert stable_part(segments) == list(host.current().prompt.workspace.layout.segments)
+    finally:
+        host.close()
