@@ -4,7 +4,10 @@ With `--http [HOST:]PORT` it serves the OpenAI-compatible API instead, or beside
 the language server with `--stdio` (this entry point wires the two transports over
 the language server's session; server/http/serve.py runs HTTP alone).
 
-stdout is the LSP channel, so logs go to stderr or to `--log-file`.
+stdout is the LSP channel. The language server sends its log to the client as
+`window/logMessage` and writes only warnings and errors to stderr (editors show a
+server's stderr as errors); `--stderr-level` (or `CODECTX_STDERR_LEVEL`) writes more
+there. HTTP alone writes its log to stderr; `--log-file` takes everything instead.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import NoReturn
 from context.home import prepare_home
 
 LOOPBACK = "127.0.0.1"
+LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -33,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tcp", type=_host_port, metavar="[HOST:]PORT",
                         help=f"listen on TCP instead of stdio (host defaults to {LOOPBACK})")
     parser.add_argument("--log-file", help="write logs here instead of stderr")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default="INFO", choices=LEVELS,
+                        help="what is logged (to the client as window/logMessage, or to --log-file)")
+    parser.add_argument("--stderr-level", default=os.environ.get("CODECTX_STDERR_LEVEL") or None,
+                        choices=LEVELS, help="what the language server also writes to stderr (default WARNING, "
+                                             "or $CODECTX_STDERR_LEVEL; HTTP alone: --log-level)")
     from server.http.serve import add_arguments as add_http_arguments
 
     add_http_arguments(parser)
@@ -43,10 +51,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the server until the client exits; returns the exit status. On stdio the
     process ends here instead, with 0 after `shutdown` + `exit` and 1 for `exit` or end
     of input without `shutdown`."""
-    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level, handlers=[handler], force=True)
-    logging.getLogger("pygls").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+    _configure_logging(args)
 
     for problem in prepare_home():  # `python -m server.serve_cmd` does not pass through server.cli
         logging.getLogger("codectx").warning("%s", problem)
@@ -65,6 +70,42 @@ def run(args: argparse.Namespace) -> int:
     from server.lsp.stdio import serve_stdio
 
     _end_process(serve_stdio(server))
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """The log to `--log-file`, or: HTTP alone to stderr; the language server to the
+    client (window/logMessage) and warnings and errors (`--stderr-level`) to stderr."""
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    editor = not args.http or args.stdio
+    if args.log_file:
+        handler: logging.Handler = logging.FileHandler(args.log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        if editor:
+            handler.addFilter(_StderrFilter(logging.getLevelName(args.stderr_level or "WARNING")))
+    handler.setFormatter(formatter)
+    handlers = [handler]
+    if editor:
+        from server.lsp.app import server
+        from server.lsp.client_log import ClientLogHandler
+
+        server.client_log = ClientLogHandler(server)
+        server.client_log.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handlers.append(server.client_log)
+    logging.basicConfig(level=args.log_level, handlers=handlers, force=True)
+    logging.getLogger("pygls").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+
+
+class _StderrFilter(logging.Filter):
+    """Records at `level` or above pass, and whatever its level a line a person at the
+    terminal needs (a record logged with `extra={"announce": True}`: the HTTP address)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or bool(getattr(record, "announce", False))
 
 
 def _serve_beside_editor(args: argparse.Namespace) -> int:

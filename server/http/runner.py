@@ -70,7 +70,8 @@ class _Server(uvicorn.Server):
             # of ours) instead of making clients retry their SYN a second later.
             for sock in sockets or ():
                 sock.listen(KERNEL_BACKLOG)
-            logger.info("codectx HTTP API on %s (monitor: %s/monitor)", self.url, self.url)
+            logger.info("codectx HTTP API on %s (monitor: %s/monitor)", self.url, self.url,
+                        extra={"announce": True})  # on stderr beside the editor too
             self.listening.set()
 
 

@@ -21,6 +21,7 @@ from server.core.session import LoadingSession
 from server.core.settings import Settings, parse_settings
 
 from . import commands, convert, editing, sync
+from .client_log import ClientLogHandler
 from .documents import DocumentStore
 from .errors import user_message
 from .protocol import CodectxProtocol
@@ -40,6 +41,8 @@ class CodectxServer(LanguageServer):
         self.host = SessionHost(LoadingSession(Settings(), DocumentStore(convert.UTF16), Path.cwd()))
         self.settings_problems: list[str] = []
         self.start_up_task: asyncio.Task | None = None
+        self.client_log: ClientLogHandler | None = None
+        """Set by `codectx serve`: log records go to the client from `initialize` on."""
 
     @property
     def base(self) -> LoadingSession:
@@ -122,6 +125,8 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
     base = LoadingSession(settings, DocumentStore(encoding), Path(to_fs_path(root)) if root else Path.cwd())
     ls.host = SessionHost(base, ls.on_warmth)
     ls.host.begin()
+    if ls.client_log is not None:
+        ls.client_log.attach(asyncio.get_running_loop())
 
 
 @server.feature(types.INITIALIZED)
