@@ -185,7 +185,7 @@ class _Candidates:
         self._selection()
         for named in self.names:
             if named.strong:
-                self._resolve(named.name, prefer, f"named in the question ({named.shown})")
+                self._resolve(named.name, prefer, f"named in the question ({named.shown})", named.qualifier)
         for named in self.names:
             if not named.strong and 0 < len({p for p, _ in self._sites(named.name)}) <= MAX_WEAK_DEFINERS:
                 self._resolve(named.name, prefer, f"named in the question ({named.shown})")
@@ -214,11 +214,13 @@ class _Candidates:
     def _sites(self, name: str) -> list[tuple[str, Definition]]:
         return self._index().get(name, [])
 
-    def _resolve(self, name: str, prefer: list[str], reason: str) -> list[FocusItem]:
-        """Adds `name`'s definitions: those in `prefer`'s files when there are any, else up to
-        `MAX_SITES` by path."""
+    def _resolve(self, name: str, prefer: list[str], reason: str, qualifier: str = "") -> list[FocusItem]:
+        """Adds `name`'s definitions: those inside a definition of `qualifier` (`Engine.submit`),
+        else those in `prefer`'s files, when there are any; else up to `MAX_SITES` by path."""
         sites = self._sites(name)
-        preferred = [s for p in prefer for s in sites if s[0] == p]
+        owners = [(p, d) for p, d in self._sites(qualifier)] if qualifier else []
+        preferred = [(p, d) for p, d in sites if any(p == q and o.line < d.line <= o.end_line for q, o in owners)]
+        preferred = preferred or [s for p in prefer for s in sites if s[0] == p]
         chosen = preferred or sites[:MAX_SITES]
         items = [self._item(path, d, reason) for path, d in chosen]
         for item in items:

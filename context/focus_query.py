@@ -43,11 +43,13 @@ class NamedIdentifier:
         strong: Written as code (called, in backticks, dotted, snake_case, CamelCase or
             CONSTANT_CASE); a plain lowercase word is weak and focused only when few files
             define it.
+        qualifier: The name before it in a dotted name (`Engine` of `Engine.submit`), or "".
     """
 
     name: str
     shown: str
     strong: bool
+    qualifier: str = ""
 
 
 def named_paths(question: str, paths: Iterable[str]) -> list[tuple[str, str]]:
@@ -72,23 +74,24 @@ def named_identifiers(question: str, written_paths: Iterable[str] = ()) -> list[
     for written in sorted(set(written_paths), key=len, reverse=True):
         question = question.replace(written, " " * len(written))
 
-    def add(name: str, shown: str, strong: bool) -> None:
+    def add(name: str, shown: str, strong: bool, qualifier: str = "") -> None:
         known = found.get(name)
         if known is None or (strong and not known.strong):
-            found[name] = NamedIdentifier(name, shown, strong)
+            found[name] = NamedIdentifier(name, shown, strong, qualifier)
 
     for match in _WORD.finditer(question):
         quoted, word, call = match.groups()
         if quoted is not None:
-            for name in _IDENT.findall(quoted):
-                add(name, f"`{quoted.strip()}`", True)
+            names = _IDENT.findall(quoted)
+            for i, name in enumerate(names):
+                add(name, f"`{quoted.strip()}`", True, names[i - 1] if i and "." in quoted else "")
             continue
         parts = word.split(".")
         shown = word + ("()" if call else "")
-        for name in parts:
+        for i, name in enumerate(parts):
             strong = bool(call) or len(parts) > 1 or _looks_like_code(name)
             if strong or name.lower() not in _COMMON:
-                add(name, shown, strong)
+                add(name, shown, strong, parts[i - 1] if i else "")
     return list(found.values())
 
 

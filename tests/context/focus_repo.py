@@ -17,7 +17,9 @@ BLAS = ('"""OpenBLAS under the matmuls."""\n\n\n'
 def write_repo(root: Path) -> Path:
     files = {"README.md": "# demo\n", "pkg/__init__.py": "", "pkg/blas.py": BLAS,
              "pkg/small.py": "LIMIT = 3\n\n\ndef clamp(x):\n    return min(x, LIMIT)\n",
-             "pkg/user.py": "from .blas import preload\n\n\ndef start():\n    return preload('x')\n"}
+             "pkg/user.py": "from .blas import preload\n\n\ndef start():\n    return preload('x')\n",
+             "pkg/a_queue.py": "def submit(job):\n    return [job]\n",
+             "pkg/engine.py": "class Engine:\n    def submit(self, job):\n        return job\n"}
     files.update({f"pkg/m{i}.py": "".join(f"def f{i}_{j}(x):\n    return x * {j}\n\n\n" for j in range(12))
                   for i in range(12)})
     for rel, text in files.items():

@@ -54,6 +54,15 @@ def test_named_path_pulls_the_file(ws):
     assert "def clamp(x):\n    return min(x, LIMIT)\n</file>\n" in focus.segments[0].text
 
 
+def test_a_qualified_name_prefers_the_definition_inside_its_qualifier(ws):
+    [named] = [n for n in named_identifiers("What does Engine.submit do?") if n.name == "submit"]
+    assert named.qualifier == "Engine"
+    focus = select_focus(ws.files, FocusQuery("What does Engine.submit do?"), ws.tokens, 400)
+    assert [(i.path, i.name, i.first) for i in focus.items] == [("pkg/engine.py", "Engine", 1)]  # holds submit
+    plain = select_focus(ws.files, FocusQuery("What does submit() do?"), ws.tokens, 400)
+    assert [(i.path, i.name) for i in plain.items] == [("pkg/a_queue.py", "submit"), ("pkg/engine.py", "submit")]
+
+
 def test_a_file_replaces_the_definitions_it_holds(ws):
     focus = select_focus(ws.files, FocusQuery("What does clamp() in pkg/small.py return?"), ws.tokens, 400)
     assert [(i.path, i.name) for i in focus.items] == [("pkg/small.py", "")]
