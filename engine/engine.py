@@ -34,9 +34,10 @@ from .handle import RequestHandle
 from .jobs import Job, JobQueue
 from .kv import SUPPORTED_KV_BITS
 from .live_cache import policy_and_cache
+from .loop_guard import LoopGuard
 from .prefix_cache import PrefixCache
 from .request import DoneEvent, Metrics, Priority, Probe, Request, SamplingParams, SegmentLike, TokenEvent
-from .sampling import make_sampler
+from .sampling import RepetitionPenalty, make_sampler
 from .speculative import Mode
 from .speculative_decode import speculative_decode
 
@@ -350,17 +351,17 @@ class Engine:
         def cancelled() -> bool:
             return job.cancelled.is_set() or (yields and self._queue.outranked(request.priority))
 
-        sampler = make_sampler(request.sampling)
+        sampler, penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)
         if self.speculation is Mode.OFF:
-            return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled)
+            return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled, penalty)
         return speculative_decode(
             self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
             prompt_ids=request.all_token_ids(), mode=self.speculation, sampling=request.sampling,
-            draft=self.draft, metrics=metrics)
+            draft=self.draft, metrics=metrics, penalty=penalty)
 
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
-        """Decode, detokenize and push text events until a stop string, EOS or the length limit."""
-        request = job.request
+        """Decode, detokenize and push text events until a stop string, EOS, a loop or the length limit."""
+        request, guard = job.request, LoopGuard(job.request.sampling.loop_guard, metrics)
         detok = self.tokenizer.detokenizer(continuation=request.continues_answer())
         stops = StopStrings(request.stop)
         pending_ids: list[int] = []
@@ -375,7 +376,7 @@ class Engine:
         start = time.perf_counter()
         try:
             generated: list[int] = []
-            for token in self._tokens(job, logits, metrics):
+            for token in guard.watch(self._tokens(job, logits, metrics)):
                 metrics.decode_tokens += 1
                 pending_ids.append(token)
                 generated.append(token)
@@ -390,6 +391,8 @@ class Engine:
         tail = stops.push(detok.finalize()) + stops.flush()
         if tail:
             emit(tail)
+        if guard.fired:
+            return "repetition"
         if stops.stopped or metrics.decode_tokens < request.max_tokens:
             return "stop"
         return "length"

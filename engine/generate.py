@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from .compute import ComputePath, path_of
 from .errors import RequestCancelled
-from .sampling import Sampler
+from .sampling import RepetitionPenalty, Sampler
 
 DEFAULT_PREFILL_CHUNK = 256
 """Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU."""
@@ -119,6 +119,7 @@ def decode(
     max_tokens: int,
     eos_token_ids: Collection[int] = (),
     should_cancel: CancelCheck | None = None,
+    penalty: RepetitionPenalty | None = None,
 ) -> Iterator[int]:
     """Sample tokens one by one, starting from the prefill's last logits.
 
@@ -133,6 +134,7 @@ def decode(
         max_tokens: Most tokens to yield.
         eos_token_ids: Ids that end the generation.
         should_cancel: Returns True to stop.
+        penalty: Applied to the logits before `sampler`, counting each yielded token.
 
     Yields:
         Token ids.
@@ -146,10 +148,12 @@ def decode(
             raise RequestCancelled(f"cancelled during decode at token {step}")
         if step > 0:
             logits = path.forward(token[None], cache, logits="last")[:, -1, :]
-        token = sampler(logits)
+        token = sampler(logits if penalty is None else penalty.apply(logits))
         token_id = int(token.item())
         if token_id in eos_token_ids:
             return
+        if penalty is not None:
+            penalty.observe((token_id,))
         yield token_id
 
 

@@ -1,7 +1,8 @@
-"""Choosing the next token from logits: greedy, or temperature + top-p with a seeded key."""
+"""Choosing the next token from logits: greedy, or temperature + top-p with a seeded key,
+after an optional repetition penalty."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import mlx.core as mx
 
@@ -65,3 +66,51 @@ def make_sampler(params: SamplingParams) -> Sampler:
         return mx.random.categorical(scaled, axis=-1, key=sub)
 
     return sample
+
+
+class RepetitionPenalty:
+    """Makes the tokens a request already generated less likely (CTRL's rule).
+
+    Every distinct token of the request's output so far (the answer, not the
+    prompt: the prompt is a whole repository) has its logit divided by
+    `penalty` when positive and multiplied by it when negative, before the
+    sampler (greedy or temperature) sees the logits. Speculative verification
+    applies it row by row, each row with the drafts before it counted, so a
+    greedy speculative output equals the plain one.
+
+    Args:
+        penalty: > 0; 1.0 changes nothing (`of` then gives None: no work at all).
+
+    Raises:
+        ValueError: For a penalty that is not a positive finite number.
+    """
+
+    def __init__(self, penalty: float) -> None:
+        if not 0 < penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be a positive number, got {penalty}")
+        self.penalty = float(penalty)
+        self.seen: set[int] = set()
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> RepetitionPenalty | None:
+        """The request's penalty, or None when it is off (1.0)."""
+        return None if params.repetition_penalty == 1.0 else cls(params.repetition_penalty)
+
+    def observe(self, tokens: Iterable[int]) -> None:
+        """Counts generated tokens as seen."""
+        self.seen.update(int(t) for t in tokens)
+
+    def apply(self, logits: mx.array, extra: Iterable[int] = ()) -> mx.array:
+        """`logits` (..., vocab) with the seen tokens (and `extra`) penalized."""
+        ids = sorted(self.seen.union(extra))
+        if not ids:
+            return logits
+        index = mx.array(ids, dtype=mx.uint32)
+        picked = mx.take(logits, index, axis=-1)
+        scaled = mx.where(picked > 0, picked / self.penalty, picked * self.penalty)
+        return mx.put_along_axis(logits, mx.broadcast_to(index, picked.shape), scaled, axis=-1)
+
+    def apply_rows(self, logits: mx.array, drafts: Sequence[int]) -> mx.array:
+        """Verification logits (L, vocab): row i penalized as if drafts[:i] were generated."""
+        rows = [self.apply(logits[i:i + 1], drafts[:i]) for i in range(logits.shape[0])]
+        return mx.concatenate(rows, axis=0)

@@ -34,6 +34,7 @@ from mlx.utils import tree_map
 
 from engine.errors import RequestCancelled
 from engine.request import SamplingParams
+from engine.sampling import RepetitionPenalty
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,8 @@ class SpeculativeDecoder:
             cancels the round (rolled back) with `RequestCancelled`.
         forward: The target call, `forward(ids[1, L]) -> logits[1, L, V]`;
             `model(ids, cache=cache)` when None.
+        penalty: The request's repetition penalty, holding the output before
+            `history[-1]` inclusive; verification applies it per row.
     """
 
     def __init__(
@@ -286,6 +289,7 @@ class SpeculativeDecoder:
         guard: BreakEvenGuard | None = None,
         should_stop: Callable[[], bool] | None = None,
         forward: Callable[[mx.array], mx.array] | None = None,
+        penalty: RepetitionPenalty | None = None,
     ) -> None:
         if not history:
             raise ValueError("history needs at least one token (the last prompt token)")
@@ -299,6 +303,7 @@ class SpeculativeDecoder:
         self._rng = np.random.default_rng(sampling.seed)
         self._needs_snapshot = any(not c.is_trimmable() for c in cache)
         self.stats = SpeculationStats()
+        self.penalty = penalty
 
     def step(self, limit: int | None = None) -> list[int]:
         """Run one round and return the 1 .. k+1 tokens it emitted.
@@ -323,6 +328,8 @@ class SpeculativeDecoder:
         try:
             logits = self._forward(mx.array([inputs], dtype=mx.uint32))[0]
             self.stats.forwards += 1
+            if self.penalty is not None:
+                logits = self.penalty.apply_rows(logits, drafts)
             if self.sampling.temperature == 0:
                 accepted, nxt = verify_greedy(logits, drafts)
             else:
@@ -336,6 +343,8 @@ class SpeculativeDecoder:
             raise
         emitted = drafts[:accepted] + [nxt]
         self.history.extend(emitted)
+        if self.penalty is not None:
+            self.penalty.observe(emitted)
         self._account(len(drafts), accepted, len(emitted))
         return emitted
 

@@ -14,7 +14,7 @@ from engine.compute import ComputePath, path_of
 from engine.errors import RequestCancelled
 from engine.lookup import PromptLookupDrafter
 from engine.request import Metrics, SamplingParams
-from engine.sampling import Sampler
+from engine.sampling import RepetitionPenalty, Sampler
 from engine.speculative import (
     DEFAULT_COST_PER_TOKEN,
     BreakEvenGuard,
@@ -39,6 +39,7 @@ def make_decoder(
     should_stop: Any = None,
     forward: Any = None,
     cost_per_token: float = DEFAULT_COST_PER_TOKEN,
+    penalty: RepetitionPenalty | None = None,
 ) -> SpeculativeDecoder:
     """Build the decoder for a speculation mode.
 
@@ -54,6 +55,7 @@ def make_decoder(
         should_stop: Cancellation poll (see `SpeculativeDecoder`).
         forward: The target call (see `SpeculativeDecoder`).
         cost_per_token: Break-even input for `auto`.
+        penalty: The request's repetition penalty (see `SpeculativeDecoder`).
 
     Raises:
         ValueError: Unknown mode, or `draft` mode without a draft model.
@@ -75,7 +77,7 @@ def make_decoder(
     elif mode is Mode.AUTO:
         drafter = draft or PromptLookupDrafter()
         guard = BreakEvenGuard(cost_per_token, draft_cost=0.0 if draft is None else DRAFT_MODEL_COST)
-    return SpeculativeDecoder(model, cache, history, drafter, sampling, guard, should_stop, forward)
+    return SpeculativeDecoder(model, cache, history, drafter, sampling, guard, should_stop, forward, penalty)
 
 
 def speculative_decode(
@@ -92,6 +94,7 @@ def speculative_decode(
     sampling: SamplingParams = SamplingParams(),
     draft: Drafter | None = None,
     metrics: Metrics | None = None,
+    penalty: RepetitionPenalty | None = None,
 ) -> Iterator[int]:
     """Like `engine.generate.decode`, with speculative rounds after the first token.
 
@@ -108,26 +111,28 @@ def speculative_decode(
         sampling: The request's sampling parameters.
         draft: A draft-model drafter for modes `draft` and `auto`.
         metrics: Receives drafted and accepted token counts as rounds finish.
+        penalty: The request's repetition penalty (first token and every round).
 
     Yields:
         Token ids.
 
     Raises:
-        RequestCancelled: When `should_cancel` returned True (a round in
-            flight is rolled back first).
+        RequestCancelled: When `should_cancel` returned True (a round in flight is rolled back first).
     """
     stop = should_cancel or (lambda: False)
     if max_tokens <= 0:
         return
     if stop():
         raise RequestCancelled("cancelled during decode at token 0")
-    first = int(sampler(logits).item())
+    first = int(sampler(logits if penalty is None else penalty.apply(logits)).item())
     if first in eos_token_ids:
         return
+    if penalty is not None:
+        penalty.observe((first,))
     yield first
     path = path_of(compute)
     decoder = make_decoder(mode, path.model, cache, list(prompt_ids) + [first], sampling, draft, stop,
-                           forward=lambda ids: path.verify(ids, cache))
+                           forward=lambda ids: path.verify(ids, cache), penalty=penalty)
     produced = 1
     while produced < max_tokens:
         for token in _round(decoder, max_tokens - produced, metrics):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from engine.request import DoneEvent, Probe, Request, SegmentLike, TokenEvent
 
-from .settings import Settings, WindowSettings
+from .settings import GenerationSettings, Settings, WindowSettings
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONTEXT_LENGTH = 8192
@@ -65,6 +65,9 @@ class Backend(Protocol):
     def set_window(self, window: WindowSettings) -> None:
         """Uses these window settings from the next request on."""
 
+    def set_generation(self, generation: GenerationSettings) -> None:
+        """Uses these generation settings (loop guard, repetition penalty) from the next request on."""
+
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of plain chat `messages` (no repository), generation prompt added."""
 
@@ -75,22 +78,31 @@ class Backend(Protocol):
 class EngineBackend:
     """`Backend` over an in-process `engine.Engine`.
 
+    Every request it submits gets the `generation.*` settings (loop guard, repetition
+    penalty) in its sampling parameters, whoever built it: ask, hover, code actions, HTTP.
+
     Args:
         engine: The started engine (or a stand-in with its `submit`/`cancel`/`stats`/`close`).
         tokenizer: Its tokenizer.
         model_id: The loaded model's id.
         context_length: The model's context window (default: the engine's loaded model's).
+        generation: The generation settings (default: the settings' defaults).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int | None = None) -> None:
+    def __init__(self, engine: Any, tokenizer: Any, model_id: str, context_length: int | None = None,
+                 generation: GenerationSettings | None = None) -> None:
         self.engine = engine
+        self.generation = generation or GenerationSettings()
         self.tokenizer = tokenizer
         self.model_id = model_id
         loaded = getattr(engine, "loaded", None)
         self.context_length = context_length or int(getattr(loaded, "context_length", 0) or DEFAULT_CONTEXT_LENGTH)
 
     def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> Any:
-        return self.engine.submit(request, on_progress=on_progress)
+        generation = self.generation
+        sampling = dataclasses.replace(request.sampling, loop_guard=generation.loop_guard,
+                                       repetition_penalty=generation.repetition_penalty)
+        return self.engine.submit(dataclasses.replace(request, sampling=sampling), on_progress=on_progress)
 
     async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
                        on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
@@ -134,6 +146,9 @@ class EngineBackend:
     def set_window(self, window: WindowSettings) -> None:
         self.engine.set_window(window_policy(window))
 
+    def set_generation(self, generation: GenerationSettings) -> None:
+        self.generation = generation
+
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.engine.chat_ids(messages)
 
@@ -173,7 +188,8 @@ def start_backend(settings: Settings, *, progress: bool = False) -> EngineBacken
                     speculation=settings.model.speculation, window=window_policy(settings.window),
                     draft=draft, compute=compute)
     logger.info("engine started on %s", loaded.model_id)
-    return EngineBackend(engine, loaded.tokenizer, loaded.model_id, getattr(loaded, "context_length", None))
+    return EngineBackend(engine, loaded.tokenizer, loaded.model_id, getattr(loaded, "context_length", None),
+                         settings.generation)
 
 
 def window_policy(window: WindowSettings) -> Any:

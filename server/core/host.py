@@ -181,6 +181,8 @@ class SessionHost:
             self.base.settings = settings
         if ready is not None and settings.window != before.window:
             ready.backend.set_window(settings.window)  # from the next request on
+        if ready is not None and settings.generation != before.generation:
+            ready.backend.set_generation(settings.generation)
         return ready is not None and settings.model != before.model
 
     def shutdown(self) -> None:

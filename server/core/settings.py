@@ -8,6 +8,7 @@ the server shows once through `window/showMessage`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -158,6 +159,23 @@ class WarmupSettings:
 
 
 @dataclass(frozen=True)
+class GenerationSettings:
+    """How every answer (ask, hover, code action, HTTP) is generated and when it is stopped early.
+
+    Attributes:
+        loop_guard: End an answer whose output repeats itself (`engine.loop_guard`: a period
+            of 1-64 tokens repeated 4 times over at least 32 tokens) with finish reason
+            "repetition"; the repeated text already shown stays.
+        repetition_penalty: Divide the positive logits (multiply the negative ones) of the
+            tokens the answer already holds by this (`engine.sampling.RepetitionPenalty`);
+            1.0 is off: outputs are exactly those without a penalty.
+    """
+
+    loop_guard: bool = True
+    repetition_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the server can be told. Every field has a default."""
 
@@ -170,6 +188,7 @@ class Settings:
     ask: AskSettings = field(default_factory=AskSettings)
     focus: FocusSettings = field(default_factory=FocusSettings)
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
 
 
 _MINIMUMS = {
@@ -177,7 +196,7 @@ _MINIMUMS = {
     "dense_tail_tokens": 0, "continuation_tail_tokens": 0,
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
     "latency_budget_ms": 0, "prefetch": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
-    "blas_threads": 0,
+    "blas_threads": 0, "repetition_penalty": 1.0,
 }
 _CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
             "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES}
@@ -192,6 +211,11 @@ def _check(name: str, kind: Any, value: Any) -> tuple[Any, str | None]:
     """Returns the value converted to `kind`, or a problem string."""
     if kind is bool:
         ok = isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and value < _MINIMUMS.get(name, value):
+            return None, f"{value!r} is out of range"
+        value = float(value) if ok else value
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if ok and (value < _MINIMUMS.get(name, value) or value not in _CHOICES.get(name, (value,))):

@@ -7,8 +7,10 @@ from typing import Any
 
 from engine.request import Metrics
 
+# OpenAI's finish_reason has a closed set of values that typed clients check, so the engine's
+# own reasons outside it are sent as "stop" and the engine's value goes in `codectx.finish_reason`.
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop",
-                  "tool_calls": "tool_calls", None: None}
+                  "repetition": "stop", "tool_calls": "tool_calls", None: None}
 
 
 def usage(metrics: Metrics) -> dict[str, Any]:
@@ -33,12 +35,13 @@ def completion(request_id: str, model: str, text: str, finish_reason: str, metri
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if tool_calls else FINISH_REASONS[finish_reason]}],
-            "usage": usage(metrics), "codectx": codectx_metrics(metrics)}
+            "usage": usage(metrics), "codectx": {**codectx_metrics(metrics), "finish_reason": finish_reason}}
 
 
 def chunk(request_id: str, model: str, created: int, *, delta: dict[str, Any] | None = None,
           finish_reason: str | None = None, metrics: Metrics | None = None) -> dict[str, Any]:
-    """One `chat.completion.chunk`; with `metrics` it is the usage chunk (no choices)."""
+    """One `chat.completion.chunk`; with `metrics` it is the usage chunk (no choices). The closing
+    chunk (with `finish_reason`) carries the engine's own reason in `codectx.finish_reason`."""
     body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
                             "model": model}
     if metrics is not None:
@@ -46,6 +49,8 @@ def chunk(request_id: str, model: str, created: int, *, delta: dict[str, Any] | 
     else:
         body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None,
                             "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)}]
+        if finish_reason is not None:
+            body["codectx"] = {"finish_reason": finish_reason}
     return body
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from server.core.settings import Settings, parse_settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-TYPES = {bool: "boolean", int: "integer", str: "string", tuple[str, ...]: "list of strings"}
+TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple[str, ...]: "list of strings"}
 
 
 def _camel(name: str) -> str:

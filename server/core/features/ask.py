@@ -131,4 +131,5 @@ def _add_metrics(total: dict, new: dict) -> dict:
     summed["decode_tps"] = summed["decode_tokens"] / summed["decode_s"] if summed["decode_s"] else 0.0
     summed["acceptance"] = summed["accepted_tokens"] / summed["drafted_tokens"] if summed["drafted_tokens"] else 0.0
     summed["checkpoint_bytes"] = new.get("checkpoint_bytes", 0)
+    summed["loop_period"], summed["loop_tokens"] = new.get("loop_period", 0), new.get("loop_tokens", 0)  # the last round's
     return summed

@@ -1,0 +1,113 @@
+"""The loop guard: ends a generation whose output has started repeating itself.
+
+The rule (docs/configuration.md, "Loop guard"): after each generated token,
+the output is looping when its tail is one period of `p` tokens (1 <= p <=
+`LoopRule.max_period`) repeated so that the periodic tail covers at least
+`min_repeats` whole copies of the period and at least `min_tokens` tokens:
+
+    covered(p) = p + (the number of trailing tokens t[i] with t[i] == t[i - p])
+    looping   <=> covered(p) >= max(min_repeats * p, min_tokens) for some p
+
+With the defaults (64, 4, 32) a one-token run stops at its 32nd token, a
+two-token cycle after 16 copies, a 7-token cycle at 32 tokens (4 copies and 4
+tokens of the fifth) and a 20-token line at the end of its 4th copy (80 tokens). The check is incremental:
+one comparison per period per token, O(max_period). It sees only the tokens
+the request generated (not the prompt), so it is deterministic: warm and cold
+runs, plain and speculative decoding stop at the same token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from .request import Metrics
+
+
+@dataclass(frozen=True)
+class LoopRule:
+    """When a repeating tail counts as a loop (module docstring).
+
+    Attributes:
+        max_period: Longest period checked, in tokens.
+        min_repeats: Whole copies of the period the tail must hold.
+        min_tokens: Tokens the periodic tail must cover (whatever the period).
+    """
+
+    max_period: int = 64
+    min_repeats: int = 4
+    min_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_period < 1 or self.min_repeats < 2 or self.min_tokens < 2:
+            raise ValueError(f"a loop rule needs max_period >= 1, min_repeats >= 2 and min_tokens >= 2: {self}")
+
+    def threshold(self, period: int) -> int:
+        """Tokens a tail of this period must cover to be a loop."""
+        return max(self.min_repeats * period, self.min_tokens)
+
+
+class LoopDetector:
+    """Watches a token stream and says when its tail satisfies the `LoopRule`.
+
+    Attributes:
+        period: The smallest period that fired (0 until then).
+        covered: Tokens the periodic tail covered when it fired.
+    """
+
+    def __init__(self, rule: LoopRule = LoopRule()) -> None:
+        self.rule = rule
+        self._recent: list[int] = []  # the last tokens, at least max_period of them once there
+        self._matches = [0] * (rule.max_period + 1)  # trailing t[i] == t[i - p] run, per p
+        self._thresholds = [rule.threshold(p) for p in range(rule.max_period + 1)]
+        self.period = 0
+        self.covered = 0
+
+    def push(self, token: int) -> bool:
+        """Adds the next token; True when the output is now looping (and from then on)."""
+        if self.period:
+            return True
+        recent, matches, thresholds = self._recent, self._matches, self._thresholds
+        n = len(recent)
+        for p in range(1, min(n, self.rule.max_period) + 1):
+            run = matches[p] + 1 if recent[n - p] == token else 0
+            matches[p] = run
+            if run and not self.period and run + p >= thresholds[p]:
+                self.period, self.covered = p, run + p
+        recent.append(token)
+        if len(recent) > 2 * self.rule.max_period:
+            del recent[: -self.rule.max_period]
+        return bool(self.period)
+
+    def push_all(self, tokens: Iterable[int]) -> bool:
+        """Pushes tokens in order, stopping at the first that fires; True when one did."""
+        return any(self.push(t) for t in tokens)
+
+
+class LoopGuard:
+    """The engine's use of a `LoopDetector` for one request.
+
+    `watch` passes tokens through and ends the stream after the token that makes
+    the output a loop (that token is still yielded and streamed: the text already
+    shown stays); `fired` then says why the stream ended, and the request's
+    metrics get the loop's period and length.
+
+    Args:
+        enabled: False passes every token through and never fires.
+        metrics: Receives `loop_period` and `loop_tokens` when the guard fires.
+        rule: When a tail counts as a loop.
+    """
+
+    def __init__(self, enabled: bool, metrics: Metrics, rule: LoopRule = LoopRule()) -> None:
+        self._detector = LoopDetector(rule) if enabled else None
+        self._metrics = metrics
+        self.fired = False
+
+    def watch(self, tokens: Iterator[int]) -> Iterator[int]:
+        """`tokens`, ending after the first token that completes a loop."""
+        detector = self._detector
+        for token in tokens:
+            yield token
+            if detector is not None and detector.push(token):
+                self.fired = True
+                self._metrics.loop_period, self._metrics.loop_tokens = detector.period, detector.covered
+                return

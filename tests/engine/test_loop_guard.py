@@ -1,0 +1,123 @@
+"""The loop detector's rule on token sequences: periods 1, 2, 7 and 20 fire exactly where the rule
+says, near misses do not, real code does not, and the incremental check agrees with a brute-force
+reading of the rule on thousands of sequences."""
+from __future__ import annotations
+
+import inspect
+import random
+
+import pytest
+
+from engine.loop_guard import LoopDetector, LoopGuard, LoopRule
+from engine.request import Metrics
+
+from tiny_models import train_tokenizer
+
+RULE = LoopRule()
+
+
+def fire_index(tokens: list[int], rule: LoopRule = RULE) -> int | None:
+    """Index of the token at which LoopDetector fires (None: never)."""
+    detector = LoopDetector(rule)
+    for i, token in enumerate(tokens):
+        if detector.push(token):
+            return i
+    return None
+
+
+def brute_force_fire_index(tokens: list[int], rule: LoopRule = RULE) -> int | None:
+    """The rule read literally: the first prefix whose tail is r copies of a period p over >= m tokens."""
+    for end in range(1, len(tokens) + 1):
+        prefix = tokens[:end]
+        for p in range(1, min(rule.max_period, end) + 1):
+            covered = p
+            while covered < end and prefix[end - covered - 1] == prefix[end - covered - 1 + p]:
+                covered += 1
+            if covered >= max(rule.min_repeats * p, rule.min_tokens):
+                return end - 1
+    return None
+
+
+def cycle(pattern: list[int], n: int) -> list[int]:
+    return [pattern[i % len(pattern)] for i in range(n)]
+
+
+@pytest.mark.parametrize("period, fires_at", [(1, 32), (2, 32), (7, 32), (20, 80), (64, 256)])
+def test_a_periodic_tail_fires_at_the_token_the_rule_names(period, fires_at):
+    prefix = [1000 + i for i in range(13)]  # a non-repeating start: the loop begins later
+    loop = cycle([500 + i for i in range(period)], 400)
+    tokens = prefix + loop
+    assert fire_index(tokens) == len(prefix) + fires_at - 1
+    detector = LoopDetector()
+    assert detector.push_all(tokens[: len(prefix) + fires_at])
+    assert (detector.period, detector.covered) == (period, fires_at)
+    # One token short of the threshold it has not fired.
+    assert not LoopDetector().push_all(tokens[: len(prefix) + fires_at - 1])
+
+
+def test_the_smallest_period_is_reported():
+    detector = LoopDetector()
+    assert detector.push_all(cycle([3, 4], 32))
+    assert detector.period == 2  # periods 4, 6, ... also hold; the smallest is the loop's
+    assert detector.push(99)  # once fired it stays fired
+
+
+@pytest.mark.parametrize("tokens", [
+    cycle([7], 31),                                        # a 31-token run of one token
+    [t for k in range(5) for t in [k] * 31 + [100 + k]],   # runs of 31, each of another token
+    [t for k in range(6) for t in cycle([2 * k, 2 * k + 1], 31)],  # 2-cycles of 31 tokens, each new
+    cycle(list(range(20)), 79),                            # a 20-token line, 3 copies and 19 tokens
+    [t for k in range(4) for t in [100 * k + i for i in range(20)] * 3],  # 3 copies of each new line
+    cycle(list(range(65)), 500),                           # a period longer than 64 is not checked
+    [i % 9 if i % 10 else 50 + i for i in range(600)],     # almost periodic: every 10th token differs
+], ids=["run-31", "runs-31", "two-cycles-31", "line-x3.95", "lines-x3", "period-65", "almost-periodic"])
+def test_near_misses_do_not_fire(tokens):
+    assert fire_index(tokens) is None
+
+
+def test_source_code_of_this_repository_does_not_fire():
+    """Long legitimate output with indentation, repeated keywords and similar lines: engine sources
+    tokenized with the tiny models' tokenizer (a 512-token vocabulary splits text finely)."""
+    from engine import engine, loop_guard, prefix_cache, speculative
+
+    tokenizer = train_tokenizer()
+    for module in (engine, speculative, prefix_cache, loop_guard):
+        ids = tokenizer.encode(inspect.getsource(module)).ids
+        assert len(ids) > 2000
+        assert fire_index(ids) is None, module.__name__
+
+
+def test_the_incremental_check_agrees_with_the_rule_read_literally():
+    rng = random.Random(17)
+    fired = 0
+    for _ in range(300):
+        tokens: list[int] = []
+        while len(tokens) < 120:
+            if rng.random() < 0.5:
+                tokens += [rng.randrange(6) for _ in range(rng.randrange(1, 10))]
+            else:  # a planted repeat of 1..6 copies of a short pattern
+                pattern = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
+                tokens += pattern * rng.randrange(1, 7)
+        expected = brute_force_fire_index(tokens)
+        assert fire_index(tokens) == expected, tokens
+        fired += expected is not None
+    assert 30 < fired < 270  # both outcomes were exercised
+
+
+def test_a_smaller_rule_fires_sooner_and_a_bad_rule_is_refused():
+    assert fire_index(cycle([5, 6], 40), LoopRule(min_repeats=3, min_tokens=8)) == 7
+    with pytest.raises(ValueError):
+        LoopRule(max_period=0)
+    with pytest.raises(ValueError):
+        LoopRule(min_repeats=1)
+
+
+def test_the_guard_ends_the_stream_after_the_firing_token_and_records_it():
+    metrics = Metrics()
+    guard = LoopGuard(True, metrics)
+    tokens = list(range(10)) + [42] * 100
+    passed = list(guard.watch(iter(tokens)))
+    assert passed == tokens[: 10 + 32] and guard.fired
+    assert (metrics.loop_period, metrics.loop_tokens) == (1, 32)
+    off = LoopGuard(False, Metrics())
+    assert list(off.watch(iter(tokens))) == tokens and not off.fired
