@@ -98,6 +98,12 @@ class Focus:
         return {"budget": self.budget, "tokens": self.tokens, "items": [i.as_dict() for i in self.items],
                 "leftOut": [dict(i.as_dict(), why=why) for i, why in self.left_out]}
 
+    def summary(self) -> str:
+        """One line: what was focused (and its tokens), and how much was left out."""
+        taken = ", ".join(f"{_where(i)} ({i.tokens} tok)" for i in self.items) or "nothing named"
+        left = f"; {len(self.left_out)} left out" if self.left_out else ""
+        return f"focus: {taken}; {self.tokens} of {self.budget} tokens{left}"
+
     def lines(self) -> list[str]:
         """A short human-readable account: what was focused and why, what was left out."""
         out = [f"focus: {len(self.items)} items, {self.tokens} tokens (budget {self.budget})"]

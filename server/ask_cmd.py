@@ -248,8 +248,9 @@ class _Asker:
     async def _with_repo(self) -> tuple[dict, str] | int:
         """The repository through the core: workspace prompt, session and the ask feature."""
         from context.errors import ContextError
+        from context.focus_query import FocusQuery
         from server.context_cmd import fit_summary
-        from server.core.features.ask import ask
+        from server.core.features.ask import ask, focus_of
         from server.core.prompt import Turn
 
         try:
@@ -267,6 +268,10 @@ class _Asker:
         self._cancel = session.cancel_all
         if self.interrupted:
             return INTERRUPTED
+        focus = focus_of(session, FocusQuery(self.args.question), [Turn("user", self.args.question)],
+                         self.args.max_tokens)
+        if focus is not None:
+            self.err.write(f"[{focus.summary()}; `codectx context --question` shows why]\n")
         result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
                            tools=tools, max_tokens=self.args.max_tokens,
                            sampling=self._sampling())

@@ -98,3 +98,12 @@ async def test_http_beside_the_editor_gets_the_focus(model, repo):
         assert stable_part(segments) == list(host.current().prompt.workspace.layout.segments)
     finally:
         host.close()
+
+
+def test_cli_ask_names_a_definition_and_gets_it(model, repo, tmp_path):
+    env = dict(os.environ, CODECTX_HOME=str(tmp_path / "home"))
+    result = subprocess.run([sys.executable, "-m", "server.cli", "ask", "--repo", str(repo), "--model", str(model),
+                             "--max-tokens", "3", QUESTION], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "[focus: pkg/blas.py:4-7 preload (" in result.stderr, result.stderr
