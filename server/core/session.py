@@ -21,6 +21,7 @@ from context.scan import Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
 from .backend import Backend
+from .outcomes import REQUEST_KIND, Outcomes
 from .prompt import Conversations, WorkspacePrompt
 from .settings import Settings
 from .warmth import on_warm_prefix
@@ -60,6 +61,7 @@ class Counters:
     warmups: int = 0
     last_metrics: dict = field(default_factory=dict)
     last_hover: dict | None = None  # firstTokenS/totalS from the hover request, promptTokens
+    outcomes: Outcomes = field(default_factory=Outcomes)  # requests by kind and outcome
 
 
 class LoadingSession:
@@ -168,14 +170,19 @@ class Session:
         request = Request(segments=segments, max_tokens=max_tokens, stop=stop, priority=priority,
                           sampling=sampling or SamplingParams())
         self._running.add(request.request_id)
+        kind, outcome = REQUEST_KIND.get(), "error"
         try:
             done = await self.backend.generate(request, on_text=on_text, on_prefill=on_prefill)
+            outcome = done.finish_reason
         except asyncio.CancelledError:
+            outcome = "cancelled"
             if request.priority == Priority.INTERACTIVE:  # background work (warm-up, hover preparation) is not counted
                 self.counters.cancelled += 1
             raise
         finally:
             self._running.discard(request.request_id)
+            if kind is not None and request.priority == Priority.INTERACTIVE:
+                self.counters.outcomes.record(kind, outcome)
         self.counters.last_metrics = done.metrics.as_dict()
         if done.error is not None and done.finish_reason == "error":
             raise done.error

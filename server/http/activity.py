@@ -12,7 +12,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from engine.request import DoneEvent
 
@@ -94,9 +94,11 @@ class Activity:
 
     Args:
         recent: How many completed requests to keep.
+        on_finish: Called with each completed request's finish reason (the request counters).
     """
 
-    def __init__(self, recent: int = 50) -> None:
+    def __init__(self, recent: int = 50, on_finish: Callable[[str], None] | None = None) -> None:
+        self.on_finish = on_finish
         self.active: dict[str, Tracked] = {}
         self.recent: deque[RecentRequest] = deque(maxlen=recent)
         self.totals = Totals()
@@ -121,6 +123,8 @@ class Activity:
         t.cached_tokens += done.metrics.cached_tokens
         t.recomputed_tokens += done.metrics.recomputed_tokens
         t.completion_tokens += done.metrics.decode_tokens
+        if self.on_finish is not None:
+            self.on_finish(done.finish_reason)
         return recent
 
     def refuse(self, code: str) -> None:

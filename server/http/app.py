@@ -62,7 +62,16 @@ def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
         HttpConfigError: A non-loopback address without an API key, or bad limits.
     """
     config.validate()
-    activity = Activity(config.recent_requests)
+    def count(finish_reason: str) -> None:
+        outcomes = source.outcomes()
+        if outcomes is not None:
+            outcomes.record("http", finish_reason)
+
+    def outcomes() -> dict:
+        counted = source.outcomes()
+        return counted.snapshot() if counted is not None else {}
+
+    activity = Activity(config.recent_requests, count)
 
     def engine_stats() -> dict | None:
         served = source.current()
@@ -73,7 +82,7 @@ def create_app(source: EngineSource, config: HttpConfig = HttpConfig()) -> Any:
         return served.model_id if served is not None else None
 
     chat = ChatService(source, config, activity)
-    monitor = Monitor(activity, engine_stats, model_id)
+    monitor = Monitor(activity, engine_stats, model_id, outcomes)
 
     async def health(request: Request) -> Response:
         served = source.current()

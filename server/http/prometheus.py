@@ -24,15 +24,21 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def render(engine_stats: dict[str, Any] | None, totals: Totals, active: int) -> str:
+def render(engine_stats: dict[str, Any] | None, totals: Totals, active: int,
+           outcomes: dict[str, dict[str, int]] | None = None) -> str:
     """The exposition text.
 
     Args:
         engine_stats: `Engine.stats()`, or None while the model loads.
         totals: Counters over completed HTTP chat requests.
         active: HTTP chat requests in flight.
+        outcomes: Requests by kind (ask, hover, http) and outcome (`server.core.outcomes`).
     """
     out = _family("codectx_up", "gauge", "1 when the engine is loaded.", [({}, 1 if engine_stats else 0)])
+    out += _family("codectx_requests_total", "counter",
+                   "Requests by kind (ask, hover, http) and outcome (finish reason, cancelled, error).",
+                   [({"kind": kind, "outcome": outcome}, count)
+                    for kind, counts in sorted((outcomes or {}).items()) for outcome, count in sorted(counts.items())])
     if engine_stats:
         cache = engine_stats.get("cache", {})
         out += _family("codectx_engine_requests_total", "counter", "Engine requests by outcome (all clients).",

@@ -21,6 +21,7 @@ from engine.request import Priority, PromptSegment, Request
 from server.core.backend import Backend, start_backend
 from server.core.errors import NotReadyError
 from server.core.features.ask import focus_of
+from server.core.outcomes import Outcomes
 from server.core.prompt import Turn, WorkspacePrompt
 from server.core.session import Session, SessionProvider
 from server.core.settings import Settings
@@ -67,6 +68,10 @@ class EngineSource(Protocol):
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
         """The workspace prompt with these (role, content) turns; the last is the question."""
 
+    def outcomes(self) -> Outcomes | None:
+        """Where requests are counted by kind and outcome (beside the editor: its session's, with
+        its asks and hovers), or None while the model loads."""
+
 
 def _turns(turns: Sequence[tuple[str, str]]) -> list[Turn]:
     return [Turn(role, content) for role, content in turns]
@@ -90,6 +95,7 @@ class StandaloneSource:
         self.backend = backend
         self.prompt = prompt
         self._served = Served(backend, _aliases(name, backend.model_id), prompt is not None)
+        self._outcomes = Outcomes()
 
     @classmethod
     def start(cls, model: str, *, workspace: Path | None = None, settings: Settings | None = None) -> StandaloneSource:
@@ -114,6 +120,9 @@ class StandaloneSource:
 
     def current(self) -> Served:
         return self._served
+
+    def outcomes(self) -> Outcomes:
+        return self._outcomes
 
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
         if self.prompt is None:
@@ -153,6 +162,10 @@ class SessionSource:
         if session is None:
             return None
         return Served(session.backend, _aliases(session.settings.model.name, session.backend.model_id), True)
+
+    def outcomes(self) -> Outcomes | None:
+        session = self.provider.current()
+        return session.counters.outcomes if session is not None else None
 
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
         """The editor's workspace prompt, with the focus of the last message (`focus.*`), as an ask's."""

@@ -17,6 +17,7 @@ from .errors import InvalidArgumentsError
 from server.core.features import code_actions, hover
 from server.core.features.code_actions import ACTIONS
 from server.core.features.symbols import identifier_at
+from server.core.outcomes import counted_as
 from server.core.session import Session
 
 ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActionKind.RefactorRewrite.value,
@@ -46,7 +47,8 @@ def _register_hover(server: Any) -> None:
             return None
         name, span = found
         path = Path(to_fs_path(params.text_document.uri))
-        answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
+        with counted_as("hover"):  # the model request behind it is counted by its outcome
+            answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
         ls.host.focus(path, params.position.line + 1)
         if answer is None:
             return None

@@ -106,3 +106,48 @@ def test_context_shows_the_layout_ask_uses_and_what_fits(tmp_path):
     table = codectx("context", "--repo", str(repo), "--tokenizer", str(model), "--budget", "unlimited", home=home)
     assert table.returncode == 0, table.stderr
     assert "(budget unlimited); 40 files whole, 0 map-only (signatures), 0 not at all (over budget)" in table.stdout
+
+
+def _outcomes(state: dict, kind: str) -> dict:
+    return state["counters"]["outcomes"].get(kind, {})
+
+
+@SHARED
+async def test_every_ask_is_counted_by_its_outcome(shared):
+    """A cancelled ask counts (as `cancelled`), as does a finished one (by its finish reason)."""
+    from tests.server.harness import cancel_request, start_command
+    from tests.server.test_ask import ENDLESS, LONG, first_stream_token, stream_done
+
+    before = await command(shared, "codectx.status")
+    shared.streams.clear()
+    task = start_command(shared, "first-use-ask", "codectx.ask", question=ENDLESS, maxTokens=LONG)
+    await first_stream_token(shared)
+    cancel_request(shared, "first-use-ask")
+    with pytest.raises(JsonRpcException):
+        await task
+    await stream_done(shared)
+    middle = await command(shared, "codectx.status")
+    assert middle["counters"]["asks"] == before["counters"]["asks"] + 1
+    assert _outcomes(middle, "ask").get("cancelled", 0) == _outcomes(before, "ask").get("cancelled", 0) + 1
+    result = await command(shared, "codectx.ask", question="What does add do?", maxTokens=4)
+    after = await command(shared, "codectx.status")
+    reason = result["finishReason"]
+    assert after["counters"]["asks"] == before["counters"]["asks"] + 2
+    assert _outcomes(after, "ask").get(reason, 0) == _outcomes(middle, "ask").get(reason, 0) + 1
+
+
+async def test_a_hover_model_request_is_counted_by_its_outcome(vscode_client):
+    from lsprotocol import types
+
+    from tests.server.harness import open_document
+
+    client = vscode_client
+    await command(client, "codectx.showContext")  # answers once the model is loaded
+    uri = open_document(client, client.root / "util.py")
+    hover = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(8, 5)))  # `greet`
+    assert hover is not None
+    state = await command(client, "codectx.status")
+    hovers = _outcomes(state, "hover")
+    assert state["counters"]["hovers"] == 1 and sum(hovers.values()) == 1
+    assert set(hovers) <= {"stop", "length", "repetition"}, hovers

@@ -1,9 +1,10 @@
 """`codectx.ask`: a question about the repository, with the tool loop."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from context.focus import Focus
 from context.focus_query import FocusQuery
@@ -40,7 +41,23 @@ def question_text(question: str, selection: str | None, path: str | None) -> str
     return f"{question}\n\nSelected code{where}:\n```\n{selection}\n```"
 
 
-async def ask(session: Session, question: str, *, on_text: Callable[[str], None],
+async def ask(session: Session, question: str, **options: Any) -> AskResult:
+    """Answers `question` (`options` as `answer`'s), counting every ask by how it ended
+    (its finish reason, `cancelled` or `error`: `Counters.asks` and `Counters.outcomes`)."""
+    outcome = "error"
+    try:
+        result = await answer(session, question, **options)
+        outcome = result.finish_reason
+        return result
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        session.counters.asks += 1
+        session.counters.outcomes.record("ask", outcome)
+
+
+async def answer(session: Session, question: str, *, on_text: Callable[[str], None],
               on_prefill: Callable[[int, int], None] | None = None,
               conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
@@ -88,7 +105,6 @@ async def ask(session: Session, question: str, *, on_text: Callable[[str], None]
         turns += [Turn("assistant", reply), Turn("user", f"<tool_response>\n{result}\n</tool_response>")]
     text = "".join(pieces)
     history += [turns[len(history)], Turn("assistant", text)]
-    session.counters.asks += 1
     return AskResult(text, done.finish_reason, metrics, conversation_id, calls,
                      focused.as_dict() if focused else None)
 

@@ -29,7 +29,7 @@ def status(base: LoadingSession, ready: ReadySession | None, position_encoding: 
         "warmup": ready.warmup.state() if ready is not None else None,
         "counters": {"asks": counters.asks, "hovers": counters.hovers,
                      "hoverCacheHits": counters.hover_cache_hits, "cancelled": counters.cancelled,
-                     "warmups": counters.warmups},
+                     "warmups": counters.warmups, "outcomes": counters.outcomes.snapshot()},
         "lastMetrics": counters.last_metrics,
         "lastHover": counters.last_hover,
         "engine": ready.backend.stats() if ready is not None else None,
