@@ -57,11 +57,13 @@ def named_paths(question: str, paths: Iterable[str]) -> list[tuple[str, str]]:
 
     A name matches a path equal to it or ending in "/" + it (`blas.py` names `engine/blas.py`).
     """
-    paths = sorted(paths)
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        by_name.setdefault(path.rpartition("/")[2], []).append(path)
     found: list[tuple[str, str]] = []
     for match in _PATH.finditer(question):
         written = match.group(1)
-        for path in paths:
+        for path in by_name.get(written.rpartition("/")[2], ()):
             if (path == written or path.endswith("/" + written)) and path not in (p for p, _ in found):
                 found.append((path, written))
     return found
