@@ -5,6 +5,7 @@ The screenshot is kept as a test artifact in test-artifacts/http/ (ignored by gi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -18,22 +19,28 @@ from tests.http.http_harness import wait_until
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "http"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000",
-                  "--virtual-time-budget=3000"]
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--virtual-time-budget=3000"]
 
 
 class MonitorDom(HTMLParser):
-    """Collects `data-metric` values and table rows (`data-id` rows, `data-field` cells)."""
+    """Collects `data-metric` texts and raw values, table rows (`data-id` rows, `data-field` cells)
+    and the body's `data-*` attributes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.metrics: dict[str, str] = {}
+        self.values: dict[str, str] = {}
+        self.body: dict[str, str] = {}
         self.rows: dict[str, list[dict[str, str]]] = {"active": [], "recent": []}
         self._table: str | None = None
         self._target: tuple[dict, str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if "data-metric" in a and "data-value" in a:
+            self.values[a["data-metric"]] = a["data-value"]
         if tag == "table" and a.get("id") in self.rows:
             self._table = a["id"]
         elif tag == "tr" and self._table and "data-id" in a:
@@ -55,19 +62,20 @@ class MonitorDom(HTMLParser):
             store[key] = store.get(key, "") + data.strip()
 
 
-def chromium(url: str, tmp_path: Path, *args: str) -> str:
+def chromium(url: str, tmp_path: Path, *args: str, width: int = 1400) -> str:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     assert binary, "chromium is missing: scripts/dev-setup.sh installs it"
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
-    result = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+    result = subprocess.run([binary, *CHROMIUM_FLAGS, f"--window-size={width},1000", f"--user-data-dir={profile}",
+                             *args, url],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
 
-def rendered(api, tmp_path: Path) -> MonitorDom:
+def rendered(api, tmp_path: Path, width: int = 1400) -> MonitorDom:
     dom = MonitorDom()
-    dom.feed(chromium(api.url + "/monitor", tmp_path, "--dump-dom"))
+    dom.feed(chromium(api.url + "/monitor", tmp_path, "--dump-dom", width=width))
     return dom
 
 
@@ -90,7 +98,11 @@ def test_page_numbers_match_metrics(api, tmp_path):
     assert len(dom.metrics) >= 15
     for name, text in dom.metrics.items():
         assert name in metrics, name
-        assert int(text) == metrics[name], name
+        assert int(dom.values[name]) == metrics[name], name
+        if name.endswith("_bytes"):  # shown in KiB/MiB/GiB (test_bytes_are_shown_in_binary_units)
+            assert re.fullmatch(r"\d+ B|\d+\.\d (KiB|MiB|GiB|TiB)", text), (name, text)
+        else:
+            assert int(text) == metrics[name], name
     recent = {row["data-id"]: row for row in dom.rows["recent"]}
     row = recent[second["id"]]
     assert row["id"] == second["id"]
@@ -141,3 +153,33 @@ def test_live_request_is_shown_and_screenshot_saved(api, tmp_path):
     done = wait_until(lambda: next((r for r in api.state()["recent"] if r["id"] == request_id), None),
                       what="the live request to complete")
     assert done["queue_s"] > 0 and done["finish_reason"] in ("stop", "length")
+
+
+def test_tables_fit_a_1280_pixel_window(api, tmp_path):
+    """Long ids, model names and questions are cut with an ellipsis: nothing scrolls sideways."""
+    for i in range(3):
+        _chat(api, f"question {i}: " + "a_rather_long_identifier_without_spaces_" * 4)
+    dom = rendered(api, tmp_path, width=1280)
+    assert len(dom.rows["recent"]) >= 3
+    scroll, client = int(dom.body["data-scroll-width"]), int(dom.body["data-client-width"])
+    assert 1200 <= client <= 1280 and scroll <= client, (scroll, client)
+
+
+BYTES = [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (5 * 1024**2, "5.0 MiB"),
+         (2147483648, "2.0 GiB"), (3 * 1024**4, "3.0 TiB"), (5 * 1024**5, "5120.0 TiB")]
+
+
+def test_bytes_are_shown_in_binary_units(tmp_path):
+    """The page's one byte formatter (`formatBytes`, taken from the served page), run by Chromium."""
+    from server.http.monitor import PAGE
+
+    page = PAGE.read_text(encoding="utf-8")
+    units = re.search(r"^const BYTE_UNITS = .*?;$", page, re.M).group(0)
+    function = re.search(r"^function formatBytes\(bytes\) \{.*?^\}$", page, re.M | re.S).group(0)
+    probe = tmp_path / "bytes.html"
+    probe.write_text(f"<!doctype html><body><script>{units}\n{function}\n"
+                     f"document.body.dataset.out = JSON.stringify({json.dumps([b for b, _ in BYTES])}.map(formatBytes));"
+                     "</script></body>", encoding="utf-8")
+    dom = MonitorDom()
+    dom.feed(chromium(probe.as_uri(), tmp_path, "--dump-dom"))
+    assert json.loads(dom.body["data-out"]) == [text for _, text in BYTES]
