@@ -21,7 +21,7 @@ from context.lru import LRUDict
 from context.segments import Segment
 from context.workspace import Workspace
 
-from .settings import ContextSettings
+from .settings import ContextSettings, FocusSettings
 
 logger = logging.getLogger(__name__)
 _conversation_ids = itertools.count(1)
@@ -137,6 +137,15 @@ class WorkspacePrompt:
             except AccessDeniedError:
                 query = replace(query, path=None, lines=None)
         return select_focus(self.workspace.files, query, self.workspace.tokens, budget)
+
+    def fitted_focus(self, query: FocusQuery, turns: Sequence[Turn], settings: FocusSettings, context_length: int,
+                     answer_tokens: int) -> Focus | None:
+        """The focus of a request with `turns` under the `focus.*` settings (None when off), within
+        what `context_length` leaves after the prompt without it and `answer_tokens`."""
+        if not settings.enabled:
+            return None
+        room = context_length - sum(len(s.token_ids) for s in self.segments(turns)) - answer_tokens
+        return self.focus(query, max(0, min(settings.budget_tokens, room)))
 
     def prefix_segments(self) -> list[Segment]:
         """The stable prefix alone: what warm-up prefills."""

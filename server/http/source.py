@@ -89,11 +89,14 @@ class StandaloneSource:
         backend: A started core `Backend`.
         name: The name the model was asked for (accepted as an alias).
         prompt: A `WorkspacePrompt`, or None.
+        settings: The settings (`focus.*` and `ask.maxTokens` size the focus of the repository model).
     """
 
-    def __init__(self, backend: Backend, name: str = "", prompt: WorkspacePrompt | None = None) -> None:
+    def __init__(self, backend: Backend, name: str = "", prompt: WorkspacePrompt | None = None,
+                 settings: Settings | None = None) -> None:
         self.backend = backend
         self.prompt = prompt
+        self.settings = settings or Settings()
         self._served = Served(backend, _aliases(name, backend.model_id), prompt is not None)
         self._outcomes = Outcomes()
 
@@ -113,7 +116,7 @@ class StandaloneSource:
         except BaseException:
             backend.close()
             raise
-        source = cls(backend, model, prompt)
+        source = cls(backend, model, prompt, settings)
         if prompt is not None:
             source.warm()
         return source
@@ -127,7 +130,10 @@ class StandaloneSource:
     async def repository_segments(self, turns: Sequence[tuple[str, str]]) -> list[PromptSegment]:
         if self.prompt is None:
             raise LookupError("no workspace")
-        return self.prompt.segments(_turns(turns))
+        chat = _turns(turns)
+        focus = self.prompt.fitted_focus(FocusQuery(chat[-1].content), chat, self.settings.focus,
+                                         self.backend.context_length, self.settings.ask.max_tokens)
+        return self.prompt.segments(chat, focus.segments if focus is not None else ())
 
     def warm(self) -> None:
         """Prefill the workspace prefix in the background (interactive requests go first)."""

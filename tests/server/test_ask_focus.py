@@ -107,3 +107,20 @@ def test_cli_ask_names_a_definition_and_gets_it(model, repo, tmp_path):
                             timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert "[focus: pkg/blas.py:4-7 preload (" in result.stderr, result.stderr
+
+
+async def test_http_standalone_repository_model_gets_the_focus(model, repo):
+    import asyncio
+
+    from server.core.settings import parse_settings
+    from server.http.source import StandaloneSource
+
+    settings, _ = parse_settings(default_options(model, context={"budgetTokens": 1200}))
+    source = await asyncio.to_thread(StandaloneSource.start, str(model), workspace=repo, settings=settings)
+    try:
+        segments = await source.repository_segments([("user", QUESTION)])
+        focused = [s for s in segments if s.kind == SegmentKind.FOCUS]
+        assert [s.key for s in focused][:1] == ["pkg/blas.py:4-7"]
+        assert stable_part(segments) == list(source.prompt.workspace.layout.segments)
+    finally:
+        source.close()

@@ -112,12 +112,8 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 def focus_of(session: Session, query: FocusQuery, turns: list[Turn], answer_tokens: int) -> Focus | None:
     """The focus of a request under the session's `focus.*` settings (None when off), within
     what the model's context leaves after the prompt without it and the answer."""
-    settings = session.settings.focus
-    if not settings.enabled:
-        return None
-    prompt_tokens = sum(len(s.token_ids) for s in session.prompt.segments(turns))
-    room = session.backend.context_length - prompt_tokens - answer_tokens
-    return session.prompt.focus(query, max(0, min(settings.budget_tokens, room)))
+    return session.prompt.fitted_focus(query, turns, session.settings.focus, session.backend.context_length,
+                                       answer_tokens)
 
 
 def _tool_call(text: str):
