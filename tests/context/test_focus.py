@@ -119,3 +119,15 @@ def test_deterministic_and_the_stable_prefix_is_unchanged(ws, tmp_path, smol_tok
 def test_definition_end_lines():
     defs = {d.name: (d.line, d.end_line) for d in extract("python", BLAS).definitions}
     assert defs["preload"] == (4, 7) and defs["_open"] == (10, 11)
+
+
+def test_files_the_access_policy_refuses_are_never_focused(tmp_path, smol_tokenizer):
+    root = write_repo(tmp_path / "repo")
+    (root / ".env").write_text("API_TOKEN = 'secret'\n", encoding="utf-8")
+    (root / "pkg" / "id_rsa.py").write_text("def leak():\n    return 1\n", encoding="utf-8")
+    workspace = Workspace(root, smol_tokenizer, budget=1500, persist=False, deny=("id_rsa*",))
+    workspace.build()
+    focus = select_focus(workspace.files, FocusQuery("What is API_TOKEN in .env, and leak() in id_rsa.py?"),
+                         workspace.tokens, 4000)
+    assert focus.items == () and focus.segments == ()
+    assert select_focus(workspace.files, FocusQuery("What does clamp() do?"), workspace.tokens, 400).items
