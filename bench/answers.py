@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import shutil
 import statistics
@@ -45,7 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -144,11 +145,17 @@ async def run_arm(arm: str, settings: Any, backend: Any, source: Path, questions
                          "ttft_s": result.metrics.get("ttft_s"), "total_s": total,
                          "prompt_tokens": result.metrics.get("prompt_tokens"),
                          "decode_tokens": result.metrics.get("decode_tokens"),
-                         "tool_calls": len(result.tool_calls)})
+                         "tool_calls": len(result.tool_calls), "focus": _focused(result)})
             sys.stderr.write(f"[{arm} {i + 1}/{len(questions)}] {'right' if right else 'wrong'} "
                              f"{result.finish_reason} ttft {rows[-1]['ttft_s']:.2f}s total {total:.1f}s\n")
         summary = layout_summary(session)
     return {"arm": arm, "layout": summary, "answers": rows}
+
+
+def _focused(result: Any) -> dict | None:
+    """What the ask focused and why (`Focus.as_dict()`), None when focus was off."""
+    focus = getattr(result, "focus", None)
+    return focus if isinstance(focus, dict) else None
 
 
 def arm_row(result: dict) -> dict:
@@ -168,7 +175,9 @@ def arm_row(result: dict) -> dict:
             "prefix_tokens": result["layout"]["prefix_tokens"]}
 
 
-async def run_all(args: argparse.Namespace, source: Path, questions: list[Question], notes: list[str]) -> list[dict]:
+async def run_all(args: argparse.Namespace, source: Path, questions: list[Question], notes: list[str],
+                  on_arm: Callable[[list[dict]], None]) -> list[dict]:
+    """Every arm on one backend; `on_arm` gets the results so far after each arm."""
     from server.core.backend import start_backend
     from server.core.settings import Settings
 
@@ -179,11 +188,26 @@ async def run_all(args: argparse.Namespace, source: Path, questions: list[Questi
         notes.append("focus-on not run: the settings tree has no `focus` yet (server/core/settings.py)")
         sys.stderr.write(notes[-1] + "\n")
     backend = await asyncio.to_thread(start_backend, base, progress=True)
+    results: list[dict] = []
     try:
-        return [await run_arm(arm, arm_settings(base, arm, args.focus_budget), backend, source, questions,
-                              args.max_tokens) for arm in arms]
+        for arm in arms:
+            results.append(await run_arm(arm, arm_settings(base, arm, args.focus_budget), backend, source,
+                                         questions, args.max_tokens))
+            on_arm(results)
+        return results
     finally:
         backend.close()
+
+
+def print_table(table: list[dict], notes: list[str]) -> None:
+    headers = ("arm", "right / total", "accuracy", "lenient", "loops (repetition + length)", "TTFT median s",
+               "TTFT first s", "s per answer", "prefix tok")
+    sys.stdout.write(markdown_table(headers, [
+        (t["arm"], f"{t['right']} / {t['total']}", f"{t['accuracy']:.0%}", f"{t['right_anywhere'] / t['total']:.0%}",
+         f"{t['loops']} ({t['repetition']} + {t['length']})", t["ttft_median_s"], t["ttft_first_s"],
+         t["answer_mean_s"], t["prefix_tokens"]) for t in table]) + "\n")
+    for note in notes:
+        sys.stdout.write(f"note: {note}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,26 +221,27 @@ def main(argv: list[str] | None = None) -> int:
     questions = every[:args.questions]
     notes: list[str] = []
     started = time.perf_counter()
-    results = asyncio.run(run_all(args, source, questions, notes))
-    table = [arm_row(r) for r in results]
-    headers = ("arm", "right / total", "accuracy", "lenient", "loops (repetition + length)", "TTFT median s",
-               "TTFT first s", "s per answer", "prefix tok")
-    sys.stdout.write(markdown_table(headers, [
-        (t["arm"], f"{t['right']} / {t['total']}", f"{t['accuracy']:.0%}", f"{t['right_anywhere'] / t['total']:.0%}",
-         f"{t['loops']} ({t['repetition']} + {t['length']})", t["ttft_median_s"], t["ttft_first_s"],
-         t["answer_mean_s"], t["prefix_tokens"]) for t in table]) + "\n")
-    for note in notes:
-        sys.stdout.write(f"note: {note}\n")
-    payload = {"package": args.package, "version": args.version, "questions": len(questions),
-               "question_set": {"available": len(every), "fingerprint": fingerprint(questions)},
-               "max_tokens": args.max_tokens, "focus_settings": has_focus_settings(),
-               "focus_budget": args.focus_budget, "notes": notes, "wall_s": time.perf_counter() - started,
-               "machine": machine(), "arms": table,
-               "examples": {r["arm"]: r["answers"][:3] for r in results},
-               "answers": {r["arm"]: r["answers"] for r in results},
-               "layouts": {r["arm"]: r["layout"] for r in results}}
-    path = write_json("answers", payload)
-    sys.stdout.write(f"wrote {path}\n")
+    written: list[Path] = []
+
+    def save(results: list[dict]) -> None:
+        """The JSON after every arm (one file, rewritten), so an interrupted run keeps its finished arms."""
+        payload = {"package": args.package, "version": args.version, "questions": len(questions),
+                   "question_set": {"available": len(every), "fingerprint": fingerprint(questions)},
+                   "max_tokens": args.max_tokens, "focus_settings": has_focus_settings(),
+                   "focus_budget": args.focus_budget, "notes": notes, "wall_s": time.perf_counter() - started,
+                   "machine": machine(), "arms": [arm_row(r) for r in results],
+                   "examples": {r["arm"]: r["answers"][:3] for r in results},
+                   "answers": {r["arm"]: r["answers"] for r in results},
+                   "layouts": {r["arm"]: r["layout"] for r in results}}
+        if not written:
+            written.append(write_json("answers", payload))
+        else:
+            written[0].write_text(json.dumps({"utc": written[0].stem.split("-", 1)[1], **payload}, indent=2,
+                                             default=str) + "\n", encoding="utf-8")
+
+    results = asyncio.run(run_all(args, source, questions, notes, save))
+    print_table([arm_row(r) for r in results], notes)
+    sys.stdout.write(f"wrote {written[0] if written else 'nothing'}\n")
     return 0
 
 
