@@ -114,8 +114,10 @@ def format_footer(metrics: dict, finish_reason: str) -> str:
 
 
 def prefill_bar(stream: TextIO) -> Callable[[int, int], None] | None:
-    """A progress bar of prefilled prompt tokens on `stream` when it is a terminal (None otherwise);
-    it clears itself when the prefill is done, before the answer streams."""
+    """A progress bar of prefilled prompt tokens on `stream` when it is a terminal (None otherwise):
+    tokens done / total and the prefill rate (tokens computed since the first report, over the
+    time since: restored tokens do not count). It clears itself when the prefill is done, before
+    the answer streams."""
     if not stream.isatty():
         return None
     state: dict = {}
@@ -124,7 +126,8 @@ def prefill_bar(stream: TextIO) -> Callable[[int, int], None] | None:
         if "bar" not in state:
             from tqdm import tqdm
 
-            state["bar"] = tqdm(total=total, unit="tok", desc="prefill", file=stream, leave=False)
+            state["bar"] = tqdm(total=total, initial=done, unit="tok", desc="prefill", file=stream, leave=False,
+                                smoothing=0)
         bar = state["bar"]
         bar.total, bar.n = total, done
         bar.refresh()

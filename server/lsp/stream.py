@@ -37,6 +37,7 @@ class TextStream:
         self.token: Any = client_token if self.client_token else (
             f"codectx-{kind}-{next(_tokens)}" if progress else None)
         self.index = 0
+        self.percentage = 0  # $/progress percentages never go back (a tool round prefills again)
 
     async def begin(self, title: str) -> None:
         """Creates (unless the client did) and begins the progress; links its cancel to the current task."""
@@ -49,8 +50,9 @@ class TextStream:
                 logger.info("client refused progress token: %s", err)
                 self.token = None
                 return
+        # A begin with a percentage tells the client to show the reports' percentages (LSP).
         self.server.work_done_progress.begin(
-            self.token, types.WorkDoneProgressBegin(title=title, cancellable=True))
+            self.token, types.WorkDoneProgressBegin(title=title, cancellable=True, percentage=0))
         task = asyncio.current_task()
         if task is not None:
             self.server.protocol.link_progress_cancel(self.token, task)
@@ -70,10 +72,11 @@ class TextStream:
             self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=message))
 
     def prefill(self, done: int, total: int) -> None:
-        """Reports prefill progress (percentage) through `$/progress`."""
+        """Reports prefill progress (tokens and a percentage) through `$/progress`."""
         if self.token is not None and total:
+            self.percentage = max(self.percentage, min(100, 100 * done // total))
             self.server.work_done_progress.report(self.token, types.WorkDoneProgressReport(
-                message=f"reading the repository: {done}/{total} tokens", percentage=int(100 * done / total)))
+                message=f"reading the repository: {done}/{total} tokens", percentage=self.percentage))
 
     def end(self, reason: str) -> None:
         """Sends the final notification and ends the progress."""

@@ -151,3 +151,57 @@ async def test_a_hover_model_request_is_counted_by_its_outcome(vscode_client):
     hovers = _outcomes(state, "hover")
     assert state["counters"]["hovers"] == 1 and sum(hovers.values()) == 1
     assert set(hovers) <= {"stop", "length", "repetition"}, hovers
+
+
+@SHARED
+async def test_the_editor_gets_prefill_percentages(shared):
+    """$/progress: the begin carries a percentage (so clients show the reports'), the prefill
+    reports go up to 100 and never back."""
+    shared.progress_reports.clear()
+    question = "Please explain, step by step, " + " and ".join(f"what f{i} returns" for i in range(20)) + "?"
+    await command(shared, "codectx.ask", question=question, maxTokens=2)
+    (reports,) = [r for token, r in shared.progress_reports.items() if str(token).startswith("codectx-ask")]
+    assert reports[0].kind == "begin" and reports[0].percentage == 0
+    percentages = [r.percentage for r in reports if r.kind == "report" and r.percentage is not None]
+    assert len(percentages) >= 2 and percentages == sorted(percentages) and percentages[-1] == 100, percentages
+    assert all("tokens" in r.message for r in reports if r.kind == "report" and r.percentage is not None)
+
+
+def test_cli_prefill_bar_shows_tokens_and_rate(tmp_path):
+    """On a terminal, `ask` draws the prefill bar: tokens done / total and a tok/s rate."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from tests.server.harness import REPO_ROOT, build_server_test_model, write_sample_workspace
+
+    model = build_server_test_model(tmp_path / "model")
+    (tmp_path / "repo").mkdir()
+    repo = write_sample_workspace(tmp_path / "repo")
+    master, slave = pty.openpty()  # stderr on a terminal (120 columns), as a person running it has
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--repo", str(repo), "--model", str(model),
+                             "--max-tokens", "2", "--prefill-chunk", "64", "What does add do?"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, CODECTX_HOME=str(tmp_path / "home")))
+    os.close(slave)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(master)
+    assert proc.wait(timeout=120) == 0, written.decode(errors="replace")
+    text = written.decode(errors="replace")
+    bars = re.findall(r"prefill:\s+\d+%\|[^|]*\| (\d+)/(\d+) \[[^,]*, ([\d.]+)tok/s\]", text)
+    assert bars, text[-2000:]
+    done, total, rate = bars[-1]
+    assert done == total and int(total) > 3 * 64 and float(rate) > 0  # several chunks
