@@ -15,8 +15,9 @@ hover (warm-up prefills it, see `server.core.warmup`); the model's answer is
 then started with the symbol's name ("`name` is"), so a hover computes only
 those few tokens before its first generated one.
 
-The layout is always `[lead-in][head][tail]`: the head ("`name`") is a segment
-of its own, so its end is a checkpoint that hover preparation prefills ahead
+The layout is always `[lead-in][head][tail]`: the head (the definition's text
+under its place, then "`name`": the answer is grounded in the code it explains)
+is a segment of its own, so its end is a checkpoint that hover preparation prefills ahead
 (`hover_prefetch`) and a later hover restores; the tail (" is") is computed.
 Whether the head was prepared changes what is restored, never the tokens or
 the forward calls that follow (warm == cold).
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from context.lru import LRUDict
 
-from engine.request import Priority, PromptSegment, SegmentKind, stable_part
+from engine.request import Priority, PromptSegment, SegmentKind
 
 from ..prompt import Turn
 from ..session import Session
@@ -98,13 +99,36 @@ def lead_in(session: Session) -> list[PromptSegment]:
     return session.prompt.segments([Turn("user", HOVER_INSTRUCTION)])
 
 
-def answer_start(site: DefinitionSite, stale: bool) -> tuple[str, str]:
-    """The start of the model's answer as (head, tail): the symbol's name, and its current
-    text when the prefix the model reads predates it (see `hover.useWarmPrefix`); then " is"."""
+HOVER_DEFINITION_TOKENS = 192
+"""How much of the definition's text a hover quotes (whole lines, from its first)."""
+
+
+def answer_start(session: Session, site: DefinitionSite) -> tuple[str, str]:
+    """The start of the model's answer as (head, tail). The head grounds the answer: the
+    definition's current text (its first `HOVER_DEFINITION_TOKENS` tokens, whole lines)
+    under its place, then the symbol's name; the tail is " is", which the model continues.
+    Quoting the text right before the answer holds whether or not the file fits the
+    prefix, and whether or not the prefix the model read predates an edit."""
     name = site.definition.name
-    if stale:
-        return f"`{name}` now reads:\n```\n{site.snippet}\n```\n`{name}`", " is"
-    return f"`{name}`", " is"
+    try:
+        where = site.path.relative_to(session.root).as_posix()
+    except ValueError:
+        where = site.path.name
+    text = _clipped(site.snippet, session.tokenizer.encode, HOVER_DEFINITION_TOKENS)
+    return f"`{name}` ({where}, line {site.definition.line}):\n```\n{text}\n```\n`{name}`", " is"
+
+
+def _clipped(text: str, encode, max_tokens: int) -> str:
+    """`text`'s leading whole lines that fit `max_tokens` (at least its first line)."""
+    if len(encode(text)) <= max_tokens:
+        return text
+    lines = text.splitlines()
+    kept: list[str] = []
+    for line in lines:
+        if kept and len(encode("\n".join([*kept, line, "..."]))) > max_tokens:
+            break
+        kept.append(line)
+    return "\n".join([*kept, "..."])
 
 
 def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str]:
@@ -112,8 +136,7 @@ def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptS
     answer start's text (head + tail)."""
     current = lead_in(session)
     lead = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
-    stale = _text_of(lead, site, session.root) != _text_of(current, site, session.root)
-    head, tail = answer_start(site, stale)
+    head, tail = answer_start(session, site)
     encode = session.tokenizer.encode
     return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(encode(head))),
             PromptSegment(SegmentKind.ANSWER, "hover-tail", tuple(encode(tail)))], head + tail
@@ -124,19 +147,8 @@ def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegme
     """`[lead-in][head]` of `site` on the current prefix: what preparation prefills so that a
     hover restores the head (`lead` may be passed in when several heads follow one lead-in)."""
     lead = lead_in(session) if lead is None else lead
-    head, _ = answer_start(site, False)
+    head, _ = answer_start(session, site)
     return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(session.tokenizer.encode(head)))]
-
-
-def _text_of(segments: list[PromptSegment], site: DefinitionSite, root: Path | None) -> tuple[int, ...] | None:
-    """Tokens of the last prefix segment holding `site`'s file (its hot copy when edited)."""
-    try:
-        key = site.path.relative_to(root).as_posix() if root is not None else str(site.path)
-    except ValueError:
-        return None
-    held = [s.token_ids for s in stable_part(segments)
-            if s.kind in (SegmentKind.FILE, SegmentKind.HOT) and s.key == key]
-    return tuple(held[-1]) if held else None
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
@@ -198,17 +210,15 @@ async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, s
                                    "promptTokens": prompt_tokens,
                                    "cachedTokens": done.metrics.cached_tokens,
                                    "recomputedTokens": done.metrics.recomputed_tokens,
-                                   "quotesDefinition": "```" in start_text,
+                                   "headTokens": len(segments[-2].token_ids),  # the quoted definition + name
                                    # the head was restored (prepared, or left by an earlier hover)
                                    "startPrepared": done.metrics.cached_tokens == head_end}
     return _explanation(start_text, done.text)
 
 
 def _explanation(start: str, generated: str) -> str:
-    """The answer as the user reads it: the name sentence, without a quoted current text."""
-    if "```" in start:
-        start = start[start.rindex("```") + 3:].lstrip("\n")
-    return start + generated
+    """The answer as the user reads it: the name sentence, without the quoted definition."""
+    return start[start.rindex("```") + 3:].lstrip("\n") + generated
 
 
 def _store(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> None:
