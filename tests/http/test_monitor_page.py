@@ -31,7 +31,7 @@ class MonitorDom(HTMLParser):
         self.metrics: dict[str, str] = {}
         self.values: dict[str, str] = {}
         self.body: dict[str, str] = {}
-        self.rows: dict[str, list[dict[str, str]]] = {"active": [], "recent": []}
+        self.rows: dict[str, list[dict[str, str]]] = {"active": [], "recent": [], "outcomes": []}
         self._table: str | None = None
         self._target: tuple[dict, str] | None = None
 
@@ -111,6 +111,11 @@ def test_page_numbers_match_metrics(api, tmp_path):
     assert int(row["recomputed_tokens"]) == second["codectx"]["recomputed_tokens"]
     assert row["finish_reason"] in ("stop", "length") and row["miss_reason"] == second["codectx"]["miss_reason"]
     assert float(row["prefill_tps"]) == pytest.approx(second["codectx"]["prefill_tps"], abs=0.06)
+    shown = {row["data-id"]: int(row["count"]) for row in dom.rows["outcomes"]}
+    counted = {f"{kind}/{outcome}": value for name, value in metrics.items()
+               if (m := re.fullmatch(r'codectx_requests_total\{kind="(\w+)",outcome="(\w+)"\}', name))
+               for kind, outcome in [m.groups()]}
+    assert shown == counted and sum(v for k, v in shown.items() if k.startswith("http/")) >= 2
     for field in ("prompt_tokens", "cached_tokens", "recomputed_tokens", "decode_tokens"):
         total = "codectx_http_completion_tokens_total" if field == "decode_tokens" else f"codectx_http_{field}_total"
         assert sum(int(r[field]) for r in dom.rows["recent"]) == metrics[total], field
