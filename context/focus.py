@@ -166,8 +166,8 @@ def _segment_text(f: WorkspaceFile, item: FocusItem) -> str:
     body = neutralize("\n".join(lines[item.first - 1:item.last])).rstrip()
     span = f' lines="{item.first}-{item.last}"' if item.name else ""
     what = f"{item.name}, " if item.name else ""
-    note = (what + item.reason).replace('"', "'")
-    head = f'<file path="{item.path}" language="{f.language}"{span} note="focus: {note}">\n'
+    note = (what + item.reason).replace('"', "'")  # the reason quotes the question: keep it inert
+    head = neutralize(f'<file path="{item.path}" language="{f.language}"{span} note="focus: {note}">\n')
     return f"{head}{body}\n</file>\n" if body else f"{head}</file>\n"
 
 
