@@ -98,3 +98,8 @@ def test_help_file_has_tags_for_every_command(tmp_path):
 
 def test_missing_model_shows_the_error(workspace, tiny_model, tmp_path):
     assert_passed(run_script("errors.lua", workspace, tiny_model, tmp_path), "errors.lua")
+
+
+def test_the_server_log_makes_no_error_lines(workspace, tiny_model, tmp_path):
+    """At the default log level nothing of the server's start-up reaches lsp.log as [ERROR]."""
+    assert_passed(run_script("server_log.lua", workspace, tiny_model, tmp_path), "server_log.lua")
