@@ -18,6 +18,8 @@ from typing import Any, Callable, TypeVar
 
 from .backend import Backend, start_backend
 from .errors import NotReadyError
+from .features import hover as hover_feature
+from .features.symbols import DefinitionIndex
 from .ready import ReadySession, workspace_prompt
 from .session import LoadingSession
 from .settings import Settings
@@ -43,6 +45,7 @@ class SessionHost:
         self._starting: asyncio.Future[Backend] | None = None
         self._focus: tuple[Path, int] | None = None
         self._closed = False
+        self._card_index: DefinitionIndex | None = None
 
     def begin(self) -> None:
         """Marks the start of loading on the running loop: from now on `ready()` waits."""
@@ -106,6 +109,13 @@ class SessionHost:
         if loaded is None or not loaded.done() or loaded.cancelled() or loaded.exception() is not None:
             return None
         return loaded.result()
+
+    def static_hover(self, name: str, current: Path) -> hover_feature.HoverAnswer | None:
+        """While the model loads: the hover's static card for `name` defined in `current`
+        (no model request; the workspace is not scanned yet, so only that file is searched)."""
+        if self._card_index is None:
+            self._card_index = DefinitionIndex(self.base.read_text)
+        return hover_feature.static_card(self._card_index, name, current, [current])
 
     async def ready(self) -> ReadySession:
         """The ready session, once loaded.

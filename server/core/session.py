@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
-from context.access import quoted_name
+from context.access import AccessPolicy, quoted_name
 from context.errors import AccessDeniedError
-from context.scan import Skipped
+from context.scan import ScanRules, Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
 from .backend import Backend
@@ -81,11 +81,37 @@ class LoadingSession:
         self.conversations = Conversations()  # earlier asks' turns, by conversation id
         self.prefix_version = 0  # bumped on every edit
         self.dirty: set[Path] = set()  # edited while loading: the prompt reads them once built
+        self._access: tuple[tuple, AccessPolicy] | None = None
 
     def buffer_text(self, path: Path) -> str | None:
         """Unsaved text of an open buffer at `path`, else None."""
         doc = self.documents.by_path(path)
         return doc.text if doc is not None else None
+
+    def read_text(self, path: Path) -> str:
+        """A workspace file's current text before the workspace is built (a hover's static card
+        while the model loads), through an access policy with the workspace's rules.
+
+        Raises:
+            AccessDeniedError: The policy refuses the path (with its reason).
+        """
+        context = self.settings.context
+        rules = (self.root, context.include, context.exclude, context.deny)
+        if self._access is None or self._access[0] != rules:
+            self._access = (rules, AccessPolicy(self.root, ScanRules(context.include, context.exclude), context.deny))
+        return read_through(self._access[1], self.buffer_text(path), path)
+
+
+def read_through(access: AccessPolicy, buffer: str | None, path: Path) -> str:
+    """`path`'s text, the open `buffer` if there is one, else the disk, as `access` admits it.
+
+    Raises:
+        AccessDeniedError: The policy refuses the path (with its reason).
+    """
+    item = access.admit(path, buffer) if buffer is not None else access.read(path)
+    if isinstance(item, Skipped):
+        raise AccessDeniedError(f"{quoted_name(item.path)}: {item.reason}")
+    return item.text
 
 
 class Session:
@@ -141,12 +167,7 @@ class Session:
         Raises:
             AccessDeniedError: The policy refuses the path (with its reason).
         """
-        access = self.prompt.access
-        text = self.buffer_text(path)
-        item = access.admit(path, text) if text is not None else access.read(path)
-        if isinstance(item, Skipped):
-            raise AccessDeniedError(f"{quoted_name(item.path)}: {item.reason}")
-        return item.text
+        return read_through(self.prompt.access, self.buffer_text(path), path)
 
     async def generate(self, segments: list[PromptSegment], *, max_tokens: int,
                        on_text: Callable[[str], None] | None = None, stop: tuple[str, ...] = (),

@@ -1,6 +1,7 @@
 """Handlers for hover, code actions and `codectx.findBugs` (thin: convert, call, convert).
 
-Hover answers nothing while the model loads; code actions and commands wait for it.
+While the model loads a hover shows the static card (signature, docstring) of a definition
+in the same file; code actions and commands wait for the model.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from server.core.features import code_actions, hover
 from server.core.features.code_actions import ACTIONS
 from server.core.features.symbols import identifier_at
 from server.core.outcomes import counted_as
-from server.core.session import Session
+from server.core.session import LoadingSession, Session
 
 ACTION_KINDS = {"explain": "source.codectx.explain", "docstring": types.CodeActionKind.RefactorRewrite.value,
                 "findBugs": "source.codectx.findBugs", "tests": "source.codectx.tests",
@@ -34,25 +35,29 @@ def register(server: Any) -> None:
 def _register_hover(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def on_hover(ls, params: types.HoverParams) -> types.Hover | None:
-        session = ls.host.ready_now()  # while the model loads a hover has nothing to add
-        if session is None or not session.settings.hover.enabled:
+        session = ls.host.ready_now()
+        reader = session if session is not None else ls.base  # while loading: the static card
+        if not reader.settings.hover.enabled:
             return None
         try:
-            text = document_text(session, params.text_document.uri)
+            text = document_text(reader, params.text_document.uri)
         except InvalidArgumentsError:
             return None  # not a file codectx reads: no explanation, and no error popup
-        offset = convert.to_offset(text, params.position, session.documents.encoding)
+        offset = convert.to_offset(text, params.position, reader.documents.encoding)
         found = identifier_at(text, offset)
         if found is None:
             return None
         name, span = found
         path = Path(to_fs_path(params.text_document.uri))
-        with counted_as("hover"):  # the model request behind it is counted by its outcome
-            answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
+        if session is None:
+            answer = ls.host.static_hover(name, path)
+        else:
+            with counted_as("hover"):  # the model request behind it is counted by its outcome
+                answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
         ls.host.focus(path, params.position.line + 1)
         if answer is None:
             return None
-        return convert.markdown_hover(answer.markdown, text, span, session.documents.encoding)
+        return convert.markdown_hover(answer.markdown, text, span, reader.documents.encoding)
 
 
 def _register_code_actions(server: Any) -> None:
@@ -128,7 +133,7 @@ def document_range(session: Session, options: dict) -> tuple[str, str, types.Ran
     return uri, document_text(session, uri), rng
 
 
-def document_text(session: Session, uri: Any) -> str:
+def document_text(session: Session | LoadingSession, uri: Any) -> str:
     """The text of a document (open buffer, else disk) through the workspace's access policy.
 
     Raises:

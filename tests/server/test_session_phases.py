@@ -5,16 +5,20 @@ lets it go, so "while loading" is a state the test controls, not a race."""
 from __future__ import annotations
 
 import asyncio
+import time
 import threading
 from pathlib import Path
 
 import pytest
+
+from context.errors import AccessDeniedError
 from lsprotocol import types
 
 from engine.errors import ModelNotFoundError
 from server.core.backend import start_backend
 from server.core.errors import NotReadyError
 from server.core.features import ask as ask_feature
+from server.core.features import hover as hover_feature
 from server.core.features import status as status_feature
 from server.core.host import SessionHost
 from server.core.session import LoadingSession
@@ -74,6 +78,21 @@ async def test_requests_before_while_and_after_loading(tiny_model, repo):
     host.changed([util])
     host.focus(util, 2)
     assert not waiting.done() and host.base.prefix_version == 1
+    # A hover gets the static card of the buffer's definition at once, saying the model loads;
+    # a name not defined in that file, and a file the access policy refuses, get nothing.
+    started = time.perf_counter()
+    card = host.static_hover("add", util)
+    assert time.perf_counter() - started < 0.1
+    assert card.source == "signature" and card.markdown.startswith("**add** (function, `util.py:1`)")
+    assert "def add(a, b):" in card.markdown and card.markdown.endswith(hover_feature.LOADING_LINE)
+    assert host.static_hover("nothing_here", util) is None
+    outside = repo.parent / "outside.py"
+    outside.write_text("def add(a, b):\n    return 0\n", encoding="utf-8")
+    (repo / "linked.py").symlink_to(outside)  # a link out of the workspace: never read
+    assert host.static_hover("add", repo / "linked.py") is None
+    with pytest.raises(AccessDeniedError):
+        host.base.read_text(repo / "linked.py")
+    (repo / "linked.py").unlink()
 
     gate.open.set()
     ready = await waiting

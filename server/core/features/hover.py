@@ -70,11 +70,12 @@ class HoverCache:
 
 
 PENDING_LINE = "*codectx: explanation pending; hover again in a moment.*"
+LOADING_LINE = "*codectx: the model is loading; explanations follow.*"
 
 
-def render(site: DefinitionSite, explanation: str | None, pending: bool = False) -> str:
+def render(site: DefinitionSite, explanation: str | None, pending: bool = False, note: str = PENDING_LINE) -> str:
     """The hover markdown: explanation (if any), then signature and docstring; without an
-    explanation, the static card, with `PENDING_LINE` while the model's answer is coming."""
+    explanation, the static card, with `note` while the model's answer is coming."""
     definition = site.definition
     parts = [f"**{definition.name}** ({definition.kind}, `{site.path.name}:{definition.line}`)"]
     if explanation:
@@ -83,7 +84,7 @@ def render(site: DefinitionSite, explanation: str | None, pending: bool = False)
     if site.docstring and not explanation:
         parts.append(site.docstring)
     if pending and not explanation:
-        parts.append(PENDING_LINE)
+        parts.append(note)
     return "\n\n".join(parts)
 
 
@@ -149,6 +150,13 @@ def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegme
     lead = lead_in(session) if lead is None else lead
     head, _ = answer_start(session, site)
     return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(session.tokenizer.encode(head)))]
+
+
+def static_card(index: DefinitionIndex, name: str, current: Path, files: list[Path]) -> HoverAnswer | None:
+    """The card a hover shows while the model loads (no model request), or None when no
+    definition of `name` is found in `current` or `files`."""
+    site = index.find(name, current, files)
+    return None if site is None else HoverAnswer(render(site, None, pending=True, note=LOADING_LINE), "signature")
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
