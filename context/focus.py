@@ -17,7 +17,7 @@ Each is whole or left out (never cut): one that does not fit what is left of the
 is skipped and reported. A candidate that contains ones already taken (a file holding a
 focused definition) replaces them when the difference fits. Segments are
 `SegmentKind.FOCUS`: not stable, so the prefix before them is byte-identical whatever
-the question; each is `<file path=… lines=… note="focus: …">` with its reason.
+the question; each is `<file note="focus: …" path=… lines=…>` with its reason.
 """
 from __future__ import annotations
 
@@ -161,13 +161,15 @@ def _key(item: FocusItem) -> str:
 
 
 def _segment_text(f: WorkspaceFile, item: FocusItem) -> str:
-    """`<file path=… language=… [lines=…] note="focus: …">` + the text + `</file>`."""
+    """`<file note="focus: …" path=… language=… [lines=…]>` + the text + `</file>`. The note comes
+    first: a hot or file segment of the same path at the same place shares no grid step with it,
+    so what a focus left in the cache never passes for part of a later edit's copy."""
     lines = f.text.splitlines()
     body = neutralize("\n".join(lines[item.first - 1:item.last])).rstrip()
     span = f' lines="{item.first}-{item.last}"' if item.name else ""
     what = f"{item.name}, " if item.name else ""
     note = (what + item.reason).replace('"', "'")  # the reason quotes the question: keep it inert
-    head = neutralize(f'<file path="{item.path}" language="{f.language}"{span} note="focus: {note}">\n')
+    head = neutralize(f'<file note="focus: {note}" path="{item.path}" language="{f.language}"{span}>\n')
     return f"{head}{body}\n</file>\n" if body else f"{head}</file>\n"
 
 
