@@ -47,9 +47,16 @@ def test_ask_with_a_window_answers_like_the_windowed_engine(tmp_path_factory):
     assert result.returncode == 0, result.stderr
 
     loaded = load_model(str(model_dir), progress=False)
-    # The server's prompt for the repository (tools, system prompt), as the CLI builds it.
+    # The server's prompt for the repository (tools, system prompt, the focus on f3_2), as the
+    # CLI builds it.
+    from context.focus_query import FocusQuery
+    from server.core.settings import FocusSettings
+
     prompt = WorkspacePrompt(repo, loaded.tokenizer, lambda path: None, TOOLS_PROMPT, ContextSettings())
-    segments = prompt.segments([Turn("user", question)])
+    turns = [Turn("user", question)]
+    focus = prompt.fitted_focus(FocusQuery(question), turns, FocusSettings(), loaded.context_length, 6)
+    assert focus is not None and focus.segments
+    segments = prompt.segments(turns, focus.segments)
     assert prompt.workspace.layout.tokens > 16 + 32 + 16 + 64  # long enough that the window skips keys
     with Engine(loaded, window=WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16)) as eng:
         assert eng.prefix.policy.approximation
