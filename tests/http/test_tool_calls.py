@@ -16,6 +16,7 @@ from engine.handle import RequestHandle
 from engine.loading import load_model
 from engine.request import DoneEvent, Metrics, Request, TokenEvent
 from server.core.backend import EngineBackend
+from server.core.outcomes import Outcomes
 from server.http.app import create_app
 from server.http.config import HttpConfig
 from server.http.runner import HttpServer
@@ -73,12 +74,16 @@ class ScriptedEngine:
 class ScriptedSource:
     def __init__(self, tokenizer) -> None:
         self.served = Served(EngineBackend(ScriptedEngine("Reading. " + CALL), tokenizer, "scripted"))
+        self._outcomes = Outcomes()
 
     def current(self) -> Served:
         return self.served
 
     async def repository_segments(self, turns):
         raise LookupError("no workspace")
+
+    def outcomes(self) -> Outcomes:
+        return self._outcomes
 
 
 @pytest.fixture(scope="module")
