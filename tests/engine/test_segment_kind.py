@@ -28,6 +28,7 @@ PROPERTIES = {
     K.MAP: (True, False, False, False, True),
     K.FILE: (True, False, False, False, True),
     K.HOT: (True, True, True, False, True),
+    K.FOCUS: (False, True, True, False, True),
     K.TURN: (False, True, True, False, True),
     K.QUESTION: (False, True, True, True, False),
     K.HEADER: (False, True, True, True, False),

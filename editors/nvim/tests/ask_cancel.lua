@@ -5,7 +5,9 @@ local LONG = 2000 -- decode budget large enough to still be running when the scr
 local ENDLESS = 'Write a long essay about util.py.'
 
 h.load_plugin()
-local client, bufnr = h.start('util.py')
+-- The random tiny model's long answers repeat themselves: without the loop guard they run
+-- until cancelled, which is what this script tests.
+local client, bufnr = h.start('util.py', { generation = { loopGuard = false } })
 local ask = require('codectx.ask')
 local codectx = require('codectx')
 

@@ -74,8 +74,11 @@ end
 
 --- Configures and enables codectx, edits `file` of the workspace and waits until a client is
 --- attached to it and the model is loaded. Returns the client and the buffer.
-function M.start(file)
-  vim.lsp.config('codectx', M.server_config())
+--- Starts the server on `file`; `settings` (optional) are merged into the codectx settings.
+function M.start(file, settings)
+  local config = M.server_config()
+  config.settings.codectx = vim.tbl_deep_extend('force', config.settings.codectx, settings or {})
+  vim.lsp.config('codectx', config)
   vim.lsp.enable('codectx')
   vim.cmd.edit(vim.fs.joinpath(M.workspace, file))
   local bufnr = vim.api.nvim_get_current_buf()
