@@ -124,11 +124,9 @@ def speculative_decode(
         return
     if stop():
         raise RequestCancelled("cancelled during decode at token 0")
-    first = int(sampler(logits if penalty is None else penalty.apply(logits)).item())
+    first = _first_token(sampler, logits, penalty)
     if first in eos_token_ids:
         return
-    if penalty is not None:
-        penalty.observe((first,))
     yield first
     path = path_of(compute)
     decoder = make_decoder(mode, path.model, cache, list(prompt_ids) + [first], sampling, draft, stop,
@@ -140,6 +138,15 @@ def speculative_decode(
                 return
             produced += 1
             yield token
+
+
+def _first_token(sampler: Sampler, logits: mx.array, penalty: RepetitionPenalty | None) -> int:
+    """The first token from the prefill's logits, through the penalty (which then holds it)."""
+    if penalty is None:
+        return int(sampler(logits).item())
+    first = int(sampler(penalty.apply(logits)).item())
+    penalty.observe((first,))
+    return first
 
 
 def _round(decoder: SpeculativeDecoder, limit: int, metrics: Metrics | None) -> list[int]:
