@@ -6,8 +6,9 @@ local ENDLESS = 'Write a long essay about util.py.'
 
 h.load_plugin()
 -- The random tiny model's long answers repeat themselves: without the loop guard they run
--- until cancelled, which is what this script tests.
-local client, bufnr = h.start('util.py', { generation = { loopGuard = false } })
+-- until cancelled, which is what this script tests; without focus segments the prompt is
+-- the one the answer below was checked on (it does not reach EOS).
+local client, bufnr = h.start('util.py', { generation = { loopGuard = false }, focus = { enabled = false } })
 local ask = require('codectx.ask')
 local codectx = require('codectx')
 
