@@ -113,16 +113,24 @@ class DefinitionIndex:
             self._parsed[path] = cached
         return cached
 
-    def find(self, name: str, current: Path, files: Iterable[Path]) -> DefinitionSite | None:
-        """Where `name` is defined: the current file first, then `files` in order."""
+    def find(self, name: str, current: Path, files: Iterable[Path], line: int | None = None
+             ) -> DefinitionSite | None:
+        """Where `name` is defined: the current file first, then `files` in order.
+
+        With `line` (1-based, the cursor's in `current`), a file that defines `name` more than
+        once (methods of several classes) answers with the one defined on that line, else
+        the last one defined before it (the enclosing class's, for a call in a later method),
+        else its first.
+        """
         for path in [current] + [p for p in files if p != current]:
             found = self.definitions(path)
             if found is None:
                 continue
             text, definitions = found
-            for definition in definitions:
-                if definition.name == name:
-                    return site_of(path, text, definition, definitions)
+            named = [d for d in definitions if d.name == name]
+            if named:
+                chosen = _nearest_above(named, line) if path == current and line is not None else named[0]
+                return site_of(path, text, chosen, definitions)
         return None
 
     def dependencies_hash(self, site: DefinitionSite, files: Iterable[Path]) -> str:
@@ -140,6 +148,12 @@ class DefinitionIndex:
             if used is not None:
                 digest.update(f"{name}\0{used.path}\0{used.key}\0".encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
+
+
+def _nearest_above(named: list[Definition], line: int) -> Definition:
+    """The definition on `line`, else the last before it, else the first (`named` in file order)."""
+    above = [d for d in named if d.line <= line]
+    return above[-1] if above else named[0]
 
 
 def enclosing_definition(path: Path, text: str, line: int, tags: TagCache | None = None) -> DefinitionSite | None:

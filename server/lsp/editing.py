@@ -53,7 +53,8 @@ def _register_hover(server: Any) -> None:
             answer = ls.host.static_hover(name, path)
         else:
             with counted_as("hover"):  # the model request behind it is counted by its outcome
-                answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files)
+                answer = await hover.explain(session, session.hover_cache, name, path, session.prompt.files,
+                                             params.position.line + 1)
         ls.host.focus(path, params.position.line + 1)
         if answer is None:
             return None

@@ -160,10 +160,11 @@ def static_card(index: DefinitionIndex, name: str, current: Path, files: list[Pa
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,
-                  files: list[Path]) -> HoverAnswer | None:
-    """The hover answer for `name`, or None when no definition is found."""
+                  files: list[Path], line: int | None = None) -> HoverAnswer | None:
+    """The hover answer for `name` hovered at 1-based `line` of `current`, or None when no
+    definition is found."""
     started = time.perf_counter()
-    site = cache.index.find(name, current, files)
+    site = cache.index.find(name, current, files, line)
     if site is None:
         return None
     session.counters.hovers += 1
