@@ -4,11 +4,13 @@ VS Code itself cannot be downloaded here, so the extension host is not run. Ever
 else is: the TypeScript build, the client modules' unit tests (`node --test`, VS Code API
 behind `vscodeHost.ts`), and an end-to-end suite that drives the real `codectx serve` over
 stdio with the extension's own launch, settings, ask and status code on a
-`vscode-languageserver-protocol` connection, with a tiny random-weight model.
+`vscode-languageserver-protocol` connection, with a tiny random-weight model (and one whose
+greedy answers loop, for the hover, question, focus and loop guard checks of answers.test.ts).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 
+from server.core.features.hover import PENDING_LINE
 from tests.server.harness import build_server_test_model
 
 EXTENSION = Path(__file__).resolve().parents[2] / "editors" / "vscode"
@@ -74,12 +77,16 @@ def test_unit_suite(compiled):
     assert "# fail 0" in result.stdout and "# pass " in result.stdout
 
 
-def test_end_to_end_suite_against_the_real_server(compiled, vscode_model):
+def test_end_to_end_suite_against_the_real_server(compiled, vscode_model, looping_model):
+    """out/test/e2e: server.test.js (8 tests) on the tiny model, answers.test.js (4 tests: the pending
+    hover, the empty question, focus, the loop guard) on the looping one."""
     env = dict(os.environ, CODECTX_TEST_MODEL=str(vscode_model), CODECTX_TEST_PYTHON=sys.executable,
-               CODECTX_TEST_CAPABILITIES=str(VSCODE_CAPABILITIES))
+               CODECTX_TEST_CAPABILITIES=str(VSCODE_CAPABILITIES), CODECTX_TEST_LOOPING_MODEL=str(looping_model),
+               CODECTX_TEST_PENDING_LINE=PENDING_LINE)
     result = _run([_tool("node"), "--test", str(compiled / "test" / "e2e")], env=env)
     _check(result, "node --test out/test/e2e")
-    assert "# fail 0" in result.stdout and "# pass 8" in result.stdout, result.stdout
+    assert "# fail 0" in result.stdout and "# pass 12" in result.stdout, result.stdout
+    assert re.search(r"^ok \d+ - issue 17 answers, through the extension client code$", result.stdout, re.M)
 
 
 def test_settings_mirror_the_server_settings(compiled):

@@ -22,6 +22,12 @@ export function makeNonce(): string {
   return randomBytes(16).toString('base64');
 }
 
+/** What the footer adds for an answer that did not end on its own. */
+const FINISH_NOTES: Record<string, string> = {
+  length: ' (length limit)',
+  repetition: ' (stopped on repetition)',
+};
+
 /** The footer under an answer: tokens, cache use and speed; or why there is no answer. */
 export function outcomeFooter(outcome: AskOutcome): string {
   if (outcome.kind === 'cancelled') {
@@ -31,7 +37,7 @@ export function outcomeFooter(outcome: AskOutcome): string {
     return `Failed: ${outcome.message}`;
   }
   const m = outcome.result.metrics;
-  const finish = outcome.result.finishReason === 'length' ? ' (length limit)' : '';
+  const finish = FINISH_NOTES[outcome.result.finishReason] ?? '';
   return `${m.prompt_tokens} prompt tokens (${m.cached_tokens} cached, ${m.recomputed_tokens} computed) · `
     + `TTFT ${m.ttft_s.toFixed(2)} s · ${m.decode_tokens} tokens at ${m.decode_tps.toFixed(1)} tok/s${finish}`;
 }

@@ -82,10 +82,29 @@ export interface ServerStatus {
   [name: string]: unknown;
 }
 
-/** Result of `codectx.showContext`. */
+/** One definition or file of a request's focus: what it is, where, and why it was taken. */
+export interface FocusItem {
+  kind: string;
+  path: string;
+  name: string;
+  lines: [number, number];
+  tokens: number;
+  reason: string;
+}
+
+/** The focus segments a request gets (`focus` of `codectx.ask` and `codectx.showContext`). */
+export interface Focus {
+  budget: number;
+  tokens: number;
+  items: FocusItem[];
+  leftOut: (FocusItem & { why: string })[];
+}
+
+/** Result of `codectx.showContext`; `focus` is null without a question. */
 export interface ContextLayout {
   segments: { kind: string; key: string; tokens: number; reason?: string }[];
   markdown: string;
+  focus?: Focus | null;
 }
 
 /**

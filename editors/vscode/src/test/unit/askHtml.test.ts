@@ -7,11 +7,15 @@ import { isAnswerDelta } from '../../progress';
 const METRICS = { prompt_tokens: 812, cached_tokens: 768, recomputed_tokens: 44, prefill_tps: 209.5, ttft_s: 0.234,
   decode_tokens: 57, decode_tps: 18.44 };
 
-test('the footer gives tokens, cache use, TTFT and decode speed', () => {
+test('the footer gives tokens, cache use, TTFT, decode speed and why an answer was cut', () => {
   const outcome = { kind: 'answered' as const, result: { text: 'hi', finishReason: 'length', conversationId: 'c', metrics: METRICS } };
   assert.equal(outcomeFooter(outcome),
     '812 prompt tokens (768 cached, 44 computed) · TTFT 0.23 s · 57 tokens at 18.4 tok/s (length limit)');
   assert.deepEqual(endMessage(outcome), { type: 'end', text: 'hi', footer: outcomeFooter(outcome), failed: false });
+  const looped = { kind: 'answered' as const, result: { ...outcome.result, finishReason: 'repetition' } };
+  assert.ok(outcomeFooter(looped).endsWith('57 tokens at 18.4 tok/s (stopped on repetition)'), outcomeFooter(looped));
+  const stopped = { kind: 'answered' as const, result: { ...outcome.result, finishReason: 'stop' } };
+  assert.ok(outcomeFooter(stopped).endsWith('tok/s'), outcomeFooter(stopped));
   assert.deepEqual(endMessage({ kind: 'cancelled' }), { type: 'end', text: undefined, footer: 'Stopped.', failed: false });
   assert.deepEqual(endMessage({ kind: 'failed', message: 'no model' }),
     { type: 'end', text: undefined, footer: 'Failed: no model', failed: true });
