@@ -110,19 +110,24 @@ class HoverSettings:
             repository as the model last read it) and its hover lead-in; when
             the symbol's file changed since, the answer start quotes the
             symbol's current text: the hover then costs only those tokens.
-        prefetch: Prepare the answers of this many definitions nearest to the
-            line last opened, hovered or edited, in the background while the
-            engine is idle (0: off).
-        prefetch_heads: Also prefill the answer heads of the nearest 32
-            definitions (cheap: one short forward call each), so a hover on
-            one of them computes one token before its first generated one.
+        first_sentence: End the answer after its first sentence (and ask the
+            model for one): a hover is read at a glance, and a short answer is
+            ready sooner, so more of them are prepared before the user hovers.
+        prefetch: Prepare the answers of this many definitions of the file the
+            user works in, in reading order from the line last opened, hovered
+            or edited, in the background while the engine is idle (0: off).
+        prefetch_heads: Then prefill the answer heads of the 32 nearest
+            definitions without a prepared answer (cheap: one short forward
+            call each), so a hover on one of them computes one token before its
+            first generated one.
     """
 
     enabled: bool = True
     latency_budget_ms: int = 0
     max_tokens: int = 96
+    first_sentence: bool = True
     use_warm_prefix: bool = True
-    prefetch: int = 8
+    prefetch: int = 64
     prefetch_heads: bool = True
 
 

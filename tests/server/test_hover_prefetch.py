@@ -22,14 +22,15 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     def on_warmth(params):
         if not hasattr(params, "prefilled") and params.warm:
             warm.set()
-        if params.hoverPrefetch.prepared >= 1:
-            prepared.set()
+        if params.hoverPrefetch.prepared >= 1 and params.hoverPrefetch.startsPrepared >= 1:
+            prepared.set()  # answers first, then the heads of what has none: the pass is done
 
     await start(raw_client, "neovim", raw_client.root,
                 default_options(tiny_model, warmup={"enabled": True, "debounceMs": 0},
                                 hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 1}))
     # Opened at once, like editors do (usually before the model is loaded): focus line 1;
-    # `add` is nearest, then `greet`. Preparation starts after the start-up warm-up.
+    # `add` comes first in reading order, then `greet`. Preparation starts after the start-up
+    # warm-up: `add`'s answer (prefetch 1), then the head of `greet`, which has no answer.
     uri = open_document(raw_client, raw_client.root / "util.py")
     await warm.wait()
     await prepared.wait()
@@ -40,7 +41,7 @@ async def test_a_hover_on_a_prepared_definition_is_answered_from_the_cache(raw_c
     assert "**add** (function" in answer.contents.value and "`add` is" in answer.contents.value
     assert after["counters"]["hoverCacheHits"] == before["counters"]["hoverCacheHits"] + 1
     assert after["engine"]["requests_served"] == before["engine"]["requests_served"]  # no model call
-    assert after["hoverPrefetch"]["prepared"] == 1 and after["hoverPrefetch"]["startsPrepared"] == 2
+    assert after["hoverPrefetch"]["prepared"] == 1 and after["hoverPrefetch"]["startsPrepared"] == 1
 
     # `greet` has only its answer head prefilled: the hover computes the one tail token.
     answer = await raw_client.text_document_hover_async(types.HoverParams(
@@ -79,7 +80,7 @@ async def test_an_ask_goes_first_and_the_preparation_it_cut_then_gives_the_hover
                              intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
     session = await in_process_session(default_options(
         model, warmup={"enabled": True}, hover={"maxTokens": 200, "latencyBudgetMs": 60000, "prefetch": 1,
-                                                "prefetchHeads": True}), root)
+                                                "prefetchHeads": True, "firstSentence": False}), root)
     session.backend = watched = FirstText(session.backend)
     try:
         cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
@@ -88,8 +89,8 @@ async def test_an_ask_goes_first_and_the_preparation_it_cut_then_gives_the_hover
                                  on_prepared=lambda: prefetch.prepared and prepared.set())
 
         prefetch.focus_on(root / "calc.py", 1)
-        await watched.streaming.wait()  # both heads prefilled; the answer of `double` is decoding
-        assert prefetch.starts == 2 and prefetch.prepared == 0
+        await watched.streaming.wait()  # answers come first: the one of `double` is decoding
+        assert prefetch.starts == 0 and prefetch.prepared == 0
         asked = await session.generate(session.prompt.segments([Turn("user", "hi")]), max_tokens=3)
         assert asked.finish_reason == "length" and not prepared.is_set()  # the engine ran the ask first
 
@@ -102,3 +103,58 @@ async def test_an_ask_goes_first_and_the_preparation_it_cut_then_gives_the_hover
     finally:
         prefetch.stop()
         session.close()
+
+
+class Requests:
+    """The session's real backend, recording each request's prompt tail and stop strings
+    (a recorder around our own stack, not a stand-in: every call goes through)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.seen: list = []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    async def generate(self, request, *, on_text=None, on_prefill=None):
+        self.seen.append(request)
+        return await self.backend.generate(request, on_text=on_text, on_prefill=on_prefill)
+
+
+async def test_answers_are_prepared_in_reading_order_from_the_focus_and_end_at_the_first_sentence(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    names = ["alpha", "beta", "gamma", "delta"]
+    (root / "steps.py").write_text("".join(f"def {n}(x):\n    return x + {i}\n\n\n" for i, n in enumerate(names)),
+                                   encoding="utf-8")
+    session = await in_process_session(default_options(
+        tiny_model_path(tmp_path), warmup={"enabled": True},
+        hover={"maxTokens": 4, "latencyBudgetMs": 60000, "prefetch": 3, "prefetchHeads": False}), root)
+    session.backend = recorder = Requests(session.backend)
+    try:
+        cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
+        prepared = asyncio.Event()
+        prefetch = HoverPrefetch(session, cache, busy=lambda: False,
+                                 on_prepared=lambda: prefetch.prepared >= 3 and prepared.set())
+        prefetch.focus_on(root / "steps.py", 6)  # inside `beta` (lines 5-6): alpha is as near as gamma
+        await prepared.wait()
+        await prefetch._loop_task
+        decode = session.tokenizer.decode
+        heads = [decode(list(r.segments[-2].token_ids)) for r in recorder.seen]  # [lead-in][head][tail]
+        assert [h.split("`")[-2] for h in heads] == ["beta", "gamma", "delta"]  # down the file
+        assert all(set(hover.SENTENCE_ENDS) <= set(r.stop) for r in recorder.seen)
+    finally:
+        prefetch.stop()
+        session.close()
+
+
+def tiny_model_path(tmp_path):
+    return build_tiny_model(tmp_path / "tiny", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                            num_attention_heads=2, num_key_value_heads=1)
+
+
+def test_an_answer_cut_at_its_first_sentence_gets_its_period_back():
+    start = "`f` (a.py, line 1):\n```\ndef f(): pass\n```\n`f` is"
+    assert hover._explanation(start, " a function", sentence=True) == "`f` is a function."
+    assert hover._explanation(start, " a function:", sentence=True) == "`f` is a function:"
+    assert hover._explanation(start, " a function", sentence=False) == "`f` is a function"

@@ -89,15 +89,23 @@ def render(site: DefinitionSite, explanation: str | None, pending: bool = False,
 
 
 HOVER_INSTRUCTION = ("Explain one symbol of this repository, named at the start of your answer, "
-                     "in one or two sentences: what it does and how the code uses it.")
+                     "in {length}: what it does and how the code uses it.")
 """The hover's user turn. It names no symbol, so the prompt up to the answer
 header is the same for every hover (the *lead-in*): warm-up prefills it and
 a hover computes only the few tokens of `answer_start`."""
+SENTENCE_ENDS = (". ", ".\n")
+"""Stop strings that end the first sentence (`hover.firstSentence`); the period is put back."""
+
+
+def instruction(session: Session) -> str:
+    """The hover turn's text, asking for one sentence when only the first is kept."""
+    one = session.settings.hover.first_sentence
+    return HOVER_INSTRUCTION.format(length="one sentence" if one else "one or two sentences")
 
 
 def lead_in(session: Session) -> list[PromptSegment]:
     """The stable prefix + the hover turn + the answer header (what warm-up prefills for hovers)."""
-    return session.prompt.segments([Turn("user", HOVER_INSTRUCTION)])
+    return session.prompt.segments([Turn("user", instruction(session))])
 
 
 HOVER_DEFINITION_TOKENS = 192
@@ -206,12 +214,14 @@ async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, s
         if not first_token:
             first_token.append(time.perf_counter() - started)
 
+    first_sentence = session.settings.hover.first_sentence
+    stop = ("\n\n", *SENTENCE_ENDS) if first_sentence else ("\n\n",)
     done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text,
-                                  stop=("\n\n",), priority=priority)
+                                  stop=stop, priority=priority)
     if done.finish_reason == "cancelled":
         raise asyncio.CancelledError()
     if priority != Priority.INTERACTIVE:
-        return _explanation(start_text, done.text)
+        return _explanation(start_text, done.text, first_sentence and done.finish_reason == "stop")
     prompt_tokens = sum(len(s.token_ids) for s in segments)
     head_end = prompt_tokens - len(segments[-1].token_ids)
     session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
@@ -222,12 +232,14 @@ async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, s
                                    "headTokens": len(segments[-2].token_ids),  # the quoted definition + name
                                    # the head was restored (prepared, or left by an earlier hover)
                                    "startPrepared": done.metrics.cached_tokens == head_end}
-    return _explanation(start_text, done.text)
+    return _explanation(start_text, done.text, first_sentence and done.finish_reason == "stop")
 
 
-def _explanation(start: str, generated: str) -> str:
-    """The answer as the user reads it: the name sentence, without the quoted definition."""
-    return start[start.rindex("```") + 3:].lstrip("\n") + generated
+def _explanation(start: str, generated: str, sentence: bool = False) -> str:
+    """The answer as the user reads it: the name sentence, without the quoted definition (with
+    its period put back when `sentence`: a stop at the sentence's end cuts it)."""
+    text = (start[start.rindex("```") + 3:].lstrip("\n") + generated).rstrip()
+    return text + "." if sentence and not text.endswith((".", ":", "!", "?")) else text
 
 
 def _store(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> None:

@@ -1,18 +1,22 @@
-"""Hover answers prepared in the background, for the definitions where the user works.
+"""Hover answers prepared in the background, for the file the user reads.
 
-Once warm-up has nothing pending, the server works on the definitions nearest
-to the *focus* (the line last opened, hovered or edited) in that file, nearest
-first, in two tiers:
+Once warm-up has nothing pending, the server works on the definitions of the
+*focus* file (the one last opened, hovered or edited), in reading order from
+the focus line: the definition there and those after it, top to bottom, then
+those before it, nearest first. Two tiers:
 
-1. answer heads (`hover.prefetchHeads`): it prefills the hover lead-in plus
-   "`` `name` ``" of up to `MAX_STARTS` definitions (one short forward call
-   each, no decoding) whose head the engine does not hold yet (`Backend.probe`),
-   so a hover on one of them restores that checkpoint and computes one token
-   before its first generated one (`hover.hover_segments`);
-2. answers: it generates the explanations of the `hover.prefetch` nearest and
-   puts them in the hover cache: a later hover on one of them is answered at
-   once. A prepared answer is exactly what the hover would have generated
-   (same prompt, same greedy decoding).
+1. answers: it generates the explanations of the first `hover.prefetch`
+   definitions in that order and puts them in the hover cache: a later hover
+   on one of them is answered at once. A prepared answer is exactly what the
+   hover would have generated (same prompt, same greedy decoding). A reader
+   moving down a file finds the answers there before they hover
+   (`bench/lsp_reading.py`).
+2. answer heads (`hover.prefetchHeads`): then, for up to `MAX_STARTS`
+   definitions nearest the focus without an answer, it prefills the hover
+   lead-in plus the head (`hover.answer_start`) whose checkpoint the engine
+   does not hold yet (`Backend.probe`): one forward call each, no decoding; a
+   hover on one of them restores that checkpoint and computes one token before
+   its first generated one (`hover.hover_segments`).
 
 Every request is PREPARE priority (`engine.request.Priority`), so the engine
 orders it after interactive work and warm-up: an interactive request or a
@@ -36,7 +40,9 @@ from .symbols import DefinitionSite, site_of
 
 logger = logging.getLogger(__name__)
 MAX_STARTS = 32
-"""Answer heads prefilled per focus (the nearest definitions of the focused file)."""
+"""Answer heads prefilled per focus (the nearest definitions of the focused file without an answer)."""
+MAX_DEFINITIONS = 256
+"""Definitions of the focused file looked at (reading order from the focus)."""
 
 
 class HoverPrefetch:
@@ -109,16 +115,17 @@ class HoverPrefetch:
             done(result)
 
     def _next_step(self, looked_at: set[tuple[int, ...]]):
-        """(task, what to do with its result) for the next head or answer, or None."""
-        head = self._next_head(looked_at)
+        """(task, what to do with its result) for the next answer or head, or None."""
+        ordered = self._in_reading_order()
+        site = self._next_site(ordered)
+        if site is not None:
+            key = self.cache.key(site, self.session.prompt.files)
+            return hover.start(self.session, self.cache, site, key, time.perf_counter(), Priority.PREPARE), \
+                self._prepared_answer
+        head = self._next_head(ordered, looked_at)
         if head is not None:
             return self._prefill_head(head), self._prepared_head
-        site = self._next_site()
-        if site is None:
-            return None
-        key = self.cache.key(site, self.session.prompt.files)
-        return hover.start(self.session, self.cache, site, key, time.perf_counter(), Priority.PREPARE), \
-            self._prepared_answer
+        return None
 
     def _prefill_head(self, segments: list[PromptSegment]) -> asyncio.Task:
         async def prefill() -> None:
@@ -137,23 +144,32 @@ class HoverPrefetch:
         if self.on_prepared is not None:
             self.on_prepared()
 
-    def _nearest(self) -> list[DefinitionSite]:
-        """The focus file's definitions, nearest to the focus line first (at most `MAX_STARTS`)."""
+    def _in_reading_order(self) -> list[DefinitionSite]:
+        """The focus file's definitions in reading order from the focus line: the one the line
+        is in and those after it, top to bottom, then those before it, nearest first."""
         path, line = self.focus
         parsed = self.cache.index.definitions(path)
         if parsed is None:
             return []
         text, definitions = parsed
-        nearest = sorted(definitions, key=lambda d: abs(d.line - line))[:MAX_STARTS]
-        return [site_of(path, text, d, definitions) for d in nearest]
+        before = [d for d in definitions if d.line <= line]
+        start = before[-1].line if before else line  # the definition the focus line is in
+        ahead = sorted((d for d in definitions if d.line >= start), key=lambda d: d.line)
+        behind = sorted((d for d in definitions if d.line < start), key=lambda d: -d.line)
+        return [site_of(path, text, d, definitions) for d in (ahead + behind)[:MAX_DEFINITIONS]]
 
-    def _next_head(self, looked_at: set[tuple[int, ...]]) -> list[PromptSegment] | None:
-        """`[lead-in][head]` of the nearest definition not looked at yet whose head the engine
-        does not hold."""
+    def _next_head(self, ordered: list[DefinitionSite], looked_at: set[tuple[int, ...]]
+                   ) -> list[PromptSegment] | None:
+        """`[lead-in][head]` of the nearest definition without an answer, not looked at yet,
+        whose head the engine does not hold."""
         if not self.session.settings.hover.prefetch_heads:
             return None
+        path, line = self.focus
+        files = self.session.prompt.files
+        unanswered = [site for site in ordered if self.cache.key(site, files) not in self.cache.answers]
+        nearest = sorted(unanswered, key=lambda site: abs(site.definition.line - line))[:MAX_STARTS]
         lead = hover.lead_in(self.session)  # once per call, not once per definition
-        for site in self._nearest():
+        for site in nearest:
             segments = hover.head_segments(self.session, site, lead)
             head = segments[-1].token_ids
             if head in looked_at:
@@ -163,10 +179,10 @@ class HoverPrefetch:
                 return segments
         return None
 
-    def _next_site(self) -> DefinitionSite | None:
-        """The nearest definition to the focus without an answer, among the `limit` nearest."""
+    def _next_site(self, ordered: list[DefinitionSite]) -> DefinitionSite | None:
+        """The first definition in reading order without an answer, among the first `limit`."""
         files = self.session.prompt.files
-        for site in self._nearest()[: self.limit]:
+        for site in ordered[: self.limit]:
             key = self.cache.key(site, files)
             if key not in self.cache.answers and key not in self.cache.pending:
                 return site
