@@ -101,10 +101,9 @@ def open_session(settings: Any, backend: Any, repo: Path, question: str, max_tok
     The repo-map arm rebuilds the same workspace with the whole budget given to the
     signature map (`Workspace.map_share = 1.0`: no file whole, files by rank).
     """
-    from server.ask_cmd import _Asker
+    from server.ask_cmd import repo_session
 
-    args = argparse.Namespace(question=question, max_tokens=max_tokens, repo=repo)
-    session, tools = _Asker(args, settings, backend, sys.stdout, sys.stderr)._session()
+    session, tools = repo_session(settings, backend, repo, question, max_tokens, sys.stderr)
     if arm == "repo-map":
         session.prompt.workspace.map_share = 1.0
         session.prompt.workspace.build()

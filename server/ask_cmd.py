@@ -281,24 +281,32 @@ class _Asker:
         return result.metrics, result.finish_reason
 
     def _session(self) -> tuple[Any, Any]:
-        """A core session over `--repo` with the server's prompt, and its tools (scans: off the loop).
+        return repo_session(self.settings, self.backend, self.args.repo, self.args.question,
+                            self.args.max_tokens, self.err)
 
-        Raises:
-            ContextError: The repository cannot be scanned.
-        """
-        from server.context_cmd import progress_bar
-        from server.core.prefix_budget import prefix_budget
-        from server.core.prompt import WorkspacePrompt
-        from server.core.session import LoadingSession, NoBuffers, Session
-        from server.core.tools import TOOLS_PROMPT, WorkspaceTools
 
-        # The server's budget, within what the model's context leaves for the question and answer.
-        question_tokens = len(self.backend.tokenizer.encode(self.args.question))
-        context = self.settings.context
-        budget = prefix_budget(context, self.backend.context_length, self.args.max_tokens, question_tokens)
-        settings = dataclasses.replace(self.settings, context=dataclasses.replace(context, budget_tokens=budget))
-        base = LoadingSession(settings, NoBuffers(), self.args.repo.resolve())
-        prompt = WorkspacePrompt(base.root, self.backend.tokenizer, base.buffer_text, TOOLS_PROMPT,
-                                 settings.context, progress=progress_bar(self.err))
-        session = Session(base, self.backend, prompt)
-        return session, WorkspaceTools(prompt.access, session.read_text, lambda: prompt.files)
+def repo_session(settings: Any, backend: Any, repo: Path, question: str, max_tokens: int,
+                 err: TextIO | None = None) -> tuple[Any, Any]:
+    """A core session over `repo` with the server's prompt, built as `codectx ask --repo`
+    builds it (its prefix budget leaves room for `question` and `max_tokens`), and its tools.
+    Scans the repository: call it off the event loop. `err` gets the scan's progress bar.
+
+    Raises:
+        ContextError: The repository cannot be scanned.
+    """
+    from server.context_cmd import progress_bar
+    from server.core.prefix_budget import prefix_budget
+    from server.core.prompt import WorkspacePrompt
+    from server.core.session import LoadingSession, NoBuffers, Session
+    from server.core.tools import TOOLS_PROMPT, WorkspaceTools
+
+    # The server's budget, within what the model's context leaves for the question and answer.
+    question_tokens = len(backend.tokenizer.encode(question))
+    context = settings.context
+    budget = prefix_budget(context, backend.context_length, max_tokens, question_tokens)
+    settings = dataclasses.replace(settings, context=dataclasses.replace(context, budget_tokens=budget))
+    base = LoadingSession(settings, NoBuffers(), repo.resolve())
+    prompt = WorkspacePrompt(base.root, backend.tokenizer, base.buffer_text, TOOLS_PROMPT,
+                             settings.context, progress=progress_bar(err) if err is not None else None)
+    session = Session(base, backend, prompt)
+    return session, WorkspaceTools(prompt.access, session.read_text, lambda: prompt.files)
