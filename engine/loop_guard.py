@@ -8,9 +8,12 @@ the output is looping when its tail is one period of `p` tokens (1 <= p <=
     covered(p) = p + (the number of trailing tokens t[i] with t[i] == t[i - p])
     looping   <=> covered(p) >= max(min_repeats * p, min_tokens) for some p
 
-With the defaults (64, 4, 32) a one-token run stops at its 32nd token, a
-two-token cycle after 16 copies, a 7-token cycle at 32 tokens (4 copies and 4
-tokens of the fifth) and a 20-token line at the end of its 4th copy (80 tokens). The check is incremental:
+With the defaults (64, 3, 24) a one-token run stops at its 24th token, a
+two-token cycle after 12 copies, a 7-token cycle at 24 tokens (3 copies and 3
+tokens of the fourth) and a 20-token line at the end of its 3rd copy (60 tokens).
+Three copies, not four: on the answers benchmark the default model's phrase loops
+("that is a type of the class `X`" three times over) ended by themselves after a
+third copy, so a rule of four never saw them. The check is incremental:
 one comparison per period per token, O(max_period). It sees only the tokens
 the request generated (not the prompt), so it is deterministic: warm and cold
 runs, plain and speculative decoding stop at the same token.
@@ -34,8 +37,8 @@ class LoopRule:
     """
 
     max_period: int = 64
-    min_repeats: int = 4
-    min_tokens: int = 32
+    min_repeats: int = 3
+    min_tokens: int = 24
 
     def __post_init__(self) -> None:
         if self.max_period < 1 or self.min_repeats < 2 or self.min_tokens < 2:

@@ -169,7 +169,7 @@ class GenerationSettings:
 
     Attributes:
         loop_guard: End an answer whose output repeats itself (`engine.loop_guard`: a period
-            of 1-64 tokens repeated 4 times over at least 32 tokens) with finish reason
+            of 1-64 tokens repeated 3 times over at least 24 tokens) with finish reason
             "repetition"; the repeated text already shown stays.
         repetition_penalty: Divide the positive logits (multiply the negative ones) of the
             tokens the answer already holds by this (`engine.sampling.RepetitionPenalty`);

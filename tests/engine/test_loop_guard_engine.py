@@ -9,6 +9,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.loading import load_model
+from engine.loop_guard import LoopRule
 from engine.request import Request, SamplingParams, TokenEvent
 from engine.sampling import RepetitionPenalty
 
@@ -61,7 +62,7 @@ def test_the_guard_stops_where_the_rule_says_and_off_runs_to_max_tokens(engines)
         fired += 1
         assert done.finish_reason == "repetition", prompt
         assert tokens == full[: stop_at + 1] and done.metrics.decode_tokens == stop_at + 1 < MAX_TOKENS
-        assert done.metrics.loop_period == 1 and done.metrics.loop_tokens == 32
+        assert done.metrics.loop_period == 1 and done.metrics.loop_tokens == LoopRule().min_tokens
         assert full_text.startswith(text) and len(text) > 0  # the repeated text stays, nothing rewritten
     assert fired >= 3
     # The engine still answers a normal request afterwards.

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.loop_guard import LoopRule
 from server.core.features import ask as ask_feature
 from server.core.settings import GenerationSettings, parse_settings
 from server.http.config import HttpConfig
@@ -54,7 +55,7 @@ async def test_the_core_ask_stops_a_loop_and_settings_switch_it_at_once(looping_
     try:
         guarded, streamed = await answer()
         assert guarded.finish_reason == "repetition" and guarded.text == streamed
-        assert guarded.metrics["decode_tokens"] < ANSWER_TOKENS and guarded.metrics["loop_tokens"] >= 32
+        assert guarded.metrics["decode_tokens"] < ANSWER_TOKENS and guarded.metrics["loop_tokens"] >= LoopRule().min_tokens
         assert guarded.as_dict()["finishReason"] == "repetition"
 
         host.apply_settings(parse_settings({**options, "generation": {"loopGuard": False}})[0])
@@ -99,7 +100,7 @@ def test_http_sends_stop_with_the_engine_reason_in_codectx(looping_model, tmp_pa
                     "messages": [{"role": "user", "content": "What does add do?"}]}
             reply = client.post("/v1/chat/completions", json=body).json()
             assert reply["choices"][0]["finish_reason"] == "stop"
-            assert reply["codectx"]["finish_reason"] == "repetition" and reply["codectx"]["loop_tokens"] >= 32
+            assert reply["codectx"]["finish_reason"] == "repetition" and reply["codectx"]["loop_tokens"] >= LoopRule().min_tokens
             assert reply["usage"]["completion_tokens"] < ANSWER_TOKENS
 
             with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
