@@ -22,9 +22,10 @@ per arm, all arms in one run on one backend:
   workspace with ``map_share = 1.0`` (no file whole; the ranked signature map of
   every file that fits the budget) and focus off.
 
-Per arm: accuracy (right / total), loops (finish reason ``repetition``, and
-answers that ran to ``--max-tokens``: ``length``; a loop guard stops loops as
-``repetition``, so ``length`` counts what it let through), the lenient score
+Per arm: accuracy (right / total), loops (finish reason ``repetition``: the
+guard stopped them; and answers that ran to ``--max-tokens`` repeating
+themselves, i.e. holding two copies of a period over at least 16 tokens: what
+the guard let through), answers that ran to the limit at all, the lenient score
 (an accepted form anywhere in the answer), TTFT (median; the first
 question of an arm also prefills the arm's prefix) and time per answer. Prints a
 table and writes ``bench/results/answers-<timestamp>.json`` (every answer, three
@@ -56,6 +57,9 @@ from bench.answer_questions import Question, fingerprint, generate, grade, insta
 
 ARMS = ("focus-on", "focus-off", "repo-map")
 LOOP_REASONS = ("repetition", "length")
+"""Finish reasons of answers that did not end by themselves."""
+LOOSE_LOOP = (2, 16)
+"""(copies, tokens) of the looser rule that finds the loops the guard let through."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,9 +142,10 @@ async def run_arm(arm: str, settings: Any, backend: Any, source: Path, questions
                                sampling=SamplingParams(temperature=0.0))
             total = time.perf_counter() - t0
             right = grade(result.text, q)
+            looping = result.finish_reason == "length" and loops_loosely(result.text, session.tokenizer.encode)
             rows.append({"kind": q.kind, "question": q.text, "expected": list(q.accepted), "where": q.where,
                          "answer": result.text, "right": right, "right_anywhere": grade(result.text, q, anywhere=True),
-                         "finish_reason": result.finish_reason,
+                         "finish_reason": result.finish_reason, "length_in_a_loop": looping,
                          "ttft_s": result.metrics.get("ttft_s"), "total_s": total,
                          "prompt_tokens": result.metrics.get("prompt_tokens"),
                          "decode_tokens": result.metrics.get("decode_tokens"),
@@ -149,6 +154,14 @@ async def run_arm(arm: str, settings: Any, backend: Any, source: Path, questions
                              f"{result.finish_reason} ttft {rows[-1]['ttft_s']:.2f}s total {total:.1f}s\n")
         summary = layout_summary(session)
     return {"arm": arm, "layout": summary, "answers": rows}
+
+
+def loops_loosely(text: str, encode: Callable[[str], list[int]]) -> bool:
+    """True when `text` repeats itself by the looser rule `LOOSE_LOOP` anywhere."""
+    from engine.loop_guard import LoopDetector, LoopRule
+
+    copies, tokens = LOOSE_LOOP
+    return LoopDetector(LoopRule(min_repeats=copies, min_tokens=tokens)).push_all(encode(text))
 
 
 def _focused(result: Any) -> dict | None:
@@ -166,7 +179,8 @@ def arm_row(result: dict) -> dict:
             "right_anywhere": sum(r["right_anywhere"] for r in rows),
             "repetition": sum(r["finish_reason"] == "repetition" for r in rows),
             "length": sum(r["finish_reason"] == "length" for r in rows),
-            "loops": sum(r["finish_reason"] in LOOP_REASONS for r in rows),
+            "length_in_a_loop": sum(bool(r.get("length_in_a_loop")) for r in rows),
+            "loops": sum(r["finish_reason"] == "repetition" or bool(r.get("length_in_a_loop")) for r in rows),
             "ttft_median_s": statistics.median(ttfts) if ttfts else None,
             "ttft_first_s": ttfts[0] if ttfts else None,
             "answer_mean_s": statistics.fmean(r["total_s"] for r in rows),
@@ -199,11 +213,13 @@ async def run_all(args: argparse.Namespace, source: Path, questions: list[Questi
 
 
 def print_table(table: list[dict], notes: list[str]) -> None:
-    headers = ("arm", "right / total", "accuracy", "lenient", "loops (repetition + length)", "TTFT median s",
+    headers = ("arm", "right / total", "accuracy", "lenient", "loops (stopped + let through)", "ran to the limit",
+               "TTFT median s",
                "TTFT first s", "s per answer", "prefix tok")
     sys.stdout.write(markdown_table(headers, [
         (t["arm"], f"{t['right']} / {t['total']}", f"{t['accuracy']:.0%}", f"{t['right_anywhere'] / t['total']:.0%}",
-         f"{t['loops']} ({t['repetition']} + {t['length']})", t["ttft_median_s"], t["ttft_first_s"],
+         f"{t['loops']} ({t['repetition']} + {t.get('length_in_a_loop', 0)})", t["length"],
+         t["ttft_median_s"], t["ttft_first_s"],
          t["answer_mean_s"], t["prefix_tokens"]) for t in table]) + "\n")
     for note in notes:
         sys.stdout.write(f"note: {note}\n")
