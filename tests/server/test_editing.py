@@ -96,7 +96,7 @@ async def test_hover_over_budget_returns_the_static_card_then_the_answer(tiny_mo
         result = await explain(session, "add", workspace / "main.py")
         assert result.source == "signature"
         assert result.markdown == ("**add** (function, `util.py:4`)\n\n```\ndef add(a, b):\n```\n\nReturns a + b."
-                                   f"\n\n{hover_feature.PENDING_LINE}")
+                                   f"\n\nReferenced in 1 of 2 files in context.\n\n{hover_feature.PENDING_LINE}")
         # The answer is still being generated; the engine serves equal priorities in order,
         # so once a later ask is answered the hover's answer is done too (and then stored).
         await ask_feature.ask(session, "hi", on_text=lambda text: None,
@@ -105,7 +105,7 @@ async def test_hover_over_budget_returns_the_static_card_then_the_answer(tiny_mo
         filled = await explain(session, "add", workspace / "main.py")
         assert filled.source == "cache" and filled.markdown != result.markdown
         assert filled.markdown.startswith("**add** (function, `util.py:4`)\n\n")
-        assert filled.markdown.endswith("```\ndef add(a, b):\n```")
+        assert filled.markdown.endswith("```\ndef add(a, b):\n```\n\nReferenced in 1 of 2 files in context.")
         counters = session.counters
         assert (counters.hovers, counters.hover_cache_hits) == (2, 1)
     finally:

@@ -15,9 +15,9 @@ hover (warm-up prefills it, see `server.core.warmup`); the model's answer is
 then started with the symbol's name ("`name` is"), so a hover computes only
 those few tokens before its first generated one.
 
-The layout is always `[lead-in][head][tail]`: the head (the definition's text
-under its place, then "`name`": the answer is grounded in the code it explains)
-is a segment of its own, so its end is a checkpoint that hover preparation prefills ahead
+The layout is always `[lead-in][head][tail]`: the head (the signatures of what the
+definition uses, its text under its place, then "`name`": the answer is grounded in the
+code it explains) is a segment of its own, so its end is a checkpoint that hover preparation prefills ahead
 (`hover_prefetch`) and a later hover restores; the tail (" is") is computed.
 Whether the head was prepared changes what is restored, never the tokens or
 the forward calls that follow (warm == cold).
@@ -36,7 +36,7 @@ from engine.request import Priority, PromptSegment, SegmentKind
 
 from ..prompt import Turn
 from ..session import Session
-from .symbols import DefinitionIndex, DefinitionSite
+from .symbols import DefinitionIndex, DefinitionSite, ReferenceCount
 
 logger = logging.getLogger(__name__)
 MAX_ANSWERS = 4096
@@ -73,9 +73,12 @@ PENDING_LINE = "*codectx: explanation pending; hover again in a moment.*"
 LOADING_LINE = "*codectx: the model is loading; explanations follow.*"
 
 
-def render(site: DefinitionSite, explanation: str | None, pending: bool = False, note: str = PENDING_LINE) -> str:
-    """The hover markdown: explanation (if any), then signature and docstring; without an
-    explanation, the static card, with `note` while the model's answer is coming."""
+def render(site: DefinitionSite, explanation: str | None, pending: bool = False, note: str = PENDING_LINE,
+           count_references: bool = True) -> str:
+    """The hover markdown: explanation (if any), then signature and docstring, then how many
+    of the files searched refer to the name (files, not occurrences: see
+    `DefinitionIndex.references_count`); without an explanation, the static card, with `note`
+    while the model's answer is coming."""
     definition = site.definition
     parts = [f"**{definition.name}** ({definition.kind}, `{site.path.name}:{definition.line}`)"]
     if explanation:
@@ -83,9 +86,17 @@ def render(site: DefinitionSite, explanation: str | None, pending: bool = False,
     parts.append(f"```\n{definition.signature}\n```")
     if site.docstring and not explanation:
         parts.append(site.docstring)
+    count = site.reference_count if count_references else None
+    if count is not None:
+        parts.append(references_line(count))
     if pending and not explanation:
         parts.append(note)
     return "\n\n".join(parts)
+
+
+def references_line(count: ReferenceCount) -> str:
+    """The card's references line, e.g. "Referenced in 2 of 14 files in context."."""
+    return f"Referenced in {count.files} of {count.searched} file{'' if count.searched == 1 else 's'} in context."
 
 
 HOVER_INSTRUCTION = ("Explain one symbol of this repository, named at the start of your answer, "
@@ -111,20 +122,46 @@ def lead_in(session: Session) -> list[PromptSegment]:
 HOVER_DEFINITION_TOKENS = 192
 """How much of the definition's text a hover quotes (whole lines, from its first)."""
 
+HOVER_CALLEE_TOKENS = 96
+"""How much the signatures of what the definition uses take in a hover's head (whole
+signatures, first named first; the "Uses:" fence around them adds a few tokens)."""
+
 
 def answer_start(session: Session, site: DefinitionSite) -> tuple[str, str]:
     """The start of the model's answer as (head, tail). The head grounds the answer: the
-    definition's current text (its first `HOVER_DEFINITION_TOKENS` tokens, whole lines)
-    under its place, then the symbol's name; the tail is " is", which the model continues.
+    signatures of the definitions its text uses (`uses`), then the definition's current
+    text (its first `HOVER_DEFINITION_TOKENS` tokens, whole lines) under its place, then the
+    symbol's name; the tail is " is", which the model continues.
     Quoting the text right before the answer holds whether or not the file fits the
-    prefix, and whether or not the prefix the model read predates an edit."""
+    prefix, and whether or not the prefix the model read predates an edit. The head depends
+    only on the current texts, so the same inputs give the same tokens (warm == cold)."""
     name = site.definition.name
     try:
         where = site.path.relative_to(session.root).as_posix()
     except ValueError:
         where = site.path.name
-    text = _clipped(site.snippet, session.tokenizer.encode, HOVER_DEFINITION_TOKENS)
-    return f"`{name}` ({where}, line {site.definition.line}):\n```\n{text}\n```\n`{name}`", " is"
+    encode = session.tokenizer.encode
+    text = _clipped(site.snippet, encode, HOVER_DEFINITION_TOKENS)
+    quote = f"`{name}` ({where}, line {site.definition.line}):\n```\n{text}\n```\n`{name}`"
+    used = uses(session, site)
+    # Before the quote: `_explanation` cuts the answer after the quote's closing fence.
+    return (f"Uses:\n```\n{used}\n```\n{quote}" if used else quote), " is"
+
+
+def uses(session: Session, site: DefinitionSite) -> str:
+    """One signature a line of the definitions `site`'s text uses (`DefinitionIndex.uses` over
+    the prompt's files: first named first, itself and names not found left out), as many as
+    fit `HOVER_CALLEE_TOKENS`; empty without any, or for a session without a hover index."""
+    cache = getattr(session, "hover_cache", None)  # a ReadySession's: the one definition index
+    if cache is None:
+        return ""
+    encode = session.tokenizer.encode
+    kept: list[str] = []
+    for used in cache.index.uses(site, session.prompt.files):
+        if len(encode("\n".join([*kept, used.definition.signature]))) > HOVER_CALLEE_TOKENS:
+            break
+        kept.append(used.definition.signature)
+    return "\n".join(kept)
 
 
 def _clipped(text: str, encode, max_tokens: int) -> str:
@@ -162,9 +199,13 @@ def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegme
 
 def static_card(index: DefinitionIndex, name: str, current: Path, files: list[Path]) -> HoverAnswer | None:
     """The card a hover shows while the model loads (no model request), or None when no
-    definition of `name` is found in `current` or `files`."""
+    definition of `name` is found in `current` or `files`. It has no references line: the
+    workspace is not scanned yet, and a count over the few files searched would read as the
+    workspace's."""
     site = index.find(name, current, files)
-    return None if site is None else HoverAnswer(render(site, None, pending=True, note=LOADING_LINE), "signature")
+    if site is None:
+        return None
+    return HoverAnswer(render(site, None, pending=True, note=LOADING_LINE, count_references=False), "signature")
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,

@@ -3,14 +3,14 @@
 actions read the same tree-sitter tags)."""
 from __future__ import annotations
 
-from context.definitions import (MAX_SNIPPET_LINES, DefinitionIndex, DefinitionSite, definitions_in,
-                                 enclosing_definition, references_in, site_of)
+from context.definitions import (MAX_SNIPPET_LINES, DefinitionIndex, DefinitionSite, ReferenceCount,
+                                 definitions_in, enclosing_definition, references_in, site_of)
 from context.definitions import identifier_at as _identifier_at
 
 from ..span import Span
 
-__all__ = ["MAX_SNIPPET_LINES", "DefinitionIndex", "DefinitionSite", "definitions_in", "enclosing_definition",
-           "identifier_at", "references_in", "site_of"]
+__all__ = ["MAX_SNIPPET_LINES", "DefinitionIndex", "DefinitionSite", "ReferenceCount", "definitions_in",
+           "enclosing_definition", "identifier_at", "references_in", "site_of"]
 
 
 def identifier_at(text: str, offset: int) -> tuple[str, Span] | None:
