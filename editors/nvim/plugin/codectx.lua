@@ -8,9 +8,9 @@ vim.api.nvim_create_user_command('CodectxAsk', function(cmd)
   require('codectx.ask').command(cmd)
 end, { nargs = '*', range = true, desc = 'codectx: ask about the repository (or the given lines)' })
 
-vim.api.nvim_create_user_command('CodectxContext', function()
-  require('codectx').show_context()
-end, { nargs = 0, desc = 'codectx: show the prompt prefix layout' })
+vim.api.nvim_create_user_command('CodectxContext', function(cmd)
+  require('codectx').show_context(cmd.args)
+end, { nargs = '*', desc = 'codectx: show the prompt prefix layout (and what a question would focus)' })
 
 vim.api.nvim_create_user_command('CodectxStatus', function()
   require('codectx').show_status()

@@ -12,7 +12,7 @@ local M = {}
 ---@field buf integer The float's buffer.
 ---@field win integer The float.
 ---@field text string Streamed text so far.
----@field finish string? finishReason of the stream's last notification (`stop`, `length`, `cancelled`, `error`).
+---@field finish string? finishReason of the stream's last notification (`stop`, `length`, `repetition`, `cancelled`, `error`).
 ---@field result table? The request's result (`text`, `finishReason`, `metrics`, `conversationId`).
 ---@field error lsp.ResponseError? The request's error (a cancelled request gets none: Neovim drops that reply).
 ---@field cancelled boolean? `$/cancelRequest` was sent.

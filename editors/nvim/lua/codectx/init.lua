@@ -75,14 +75,14 @@ function M.format_status(status)
   return lines
 end
 
---- Runs `command` (no argument) on the attached client and hands its result to `on_result`;
---- a missing client or an error is reported (as `what`) instead.
-local function run_command(command, what, on_result)
+--- Runs `command` (with `argument`, optional) on the attached client and hands its result to
+--- `on_result`; a missing client or an error is reported (as `what`) instead.
+local function run_command(command, what, on_result, argument)
   local client = M.require_client()
   if not client then
     return
   end
-  M.execute(client, command, nil, function(err, result)
+  M.execute(client, command, argument, function(err, result)
     if err then
       return report_error(what, err)
     end
@@ -99,9 +99,11 @@ end
 
 local CONTEXT_BUFFER = 'codectx://context'
 
---- `:CodectxContext`: the prefix layout (`codectx.showContext`) in a read-only scratch buffer,
---- reused on the next call.
-function M.show_context()
+--- `:CodectxContext [question]`: the prefix layout (`codectx.showContext`) in a read-only
+--- scratch buffer, reused on the next call; with a question, also the focus an ask would get.
+---@param question string? Shows what this question would focus.
+function M.show_context(question)
+  local argument = (question and question ~= '') and { question = question } or nil
   run_command('codectx.showContext', 'show context', function(result)
     local buf = vim.fn.bufnr(CONTEXT_BUFFER)
     if buf == -1 then
@@ -116,7 +118,7 @@ function M.show_context()
       vim.cmd.split()
       vim.api.nvim_win_set_buf(0, buf)
     end
-  end)
+  end, argument)
 end
 
 return M
