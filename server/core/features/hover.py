@@ -231,8 +231,12 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         if not (task.cancelled() and not asyncio.current_task().cancelling()):
             raise
         text = None  # a background preparation of this answer was interrupted, not this hover
+    if text is None and task.done() and not task.cancelled() and task.exception() is None:
+        text = task.result()  # finished, not stored in the cache yet (its done callback is queued)
     if text is None:
-        return HoverAnswer(render(site, None, pending=not task.done()), "signature")
+        # Pending unless it failed: a cancelled preparation is generated again on the next hover.
+        failed = task.done() and not task.cancelled() and task.exception() is not None
+        return HoverAnswer(render(site, None, pending=not failed), "signature")
     return HoverAnswer(render(site, text), "model")
 
 
