@@ -12,8 +12,12 @@ _CAMEL = re.compile(r"[a-z0-9][A-Z]|^[A-Z][a-z0-9]+[A-Z]")
 _COMMON = frozenset("""a an and are as at be by can code do does each file files for from function functions
 get has have how i if in into is it its method methods module of on or repo repository return returns set
 that the their then there this to use used uses value values what when where which who why with work works
-class classes call calls called defined define definition type types""".split())
-"""Plain words a question uses without meaning a definition of that name."""
+class classes call calls called defined define definition type types
+make makes made list lists show shows explain find all any some many most up out about only also
+other these those them they python test tests module modules part parts main""".split())
+"""Plain words a question uses without meaning a definition of that name ("Which files make up
+the server?" names no `make`; "List the Python modules" no `modules`). Written as code they
+still count: `make()`, `` `modules` ``."""
 
 
 @dataclass(frozen=True)

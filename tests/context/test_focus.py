@@ -33,6 +33,13 @@ def test_question_parsing():
                      ("WorkspacePrompt", True)]  # "What", "does", "and" are plain words; "blas"/"py" a path
 
 
+def test_plain_words_of_a_question_are_not_identifiers():
+    names = [n.name for n in named_identifiers("Which files make up the server and what does each do?")]
+    assert "make" not in names and "up" not in names
+    assert named_identifiers("List the Python modules of this repository.") == []
+    assert [(n.name, n.strong) for n in named_identifiers("What does make() do?")] == [("make", True)]
+
+
 def test_named_definition_outside_the_stable_prefix_is_focused(ws):
     assert "pkg/blas.py" not in whole(ws)
     focus = select_focus(ws.files, FocusQuery("What does preload() in pkg/blas.py do?"), ws.tokens, 400)
