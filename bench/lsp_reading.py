@@ -56,12 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def reading_order(path: Path) -> list[tuple[str, int, int]]:
-    """(name, 0-based line, column) of every function and class defined in `path`, top to bottom."""
+    """(name, 0-based line, column) of every function, method (`__init__` too) and class defined
+    in `path`, top to bottom."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     lines = path.read_text(encoding="utf-8").splitlines()
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("__"):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             line = node.lineno - 1
             found.append((node.name, line, lines[line].index(node.name) + 1))
     return sorted(found, key=lambda item: item[1])
@@ -141,8 +142,20 @@ async def session(args, repo: Path, path: Path, work: Path) -> list[dict]:
     await asyncio.sleep(pauses.uniform(1.0, 3.0))
     await reader.hover("after an edit", name, line, column)
     await asyncio.gather(*reader.pollers)
+    state = await client.command("codectx.status")
     await client.close()
+    reader.rows.append({"case": "status", "hoverPrefetch": _plain(state["hoverPrefetch"]),
+                        "outcomes": _plain(state["counters"]["outcomes"])})
     return reader.rows
+
+
+def _plain(value):
+    """A status field (pygls gives attribute objects) as plain JSON data."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__"):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    return value
 
 
 def summary(rows: list[dict]) -> list[list]:
@@ -164,9 +177,10 @@ async def main_async(args) -> dict:
         path = largest_module(repo)
         card_ms = await loading_card(args, repo, path, reading_order(path)[0], work)
         rows = await session(args, repo, path, work)
+    status = rows.pop()
     return {"machine": machine(), "package": f"{args.package}=={args.version}",
             "file": path.relative_to(repo).as_posix(), "loading_card_ms": card_ms, "rows": rows,
-            "summary": summary(rows)}
+            "summary": summary(rows), "server": status}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     card = result["loading_card_ms"]
     print(f"\nhover while the model loads: {'not the loading card' if card is None else f'{card:.0f} ms'}"
           f" (goal < 100 ms); complete answers within 100 ms: {result['summary'][-1][2]:.0f}% (goal >= 80%)")
+    print(f"server at the end: {result['server']}")
     for row in result["rows"]:
         row["answer_s"] = None if row["answer_s"] == float("inf") else row["answer_s"]
     print(f"wrote {write_json('lsp-reading', result)}")
