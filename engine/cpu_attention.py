@@ -149,8 +149,9 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-           mask: str | mx.array | None) -> np.ndarray:
-    """`attention` on float32 NumPy arrays, shapes as there; returns (B, H, n, D) float32."""
+           mask: str | mx.array | np.ndarray | None) -> np.ndarray:
+    """`attention` on float32 NumPy arrays, shapes as there (a mask may also be a NumPy array);
+    returns (B, H, n, D) float32."""
     B, H, n, D = q.shape
     H_kv, L = k.shape[1], k.shape[2]
     group = H // H_kv
@@ -185,7 +186,7 @@ def as_numpy(x: mx.array) -> np.ndarray:
     return np.asarray(x)
 
 
-def _bias(mask: str | mx.array | None, B: int, H_kv: int, group: int, n: int, L: int) -> np.ndarray | None:
+def _bias(mask: str | mx.array | np.ndarray | None, B: int, H_kv: int, group: int, n: int, L: int) -> np.ndarray | None:
     """An additive (b, h, group-or-1, n, L) float32 bias, or None for no mask."""
     if mask is None or (isinstance(mask, str) and n == 1):
         return None
@@ -194,7 +195,10 @@ def _bias(mask: str | mx.array | None, B: int, H_kv: int, group: int, n: int, L:
             raise ValueError(f"unknown attention mask {mask!r}")
         allowed = np.arange(L)[None, :] <= (np.arange(n) + (L - n))[:, None]
         return np.where(allowed, np.float32(0), np.float32(-np.inf))[None, None, None]
-    m = np.asarray(mask.astype(mx.bool_) if mask.dtype == mx.bool_ else mask.astype(mx.float32))
+    if isinstance(mask, np.ndarray):  # engine.batch_forward's tree masks arrive as NumPy already
+        m = mask if mask.dtype == np.bool_ else mask.astype(np.float32, copy=False)
+    else:
+        m = np.asarray(mask.astype(mx.bool_) if mask.dtype == mx.bool_ else mask.astype(mx.float32))
     m = np.broadcast_to(m, (1,) * (4 - m.ndim) + m.shape) if m.ndim < 4 else m
     if m.dtype == np.bool_:
         m = np.where(m, np.float32(0), np.float32(-np.inf))

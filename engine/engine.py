@@ -5,16 +5,15 @@
         ...                       # TokenEvent..., then one DoneEvent
     engine.close()
 
-Requests run one at a time, lowest `Request.priority` first, FIFO within a
-priority. A request still in prefill yields to a higher-priority arrival at
-the next chunk boundary: it rolls back to its last checkpoint and is queued
-again in its old place (a PREPARE request yields while decoding too, ending
-"cancelled"; see `Priority`). `cancel` is safe from any thread at any time; the
-worker checks it between prefill chunks and between decode steps.
+Requests run one at a time, lowest `Request.priority` first, FIFO within a priority (answers that
+share a prefix may run as one batch job: `submit_batch`, `engine.batch`). A request still in prefill
+yields to a higher-priority arrival at the next chunk boundary: it rolls back to its last checkpoint and
+is queued again in its old place (a PREPARE request yields while decoding too, ending "cancelled"; see
+`Priority`). `cancel` is safe from any thread at any time; the worker checks it between prefill chunks
+and between decode steps.
 
-One live cache serves every request: `PrefixCache` restores the longest valid
-checkpoint, prefills the rest and rolls back to confirmed state after a
-cancel or an error.
+One live cache serves every request: `PrefixCache` restores the longest valid checkpoint, prefills the
+rest and rolls back to confirmed state after a cancel or an error.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
+from .batch import submit_batch
 from .compute import choose
 from .compute_options import ComputeOptions
 from .errors import EngineClosedError, RequestCancelled
@@ -131,6 +131,10 @@ class Engine:
             self._active[request.request_id] = job
             self._queue.put(job)
         return handle
+
+    def submit_batch(self, batch: Sequence[Request], on_progress: ChunkCallback | None = None) -> list[RequestHandle]:
+        """Queue requests sharing leading segments as one batch job where it can (`engine.batch`); a handle each."""
+        return submit_batch(self, batch, on_progress)
 
     def set_window(self, window: Any) -> None:
         """Use another window policy (or None: exact attention) from the next request on.
@@ -262,11 +266,11 @@ class Engine:
                 job = self._queue.get()
                 if job is None:
                     break
-                self._serve(job)
+                (job.serve or self._serve)(job)
             while not self._queue.empty():  # only jobs submitted before close() remain
                 job = self._queue.get()
                 if job is not None:
-                    self._serve(job)  # cancelled already: ends at once
+                    (job.serve or self._serve)(job)  # cancelled already: ends at once
         finally:
             # MLX keeps per-thread streams; left alive past this thread's exit they
             # abort the process at interpreter exit ("terminate called ...").
@@ -321,9 +325,7 @@ class Engine:
             raise RequestCancelled(request.request_id)
         metrics.prompt_tokens = len(request.all_token_ids())
         logits = self._prefill(job, metrics)
-        if request.max_tokens == 0:
-            return "length"
-        return self._stream(job, logits, metrics, emitted)
+        return "length" if request.max_tokens == 0 else self._stream(job, logits, metrics, emitted)
 
     def _prefill(self, job: Job, metrics: Metrics) -> mx.array:
         """Restore and prefill the prompt (and the draft model's); the last position's logits."""

@@ -30,6 +30,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     preempted: bool = False
+    serve: Callable[[Job], None] | None = None  # runs it instead of the worker's own serve (`engine.batch`)
 
 
 class JobQueue:

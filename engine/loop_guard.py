@@ -92,7 +92,8 @@ class LoopGuard:
     `watch` passes tokens through and ends the stream after the token that makes
     the output a loop (that token is still yielded and streamed: the text already
     shown stays); `fired` then says why the stream ended, and the request's
-    metrics get the loop's period and length.
+    metrics get the loop's period and length. `observe` is the same check for a
+    caller that streams each token itself (a batch of answers, `engine.batch`).
 
     Args:
         enabled: False passes every token through and never fires.
@@ -107,10 +108,15 @@ class LoopGuard:
 
     def watch(self, tokens: Iterator[int]) -> Iterator[int]:
         """`tokens`, ending after the first token that completes a loop."""
-        detector = self._detector
         for token in tokens:
             yield token
-            if detector is not None and detector.push(token):
-                self.fired = True
-                self._metrics.loop_period, self._metrics.loop_tokens = detector.period, detector.covered
+            if self.observe(token):
                 return
+
+    def observe(self, token: int) -> bool:
+        """Adds a token already streamed; True when it completes a loop (the stream ends there)."""
+        detector = self._detector
+        if detector is not None and detector.push(token):
+            self.fired = True
+            self._metrics.loop_period, self._metrics.loop_tokens = detector.period, detector.covered
+        return self.fired

@@ -1,6 +1,6 @@
 """The Backend features and transports run the model through, and `start_backend`.
 
-`Backend` is the interface: submit or generate a request, cancel it, probe how
+`Backend` is the interface: submit or generate a request (or a batch sharing a prefix), cancel it, probe how
 much of a prompt is warm (and which prefix it last prefilled), read counters.
 `EngineBackend` implements it over the local `engine.Engine`; another
 implementation (a remote engine) slots in beside it. `start_backend` is the one place an engine is built, for the language
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from engine.request import DoneEvent, Probe, Request, SegmentLike, TokenEvent
 
@@ -44,6 +44,12 @@ class Backend(Protocol):
     async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
                        on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
         """Runs `request` to its `DoneEvent` (whatever its finish reason)."""
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Awaitable[DoneEvent]]:
+        """Runs requests whose prompts share leading segments together where the backend can (the
+        engine's NumPy forward, greedy sampling), else one by one; one awaitable `DoneEvent` per
+        request, each done as soon as its own answer ends. Await each (or wrap it in a task);
+        cancelling one cancels its request only."""
 
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request (unknown ids are ignored)."""
@@ -99,10 +105,13 @@ class EngineBackend:
         self.context_length = context_length or int(getattr(loaded, "context_length", 0) or DEFAULT_CONTEXT_LENGTH)
 
     def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> Any:
+        return self.engine.submit(self._with_generation(request), on_progress=on_progress)
+
+    def _with_generation(self, request: Request) -> Request:
         generation = self.generation
         sampling = dataclasses.replace(request.sampling, loop_guard=generation.loop_guard,
                                        repetition_penalty=generation.repetition_penalty)
-        return self.engine.submit(dataclasses.replace(request, sampling=sampling), on_progress=on_progress)
+        return dataclasses.replace(request, sampling=sampling)
 
     async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
                        on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
@@ -114,7 +123,17 @@ class EngineBackend:
         if on_prefill is not None:
             def chunk_callback(done: int, total: int) -> None:  # worker thread
                 loop.call_soon_threadsafe(on_prefill, done, total)
-        handle = self.submit(request, on_progress=chunk_callback)
+        return await self._until_done(self.submit(request, on_progress=chunk_callback), request.request_id, on_text)
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Awaitable[DoneEvent]]:
+        requests = [self._with_generation(r) for r in requests]
+        submit_batch = getattr(self.engine, "submit_batch", None)  # a stand-in engine may have none
+        handles = submit_batch(requests) if submit_batch is not None else [self.engine.submit(r) for r in requests]
+        return [self._until_done(handle, request.request_id) for request, handle in zip(requests, handles)]
+
+    async def _until_done(self, handle: Any, request_id: str,
+                          on_text: Callable[[str], None] | None = None) -> DoneEvent:
+        """`handle`'s `DoneEvent`, its text streamed to `on_text`; cancelling cancels the request."""
         try:
             async for event in handle:
                 if isinstance(event, TokenEvent):
@@ -122,9 +141,9 @@ class EngineBackend:
                         on_text(event.text)
                 elif isinstance(event, DoneEvent):
                     return event
-            raise RuntimeError(f"engine stream for {request.request_id} ended without DoneEvent")
+            raise RuntimeError(f"engine stream for {request_id} ended without DoneEvent")
         except asyncio.CancelledError:
-            self.cancel(request.request_id)
+            self.cancel(request_id)
             raise
 
     def cancel(self, request_id: str) -> None:

@@ -116,6 +116,10 @@ class HoverSettings:
         prefetch: Prepare the answers of this many definitions of the file the
             user works in, in reading order from the line last opened, hovered
             or edited, in the background while the engine is idle (0: off).
+        prepare_batch: Prepare up to this many of those answers together, as one batch
+            over their common lead-in where the engine can (`engine.batch`: the NumPy
+            forward shares the weights and the prefix's keys between them); 1 prepares
+            them one by one.
         prefetch_heads: Then prefill the answer heads of the 32 nearest
             definitions without a prepared answer (cheap: one short forward
             call each), so a hover on one of them computes one token before its
@@ -128,6 +132,7 @@ class HoverSettings:
     first_sentence: bool = True
     use_warm_prefix: bool = True
     prefetch: int = 64
+    prepare_batch: int = 8
     prefetch_heads: bool = True
 
 
@@ -200,8 +205,8 @@ _MINIMUMS = {
     "kv_bits": 0, "prefill_chunk": 1, "global_tokens": 0, "window_tokens": 1,
     "dense_tail_tokens": 0, "continuation_tail_tokens": 0,
     "budget_tokens": 1, "checkpoint_bytes": 0, "archive_bytes": 0,
-    "latency_budget_ms": 0, "prefetch": 0, "max_tokens": 1, "max_tool_calls": 0, "debounce_ms": 0,
-    "blas_threads": 0, "repetition_penalty": 1.0,
+    "latency_budget_ms": 0, "prefetch": 0, "prepare_batch": 1, "max_tokens": 1, "max_tool_calls": 0,
+    "debounce_ms": 0, "blas_threads": 0, "repetition_penalty": 1.0,
 }
 _CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
             "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES}

@@ -3,6 +3,7 @@ interrupted by interactive work."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from lsprotocol import types
 
@@ -112,6 +113,7 @@ class Requests:
     def __init__(self, backend) -> None:
         self.backend = backend
         self.seen: list = []
+        self.batches: list = []
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
@@ -119,6 +121,11 @@ class Requests:
     async def generate(self, request, *, on_text=None, on_prefill=None):
         self.seen.append(request)
         return await self.backend.generate(request, on_text=on_text, on_prefill=on_prefill)
+
+    def generate_batch(self, requests):
+        self.seen.extend(requests)
+        self.batches.append(list(requests))
+        return self.backend.generate_batch(requests)
 
 
 async def test_answers_are_prepared_in_reading_order_from_the_focus_and_end_at_the_first_sentence(tmp_path):
@@ -145,6 +152,40 @@ async def test_answers_are_prepared_in_reading_order_from_the_focus_and_end_at_t
         assert all(set(hover.SENTENCE_ENDS) <= set(r.stop) for r in recorder.seen)
     finally:
         prefetch.stop()
+        session.close()
+
+
+async def test_a_batch_of_preparations_stores_what_one_by_one_preparation_stores(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    names = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    (root / "steps.py").write_text("".join(f"def {n}(x):\n    return x * {i}\n\n\n" for i, n in enumerate(names)),
+                                   encoding="utf-8")
+    session = await in_process_session(default_options(
+        tiny_model_path(tmp_path), warmup={"enabled": True},
+        hover={"maxTokens": 12, "latencyBudgetMs": 60000, "prefetch": 5, "prefetchHeads": False}), root)
+    session.backend = recorder = Requests(session.backend)
+    try:
+        assert session.backend.backend.engine.compute.kind == "numpy-forward"  # where batches run as one
+        answers = {}
+        for batch in (1, 4):
+            hover_settings = dataclasses.replace(session.settings.hover, prepare_batch=batch)
+            session.base.settings = dataclasses.replace(session.settings, hover=hover_settings)
+            cache = hover.HoverCache(lambda path: path.read_text(encoding="utf-8"))
+            landed: list[int] = []
+            prefetch = HoverPrefetch(session, cache, busy=lambda: False,
+                                     on_prepared=lambda: landed.append(prefetch.prepared))
+            prefetch.focus_on(root / "steps.py", 1)
+            await prefetch._loop_task
+            answers[batch] = dict(cache.answers.items())
+            assert landed == [1, 2, 3, 4, 5] and prefetch.interrupted == 0 and not cache.pending
+        assert answers[4] == answers[1] and len(answers[1]) == 5 and all(answers[1].values())
+        assert [len(b) for b in recorder.batches] == [4]  # then the fifth alone
+        decode = session.tokenizer.decode
+        assert [decode(list(r.segments[-2].token_ids)).split("`")[-2] for r in recorder.batches[0]] == names[:4]
+        asked = await session.generate(session.prompt.segments([Turn("user", "hi")]), max_tokens=3)
+        assert asked.finish_reason in ("length", "stop")
+    finally:
         session.close()
 
 

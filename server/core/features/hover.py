@@ -32,7 +32,7 @@ from pathlib import Path
 
 from context.lru import LRUDict
 
-from engine.request import Priority, PromptSegment, SegmentKind
+from engine.request import DoneEvent, Priority, PromptSegment, Request, SegmentKind
 
 from ..prompt import Turn
 from ..session import Session
@@ -243,30 +243,70 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
 def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[str, str], started: float,
           priority: Priority = Priority.INTERACTIVE) -> asyncio.Task:
     """Starts generating the answer for `site`; it lands in `cache.answers` under `key`."""
-    task = asyncio.ensure_future(_generate(session, cache, site, started, priority))
+    return track(cache, key, asyncio.ensure_future(_generate(session, cache, site, started, priority)))
+
+
+def start_batch(session: Session, cache: HoverCache, sites: list[DefinitionSite], keys: list[tuple[str, str]],
+                priority: Priority = Priority.PREPARE) -> list[asyncio.Task]:
+    """Starts generating the answers for `sites` together (`Backend.generate_batch`: one batch over
+    their common lead-in where the engine can); each lands in `cache.answers` under its key as soon
+    as it ends, exactly what `start` would have stored."""
+    prompts = [answer_request(session, site) for site in sites]
+    max_tokens = session.settings.hover.max_tokens
+    waits = session.backend.generate_batch([Request(segments=segments, max_tokens=max_tokens, stop=stop,
+                                                    priority=priority) for segments, _, stop in prompts])
+    return [track(cache, key, asyncio.ensure_future(_answer_of(session, wait, start_text)))
+            for key, wait, (_, start_text, _) in zip(keys, waits, prompts)]
+
+
+async def _answer_of(session: Session, wait, start_text: str) -> str:
+    done = await wait
+    if done.finish_reason == "error" and done.error is not None:
+        raise done.error
+    return answer_text(session, start_text, done)
+
+
+def track(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> asyncio.Task:
+    """Makes `task` (an answer being generated) pending under `key`; its answer lands in `cache.answers`."""
     cache.pending[key] = task
     task.add_done_callback(lambda t: _store(cache, key, t))
     return task
 
 
+def answer_request(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str, tuple[str, ...]]:
+    """`site`'s answer prompt (`hover_segments`), the answer start's text and the stop strings."""
+    segments, start_text = hover_segments(session, site)
+    stop = ("\n\n", *SENTENCE_ENDS) if session.settings.hover.first_sentence else ("\n\n",)
+    return segments, start_text, stop
+
+
+def answer_text(session: Session, start_text: str, done: DoneEvent) -> str:
+    """The answer as stored and shown, from a finished generation (`_explanation`).
+
+    Raises:
+        asyncio.CancelledError: The generation was cancelled (it is generated again later).
+    """
+    if done.finish_reason == "cancelled":
+        raise asyncio.CancelledError()
+    sentence = session.settings.hover.first_sentence and done.finish_reason == "stop"
+    return _explanation(start_text, done.text, sentence)
+
+
 async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, started: float,
                     priority: Priority = Priority.INTERACTIVE) -> str:
     """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
-    segments, start_text = hover_segments(session, site)
+    segments, start_text, stop = answer_request(session, site)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:
         if not first_token:
             first_token.append(time.perf_counter() - started)
 
-    first_sentence = session.settings.hover.first_sentence
-    stop = ("\n\n", *SENTENCE_ENDS) if first_sentence else ("\n\n",)
     done = await session.generate(segments, max_tokens=session.settings.hover.max_tokens, on_text=on_text,
                                   stop=stop, priority=priority)
-    if done.finish_reason == "cancelled":
-        raise asyncio.CancelledError()
+    text = answer_text(session, start_text, done)
     if priority != Priority.INTERACTIVE:
-        return _explanation(start_text, done.text, first_sentence and done.finish_reason == "stop")
+        return text
     prompt_tokens = sum(len(s.token_ids) for s in segments)
     head_end = prompt_tokens - len(segments[-1].token_ids)
     session.counters.last_hover = {"firstTokenS": first_token[0] if first_token else None,
@@ -277,7 +317,7 @@ async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, s
                                    "headTokens": len(segments[-2].token_ids),  # the quoted definition + name
                                    # the head was restored (prepared, or left by an earlier hover)
                                    "startPrepared": done.metrics.cached_tokens == head_end}
-    return _explanation(start_text, done.text, first_sentence and done.finish_reason == "stop")
+    return text
 
 
 def _explanation(start: str, generated: str, sentence: bool = False) -> str:

@@ -10,7 +10,10 @@ those before it, nearest first. Two tiers:
    on one of them is answered at once. A prepared answer is exactly what the
    hover would have generated (same prompt, same greedy decoding). A reader
    moving down a file finds the answers there before they hover
-   (`bench/lsp_reading.py`).
+   (`bench/lsp_reading.py`). The next `hover.prepareBatch` answers without
+   one go to the engine together (`hover.start_batch`): on the NumPy forward
+   they decode as one batch over their common lead-in (`engine.batch`), each
+   stored as soon as it ends; 1 prepares them one by one.
 2. answer heads (`hover.prefetchHeads`): then, for up to `MAX_STARTS`
    definitions nearest the focus without an answer, it prefills the hover
    lead-in plus the head (`hover.answer_start`) whose checkpoint the engine
@@ -117,10 +120,12 @@ class HoverPrefetch:
     def _next_step(self, looked_at: set[tuple[int, ...]]):
         """(task, what to do with its result) for the next answer or head, or None."""
         ordered = self._in_reading_order()
-        site = self._next_site(ordered)
-        if site is not None:
-            key = self.cache.key(site, self.session.prompt.files)
-            return hover.start(self.session, self.cache, site, key, time.perf_counter(), Priority.PREPARE), \
+        sites = self._next_sites(ordered)
+        if len(sites) > 1:
+            return self._prepare_batch(sites), lambda _result: None  # each answer counted as it lands
+        if sites:
+            key = self.cache.key(sites[0], self.session.prompt.files)
+            return hover.start(self.session, self.cache, sites[0], key, time.perf_counter(), Priority.PREPARE), \
                 self._prepared_answer
         head = self._next_head(ordered, looked_at)
         if head is not None:
@@ -133,6 +138,28 @@ class HoverPrefetch:
             if done.finish_reason == "cancelled":
                 raise asyncio.CancelledError()
         return asyncio.ensure_future(prefill())
+
+    def _prepare_batch(self, sites: list[DefinitionSite]) -> asyncio.Task:
+        """The answers of `sites` generated together; the task ends when all have (an interrupted
+        one is counted once per batch and generated again by the next step)."""
+        files = self.session.prompt.files
+        tasks = hover.start_batch(self.session, self.cache, sites, [self.cache.key(s, files) for s in sites],
+                                  Priority.PREPARE)
+        for task in tasks:
+            task.add_done_callback(self._answer_landed)
+
+        async def wait() -> None:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            if any(isinstance(r, asyncio.CancelledError) for r in results):
+                self.interrupted += 1  # the engine let more urgent work go first: try those again
+            failed = next((r for r in results if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise failed
+        return asyncio.ensure_future(wait())
+
+    def _answer_landed(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._prepared_answer(task.result())
 
     def _prepared_head(self, _result: None) -> None:
         self.starts += 1
@@ -179,14 +206,18 @@ class HoverPrefetch:
                 return segments
         return None
 
-    def _next_site(self, ordered: list[DefinitionSite]) -> DefinitionSite | None:
-        """The first definition in reading order without an answer, among the first `limit`."""
-        files = self.session.prompt.files
+    def _next_sites(self, ordered: list[DefinitionSite]) -> list[DefinitionSite]:
+        """The first `hover.prepareBatch` definitions in reading order without an answer (none
+        generating either), among the first `limit`."""
+        files, most = self.session.prompt.files, self.session.settings.hover.prepare_batch
+        sites = []
         for site in ordered[: self.limit]:
             key = self.cache.key(site, files)
             if key not in self.cache.answers and key not in self.cache.pending:
-                return site
-        return None
+                sites.append(site)
+                if len(sites) >= most:
+                    break
+        return sites
 
     def stop(self) -> None:
         """Cancels a running pass and its engine request (shutdown)."""

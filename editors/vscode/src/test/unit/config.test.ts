@@ -23,7 +23,8 @@ test('initializationOptions are the nested camelCase tree of the settings', () =
   assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0 });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
   assert.deepEqual(tree.hover, {
-    enabled: true, latencyBudgetMs: 0, maxTokens: 96, firstSentence: true, useWarmPrefix: true, prefetch: 64, prefetchHeads: true,
+    enabled: true, latencyBudgetMs: 0, maxTokens: 96, firstSentence: true, useWarmPrefix: true, prefetch: 64, prepareBatch: 8,
+    prefetchHeads: true,
   });
   assert.deepEqual(tree.focus, { enabled: true, budgetTokens: 1024 });
   assert.deepEqual(tree.generation, { loopGuard: true, repetitionPenalty: 1 });
