@@ -119,10 +119,12 @@ def lead_in(session: Session) -> list[PromptSegment]:
     return session.prompt.segments([Turn("user", instruction(session))])
 
 
-HOVER_DEFINITION_TOKENS = 192
-"""How much of the definition's text a hover quotes (whole lines, from its first)."""
+HOVER_DEFINITION_TOKENS = 128
+"""How much of the definition's text a hover quotes (whole lines, from its first): the
+signature, the docstring's start and the first lines. The head's prefill is most of a
+prepared answer's cost on a CPU (`bench/hover_batch.py`: 8 answers, 17 s of 21 s with 192)."""
 
-HOVER_CALLEE_TOKENS = 96
+HOVER_CALLEE_TOKENS = 48
 """How much the signatures of what the definition uses take in a hover's head (whole
 signatures, first named first; the "Uses:" fence around them adds a few tokens)."""
 
