@@ -3,7 +3,9 @@
 An edit must not move anything before it, or every checkpoint after the edited
 file's place is lost. So the file's *built* text (from the last full build)
 stays where it is, and its current text joins the tail of the prefix as a
-"hot" segment whose header says it replaces the copy above. A fold (reindex,
+"hot" segment whose header says it replaces the copy above, followed by a note
+that the earlier copy is out of date and the changed lines as they read now
+(`superseded_note`; docs/benchmarks.md "Answers after an edit"). A fold (reindex,
 or a tail that outgrows its share of the budget) puts current texts back in
 their places and empties the tail.
 
@@ -13,17 +15,41 @@ keeps that small record on disk so a restarted server rebuilds the same layout.
 """
 from __future__ import annotations
 
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Callable
 
 from context import store
 from context.graph import WorkspaceFile
 from context.languages import language_of
-from context.segments import Segment, deleted_text, hot_file_text, text_hash
+from context.segments import Segment, deleted_text, hot_file_text, neutralize, text_hash
 from context.tags import TagCache
 from engine.request import SegmentKind
 
 HOT_STATE_VERSION = 1
+
+
+CHANGED_LINES_SHOWN = 6
+CHANGED_LINE_CHARS = 120
+
+
+def superseded_note(rel: str, built: str, current: str) -> str:
+    """The note after a hot copy whose stale copy stays in place: which copy is current, and the
+    lines that differ from the stale copy as they read now (at most `CHANGED_LINES_SHOWN`).
+
+    It follows the copy (the last words before the question) rather than preceding it, so the
+    copy's own header stays the one every file segment has.
+    """
+    old, new = built.splitlines(), current.splitlines()
+    steps = SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    changed = [line.strip() for tag, _i1, _i2, j1, j2 in steps if tag in ("replace", "insert")
+               for line in new[j1:j2] if line.strip()]
+    lines = [neutralize(line[:CHANGED_LINE_CHARS]) for line in changed[:CHANGED_LINES_SHOWN]]
+    if len(changed) > CHANGED_LINES_SHOWN:
+        lines.append(f"({len(changed) - CHANGED_LINES_SHOWN} more)")
+    shown = "Changed lines, as they read now:\n" + "\n".join(lines) + "\n" if lines else "Lines were removed.\n"
+    return (f'<note path="{rel}">The file above is the current {rel}; its copy earlier in this prompt is '
+            f"out of date. {shown}</note>\n")
 
 
 class HotTail:
@@ -38,6 +64,7 @@ class HotTail:
         self.share = share
         self.path = path
         self._built: dict[str, str | None] = {}
+        self._note_part: dict[str, float] = {}  # the share of a hot segment's text its note is
 
     def __contains__(self, rel: str) -> bool:
         return rel in self._built
@@ -58,9 +85,11 @@ class HotTail:
 
     def remove(self, rel: str) -> None:
         self._built.pop(rel, None)
+        self._note_part.pop(rel, None)
 
     def clear(self) -> None:
         self._built.clear()
+        self._note_part.clear()
 
     def load(self) -> None:
         """Replaces the record with the persisted one (empty when missing or unreadable)."""
@@ -107,8 +136,13 @@ class HotTail:
         return int(budget * self.share) if budget is not None else 0
 
     def overflows(self, segments: list[Segment], budget: int | None) -> bool:
-        """True when the tail outgrows its share (of the budget, else of the prefix) or the budget."""
-        hot = sum(len(s) for s in segments if s.kind == SegmentKind.HOT)
+        """True when the tail outgrows its share (of the budget, else of the prefix) or the budget.
+
+        The share bounds the current copies; their notes (`superseded_note`, a few lines each)
+        count only toward the budget (a note's tokens taken as its part of the segment's characters:
+        tokenizing it alone would cost an edit a second tokenization).
+        """
+        hot = sum(len(s) * (1 - self._note_part.get(s.key, 0.0)) for s in segments if s.kind == SegmentKind.HOT)
         total = sum(len(s) for s in segments)
         if budget is not None:
             return hot > self.room(budget) or total > budget
@@ -126,10 +160,16 @@ class HotTail:
         """
         built = self.built(rel)
         seg = None
+        self._note_part.pop(rel, None)
         if entry is None:
             seg = None if built is None else make(deleted_text(rel), "hot (deleted)")
-        elif built is None or entry.text != built:
-            seg = make(hot_file_text(rel, entry.language, entry.text, replaces=built is not None), "hot (edited)")
+        elif built is None:
+            seg = make(hot_file_text(rel, entry.language, entry.text, replaces=False), "hot (edited)")
+        elif entry.text != built:
+            text = hot_file_text(rel, entry.language, entry.text, replaces=True)
+            note = superseded_note(rel, built, entry.text)
+            seg = make(text + note, "hot (edited)")
+            self._note_part[rel] = len(note) / len(text + note)
         at = next((i for i, s in enumerate(segments) if s.kind == SegmentKind.HOT and s.key == rel), None)
         if seg is None:
             self.remove(rel)
