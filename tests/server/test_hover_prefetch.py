@@ -129,11 +129,8 @@ class Requests:
 
 
 async def test_answers_are_prepared_in_reading_order_from_the_focus_and_end_at_the_first_sentence(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
     names = ["alpha", "beta", "gamma", "delta"]
-    (root / "steps.py").write_text("".join(f"def {n}(x):\n    return x + {i}\n\n\n" for i, n in enumerate(names)),
-                                   encoding="utf-8")
+    root = steps_repo(tmp_path, names, "+")
     session = await in_process_session(default_options(
         tiny_model_path(tmp_path), warmup={"enabled": True},
         hover={"maxTokens": 4, "latencyBudgetMs": 60000, "prefetch": 3, "prefetchHeads": False}), root)
@@ -156,11 +153,8 @@ async def test_answers_are_prepared_in_reading_order_from_the_focus_and_end_at_t
 
 
 async def test_a_batch_of_preparations_stores_what_one_by_one_preparation_stores(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
     names = ["alpha", "beta", "gamma", "delta", "epsilon"]
-    (root / "steps.py").write_text("".join(f"def {n}(x):\n    return x * {i}\n\n\n" for i, n in enumerate(names)),
-                                   encoding="utf-8")
+    root = steps_repo(tmp_path, names, "*")
     session = await in_process_session(default_options(
         tiny_model_path(tmp_path), warmup={"enabled": True},
         hover={"maxTokens": 12, "latencyBudgetMs": 60000, "prefetch": 5, "prefetchHeads": False}), root)
@@ -187,6 +181,15 @@ async def test_a_batch_of_preparations_stores_what_one_by_one_preparation_stores
         assert asked.finish_reason in ("length", "stop")
     finally:
         session.close()
+
+
+def steps_repo(tmp_path, names, op):
+    """A repository with steps.py: one two-line function per name, `return x <op> <index>`."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "steps.py").write_text("".join(f"def {n}(x):\n    return x {op} {i}\n\n\n" for i, n in enumerate(names)),
+                                   encoding="utf-8")
+    return root
 
 
 def tiny_model_path(tmp_path):
