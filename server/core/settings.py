@@ -132,7 +132,7 @@ class HoverSettings:
     first_sentence: bool = True
     use_warm_prefix: bool = True
     prefetch: int = 64
-    prepare_batch: int = 8
+    prepare_batch: int = 4
     prefetch_heads: bool = True
 
 

@@ -114,6 +114,7 @@ class Requests:
         self.backend = backend
         self.seen: list = []
         self.batches: list = []
+        self.batched = asyncio.Event()
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
@@ -125,6 +126,7 @@ class Requests:
     def generate_batch(self, requests):
         self.seen.extend(requests)
         self.batches.append(list(requests))
+        self.batched.set()
         return self.backend.generate_batch(requests)
 
 
@@ -180,6 +182,43 @@ async def test_a_batch_of_preparations_stores_what_one_by_one_preparation_stores
         asked = await session.generate(session.prompt.segments([Turn("user", "hi")]), max_tokens=3)
         assert asked.finish_reason in ("length", "stop")
     finally:
+        session.close()
+
+
+async def test_a_hover_while_preparation_runs_leaves_its_answer_to_the_next_batch(tmp_path):
+    names = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    root = steps_repo(tmp_path, names, "-")
+    session = await in_process_session(default_options(
+        tiny_model_path(tmp_path), warmup={"enabled": True},
+        hover={"maxTokens": 6, "latencyBudgetMs": 0, "prefetch": 5, "prepareBatch": 2, "prefetchHeads": False}), root)
+    session.backend = recorder = Requests(session.backend)
+    path = root / "steps.py"
+    try:
+        cache = hover.HoverCache(lambda p: p.read_text(encoding="utf-8"))
+        session.prefetch = prefetch = HoverPrefetch(session, cache, busy=lambda: False)  # as a ReadySession holds it
+        prefetch.focus_on(path, 1)
+        await recorder.batched.wait()  # alpha and beta are with the engine
+        answer = await hover.explain(session, cache, "epsilon", path, session.prompt.files, 17)
+        files = session.prompt.files
+        key = cache.key(cache.index.find("epsilon", path, files), files)
+        assert hover.PENDING_LINE in answer.markdown and key not in cache.pending  # nothing started for it
+        prefetch.focus_on(path, 17)  # what the language server does after every hover
+        await prefetch._loop_task
+        decode = session.tokenizer.decode
+        batches = [[decode(list(r.segments[-2].token_ids)).split("`")[-2] for r in b] for b in recorder.batches]
+        assert batches == [["alpha", "beta"], ["epsilon", "delta"]]  # then gamma alone
+        assert all(r.priority == Priority.PREPARE for r in recorder.seen) and prefetch.interrupted == 0
+        answer = await hover.explain(session, cache, "epsilon", path, session.prompt.files, 17)
+        assert answer.source == "cache" and "`epsilon` is" in answer.markdown
+
+        assert not prefetch.running  # no pass: a hover without an answer starts its own generation
+        (root / "steps.py").write_text(path.read_text(encoding="utf-8").replace("x - 4", "x - 5"), encoding="utf-8")
+        answer = await hover.explain(session, cache, "epsilon", path, files, 17)
+        assert answer.source == "signature" and len(cache.pending) == 1
+        await next(iter(cache.pending.values()))
+        assert recorder.seen[-1].priority == Priority.INTERACTIVE
+    finally:
+        prefetch.stop()
         session.close()
 
 

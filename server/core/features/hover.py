@@ -119,12 +119,12 @@ def lead_in(session: Session) -> list[PromptSegment]:
     return session.prompt.segments([Turn("user", instruction(session))])
 
 
-HOVER_DEFINITION_TOKENS = 128
+HOVER_DEFINITION_TOKENS = 80
 """How much of the definition's text a hover quotes (whole lines, from its first): the
 signature, the docstring's start and the first lines. The head's prefill is most of a
 prepared answer's cost on a CPU (`bench/hover_batch.py`: 8 answers, 17 s of 21 s with 192)."""
 
-HOVER_CALLEE_TOKENS = 48
+HOVER_CALLEE_TOKENS = 32
 """How much the signatures of what the definition uses take in a hover's head (whole
 signatures, first named first; the "Uses:" fence around them adds a few tokens)."""
 
@@ -223,7 +223,10 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
     if key in cache.answers:
         session.counters.hover_cache_hits += 1
         return HoverAnswer(render(site, cache.answers[key]), "cache")
-    task = cache.pending.get(key) or start(session, cache, site, key, started)
+    task = cache.pending.get(key)
+    if task is None and _left_to_preparation(session):
+        return HoverAnswer(render(site, None, pending=True), "signature")
+    task = task or start(session, cache, site, key, started)
     budget = session.settings.hover.latency_budget_ms / 1000
     try:
         text = await asyncio.wait_for(asyncio.shield(task), budget) if budget > 0 else None
@@ -240,6 +243,17 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         failed = task.done() and not task.cancelled() and task.exception() is not None
         return HoverAnswer(render(site, None, pending=not failed), "signature")
     return HoverAnswer(render(site, text), "model")
+
+
+def _left_to_preparation(session: Session) -> bool:
+    """True when a hover without an answer should leave it to hover preparation: the hover
+    returns the card at once anyway (`hover.latencyBudgetMs` 0) and a preparation pass is
+    running. The hover moves preparation's focus to its definition (`ReadySession.focus`), so
+    the next batch starts with it; starting an interactive generation instead would preempt
+    the batch in flight and throw its work away, and a reader ahead of preparation would then
+    turn every batch into lost work (`bench/lsp_reading.py`)."""
+    prefetch = getattr(session, "prefetch", None)  # a ReadySession's `HoverPrefetch`
+    return session.settings.hover.latency_budget_ms == 0 and prefetch is not None and prefetch.running
 
 
 def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[str, str], started: float,

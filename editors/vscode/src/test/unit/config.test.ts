@@ -23,7 +23,7 @@ test('initializationOptions are the nested camelCase tree of the settings', () =
   assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0 });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
   assert.deepEqual(tree.hover, {
-    enabled: true, latencyBudgetMs: 0, maxTokens: 96, firstSentence: true, useWarmPrefix: true, prefetch: 64, prepareBatch: 8,
+    enabled: true, latencyBudgetMs: 0, maxTokens: 96, firstSentence: true, useWarmPrefix: true, prefetch: 64, prepareBatch: 4,
     prefetchHeads: true,
   });
   assert.deepEqual(tree.focus, { enabled: true, budgetTokens: 1024 });
