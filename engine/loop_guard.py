@@ -6,14 +6,19 @@ the output is looping when its tail is one period of `p` tokens (1 <= p <=
 `min_repeats` whole copies of the period and at least `min_tokens` tokens:
 
     covered(p) = p + (the number of trailing tokens t[i] with t[i] == t[i - p])
-    looping   <=> covered(p) >= max(min_repeats * p, min_tokens) for some p
+    copies(p)  = 2 if p >= long_period else min_repeats
+    looping   <=> covered(p) >= max(copies(p) * p, min_tokens) for some p
 
-With the defaults (64, 3, 24) a one-token run stops at its 24th token, a
+With the defaults (64, 3, 24, 32) a one-token run stops at its 24th token, a
 two-token cycle after 12 copies, a 7-token cycle at 24 tokens (3 copies and 3
-tokens of the fourth) and a 20-token line at the end of its 3rd copy (60 tokens).
+tokens of the fourth), a 20-token line at the end of its 3rd copy (60 tokens) and
+a 40-token paragraph at the end of its 2nd (80 tokens).
 Three copies, not four: on the answers benchmark the default model's phrase loops
 ("that is a type of the class `X`" three times over) ended by themselves after a
-third copy, so a rule of four never saw them. The check is incremental:
+third copy, so a rule of four never saw them. Two copies for long periods: there
+the model repeated whole 30-40-token paragraphs, whose third copy does not fit a
+128-token answer, so they ran to the limit; the same 32 tokens twice in a row is
+a loop, not prose. The check is incremental:
 one comparison per period per token, O(max_period). It sees only the tokens
 the request generated (not the prompt), so it is deterministic: warm and cold
 runs, plain and speculative decoding stop at the same token.
@@ -34,19 +39,23 @@ class LoopRule:
         max_period: Longest period checked, in tokens.
         min_repeats: Whole copies of the period the tail must hold.
         min_tokens: Tokens the periodic tail must cover (whatever the period).
+        long_period: From this period on, two whole copies are a loop.
     """
 
     max_period: int = 64
     min_repeats: int = 3
     min_tokens: int = 24
+    long_period: int = 32
 
     def __post_init__(self) -> None:
-        if self.max_period < 1 or self.min_repeats < 2 or self.min_tokens < 2:
-            raise ValueError(f"a loop rule needs max_period >= 1, min_repeats >= 2 and min_tokens >= 2: {self}")
+        if self.max_period < 1 or self.min_repeats < 2 or self.min_tokens < 2 or self.long_period < 1:
+            raise ValueError("a loop rule needs max_period >= 1, min_repeats >= 2, min_tokens >= 2 and "
+                             f"long_period >= 1: {self}")
 
     def threshold(self, period: int) -> int:
         """Tokens a tail of this period must cover to be a loop."""
-        return max(self.min_repeats * period, self.min_tokens)
+        copies = 2 if period >= self.long_period else self.min_repeats
+        return max(copies * period, self.min_tokens)
 
 
 class LoopDetector:

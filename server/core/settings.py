@@ -174,8 +174,8 @@ class GenerationSettings:
 
     Attributes:
         loop_guard: End an answer whose output repeats itself (`engine.loop_guard`: a period
-            of 1-64 tokens repeated 3 times over at least 24 tokens) with finish reason
-            "repetition"; the repeated text already shown stays.
+            of 1-64 tokens repeated 3 times over at least 24 tokens, or twice from 32 tokens)
+            with finish reason "repetition"; the repeated text already shown stays.
         repetition_penalty: Divide the positive logits (multiply the negative ones) of the
             tokens the answer already holds by this (`engine.sampling.RepetitionPenalty`);
             1.0 is off: outputs are exactly those without a penalty.

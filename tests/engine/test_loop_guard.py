@@ -1,6 +1,6 @@
-"""The loop detector's rule on token sequences: periods 1, 2, 7 and 20 fire exactly where the rule
-says, near misses do not, real code does not, and the incremental check agrees with a brute-force
-reading of the rule on thousands of sequences."""
+"""The loop detector's rule on token sequences: periods 1, 2, 7, 20 and 31 (three copies) and 32, 40
+and 64 (two copies) fire exactly where the rule says, near misses do not, real code does not, and the
+incremental check agrees with a brute-force reading of the rule on thousands of sequences."""
 from __future__ import annotations
 
 import inspect
@@ -33,7 +33,8 @@ def brute_force_fire_index(tokens: list[int], rule: LoopRule = RULE) -> int | No
             covered = p
             while covered < end and prefix[end - covered - 1] == prefix[end - covered - 1 + p]:
                 covered += 1
-            if covered >= max(rule.min_repeats * p, rule.min_tokens):
+            copies = 2 if p >= rule.long_period else rule.min_repeats
+            if covered >= max(copies * p, rule.min_tokens):
                 return end - 1
     return None
 
@@ -42,7 +43,8 @@ def cycle(pattern: list[int], n: int) -> list[int]:
     return [pattern[i % len(pattern)] for i in range(n)]
 
 
-@pytest.mark.parametrize("period, fires_at", [(1, 24), (2, 24), (7, 24), (20, 60), (64, 192)])
+@pytest.mark.parametrize("period, fires_at", [(1, 24), (2, 24), (7, 24), (20, 60), (31, 93), (32, 64), (40, 80),
+                                              (64, 128)])
 def test_a_periodic_tail_fires_at_the_token_the_rule_names(period, fires_at):
     prefix = [1000 + i for i in range(13)]  # a non-repeating start: the loop begins later
     loop = cycle([500 + i for i in range(period)], 400)
