@@ -121,8 +121,10 @@ def lead_in(session: Session) -> list[PromptSegment]:
 
 HOVER_DEFINITION_TOKENS = 80
 """How much of the definition's text a hover quotes (whole lines, from its first): the
-signature, the docstring's start and the first lines. The head's prefill is most of a
-prepared answer's cost on a CPU (`bench/hover_batch.py`: 8 answers, 17 s of 21 s with 192)."""
+signature, the docstring's start and the first lines. The head's prefill is half a
+prepared answer's cost on a CPU (`python bench/hover_batch.py`: a batch of 4, 2.6 s of 5.0 s;
+with 128 + 48 tokens and batches of 8, prepared answers fell behind a reader,
+`bench/lsp_reading.py`)."""
 
 HOVER_CALLEE_TOKENS = 32
 """How much the signatures of what the definition uses take in a hover's head (whole

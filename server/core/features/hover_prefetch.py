@@ -13,7 +13,9 @@ those before it, nearest first. Two tiers:
    (`bench/lsp_reading.py`). The next `hover.prepareBatch` answers without
    one go to the engine together (`hover.start_batch`): on the NumPy forward
    they decode as one batch over their common lead-in (`engine.batch`), each
-   stored as soon as it ends; 1 prepares them one by one.
+   stored as soon as it ends; 1 prepares them one by one. While a pass runs, a
+   hover without an answer starts no generation of its own (`hover.explain`):
+   it moves the focus, and the next batch starts with its definition.
 2. answer heads (`hover.prefetchHeads`): then, for up to `MAX_STARTS`
    definitions nearest the focus without an answer, it prefills the hover
    lead-in plus the head (`hover.answer_start`) whose checkpoint the engine
