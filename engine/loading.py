@@ -6,6 +6,7 @@ identity (model id, weight hash) that checkpoint keys are built from.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -59,6 +60,36 @@ def load_model(spec: str | None = None, *, progress: bool = True) -> LoadedModel
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelNotFoundError(f"not a model directory or .gguf file: {spec}")
     return load_directory(_hub_snapshot(spec), model_id=spec)
+
+
+def load_tokenizer(spec: str | None = None) -> tuple[Tokenizer, str, int]:
+    """The tokenizer, model id and context length of a model, without its weights (what a
+    remote engine's client needs to lay out prompts). `spec` as in `load_model`; a `.gguf`
+    is not read this way yet.
+
+    Raises:
+        ModelNotFoundError: Nothing matches `spec`.
+        ModelLoadError: The files exist but hold no usable tokenizer.
+    """
+    if spec is None or spec == DEFAULT_MODEL:
+        from engine.default_model import ensure_default_model
+
+        path, model_id = ensure_default_model(progress=False).directory, DEFAULT_MODEL
+    else:
+        path = Path(spec).expanduser()
+        if path.suffix.lower() == ".gguf":
+            raise ModelLoadError(f"{spec}: a remote engine's tokenizer comes from a model directory, not a .gguf")
+        path = path if path.is_dir() else _hub_snapshot(spec)
+        model_id = spec if not Path(spec).expanduser().is_dir() else path.name
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelNotFoundError(f"no config.json in {path}: not an mlx-lm model directory")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        wrapper = mlx_load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot load the tokenizer from {path}: {err}") from err
+    return Tokenizer(wrapper), model_id, context_length_of(config)
 
 
 def load_directory(

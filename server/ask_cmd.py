@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo", type=Path, help="repository whose files become the context")
     parser.add_argument("--model", help="model name, directory, .gguf file or hub id "
                                         "(default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--engine-url", default="",
+                        help="answer on this OpenAI-compatible engine server (e.g. http://127.0.0.1:8080/v1; "
+                             "docs/remote.md) instead of in process; --model names the local tokenizer's model")
+    parser.add_argument("--engine-model", default="", help="the model to ask the server for (default: its first)")
     parser.add_argument("--max-tokens", type=int, default=ASK_MAX_TOKENS,
                         help=f"most tokens to generate (default {ASK_MAX_TOKENS})")
     parser.add_argument("--kv-bits", type=int, choices=(8, 16), default=16, help="KV cache precision")
@@ -95,7 +99,8 @@ def settings_from(args: argparse.Namespace) -> Any:
                                 **({"name": args.model} if args.model else {}))
     generation = dataclasses.replace(defaults.generation, loop_guard=not args.no_loop_guard,
                                      repetition_penalty=args.repetition_penalty)
-    return dataclasses.replace(defaults, model=model, window=window, generation=generation)
+    engine = dataclasses.replace(defaults.engine, url=args.engine_url, model=args.engine_model)
+    return dataclasses.replace(defaults, model=model, window=window, generation=generation, engine=engine)
 
 
 def build_messages(question: str) -> list[dict[str, str]]:

@@ -13,8 +13,9 @@ import dataclasses
 import logging
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
-from engine.request import DoneEvent, Probe, Request, SegmentLike, TokenEvent
+from engine.request import DoneEvent, Probe, Request, SegmentLike
 
+from .handles import until_done
 from .settings import GenerationSettings, Settings, WindowSettings
 
 logger = logging.getLogger(__name__)
@@ -133,18 +134,7 @@ class EngineBackend:
 
     async def _until_done(self, handle: Any, request_id: str,
                           on_text: Callable[[str], None] | None = None) -> DoneEvent:
-        """`handle`'s `DoneEvent`, its text streamed to `on_text`; cancelling cancels the request."""
-        try:
-            async for event in handle:
-                if isinstance(event, TokenEvent):
-                    if on_text is not None and event.text:
-                        on_text(event.text)
-                elif isinstance(event, DoneEvent):
-                    return event
-            raise RuntimeError(f"engine stream for {request_id} ended without DoneEvent")
-        except asyncio.CancelledError:
-            self.cancel(request_id)
-            raise
+        return await until_done(self, handle, request_id, on_text)
 
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)
@@ -175,9 +165,10 @@ class EngineBackend:
         self.engine.close()
 
 
-def start_backend(settings: Settings, *, progress: bool = False) -> EngineBackend:
+def start_backend(settings: Settings, *, progress: bool = False) -> Backend:
     """Loads `settings.model.name` and starts an `Engine` on it (blocking), with the
-    disk archive as `settings.memory` says.
+    disk archive as `settings.memory` says; with `engine.url`, a `RemoteBackend` on that
+    server instead (the local model directory gives only the tokenizer).
 
     Args:
         settings: The settings tree (model, compute, window, memory). `compute.blas*` are
@@ -188,6 +179,10 @@ def start_backend(settings: Settings, *, progress: bool = False) -> EngineBacken
         ModelNotFoundError: The model name resolves to nothing.
         ModelLoadError: The model exists but cannot be loaded.
     """
+    if settings.engine.url:
+        from .remote.start import start_remote_backend
+
+        return start_remote_backend(settings)
     from engine import blas
     from engine.compute_options import ComputeOptions
 

@@ -186,6 +186,26 @@ class GenerationSettings:
 
 
 @dataclass(frozen=True)
+class EngineSettings:
+    """Where the model runs: in this process (the default) or on an engine server.
+
+    Attributes:
+        url: The API root of an OpenAI-compatible server (llama.cpp's `llama-server`,
+            `mlx_lm.server`, vLLM, SGLang), e.g. `http://127.0.0.1:8080/v1`; "" runs the
+            model in process. `model.name` still names the local model directory the
+            tokenizer (prompt layout, budgets) comes from.
+        model: The `model` field sent to the server; "" sends the one it lists first.
+        key_env: The environment variable holding the server's key (sent as a bearer token).
+        key_file: A file holding the key instead; "" for none.
+    """
+
+    url: str = ""
+    model: str = ""
+    key_env: str = "CODECTX_ENGINE_KEY"
+    key_file: str = ""
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the server can be told. Every field has a default."""
 
@@ -199,6 +219,7 @@ class Settings:
     focus: FocusSettings = field(default_factory=FocusSettings)
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
 
 _MINIMUMS = {
@@ -210,7 +231,7 @@ _MINIMUMS = {
 }
 _CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
             "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES}
-_MAY_BE_EMPTY = {"draft_model"}
+_MAY_BE_EMPTY = {"draft_model", "url", "model", "key_file"}
 
 
 def _snake(name: str) -> str:

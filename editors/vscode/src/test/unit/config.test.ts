@@ -28,7 +28,7 @@ test('initializationOptions are the nested camelCase tree of the settings', () =
   });
   assert.deepEqual(tree.focus, { enabled: true, budgetTokens: 1024 });
   assert.deepEqual(tree.generation, { loopGuard: true, repetitionPenalty: 1 });
-  assert.deepEqual(Object.keys(tree), ['model', 'compute', 'window', 'context', 'memory', 'hover', 'ask', 'focus', 'warmup', 'generation']);
+  assert.deepEqual(Object.keys(tree), ['model', 'compute', 'window', 'context', 'memory', 'hover', 'ask', 'focus', 'warmup', 'generation', 'engine']);
   assert.equal('server' in tree || 'trace' in tree, false);
 });
 

@@ -1,0 +1,205 @@
+"""`RemoteBackend`: the server core's `Backend` over an OpenAI-compatible engine server.
+
+Prompts are laid out locally, with the model's own tokenizer, exactly as for the local
+engine (same segments, same order), and sent as text; the server's prefix cache then
+reuses whatever leading bytes the previous request shared. What the server reused
+comes back in the usage it reports (`openai_stream.parse_event`); a request's metrics
+say prompt / cached / recomputed tokens and TTFT as the local engine's do.
+
+One worker thread sends requests one at a time, most urgent first (`Priority`, FIFO
+within one): an interactive request that arrives while a PREPARE or warm-up request
+streams closes that stream (it ends "cancelled", as a preempted local request does,
+and its caller may send it again). A request with `max_tokens` 0 (a prefill, e.g.
+warm-up) is sent with one token and its text dropped: that is what puts its prompt in
+the server's cache. Batches run one by one. The engine's own loop guard does not see
+remote tokens; the servers stop on `stop` strings and `max_tokens`.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+from engine.handle import RequestHandle
+from engine.request import DoneEvent, Metrics, Probe, Request, SegmentLike, TokenEvent
+
+from ..handles import until_done
+from ..settings import GenerationSettings, WindowSettings
+from .openai_stream import CompletionStream, Endpoint, RemoteEngineError, Usage
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteBackend:
+    """`Backend` over the engine server at `endpoint`.
+
+    Args:
+        endpoint: Where the server is (and its key).
+        tokenizer: The model's tokenizer (the local model directory's).
+        model_id: The local model's id (shown in status).
+        served_model: The `model` field sent with each request.
+        context_length: The model's context window.
+    """
+
+    def __init__(self, endpoint: Endpoint, tokenizer: Any, model_id: str, served_model: str,
+                 context_length: int) -> None:
+        self.endpoint = endpoint
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.served_model = served_model
+        self.context_length = context_length
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, int, Request, RequestHandle]] = []
+        self._order = itertools.count()
+        self._current: tuple[Request, CompletionStream | None] | None = None
+        self._cancelled: set[str] = set()
+        self._closed = False
+        self._counters = {"requests_served": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self._last_error: str | None = None
+        self._worker = threading.Thread(target=self._work, name="codectx-remote", daemon=True)
+        self._worker.start()
+
+    # -- Backend --------------------------------------------------------------------------------
+
+    def submit(self, request: Request, on_progress: Callable[[int, int], None] | None = None) -> RequestHandle:
+        handle = RequestHandle(request, self.cancel)
+        with self._cond:
+            if self._closed:
+                raise RemoteEngineError("the remote backend is closed")
+            heapq.heappush(self._queue, (int(request.priority), next(self._order), request, handle))
+            running = self._current
+            if running is not None and request.priority < running[0].priority and running[1] is not None:
+                running[1].close()  # more urgent work waits: the running request ends "cancelled"
+            self._cond.notify_all()
+        return handle
+
+    async def generate(self, request: Request, *, on_text: Callable[[str], None] | None = None,
+                       on_prefill: Callable[[int, int], None] | None = None) -> DoneEvent:
+        return await until_done(self, self.submit(request), request.request_id, on_text)
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Awaitable[DoneEvent]]:
+        return [until_done(self, self.submit(r), r.request_id) for r in requests]
+
+    def cancel(self, request_id: str) -> None:
+        with self._cond:
+            self._cancelled.add(request_id)
+            running = self._current
+            if running is not None and running[0].request_id == request_id and running[1] is not None:
+                running[1].close()
+            self._cond.notify_all()
+
+    def probe(self, segments: Sequence[SegmentLike]) -> Probe:
+        """Nothing is known warm: the server's cache is its own (it reports reuse afterwards)."""
+        return Probe(prompt_tokens=sum(len(s.token_ids) for s in segments), warm_tokens=0, miss="remote engine")
+
+    def warm_prefix(self) -> Sequence[SegmentLike]:
+        return ()
+
+    def stats(self) -> dict:
+        with self._cond:
+            queued = len(self._queue)
+            running = self._current[0].request_id if self._current else None
+        return {"engine": "remote", "url": self.endpoint.base_url, "model": self.served_model,
+                "queued": queued, "running": running, "last_error": self._last_error,
+                "compute": {"kind": "remote"}, **self._counters}
+
+    def archive_problem(self) -> str | None:
+        return None
+
+    def set_window(self, window: WindowSettings) -> None:
+        """The server's attention is its own: nothing to change here."""
+
+    def set_generation(self, generation: GenerationSettings) -> None:
+        """The loop guard and repetition penalty run in the local engine only."""
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            running = self._current
+            if running is not None and running[1] is not None:
+                running[1].close()
+            self._cond.notify_all()
+        for _, _, request, handle in pending:
+            handle.push(DoneEvent(request.request_id, "cancelled", "", Metrics()))
+        self._worker.join(timeout=10)
+
+    # -- the worker -----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if self._closed:
+                    return
+                _, _, request, handle = heapq.heappop(self._queue)
+                if request.request_id in self._cancelled:
+                    self._cancelled.discard(request.request_id)
+                    handle.push(DoneEvent(request.request_id, "cancelled", "", Metrics()))
+                    continue
+                stream = CompletionStream(self.endpoint, self._body(request))
+                self._current = (request, stream)
+            try:
+                done = self._run(request, handle, stream)
+            finally:
+                with self._cond:
+                    self._current = None
+                    self._cancelled.discard(request.request_id)
+            handle.push(done)
+
+    def _body(self, request: Request) -> dict:
+        body = {"prompt": self.tokenizer.decode(request.all_token_ids()), "max_tokens": max(1, request.max_tokens),
+                "temperature": request.sampling.temperature, "top_p": request.sampling.top_p}
+        if self.served_model:
+            body["model"] = self.served_model
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.sampling.seed is not None:
+            body["seed"] = request.sampling.seed
+        return body
+
+    def _run(self, request: Request, handle: RequestHandle, stream: CompletionStream) -> DoneEvent:
+        """Streams one request; its `DoneEvent` (never raises)."""
+        started = time.perf_counter()
+        metrics = Metrics(prompt_tokens=len(request.all_token_ids()))
+        texts: list[str] = []
+        finish, usage = None, Usage()
+        try:
+            for chunk in stream:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                if chunk.text and request.max_tokens > 0:
+                    if not texts:
+                        metrics.ttft_s = metrics.prefill_s = time.perf_counter() - started
+                    texts.append(chunk.text)
+                    handle.push(TokenEvent(request.request_id, chunk.text, ()))
+                finish = chunk.finish_reason or finish
+        except RemoteEngineError as err:
+            self._last_error = str(err)
+            self._counters["errors"] += 1
+            logger.warning("remote engine: %s", err)
+            return DoneEvent(request.request_id, "error", "".join(texts), metrics, err)
+        if stream.closed:
+            return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
+        self._last_error = None
+        self._account(request, metrics, usage, started, texts)
+        reason = "length" if request.max_tokens == 0 or finish == "length" else "stop"
+        return DoneEvent(request.request_id, reason, "".join(texts), metrics)
+
+    def _account(self, request: Request, metrics: Metrics, usage: Usage, started: float, texts: list[str]) -> None:
+        if usage.prompt_tokens is not None:
+            metrics.prompt_tokens = usage.prompt_tokens  # the server's own count of the prompt it read
+        metrics.cached_tokens = usage.cached_tokens or 0
+        metrics.recomputed_tokens = max(0, metrics.prompt_tokens - metrics.cached_tokens)
+        metrics.decode_tokens = 0 if request.max_tokens == 0 else (usage.completion_tokens or len(texts))
+        metrics.decode_s = time.perf_counter() - started - metrics.ttft_s if texts else 0.0
+        counters = self._counters
+        counters["requests_served"] += 1
+        counters["prompt_tokens"] += metrics.prompt_tokens
+        counters["cached_tokens"] += metrics.cached_tokens

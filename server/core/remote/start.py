@@ -1,0 +1,60 @@
+"""`start_remote_backend`: the `RemoteBackend` the `engine.*` settings name."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..settings import Settings
+from .backend import RemoteBackend
+from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError
+
+logger = logging.getLogger(__name__)
+
+
+def start_remote_backend(settings: Settings) -> RemoteBackend:
+    """Loads the local model's tokenizer (no weights) and connects to `engine.url`.
+
+    The server is asked for its models (`GET {url}/models`): that checks it is reachable
+    and gives the `model` to send when `engine.model` is empty.
+
+    Raises:
+        RemoteEngineError: The URL is not http(s), the key file is unreadable, or the
+            server is unreachable or lists no model.
+        ModelNotFoundError, ModelLoadError: The local model directory has no usable tokenizer.
+    """
+    from engine.loading import load_tokenizer
+
+    engine = settings.engine
+    endpoint = Endpoint(engine.url, key=engine_key(settings))
+    tokenizer, model_id, context_length = load_tokenizer(settings.model.name)
+    served = engine.model or first_model(endpoint)
+    logger.info("remote engine at %s, model %s (tokenizer: %s)", engine.url, served, model_id)
+    return RemoteBackend(endpoint, tokenizer, model_id, served, context_length)
+
+
+def engine_key(settings: Settings) -> str:
+    """The key from `engine.keyFile`, else from the `engine.keyEnv` variable, else ""."""
+    engine = settings.engine
+    if engine.key_file:
+        try:
+            return Path(engine.key_file).expanduser().read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise RemoteEngineError(f"cannot read engine.keyFile {engine.key_file}: {err}") from err
+    return os.environ.get(engine.key_env, "").strip() if engine.key_env else ""
+
+
+def first_model(endpoint: Endpoint) -> str:
+    """The first model the server lists, or "" (requests then name none, and the server uses
+    the one it was started with) when it lists none or cannot list them (`mlx_lm.server`
+    fails its model list without a Hugging Face cache folder).
+
+    Raises:
+        RemoteEngineError: The server cannot be reached at all.
+    """
+    try:
+        listed = endpoint.get_json("models").get("data") or []
+    except ServerAnswerError as err:
+        logger.warning("the engine did not list its models (%s): requests name no model", err)
+        return ""
+    return listed[0].get("id", "") if listed and isinstance(listed[0], dict) else ""

@@ -1,0 +1,105 @@
+"""`codectx ask --engine-url` against a real `mlx_lm.server` started on loopback (a tiny
+random-weight model: the answers are noise, what is checked is the protocol, the prefix
+the server reuses and the errors)."""
+from __future__ import annotations
+
+import io
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from server import ask_cmd
+from server.exit_status import FAILED
+from tests.engine.tiny_models import build_tiny_model
+
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("remote") / "tiny", hidden_size=64, num_hidden_layers=2,
+                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def mlx_server(tiny_dir):
+    """`mlx_lm.server` on the tiny model; yields its API root once it says it listens."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(tiny_dir), "--host",
+                                "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_line(process, b"Starting httpd")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
+    """Reads the process's stderr until a line holds `marker` (fails if it exits or takes too
+    long). A thread reads the lines: a buffered pipe may hold several while the descriptor
+    shows none left."""
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stderr.readline, b"")] and None,
+                     daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    seen = b""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        seen += line
+        if marker in line:
+            return
+    raise AssertionError(f"mlx_lm.server did not start: {seen[-2000:]!r}")
+
+
+def ask(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = ask_cmd.main(list(argv), out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def footer(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("[prompt "))
+
+
+def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_dir, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def double(x):\n    return 2 * x\n", encoding="utf-8")
+    common = ["--engine-url", mlx_server, "--model", str(tiny_dir), "--repo", str(repo), "--max-tokens", "4"]
+    status, _, err = ask(*common, "What does double return?")
+    assert status == 0, err
+    first = footer(err)
+    assert "(cached 0," in first
+    status, _, err = ask(*common, "What does double take?")
+    assert status == 0, err
+    second = footer(err)
+    cached = int(second.split("(cached ")[1].split(",")[0])
+    prompt = int(second.split("[prompt ")[1].split(" ")[0])
+    assert 0 < cached < prompt  # the repository prefix came from the server's cache, the question did not
+
+
+def test_an_unreachable_engine_is_a_clear_error(tiny_dir, tmp_path):
+    status, out, err = ask("--engine-url", f"http://127.0.0.1:{free_port()}/v1", "--model", str(tiny_dir),
+                           "What is this?")
+    assert status == FAILED and out == ""
+    assert "cannot reach the engine at http://127.0.0.1:" in err
+
+
+def test_an_engine_url_that_is_not_http_is_refused(tiny_dir):
+    status, _, err = ask("--engine-url", "ftp://example.org/v1", "--model", str(tiny_dir), "What is this?")
+    assert status == FAILED and "is not an http(s) URL" in err
