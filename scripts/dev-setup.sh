@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine: the Python venv with the dev
-# extras, the VS Code extension's Node packages, Debian's Chromium for the /monitor test and Emacs with
-# eglot for the Emacs editor test.
+# extras, the VS Code extension's Node packages, Debian's Chromium for the /monitor test, Emacs with
+# eglot for the Emacs editor test and llama.cpp's llama-server for the remote-engine tests.
 # Idempotent: a second run only checks. Used by README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,3 +34,6 @@ if ! emacs --batch --eval "(require 'eglot)" >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends elpa-eglot >/dev/null
   fi
 fi
+
+# --- llama.cpp's llama-server (tests/server/test_remote_llama.py), built once per machine ---
+PYTHON=.venv/bin/python bash scripts/build-llama-server.sh >/dev/null

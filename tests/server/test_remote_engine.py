@@ -3,27 +3,14 @@ random-weight model: the answers are noise, what is checked is the protocol, the
 the server reuses and the errors)."""
 from __future__ import annotations
 
-import io
-import queue
-import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
-from server import ask_cmd
 from server.exit_status import FAILED
 from tests.engine.tiny_models import build_tiny_model
-
-START_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.server.remote_servers import ask, footer, free_port, wait_for_line
 
 
 @pytest.fixture(scope="module")
@@ -44,36 +31,6 @@ def mlx_server(tiny_dir):
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
-    """Reads the process's stderr until a line holds `marker` (fails if it exits or takes too
-    long). A thread reads the lines: a buffered pipe may hold several while the descriptor
-    shows none left."""
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stderr.readline, b"")] and None,
-                     daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    seen = b""
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            break
-        seen += line
-        if marker in line:
-            return
-    raise AssertionError(f"mlx_lm.server did not start: {seen[-2000:]!r}")
-
-
-def ask(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    status = ask_cmd.main(list(argv), out=out, err=err)
-    return status, out.getvalue(), err.getvalue()
-
-
-def footer(err: str) -> str:
-    return next(line for line in err.splitlines() if line.startswith("[prompt "))
 
 
 def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_dir, tmp_path):

@@ -1,0 +1,84 @@
+"""Engine servers started by the tests on loopback (mlx_lm.server, llama.cpp's llama-server)
+and `codectx ask` run in process against them."""
+from __future__ import annotations
+
+import io
+import os
+import queue
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from server import ask_cmd
+
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
+    """Reads the process's stderr until a line holds `marker` (fails if it exits or takes too
+    long). A thread reads the lines: a buffered pipe may hold several while the descriptor
+    shows none left."""
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stderr.readline, b"")] and None,
+                     daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    seen = b""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        seen += line
+        if marker in line:
+            return
+    raise AssertionError(f"the server did not start: {seen[-2000:]!r}")
+
+
+def ask(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = ask_cmd.main(list(argv), out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def footer(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("[prompt "))
+
+
+def prompt_and_cached(footer_line: str) -> tuple[int, int]:
+    """(prompt tokens, cached tokens) of an ask footer."""
+    prompt = int(footer_line.split("[prompt ")[1].split(" ")[0])
+    return prompt, int(footer_line.split("(cached ")[1].split(",")[0])
+
+
+LLAMA_VERSION = "0.3.36"
+
+
+def llama_server_dir() -> Path:
+    """Where scripts/build-llama-server.sh put `llama-server` and its libraries (dev-setup builds it)."""
+    cache = Path(os.environ.get("CODECTX_DEV_CACHE") or Path.home() / ".cache" / "codectx-dev")
+    folder = cache / f"llama-server-{LLAMA_VERSION}"
+    assert (folder / "llama-server").is_file(), f"no llama-server in {folder}: run scripts/dev-setup.sh"
+    return folder
+
+
+def start_llama_server(gguf: Path, context: int = 4096) -> tuple[subprocess.Popen, str]:
+    """llama.cpp's server on `gguf`, on a free loopback port; (process, API root) once it listens."""
+    folder, port = llama_server_dir(), free_port()
+    process = subprocess.Popen([str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
+                                str(port), "-c", str(context), "-t", "2"],
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "LD_LIBRARY_PATH": str(folder)})
+    try:
+        wait_for_line(process, b"listening on http")
+    except AssertionError:
+        process.kill()
+        raise
+    return process, f"http://127.0.0.1:{port}/v1"

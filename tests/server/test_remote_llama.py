@@ -1,0 +1,56 @@
+"""The remote backend against llama.cpp's own `llama-server` (built by scripts/dev-setup.sh from the
+llama-cpp-python sdist) on the default model's GGUF, on loopback: `codectx ask --engine-url` reuses
+the server's cached prefix, and a server killed mid-stream ends the request with a clear error."""
+from __future__ import annotations
+
+import pytest
+
+from engine.default_model import GGUF_NAME
+from engine.request import Request, SamplingParams
+from server.core.remote.backend import RemoteBackend
+from server.core.remote.openai_stream import Endpoint
+from tests.server.remote_servers import ask, footer, prompt_and_cached, start_llama_server
+
+
+@pytest.fixture
+def llama(default_model_path):
+    process, url = start_llama_server(default_model_path / GGUF_NAME)
+    try:
+        yield process, url
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_a_second_ask_restores_the_repository_prefix_on_the_server(llama, default_model_path, tmp_path):
+    _, url = llama
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text('def double(x):\n    """Twice x."""\n    return 2 * x\n', encoding="utf-8")
+    common = ["--engine-url", url, "--model", str(default_model_path), "--repo", str(repo), "--max-tokens", "16"]
+    status, out, err = ask(*common, "What does double() return?")
+    assert status == 0 and out.strip(), err
+    assert prompt_and_cached(footer(err))[1] == 0  # a fresh server holds nothing
+    status, out, err = ask(*common, "What does double() take?")
+    assert status == 0 and out.strip(), err
+    prompt, cached = prompt_and_cached(footer(err))
+    assert prompt > cached > prompt - 20  # all but the new question's few tokens came from the server's cache
+
+
+def test_a_server_killed_mid_stream_ends_the_request_with_a_clear_error(llama, default_model_path):
+    process, url = llama
+    from engine.loading import load_tokenizer
+
+    tokenizer, model_id, context = load_tokenizer(str(default_model_path))
+    backend = RemoteBackend(Endpoint(url), tokenizer, model_id, "", context)
+    try:
+        handle = backend.submit(Request(prompt_ids=tokenizer.encode("Count from one to five hundred: one, two,"),
+                                        max_tokens=2000, sampling=SamplingParams(temperature=0.0)))
+        for _ in handle:  # the first streamed text: the server is generating
+            process.kill()
+            break
+        done = handle.result(timeout=60)
+        assert done.finish_reason == "error"
+        assert "stream" in str(done.error) and isinstance(done.error, Exception)
+    finally:
+        backend.close()
