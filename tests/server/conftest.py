@@ -81,3 +81,17 @@ async def shared(shared_servers) -> LanguageClient:
 async def shared_each_kind(request, shared_servers) -> LanguageClient:
     """The run's loaded server of each client kind (where the position encoding matters)."""
     return await shared_servers.client(request.param)
+
+
+@pytest.fixture
+def llama(default_model_path):
+    """llama.cpp's `llama-server` on the default model's GGUF, on loopback: (process, API root)."""
+    from engine.default_model import GGUF_NAME
+    from tests.server.remote_servers import start_llama_server
+
+    process, url = start_llama_server(default_model_path / GGUF_NAME)
+    try:
+        yield process, url
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -3,23 +3,10 @@ llama-cpp-python sdist) on the default model's GGUF, on loopback: `codectx ask -
 the server's cached prefix, and a server killed mid-stream ends the request with a clear error."""
 from __future__ import annotations
 
-import pytest
-
-from engine.default_model import GGUF_NAME
 from engine.request import Request, SamplingParams
 from server.core.remote.backend import RemoteBackend
 from server.core.remote.openai_stream import Endpoint
-from tests.server.remote_servers import ask, footer, prompt_and_cached, start_llama_server
-
-
-@pytest.fixture
-def llama(default_model_path):
-    process, url = start_llama_server(default_model_path / GGUF_NAME)
-    try:
-        yield process, url
-    finally:
-        process.kill()
-        process.wait(timeout=30)
+from tests.server.remote_servers import ask, footer, prompt_and_cached
 
 
 def test_a_second_ask_restores_the_repository_prefix_on_the_server(llama, default_model_path, tmp_path):

@@ -1,0 +1,29 @@
+"""The language server on a remote engine (llama.cpp's `llama-server` on the default model's GGUF,
+loopback), set through `engine.url` in the initialization options: hover and ask answer from the
+server, and the second ask reports the prefix the server reused."""
+from __future__ import annotations
+
+from lsprotocol import types
+
+from tests.server.harness import command, default_options, open_document, start
+
+
+async def test_hover_and_ask_run_on_the_remote_engine(raw_client, llama, default_model_path):
+    _, url = llama
+    await start(raw_client, "neovim", raw_client.root,
+                default_options(default_model_path, engine={"url": url},
+                                hover={"maxTokens": 8, "latencyBudgetMs": 60000, "prefetch": 0, "prefetchHeads": False}))
+    await command(raw_client, "codectx.showContext")  # answers once the tokenizer is loaded and the scan done
+    uri = open_document(raw_client, raw_client.root / "util.py")
+    hover = await raw_client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(3, 5)))  # def add
+    assert "**add** (function" in hover.contents.value and "`add` is" in hover.contents.value
+
+    first = await command(raw_client, "codectx.ask", question="What does add do?", maxTokens=6)
+    second = await command(raw_client, "codectx.ask", question="What does greet do?", maxTokens=6)
+    assert first["text"] and second["text"]
+    metrics = second["metrics"]
+    assert metrics["prompt_tokens"] > metrics["cached_tokens"] > 0  # the server reused the repository prefix
+    assert metrics["recomputed_tokens"] == metrics["prompt_tokens"] - metrics["cached_tokens"]
+    status = await command(raw_client, "codectx.status")
+    assert status["engine"]["engine"] == "remote" and status["engine"]["url"] == url
