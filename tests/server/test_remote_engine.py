@@ -60,3 +60,37 @@ def test_an_unreachable_engine_is_a_clear_error(tiny_dir, tmp_path):
 def test_an_engine_url_that_is_not_http_is_refused(tiny_dir):
     status, _, err = ask("--engine-url", "ftp://example.org/v1", "--model", str(tiny_dir), "What is this?")
     assert status == FAILED and "is not an http(s) URL" in err
+
+
+def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_meanwhile(tiny_dir):
+    from engine.loading import load_tokenizer
+    from engine.request import Priority, Request
+    from server.core.remote.backend import RemoteBackend
+    from server.core.remote.openai_stream import Endpoint
+
+    port = free_port()
+    tokenizer, model_id, context = load_tokenizer(str(tiny_dir))
+    backend = RemoteBackend(Endpoint(f"http://127.0.0.1:{port}/v1"), tokenizer, model_id, "", context)
+    prompt = tokenizer.encode("hello there")
+    try:
+        done = backend.submit(Request(prompt_ids=prompt, max_tokens=2)).result(timeout=60)
+        assert done.finish_reason == "error" and "cannot reach the engine" in str(done.error)
+        stats = backend.stats()
+        assert stats["reachable"] is False and stats["retry_in_s"] > 0
+        background = backend.submit(Request(prompt_ids=prompt, max_tokens=0, priority=Priority.BACKGROUND))
+        done = background.result(timeout=60)
+        assert done.finish_reason == "error" and "wait" in str(done.error)  # not sent: it backs off
+
+        process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(tiny_dir), "--host",
+                                    "127.0.0.1", "--port", str(port)],
+                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        try:
+            wait_for_line(process, b"Starting httpd")
+            done = backend.submit(Request(prompt_ids=prompt, max_tokens=2)).result(timeout=120)
+            assert done.finish_reason in ("stop", "length") and done.error is None
+            assert backend.stats()["reachable"] is True and backend.stats()["last_error"] is None
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    finally:
+        backend.close()

@@ -3,6 +3,8 @@ llama-cpp-python sdist) on the default model's GGUF, on loopback: `codectx ask -
 the server's cached prefix, and a server killed mid-stream ends the request with a clear error."""
 from __future__ import annotations
 
+import time
+
 from engine.request import Request, SamplingParams
 from server.core.remote.backend import RemoteBackend
 from server.core.remote.openai_stream import Endpoint
@@ -39,5 +41,29 @@ def test_a_server_killed_mid_stream_ends_the_request_with_a_clear_error(llama, d
         done = handle.result(timeout=60)
         assert done.finish_reason == "error"
         assert "stream" in str(done.error) and isinstance(done.error, Exception)
+    finally:
+        backend.close()
+
+
+def test_cancel_closes_the_stream_and_the_server_stops_generating(llama, default_model_path):
+    _, url = llama
+    from engine.loading import load_tokenizer
+
+    tokenizer, model_id, context = load_tokenizer(str(default_model_path))
+    backend = RemoteBackend(Endpoint(url), tokenizer, model_id, "", context)
+    endpoint = Endpoint(url.removesuffix("/v1"))
+    try:
+        handle = backend.submit(Request(prompt_ids=tokenizer.encode("Count from one to five hundred: one, two,"),
+                                        max_tokens=4000, sampling=SamplingParams(temperature=0.0)))
+        for _ in handle:  # the server is generating (4,000 tokens would take it tens of seconds)
+            assert any(slot["is_processing"] for slot in endpoint.get_json("slots"))
+            handle.cancel()
+            break
+        done = handle.result(timeout=30)
+        assert done.finish_reason == "cancelled" and done.metrics.decode_tokens < 4000
+        deadline = time.monotonic() + 20  # the server notices the closed connection at its next write
+        while any(slot["is_processing"] for slot in endpoint.get_json("slots")):
+            assert time.monotonic() < deadline, "the server kept generating after the stream was closed"
+            time.sleep(0.1)
     finally:
         backend.close()

@@ -12,7 +12,10 @@ streams closes that stream (it ends "cancelled", as a preempted local request do
 and its caller may send it again). A request with `max_tokens` 0 (a prefill, e.g.
 warm-up) is sent with one token and its text dropped: that is what puts its prompt in
 the server's cache. Batches run one by one. The engine's own loop guard does not see
-remote tokens; the servers stop on `stop` strings and `max_tokens`.
+remote tokens; the servers stop on `stop` strings and `max_tokens`. A server that
+cannot be reached fails each request with a clear error; background requests (warm-up,
+hover preparation) then wait 1, 2, 4 … up to 30 s between attempts, interactive ones
+always try, and the first answer resets it (`stats()["reachable"]`).
 """
 from __future__ import annotations
 
@@ -24,13 +27,15 @@ import time
 from typing import Any, Awaitable, Callable, Sequence
 
 from engine.handle import RequestHandle
-from engine.request import DoneEvent, Metrics, Probe, Request, SegmentLike, TokenEvent
+from engine.request import DoneEvent, Metrics, Priority, Probe, Request, SegmentLike, TokenEvent
 
 from ..handles import until_done
 from ..settings import GenerationSettings, WindowSettings
-from .openai_stream import CompletionStream, Endpoint, RemoteEngineError, Usage
+from .openai_stream import CompletionStream, Endpoint, RemoteEngineError, UnreachableError, Usage
 
 logger = logging.getLogger(__name__)
+MAX_BACKOFF_S = 30.0
+"""Longest wait between background attempts to reach a server that did not answer."""
 
 
 class RemoteBackend:
@@ -59,6 +64,8 @@ class RemoteBackend:
         self._closed = False
         self._counters = {"requests_served": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self._last_error: str | None = None
+        self._failures = 0  # connection failures in a row
+        self._retry_at = 0.0  # background requests are not sent before this (monotonic seconds)
         self._worker = threading.Thread(target=self._work, name="codectx-remote", daemon=True)
         self._worker.start()
 
@@ -102,9 +109,18 @@ class RemoteBackend:
         with self._cond:
             queued = len(self._queue)
             running = self._current[0].request_id if self._current else None
+        retry_in = max(0.0, self._retry_at - time.monotonic())
         return {"engine": "remote", "url": self.endpoint.base_url, "model": self.served_model,
+                "reachable": self._failures == 0, "retry_in_s": round(retry_in, 1) if self._failures else None,
                 "queued": queued, "running": running, "last_error": self._last_error,
                 "compute": {"kind": "remote"}, **self._counters}
+
+    def unreachable(self, error: str) -> None:
+        """Records a failed attempt to reach the server: background requests back off (1, 2, 4 …
+        30 s) while interactive ones still try."""
+        self._failures += 1
+        self._retry_at = time.monotonic() + min(MAX_BACKOFF_S, 2.0 ** (self._failures - 1))
+        self._last_error = error
 
     def archive_problem(self) -> str | None:
         return None
@@ -142,6 +158,11 @@ class RemoteBackend:
                 if request.request_id in self._cancelled:
                     self._cancelled.discard(request.request_id)
                     handle.push(DoneEvent(request.request_id, "cancelled", "", Metrics()))
+                    continue
+                if request.priority != Priority.INTERACTIVE and time.monotonic() < self._retry_at:
+                    handle.push(DoneEvent(request.request_id, "error", "", Metrics(), RemoteEngineError(
+                        f"{self._last_error} (background requests wait {self._retry_at - time.monotonic():.0f} s "
+                        "more before the next try)")))
                     continue
                 stream = CompletionStream(self.endpoint, self._body(request))
                 self._current = (request, stream)
@@ -181,13 +202,16 @@ class RemoteBackend:
                     handle.push(TokenEvent(request.request_id, chunk.text, ()))
                 finish = chunk.finish_reason or finish
         except RemoteEngineError as err:
-            self._last_error = str(err)
             self._counters["errors"] += 1
+            if isinstance(err, UnreachableError):
+                self.unreachable(str(err))
+            else:
+                self._last_error = str(err)
             logger.warning("remote engine: %s", err)
             return DoneEvent(request.request_id, "error", "".join(texts), metrics, err)
         if stream.closed:
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
-        self._last_error = None
+        self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._account(request, metrics, usage, started, texts)
         reason = "length" if request.max_tokens == 0 or finish == "length" else "stop"
         return DoneEvent(request.request_id, reason, "".join(texts), metrics)

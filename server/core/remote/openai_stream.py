@@ -28,6 +28,10 @@ class RemoteEngineError(EngineError):
     """The remote engine could not be reached, refused the request or broke the stream."""
 
 
+class UnreachableError(RemoteEngineError):
+    """No connection to the server (refused, timed out, name not found)."""
+
+
 class ServerAnswerError(RemoteEngineError):
     """The server was reached but its answer was an HTTP error or unreadable."""
 
@@ -94,7 +98,7 @@ class Endpoint:
             response = connection.getresponse()
             body = response.read()
         except OSError as err:
-            raise RemoteEngineError(f"cannot reach the engine at {self.base_url}: {err}") from err
+            raise UnreachableError(f"cannot reach the engine at {self.base_url}: {err}") from err
         finally:
             connection.close()
         if response.status != 200:
@@ -139,7 +143,7 @@ class CompletionStream:
             except OSError as err:
                 if self.closed:
                     return
-                raise RemoteEngineError(f"cannot reach the engine at {self.endpoint.base_url}: {err}") from err
+                raise UnreachableError(f"cannot reach the engine at {self.endpoint.base_url}: {err}") from err
             if response.status != 200:
                 detail = response.read(500).decode("utf-8", "replace")
                 raise RemoteEngineError(f"the engine at {self.endpoint.base_url} answered HTTP {response.status}: "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .backend import RemoteBackend
-from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError
+from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError, UnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -15,12 +15,11 @@ logger = logging.getLogger(__name__)
 def start_remote_backend(settings: Settings) -> RemoteBackend:
     """Loads the local model's tokenizer (no weights) and connects to `engine.url`.
 
-    The server is asked for its models (`GET {url}/models`): that checks it is reachable
-    and gives the `model` to send when `engine.model` is empty.
+    The server is asked for its models (`GET {url}/models`) for the `model` to send when
+    `engine.model` is empty; one that cannot be reached yet is tried again by each request.
 
     Raises:
-        RemoteEngineError: The URL is not http(s), the key file is unreadable, or the
-            server is unreachable or lists no model.
+        RemoteEngineError: The URL is not http(s) or the key file is unreadable.
         ModelNotFoundError, ModelLoadError: The local model directory has no usable tokenizer.
     """
     from engine.loading import load_tokenizer
@@ -49,11 +48,14 @@ def first_model(endpoint: Endpoint) -> str:
     the one it was started with) when it lists none or cannot list them (`mlx_lm.server`
     fails its model list without a Hugging Face cache folder).
 
-    Raises:
-        RemoteEngineError: The server cannot be reached at all.
+    A server that cannot be reached yet is not an error here: the backend starts, and each
+    request tries again (`RemoteBackend.unreachable`).
     """
     try:
         listed = endpoint.get_json("models").get("data") or []
+    except UnreachableError as err:
+        logger.warning("%s: starting anyway; requests try again (background ones back off)", err)
+        return ""
     except ServerAnswerError as err:
         logger.warning("the engine did not list its models (%s): requests name no model", err)
         return ""
