@@ -69,11 +69,12 @@ def llama_server_dir() -> Path:
     return folder
 
 
-def start_llama_server(gguf: Path, context: int = 4096) -> tuple[subprocess.Popen, str]:
+def start_llama_server(gguf: Path, context: int = 4096, slots: int | None = None) -> tuple[subprocess.Popen, str]:
     """llama.cpp's server on `gguf`, on a free loopback port; (process, API root) once it listens."""
     folder, port = llama_server_dir(), free_port()
+    parallel = ["-np", str(slots)] if slots else []
     process = subprocess.Popen([str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
-                                str(port), "-c", str(context), "-t", "2"],
+                                str(port), "-c", str(context), "-t", "2", *parallel],
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                env={**os.environ, "LD_LIBRARY_PATH": str(folder)})
     try:
