@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
+from engine.loading import load_tokenizer
 from engine.request import Request, SamplingParams
 from server.core.remote.backend import RemoteBackend
 from server.core.remote.openai_stream import Endpoint
+from server.core.remote.start import tokenizer_check
 from tests.server.remote_servers import ask, footer, prompt_and_cached
 
 
@@ -26,10 +28,14 @@ def test_a_second_ask_restores_the_repository_prefix_on_the_server(llama, defaul
     assert prompt > cached > prompt - 20  # all but the new question's few tokens came from the server's cache
 
 
+def test_the_local_tokenizer_is_checked_against_the_servers(llama, default_model_path, tiny_model):
+    _, url = llama
+    assert tokenizer_check(Endpoint(url), load_tokenizer(str(default_model_path))[0]) == "matches"
+    assert tokenizer_check(Endpoint(url), load_tokenizer(str(tiny_model))[0]).startswith("differs: ")
+
+
 def test_a_server_killed_mid_stream_ends_the_request_with_a_clear_error(llama, default_model_path):
     process, url = llama
-    from engine.loading import load_tokenizer
-
     tokenizer, model_id, context = load_tokenizer(str(default_model_path))
     backend = RemoteBackend(Endpoint(url), tokenizer, model_id, "", context)
     try:
@@ -47,8 +53,6 @@ def test_a_server_killed_mid_stream_ends_the_request_with_a_clear_error(llama, d
 
 def test_cancel_closes_the_stream_and_the_server_stops_generating(llama, default_model_path):
     _, url = llama
-    from engine.loading import load_tokenizer
-
     tokenizer, model_id, context = load_tokenizer(str(default_model_path))
     backend = RemoteBackend(Endpoint(url), tokenizer, model_id, "", context)
     endpoint = Endpoint(url.removesuffix("/v1"))

@@ -66,6 +66,7 @@ class RemoteBackend:
         self._last_error: str | None = None
         self._failures = 0  # connection failures in a row
         self._retry_at = 0.0  # background requests are not sent before this (monotonic seconds)
+        self.tokenizer_check = "not checked"  # set by `start_remote_backend`
         self._worker = threading.Thread(target=self._work, name="codectx-remote", daemon=True)
         self._worker.start()
 
@@ -111,7 +112,7 @@ class RemoteBackend:
             running = self._current[0].request_id if self._current else None
         retry_in = max(0.0, self._retry_at - time.monotonic())
         return {"engine": "remote", "url": self.endpoint.base_url, "model": self.served_model,
-                "reachable": self._failures == 0, "retry_in_s": round(retry_in, 1) if self._failures else None,
+                "tokenizer": self.tokenizer_check, "reachable": self._failures == 0, "retry_in_s": round(retry_in, 1) if self._failures else None,
                 "queued": queued, "running": running, "last_error": self._last_error,
                 "compute": {"kind": "remote"}, **self._counters}
 

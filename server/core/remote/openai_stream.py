@@ -84,6 +84,11 @@ class Endpoint:
     def path(self, name: str) -> str:
         return f"{self._parts[3]}/{name}"
 
+    def root_path(self, path: str) -> str:
+        """`path` on the server's root: the API path without a trailing `/v1`."""
+        base = self._parts[3]
+        return f"{base.removesuffix('/v1')}{path}"
+
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.key:
@@ -107,6 +112,25 @@ class Endpoint:
             return json.loads(body)
         except ValueError as err:
             raise ServerAnswerError(f"{self.base_url}/{name} is not JSON: {body[:200]!r}") from err
+
+
+def post_json(endpoint: Endpoint, path: str, body: dict) -> dict:
+    """`POST {server root}{path}` as JSON (the root: the API URL without its `/v1`)."""
+    connection = endpoint.connection()
+    try:
+        connection.request("POST", endpoint.root_path(path), body=json.dumps(body).encode(), headers=endpoint.headers())
+        response = connection.getresponse()
+        raw = response.read()
+    except OSError as err:
+        raise UnreachableError(f"cannot reach the engine at {endpoint.base_url}: {err}") from err
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise ServerAnswerError(f"{path}: HTTP {response.status}")
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise ServerAnswerError(f"{path} is not JSON") from err
 
 
 class CompletionStream:

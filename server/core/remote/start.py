@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .backend import RemoteBackend
-from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError, UnreachableError
+from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError, UnreachableError, post_json
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +28,33 @@ def start_remote_backend(settings: Settings) -> RemoteBackend:
     endpoint = Endpoint(engine.url, key=engine_key(settings))
     tokenizer, model_id, context_length = load_tokenizer(settings.model.name)
     served = engine.model or first_model(endpoint)
-    logger.info("remote engine at %s, model %s (tokenizer: %s)", engine.url, served, model_id)
-    return RemoteBackend(endpoint, tokenizer, model_id, served, context_length)
+    check = tokenizer_check(endpoint, tokenizer)
+    if check.startswith("differs"):
+        logger.warning("the engine's tokenizer %s: prompts are laid out and budgets counted with %s's", check, model_id)
+    logger.info("remote engine at %s, model %s (tokenizer: %s, %s)", engine.url, served, model_id, check)
+    backend = RemoteBackend(endpoint, tokenizer, model_id, served, context_length)
+    backend.tokenizer_check = check
+    return backend
+
+
+TOKENIZER_PROBE = ("<|im_start|>user\ndef naïve_sum(xs: list[int]) -> int:\n    return sum(x ** 2 for x in xs)"
+                   "  # 日本語 émoji 🙂<|im_end|>\n")
+"""Text whose tokens tell tokenizers apart: special tokens, code, indentation, non-ASCII."""
+
+
+def tokenizer_check(endpoint: Endpoint, tokenizer) -> str:
+    """"matches", "differs: …" or "not checked: …": the local tokenizer's ids of
+    `TOKENIZER_PROBE` against the server's (`POST /tokenize`, llama.cpp's server)."""
+    try:
+        theirs = post_json(endpoint, "/tokenize", {"content": TOKENIZER_PROBE, "add_special": False,
+                                                   "parse_special": True}).get("tokens")
+    except RemoteEngineError as err:
+        return f"not checked: the server has no tokenize endpoint ({err})"
+    ours = tokenizer.encode(TOKENIZER_PROBE)
+    if theirs == ours:
+        return "matches"
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs or [])))
+    return f"differs: {len(ours)} local tokens against {len(theirs or [])} from the server, first difference at {first}"
 
 
 def engine_key(settings: Settings) -> str:
