@@ -119,9 +119,9 @@ def _serve_beside_editor(args: argparse.Namespace) -> int:
     prepared = prepare(args)
     if isinstance(prepared, int):
         return prepared
-    if args.workspace or args.model != "smollm2-135m":
-        logging.getLogger("codectx").warning("with --stdio the editor's settings choose the model and the "
-                                             "workspace; --model and --workspace are ignored")
+    if args.workspace or args.model != "smollm2-135m" or args.engine_url:
+        logging.getLogger("codectx").warning("with --stdio the editor's settings choose the model, the engine and "
+                                             "the workspace; --model, --engine-url and --workspace are ignored")
     from server.lsp.app import server
     from server.lsp.stdio import serve_stdio
 

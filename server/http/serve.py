@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="HTTP alone: the model to load (name, directory, .gguf or hub id)")
     group.add_argument("--workspace", type=Path,
                        help="HTTP alone: a repository to serve as the 'codectx' model")
+    group.add_argument("--engine-url", default="",
+                       help="HTTP alone: answer on this OpenAI-compatible engine server (docs/remote.md); "
+                            "--model then names the local tokenizer's model (the editor's settings choose for "
+                            "the language server: engine.url)")
     group.add_argument("--max-body-bytes", type=int, default=HttpConfig.max_body_bytes,
                        help="largest request body accepted (413 above)")
     group.add_argument("--max-prompt-tokens", type=int,
@@ -118,6 +122,16 @@ def start_beside(source: EngineSource, config: HttpConfig, sock: socket.socket) 
     return http
 
 
+def engine_settings(args: argparse.Namespace):
+    """The core's default settings with `--engine-url` as `engine.url`."""
+    import dataclasses
+
+    from server.core.settings import Settings
+
+    defaults = Settings()
+    return dataclasses.replace(defaults, engine=dataclasses.replace(defaults.engine, url=args.engine_url))
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs HTTP alone (the model loads here, `--workspace` adds the repository model);
     returns the exit status.
@@ -136,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return prepared
     config, sock = prepared
     try:
-        source = StandaloneSource.start(args.model, workspace=args.workspace)
+        source = StandaloneSource.start(args.model, workspace=args.workspace, settings=engine_settings(args))
     except BaseException:
         sock.close()
         raise

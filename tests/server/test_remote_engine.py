@@ -94,3 +94,40 @@ def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_mean
             process.wait(timeout=30)
     finally:
         backend.close()
+
+
+def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_dir, tmp_path):
+    import os
+
+    import httpx
+
+    from tests.http.http_harness import wait_until
+    from tests.server.harness import REPO_ROOT
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CODECTX_HOME=str(tmp_path / "home"))
+    env.pop("CODECTX_API_KEY", None)
+    process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--log-level", "WARNING", "--http",
+                                str(port), "--model", str(tiny_dir), "--engine-url", mlx_server],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def health():
+            try:
+                response = httpx.get(url + "/health", timeout=5)
+            except httpx.TransportError:
+                return None
+            return response.json() if response.status_code == 200 else None
+
+        wait_until(lambda: process.poll() is None and health(), timeout=120, what="codectx's HTTP server")
+        body = {"model": tiny_dir.name, "max_tokens": 3, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+        first = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        second = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert first.status_code == 200 and second.status_code == 200, first.text
+        usage = second.json()["usage"]
+        assert usage["prompt_tokens"] > 0 and usage["prompt_tokens_details"]["cached_tokens"] > 0
+        for page in ("/monitor/state", "/metrics"):  # the status pages read the remote backend's stats
+            assert httpx.get(url + page, timeout=30).status_code == 200, page
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)

@@ -62,7 +62,9 @@ class RemoteBackend:
         self._current: tuple[Request, CompletionStream | None] | None = None
         self._cancelled: set[str] = set()
         self._closed = False
-        self._counters = {"requests_served": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        # The engine's own counter names (`Engine.stats`): status pages and /metrics read them alike.
+        self._counters = {"requests_served": 0, "requests_cancelled": 0, "requests_failed": 0,
+                          "prompt_tokens": 0, "cached_tokens": 0, "decode_tokens": 0}
         self._last_error: str | None = None
         self._failures = 0  # connection failures in a row
         self._retry_at = 0.0  # background requests are not sent before this (monotonic seconds)
@@ -112,9 +114,10 @@ class RemoteBackend:
             running = self._current[0].request_id if self._current else None
         retry_in = max(0.0, self._retry_at - time.monotonic())
         return {"engine": "remote", "url": self.endpoint.base_url, "model": self.served_model,
-                "tokenizer": self.tokenizer_check, "reachable": self._failures == 0, "retry_in_s": round(retry_in, 1) if self._failures else None,
-                "queued": queued, "running": running, "last_error": self._last_error,
-                "compute": {"kind": "remote"}, **self._counters}
+                "model_id": self.model_id, "tokenizer": self.tokenizer_check, "reachable": self._failures == 0,
+                "retry_in_s": round(retry_in, 1) if self._failures else None, "queued": queued,
+                "running": running, "closed": self._closed, "last_error": self._last_error,
+                "compute": {"kind": "remote"}, "cache": {}, "archive": None, **self._counters}
 
     def unreachable(self, error: str) -> None:
         """Records a failed attempt to reach the server: background requests back off (1, 2, 4 …
@@ -203,7 +206,7 @@ class RemoteBackend:
                     handle.push(TokenEvent(request.request_id, chunk.text, ()))
                 finish = chunk.finish_reason or finish
         except RemoteEngineError as err:
-            self._counters["errors"] += 1
+            self._counters["requests_failed"] += 1
             if isinstance(err, UnreachableError):
                 self.unreachable(str(err))
             else:
@@ -211,6 +214,7 @@ class RemoteBackend:
             logger.warning("remote engine: %s", err)
             return DoneEvent(request.request_id, "error", "".join(texts), metrics, err)
         if stream.closed:
+            self._counters["requests_cancelled"] += 1
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._account(request, metrics, usage, started, texts)
@@ -226,5 +230,6 @@ class RemoteBackend:
         metrics.decode_s = time.perf_counter() - started - metrics.ttft_s if texts else 0.0
         counters = self._counters
         counters["requests_served"] += 1
-        counters["prompt_tokens"] += metrics.prompt_tokens
+        counters["prompt_tokens"] += metrics.recomputed_tokens  # as the engine counts: tokens prefilled
         counters["cached_tokens"] += metrics.cached_tokens
+        counters["decode_tokens"] += metrics.decode_tokens
