@@ -27,3 +27,38 @@ async def test_hover_and_ask_run_on_the_remote_engine(raw_client, llama, default
     assert metrics["recomputed_tokens"] == metrics["prompt_tokens"] - metrics["cached_tokens"]
     status = await command(raw_client, "codectx.status")
     assert status["engine"]["engine"] == "remote" and status["engine"]["url"] == url
+
+
+async def test_warm_up_puts_the_prefix_in_the_servers_cache_after_start_and_after_an_edit(
+        raw_client, llama, default_model_path):
+    _, url = llama
+    warmth = []
+
+    @raw_client.feature("codectx/warmth")
+    def on_warmth(params):
+        if not hasattr(params, "prefilled"):
+            warmth.append(params)
+
+    async def finished(count: int):
+        while len(warmth) < count:
+            await raw_client.wait_for_notification("codectx/warmth")
+        return warmth[count - 1]
+
+    await start(raw_client, "neovim", raw_client.root,
+                default_options(default_model_path, engine={"url": url}, warmup={"enabled": True, "debounceMs": 0}))
+    first = await finished(1)
+    assert first.warm is True and first.lastRun.cachedTokens == 0 and first.lastRun.recomputedTokens > 0
+
+    uri = open_document(raw_client, raw_client.root / "util.py")
+    raw_client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="# edited\n")]))
+    second = await finished(2)
+    # The server reused the prefix up to the edit and computed the rest (its own counts).
+    assert second.lastRun.cachedTokens > 0 and 0 < second.lastRun.recomputedTokens < second.prefixTokens
+
+    asked = await command(raw_client, "codectx.ask", question="What does add do?", maxTokens=4)
+    # Warm-up left the prefix there: all of it but the token or two at its end, where the server
+    # tokenizes the text across the boundary with what follows.
+    assert asked["metrics"]["cached_tokens"] >= second.prefixTokens - 2

@@ -69,6 +69,7 @@ class RemoteBackend:
         self._failures = 0  # connection failures in a row
         self._retry_at = 0.0  # background requests are not sent before this (monotonic seconds)
         self.tokenizer_check = "not checked"  # set by `start_remote_backend`
+        self._last_prompt: tuple[int, ...] = ()  # token ids of the last prompt the server answered
         self._worker = threading.Thread(target=self._work, name="codectx-remote", daemon=True)
         self._worker.start()
 
@@ -102,8 +103,24 @@ class RemoteBackend:
             self._cond.notify_all()
 
     def probe(self, segments: Sequence[SegmentLike]) -> Probe:
-        """Nothing is known warm: the server's cache is its own (it reports reuse afterwards)."""
-        return Probe(prompt_tokens=sum(len(s.token_ids) for s in segments), warm_tokens=0, miss="remote engine")
+        """What the server most likely holds: the leading tokens `segments` share with the last
+        prompt it answered. The server does not say what its cache holds (another client may
+        have replaced it since); what it reused is known only afterwards, from its usage."""
+        last = self._last_prompt
+        total = warm = whole = 0
+        for segment in segments:
+            ids = segment.token_ids
+            shared = 0
+            while shared < len(ids) and total + shared < len(last) and last[total + shared] == ids[shared]:
+                shared += 1
+            total += len(ids)
+            if shared < len(ids) or total > len(last):
+                warm += shared
+                break
+            warm, whole = total, whole + 1
+        prompt = sum(len(s.token_ids) for s in segments)
+        return Probe(prompt_tokens=prompt, warm_tokens=warm, warm_segments=whole,
+                     miss=None if warm == prompt else "remote engine: not the last prompt it answered")
 
     def warm_prefix(self) -> Sequence[SegmentLike]:
         return ()
@@ -217,6 +234,7 @@ class RemoteBackend:
             self._counters["requests_cancelled"] += 1
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
+        self._last_prompt = tuple(request.all_token_ids())
         self._account(request, metrics, usage, started, texts)
         reason = "length" if request.max_tokens == 0 or finish == "length" else "stop"
         return DoneEvent(request.request_id, reason, "".join(texts), metrics)
