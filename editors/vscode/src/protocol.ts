@@ -78,7 +78,14 @@ export interface ServerStatus {
   warmup: WarmthState | null;
   counters: { asks: number; hovers: number; hoverCacheHits: number; cancelled: number; warmups: number };
   lastMetrics: AskMetrics | null;
-  engine: { cache?: { live_tokens?: number; checkpoints?: number; checkpoint_bytes?: number } } | null;
+  engine: {
+    cache?: { live_tokens?: number; checkpoints?: number; checkpoint_bytes?: number };
+    /** "remote" when the model runs on an engine server (`engine.url`), with its address and health. */
+    engine?: string;
+    url?: string;
+    reachable?: boolean;
+    last_error?: string | null;
+  } | null;
   [name: string]: unknown;
 }
 

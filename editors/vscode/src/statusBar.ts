@@ -70,7 +70,12 @@ export function describeStatus(status: ServerStatus | undefined, problem?: strin
   }
   const warm = warmPercent(status);
   const ttft = status.lastMetrics?.ttft_s;
+  const remote = status.engine?.engine === 'remote' ? status.engine : undefined;
+  const down = remote !== undefined && remote.reachable === false;
   const parts = [modelLabel(status.model), `warm ${warm}%`, `${formatTokens(cachedTokens(status))} tok`];
+  if (down) {
+    parts.push('engine unreachable');
+  }
   if (ttft !== undefined) {
     parts.push(`TTFT ${ttft.toFixed(2)}s`);
   }
@@ -82,10 +87,13 @@ export function describeStatus(status: ServerStatus | undefined, problem?: strin
     `last time to first token: ${ttft !== undefined ? `${ttft.toFixed(3)} s` : 'none yet'}`,
     `asks: ${status.counters.asks} (${status.counters.cancelled} cancelled), hovers: ${status.counters.hovers}`,
   ];
+  if (remote !== undefined) {
+    lines.splice(1, 0, `engine: ${remote.url}${down ? ` (unreachable: ${remote.last_error ?? 'no answer'})` : ''}`);
+  }
   if (status.warmup?.lastError) {
     lines.push(`last warm-up error: ${status.warmup.lastError}`);
   }
-  return { text: `$(database) ${parts.join(' · ')}`, tooltip: lines.join('\n') };
+  return { text: `$(${down ? 'warning' : 'database'}) ${parts.join(' · ')}`, tooltip: lines.join('\n') };
 }
 
 /** Keeps a `StatusView` up to date from the server. */

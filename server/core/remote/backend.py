@@ -134,7 +134,9 @@ class RemoteBackend:
                 "model_id": self.model_id, "tokenizer": self.tokenizer_check, "reachable": self._failures == 0,
                 "retry_in_s": round(retry_in, 1) if self._failures else None, "queued": queued,
                 "running": running, "closed": self._closed, "last_error": self._last_error,
-                "compute": {"kind": "remote"}, "cache": {}, "archive": None, **self._counters}
+                "compute": {"kind": "remote"}, "archive": None, **self._counters,
+                # What the server most likely holds (`probe`): the last prompt it answered.
+                "cache": {"live_tokens": len(self._last_prompt)}}
 
     def unreachable(self, error: str) -> None:
         """Records a failed attempt to reach the server: background requests back off (1, 2, 4 …

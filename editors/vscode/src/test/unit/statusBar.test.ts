@@ -19,6 +19,19 @@ function status(overrides: Partial<ServerStatus> = {}): ServerStatus {
   };
 }
 
+test('a remote engine is named in the tooltip, and an unreachable one in the item', () => {
+  const url = 'http://127.0.0.1:8080/v1';
+  const up = describeStatus(status({ engine: { engine: 'remote', url, reachable: true, cache: { live_tokens: 900 } } }));
+  assert.equal(up.text, '$(database) tiny-llama · warm 100% · 900 tok · TTFT 0.23s');
+  assert.match(up.tooltip, /engine: http:\/\/127\.0\.0\.1:8080\/v1\n/);
+  const down = describeStatus(status({
+    engine: { engine: 'remote', url, reachable: false, last_error: 'cannot reach the engine', cache: {} },
+  }));
+  assert.equal(down.text, '$(warning) tiny-llama · warm 100% · 0 tok · engine unreachable · TTFT 0.23s');
+  assert.match(down.tooltip, /engine: http:\/\/127\.0\.0\.1:8080\/v1 \(unreachable: cannot reach the engine\)/);
+  assert.doesNotMatch(describeStatus(status()).tooltip, /engine:/);
+});
+
 class Recorder implements StatusView {
   readonly shown: StatusSummary[] = [];
   private wake: (() => void) | undefined;
