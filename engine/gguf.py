@@ -57,7 +57,8 @@ def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
         ModelLoadError: The file is truncated, corrupt or not GGUF.
     """
     try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
+        # format named: an Ollama blob (`sha256-<hex>`) has no extension to infer it from
+        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
     except (RuntimeError, ValueError, OSError) as err:
         raise ModelLoadError(f"cannot read GGUF file {path}: {err}") from err
     unwrapped = {

@@ -48,6 +48,13 @@ def load_model(spec: str | None = None, *, progress: bool = True) -> LoadedModel
 
         default = ensure_default_model(progress=progress)
         return load_directory(default.directory, model_id=DEFAULT_MODEL, weight_hash=default.sha256)
+    from engine.model_library import resolve_spec
+
+    found = resolve_spec(spec)  # ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[/FILE]
+    if found is not None:
+        from engine.gguf import load_gguf
+
+        return load_gguf(found, model_id=spec)
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "ask": Subcommand("server.ask_cmd:main", "answer a question about a repository (streams to stdout)"),
     "eval": Subcommand("server.eval_cmd:main", "measure what windowed prefill / 8-bit KV cost in answers"),
     "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model and the cache dir"),
+    "models": Subcommand("server.models_cmd:main", "list the models on this machine (Ollama, LM Studio, caches)"),
     "context": Subcommand("server.context_cmd:main", "show the ordered, hashed segments built from a repository"),
     "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio (--http: the OpenAI-compatible API)"),
     "measure": Subcommand("server.measure_cmd:main", "time one request against a running codectx serve --http"),

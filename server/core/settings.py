@@ -21,7 +21,8 @@ class ModelSettings:
     """Which model runs and how.
 
     Attributes:
-        name: `smollm2-135m`, a model directory, a `.gguf` file or a hub id.
+        name: `smollm2-135m`, a model directory, a `.gguf` file, a hub id, `ollama:NAME[:TAG]`
+            or `lmstudio:PUBLISHER/REPO[/FILE]` (`engine.model_library`).
         kv_bits: 8 for the quantized KV cache, 16 for the model's dtype.
         prefill_chunk: Tokens per prefill forward call.
         speculation: Speculative decoding: "off", "lookup" (prompt lookup), "draft"
