@@ -30,6 +30,8 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_FILE_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+"""GGUF file types (`general.file_type`, llama.cpp's names) whose tensors `mx.load` reads."""
 _SPECIAL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 _QUANT_PARTS = ("scales", "biases")
 _GROUP_SIZE = 32  # every quantized GGUF type mx.load reads packs blocks of 32

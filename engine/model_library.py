@@ -13,7 +13,7 @@ hub cache and codectx's own cache. Nothing is downloaded.
 
 A GGUF's architecture and quantisation come from its header (the `gguf` package's reader,
 memory-mapped: the weights are not read). Whether codectx can load it is `loadable` /
-`why_not` (`engine.gguf` today: the llama architecture in F32, F16, Q4_0, Q4_1 and Q8_0).
+`why_not`, by what `engine.gguf` reads (`SUPPORTED_ARCHITECTURES`, `SUPPORTED_FILE_TYPES`).
 """
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ from engine.errors import ModelNotFoundError
 from engine.paths import models_dir
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-LOADABLE_ARCHITECTURES = frozenset({"llama"})
-LOADABLE_QUANTISATIONS = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})
 
 
 @dataclass(frozen=True)
@@ -202,10 +200,12 @@ def gguf_model(spec: str, source: str, path: Path) -> FoundModel:
         architecture, quantisation = gguf_header(path)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
         return FoundModel(spec, source, path, "gguf", None, None, size, f"unreadable GGUF: {err}")
+    from engine.gguf import SUPPORTED_ARCHITECTURES, SUPPORTED_FILE_TYPES  # what the loader reads
+
     why = None
-    if architecture not in LOADABLE_ARCHITECTURES:
+    if architecture not in SUPPORTED_ARCHITECTURES:
         why = f"architecture {architecture}: not supported yet"
-    elif quantisation not in LOADABLE_QUANTISATIONS:
+    elif quantisation not in SUPPORTED_FILE_TYPES:
         why = f"quantisation {quantisation}: not supported yet"
     return FoundModel(spec, source, path, "gguf", architecture, quantisation, size, why)
 
