@@ -4,24 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from context.definitions import DefinitionIndex, ReferenceCount
+from tests.definition_sources import CALLS
 
-LIB = '''def helper(x):
-    return x
-
-
-def scale(v, k):
-    return v * k
-
-
-def zoom(a):
-    return a
-
-
-def combine(a, b):
-    if not a:
-        return combine(b, a)
-    return zoom(a) + missing(b) + scale(b, 2)
-
+LIB = CALLS + '''
 
 class Box:
     def size(self):

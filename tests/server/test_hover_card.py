@@ -7,27 +7,12 @@ from pathlib import Path
 
 from server.core.features import hover
 from server.core.features.symbols import DefinitionIndex
+from tests.definition_sources import CALLS
 from tests.server.harness import default_options, edit_buffer, loaded_host
 from tests.server.test_hover_layout import Recorder
 
 WIDE = 12
-LIB = '''def helper(x):
-    return x
-
-
-def scale(v, k):
-    return v * k
-
-
-def zoom(a):
-    return a
-
-
-def combine(a, b):
-    if not a:
-        return combine(b, a)
-    return zoom(a) + missing(b) + scale(b, 2)
-''' + "".join(f'''
+LIB = CALLS + "".join(f'''
 
 def far_{i}(alpha, beta):
     return {i}
