@@ -100,17 +100,11 @@ def llama(default_model_path):
 @pytest.fixture
 def mlx_server(tiny_model):
     """`mlx_lm.server` on the tiny test model, on loopback: (process, API root)."""
-    import subprocess
-    import sys
+    from tests.server.remote_servers import start_mlx_server
 
-    from tests.server.remote_servers import free_port, wait_for_line
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(tiny_model), "--host",
-                                "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    process, url = start_mlx_server(tiny_model)
     try:
-        wait_for_line(process, b"Starting httpd")
-        yield process, f"http://127.0.0.1:{port}/v1"
+        yield process, url
     finally:
         process.kill()
         process.wait(timeout=30)

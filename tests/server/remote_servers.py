@@ -7,6 +7,7 @@ import os
 import queue
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -79,6 +80,19 @@ def start_llama_server(gguf: Path, context: int = 4096, slots: int | None = None
                                env={**os.environ, "LD_LIBRARY_PATH": str(folder)})
     try:
         wait_for_line(process, b"listening on http")
+    except AssertionError:
+        process.kill()
+        raise
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def start_mlx_server(model: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`mlx_lm.server` on `model`, on loopback (a free port unless given); (process, API root) once it listens."""
+    port = port or free_port()
+    process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
+                                "--port", str(port)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_line(process, b"Starting httpd")
     except AssertionError:
         process.kill()
         raise

@@ -6,38 +6,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from server.exit_status import FAILED
-from tests.engine.tiny_models import build_tiny_model
-from tests.server.remote_servers import ask, footer, free_port, wait_for_line
+from tests.server.remote_servers import ask, footer, free_port, start_mlx_server
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("remote") / "tiny", hidden_size=64, num_hidden_layers=2,
-                            intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
-
-
-@pytest.fixture(scope="module")
-def mlx_server(tiny_dir):
-    """`mlx_lm.server` on the tiny model; yields its API root once it says it listens."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(tiny_dir), "--host",
-                                "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    try:
-        wait_for_line(process, b"Starting httpd")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_dir, tmp_path):
+def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_model, tmp_path):
+    _, url = mlx_server
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "calc.py").write_text("def double(x):\n    return 2 * x\n", encoding="utf-8")
-    common = ["--engine-url", mlx_server, "--model", str(tiny_dir), "--repo", str(repo), "--max-tokens", "4"]
+    common = ["--engine-url", url, "--model", str(tiny_model), "--repo", str(repo), "--max-tokens", "4"]
     status, _, err = ask(*common, "What does double return?")
     assert status == 0, err
     first = footer(err)
@@ -50,26 +28,26 @@ def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_dir, 
     assert 0 < cached < prompt  # the repository prefix came from the server's cache, the question did not
 
 
-def test_an_unreachable_engine_is_a_clear_error(tiny_dir, tmp_path):
-    status, out, err = ask("--engine-url", f"http://127.0.0.1:{free_port()}/v1", "--model", str(tiny_dir),
+def test_an_unreachable_engine_is_a_clear_error(tiny_model, tmp_path):
+    status, out, err = ask("--engine-url", f"http://127.0.0.1:{free_port()}/v1", "--model", str(tiny_model),
                            "What is this?")
     assert status == FAILED and out == ""
     assert "cannot reach the engine at http://127.0.0.1:" in err
 
 
-def test_an_engine_url_that_is_not_http_is_refused(tiny_dir):
-    status, _, err = ask("--engine-url", "ftp://example.org/v1", "--model", str(tiny_dir), "What is this?")
+def test_an_engine_url_that_is_not_http_is_refused(tiny_model):
+    status, _, err = ask("--engine-url", "ftp://example.org/v1", "--model", str(tiny_model), "What is this?")
     assert status == FAILED and "is not an http(s) URL" in err
 
 
-def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_meanwhile(tiny_dir):
+def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_meanwhile(tiny_model):
     from engine.loading import load_tokenizer
     from engine.request import Priority, Request
     from server.core.remote.backend import RemoteBackend
     from server.core.remote.openai_stream import Endpoint
 
     port = free_port()
-    tokenizer, model_id, context = load_tokenizer(str(tiny_dir))
+    tokenizer, model_id, context = load_tokenizer(str(tiny_model))
     backend = RemoteBackend(Endpoint(f"http://127.0.0.1:{port}/v1"), tokenizer, model_id, "", context)
     prompt = tokenizer.encode("hello there")
     try:
@@ -81,11 +59,8 @@ def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_mean
         done = background.result(timeout=60)
         assert done.finish_reason == "error" and "wait" in str(done.error)  # not sent: it backs off
 
-        process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(tiny_dir), "--host",
-                                    "127.0.0.1", "--port", str(port)],
-                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        process, _ = start_mlx_server(tiny_model, port)
         try:
-            wait_for_line(process, b"Starting httpd")
             done = backend.submit(Request(prompt_ids=prompt, max_tokens=2)).result(timeout=120)
             assert done.finish_reason in ("stop", "length") and done.error is None
             assert backend.stats()["reachable"] is True and backend.stats()["last_error"] is None
@@ -96,7 +71,7 @@ def test_a_server_that_comes_up_later_is_used_and_background_work_backs_off_mean
         backend.close()
 
 
-def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_dir, tmp_path):
+def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_model, tmp_path):
     import os
 
     import httpx
@@ -104,11 +79,13 @@ def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_dir, tmp_path)
     from tests.http.http_harness import wait_until
     from tests.server.harness import REPO_ROOT
 
+    _, engine_url = mlx_server
+
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), CODECTX_HOME=str(tmp_path / "home"))
     env.pop("CODECTX_API_KEY", None)
     process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--log-level", "WARNING", "--http",
-                                str(port), "--model", str(tiny_dir), "--engine-url", mlx_server],
+                                str(port), "--model", str(tiny_model), "--engine-url", engine_url],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -120,7 +97,7 @@ def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_dir, tmp_path)
             return response.json() if response.status_code == 200 else None
 
         wait_until(lambda: process.poll() is None and health(), timeout=120, what="codectx's HTTP server")
-        body = {"model": tiny_dir.name, "max_tokens": 3, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+        body = {"model": tiny_model.name, "max_tokens": 3, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
         first = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
         second = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
         assert first.status_code == 200 and second.status_code == 200, first.text

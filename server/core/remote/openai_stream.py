@@ -97,40 +97,28 @@ class Endpoint:
 
     def get_json(self, name: str) -> dict:
         """`GET {base}/{name}` as JSON (e.g. `models`)."""
+        return self._json("GET", self.path(name))
+
+    def post_json(self, path: str, body: dict) -> dict:
+        """`POST {server root}{path}` as JSON (the root: the API URL without its `/v1`; e.g. `/tokenize`)."""
+        return self._json("POST", self.root_path(path), json.dumps(body).encode())
+
+    def _json(self, method: str, url_path: str, body: bytes | None = None) -> dict:
         connection = self.connection()
         try:
-            connection.request("GET", self.path(name), headers=self.headers())
+            connection.request(method, url_path, body=body, headers=self.headers())
             response = connection.getresponse()
-            body = response.read()
+            raw = response.read()
         except OSError as err:
             raise UnreachableError(f"cannot reach the engine at {self.base_url}: {err}") from err
         finally:
             connection.close()
         if response.status != 200:
-            raise ServerAnswerError(f"{self.base_url}/{name}: HTTP {response.status}: {body[:200]!r}")
+            raise ServerAnswerError(f"{method} {url_path}: HTTP {response.status}: {raw[:200]!r}")
         try:
-            return json.loads(body)
+            return json.loads(raw)
         except ValueError as err:
-            raise ServerAnswerError(f"{self.base_url}/{name} is not JSON: {body[:200]!r}") from err
-
-
-def post_json(endpoint: Endpoint, path: str, body: dict) -> dict:
-    """`POST {server root}{path}` as JSON (the root: the API URL without its `/v1`)."""
-    connection = endpoint.connection()
-    try:
-        connection.request("POST", endpoint.root_path(path), body=json.dumps(body).encode(), headers=endpoint.headers())
-        response = connection.getresponse()
-        raw = response.read()
-    except OSError as err:
-        raise UnreachableError(f"cannot reach the engine at {endpoint.base_url}: {err}") from err
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise ServerAnswerError(f"{path}: HTTP {response.status}")
-    try:
-        return json.loads(raw)
-    except ValueError as err:
-        raise ServerAnswerError(f"{path} is not JSON") from err
+            raise ServerAnswerError(f"{method} {url_path} is not JSON: {raw[:200]!r}") from err
 
 
 class CompletionStream:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .backend import RemoteBackend
-from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError, UnreachableError, post_json
+from .openai_stream import Endpoint, RemoteEngineError, ServerAnswerError, UnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def tokenizer_check(endpoint: Endpoint, tokenizer) -> str:
     """"matches", "differs: …" or "not checked: …": the local tokenizer's ids of
     `TOKENIZER_PROBE` against the server's (`POST /tokenize`, llama.cpp's server)."""
     try:
-        theirs = post_json(endpoint, "/tokenize", {"content": TOKENIZER_PROBE, "add_special": False,
-                                                   "parse_special": True}).get("tokens")
+        theirs = endpoint.post_json("/tokenize", {"content": TOKENIZER_PROBE, "add_special": False,
+                                                  "parse_special": True}).get("tokens")
     except RemoteEngineError as err:
         return f"not checked: the server has no tokenize endpoint ({err})"
     ours = tokenizer.encode(TOKENIZER_PROBE)
