@@ -19,11 +19,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as RawTokenizer
-from transformers import PreTrainedTokenizerFast
 
 from engine.errors import ModelLoadError
+from engine.gguf_tokenizer import gguf_tokenizer, tokenizer_config
 from engine.loaded_model import LoadedModel, file_edges_hash, weight_dtype
 from engine.tokenizer import Tokenizer
 
@@ -32,7 +30,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_FILE_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 """GGUF file types (`general.file_type`, llama.cpp's names) whose tensors `mx.load` reads."""
-_SPECIAL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 _QUANT_PARTS = ("scales", "biases")
 _GROUP_SIZE = 32  # every quantized GGUF type mx.load reads packs blocks of 32
 
@@ -153,48 +150,6 @@ def _bits(weight: mx.array, scales: mx.array) -> int:
     return weight.shape[-1] * 32 // in_dims
 
 
-def gguf_tokenizer(metadata: dict[str, Any]) -> PreTrainedTokenizerFast:
-    """Rebuild a GPT-2-style BPE tokenizer from GGUF metadata.
-
-    Raises:
-        ModelLoadError: The tokenizer model or pre-tokenizer is not supported.
-    """
-    kind = metadata.get("tokenizer.ggml.model")
-    pre = metadata.get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2" or pre not in ("smollm", "gpt2", "default"):
-        raise ModelLoadError(f"unsupported GGUF tokenizer {kind!r} with pre-tokenizer {pre!r}")
-    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-    raw = RawTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":
-        raw.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    else:
-        raw.pre_tokenizer = byte_level
-    raw.decoder = decoders.ByteLevel()
-    types = metadata.get("tokenizer.ggml.token_type")
-    special = [] if types is None else [tokens[i] for i in _special_ids(types)]
-    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-
-    def token(key: str) -> str | None:
-        index = _optional_int(metadata.get(f"tokenizer.ggml.{key}_token_id"))
-        return tokens[index] if index is not None else None
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        bos_token=token("bos"),
-        eos_token=token("eos"),
-        unk_token=token("unknown"),
-        pad_token=token("padding"),
-        additional_special_tokens=special,
-        chat_template=metadata.get("tokenizer.chat_template"),
-        model_max_length=int(metadata.get("llama.context_length", 0)) or None,
-        clean_up_tokenization_spaces=False,
-    )
-
-
 def load_gguf(path: Path, *, model_id: str | None = None, weight_hash: str | None = None) -> LoadedModel:
     """Load a llama GGUF straight into an mlx-lm model.
 
@@ -262,7 +217,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         mx.save_safetensors(str(staging / "model.safetensors"), weights, metadata={"format": "mlx"})
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         hf.backend_tokenizer.save(str(staging / "tokenizer.json"))
-        (staging / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(hf, metadata), indent=2))
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(hf, metadata), indent=2))
         staging.chmod(0o755)  # mkdtemp creates it private
         staging.rename(out_dir)
     except BaseException:
@@ -272,34 +227,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _tokenizer_config(hf: PreTrainedTokenizerFast, metadata: dict[str, Any]) -> dict[str, Any]:
-    tokens = metadata["tokenizer.ggml.tokens"]
-    special = [tokens[i] for i in _special_ids(metadata.get("tokenizer.ggml.token_type", []))]
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": hf.bos_token,
-        "eos_token": hf.eos_token,
-        "unk_token": hf.unk_token,
-        "pad_token": hf.pad_token,
-        "additional_special_tokens": special,
-        "chat_template": hf.chat_template,
-        "model_max_length": hf.model_max_length,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-    }
-
-
 def _quant_params(path: str, module: nn.Module, weights: dict[str, mx.array]) -> dict | bool:
     scales = weights.get(f"{path}.scales")
     if scales is None or not hasattr(module, "to_quantized"):
         return False
     return {"group_size": _GROUP_SIZE, "bits": _bits(weights[f"{path}.weight"], scales)}
-
-
-def _special_ids(types: Any) -> list[int]:
-    values = types.tolist() if isinstance(types, mx.array) else list(types)
-    return [i for i, t in enumerate(values) if t == _SPECIAL_TOKEN_TYPE]
 
 
 def _eos_ids(config: dict[str, Any]) -> list[int]:
