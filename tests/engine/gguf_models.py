@@ -199,8 +199,15 @@ def random_k_blocks(shape: tuple[int, int], qtype: Q, rng: np.random.Generator, 
     return blocks.reshape(rows, cols // block * size)
 
 
-def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(what to hand the writer, the values the file will hold) for one tensor of `qtype`."""
+def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """(what to hand the writer, the values the file will hold) for one tensor of `qtype`.
+
+    A type outside `ALL_TYPES` gets random bytes of the right size and no values: a tensor the
+    `gguf` package may not be able to dequantize at all.
+    """
+    if qtype not in ALL_TYPES:
+        block, size = GGML_QUANT_SIZES[qtype]
+        return rng.integers(0, 256, size=(w.shape[0], w.shape[1] // block * size), dtype=np.uint8), None
     if qtype == Q.F32:
         data = w.astype(np.float32)
     elif qtype == Q.F16:
@@ -220,7 +227,8 @@ class TinyGGUF:
         path: The file.
         arch: `general.architecture`.
         config: The reference's mlx-lm config.
-        weights: The file's tensors dequantized, conventions undone: float32, HF names and layout.
+        weights: The file's tensors dequantized, conventions undone: float32, HF names and layout
+            (tensors of a type outside `ALL_TYPES` are left out).
         types: GGML type written per GGUF tensor name.
         vocab: The tokenizer written into the metadata, with its reference.
     """
@@ -288,7 +296,8 @@ def write_gguf(path: Path, arch: str, qtype: Q = Q.F32, *, seed: int = 0,
         kind = Q.F32 if w.ndim == 1 else (types or {}).get(name, qtype)
         data, values = encode(to_gguf_layout(arch, hf_name, w), kind, rng)
         writer.add_tensor(name, data, raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
-        held[hf_name] = from_gguf_layout(arch, hf_name, values)
+        if values is not None:
+            held[hf_name] = from_gguf_layout(arch, hf_name, values)
         written[name] = kind
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
