@@ -31,7 +31,7 @@ class Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "ask": Subcommand("server.ask_cmd:main", "answer a question about a repository (streams to stdout)"),
     "eval": Subcommand("server.eval_cmd:main", "measure what windowed prefill / 8-bit KV cost in answers"),
-    "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model and the cache dir"),
+    "doctor": Subcommand("server.doctor:main", "check Python, MLX, BLAS, the default model, the cache dir; the best model found"),
     "models": Subcommand("server.models_cmd:main", "list the models on this machine (Ollama, LM Studio, caches)"),
     "context": Subcommand("server.context_cmd:main", "show the ordered, hashed segments built from a repository"),
     "serve": Subcommand("server.serve_cmd:main", "run the language server on stdio (--http: the OpenAI-compatible API)"),

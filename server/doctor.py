@@ -1,4 +1,5 @@
-"""``codectx doctor``: check that this machine can run codectx, one line per check.
+"""``codectx doctor``: check that this machine can run codectx, one line per check, and say which
+model found on it suits code questions best.
 
 Each check returns a `Check`; `run_doctor` prints them and a final
 ``ready: true|false`` line and returns the exit code (0 only when ready).
@@ -101,6 +102,25 @@ def check_default_model(fetch: bool = False) -> Check:
     return Check("default model", True, f"{cached.directory} (sha256 ok, files match the manifest)")
 
 
+def check_model_choice() -> Check:
+    """Which model found on this machine suits code questions best (`server.core.model_choice`);
+    a warning, never a failure: the default model works everywhere."""
+    from engine.machine import this_machine
+    from engine.model_library import find_models
+    from server.core.model_choice import choose, profile_of
+
+    try:
+        choice = choose([profile_of(m) for m in find_models()], this_machine())
+    except Exception as err:  # noqa: BLE001 - a report, never a reason to crash the doctor
+        return Check("model choice", False, f"cannot look at the models on this machine: {err}", required=False)
+    get = choice.get
+    lead = "better" if choice.best else "get"
+    more = f"; {lead}: {get.command}, then --model {get.spec}" if get else ""
+    if choice.best is None:
+        return Check("model choice", False, f"{choice.why}{more}", required=False)
+    return Check("model choice", True, f"{choice.best.spec} ({choice.why}){more}", required=False)
+
+
 def check_archive() -> Check:
     """The checkpoint archive folder can be written; if not, the engine runs with it off."""
     from engine.archive import archive_root
@@ -143,6 +163,7 @@ def run_doctor(fetch: bool = False, out: TextIO | None = None) -> int:
         check_mlx,
         check_blas,
         lambda: check_default_model(fetch),
+        check_model_choice,
         check_cache_writable,
         check_archive,
     ]

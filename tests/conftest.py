@@ -2,7 +2,8 @@
 
 Every run gets its own `CODECTX_HOME` (caches, archive, converted models) in a temporary
 folder, set before any test starts so the servers and CLIs the tests launch inherit it:
-tests never read or write the user's real cache.
+tests never read or write the user's real cache, nor read the user's Ollama, LM Studio or
+Hugging Face model folders.
 
 The home is made and the BLAS preloaded (`engine.blas.preload`, the start-up step every
 entry point takes) when this file is imported: pytest imports it before the package
@@ -22,6 +23,9 @@ from engine import blas
 _HOME_PREFIX = "codectx-test-home-"
 _HOME = tempfile.mkdtemp(prefix=_HOME_PREFIX)
 os.environ["CODECTX_HOME"] = _HOME
+# model discovery (`codectx models`, `codectx doctor`) looks at empty folders, never the user's libraries
+for _library in ("OLLAMA_MODELS", "CODECTX_LMSTUDIO_MODELS", "HF_HUB_CACHE"):
+    os.environ[_library] = os.path.join(_HOME, f"no-{_library.lower()}")
 blas.preload()
 
 

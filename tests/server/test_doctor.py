@@ -20,8 +20,10 @@ def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
     assert code == 0
     assert lines[-1] == "ready: true"
     names = [line[6:].split(":", 1)[0] for line in lines[:-1]]
-    assert names == ["python", "mlx", "blas", "default model", "cache dir", "archive"]
+    assert names == ["python", "mlx", "blas", "default model", "model choice", "cache dir", "archive"]
     assert any("not cached yet" in line for line in lines)
+    # nothing in the (empty) libraries: a warning naming what to get, not a failure
+    assert any(line.startswith("warn  model choice: no models found") for line in lines)
     assert (tmp_path / "home").is_dir()
 
 
