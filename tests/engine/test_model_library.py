@@ -13,7 +13,8 @@ import pytest
 from gguf import GGUFWriter, LlamaFileType
 
 from engine.errors import ModelNotFoundError
-from engine.model_library import find_models, gguf_header, resolve_spec
+from engine.gguf_read import open_gguf
+from engine.model_library import find_models, gguf_quantisation, resolve_spec
 from server import models_cmd
 
 
@@ -53,6 +54,7 @@ def library(tmp_path, monkeypatch):
     llama = write_gguf(tmp_path / "llama.gguf", "llama", LlamaFileType.MOSTLY_F16)
     ollama_model(ollama, "qwen2.5-coder", "7b", qwen)
     ollama_model(ollama, "tiny-llama", "latest", llama)
+    ollama_model(ollama, "phi", "mini", write_gguf(tmp_path / "phi.gguf", "phi3", LlamaFileType.MOSTLY_Q4_K_M))
     ollama_model(ollama, "gone", "latest", None)  # a manifest whose blob was deleted
     folder = lmstudio / "lmstudio-community" / "Qwen2.5-Coder-7B-GGUF"
     folder.mkdir(parents=True)
@@ -66,7 +68,8 @@ def test_every_library_model_is_listed_with_its_header_and_whether_it_loads(libr
     found = {m.spec: m for m in find_models()}
     qwen = found["ollama:qwen2.5-coder:7b"]
     assert (qwen.source, qwen.format, qwen.architecture, qwen.quantisation) == ("ollama", "gguf", "qwen2", "Q4_K_M")
-    assert qwen.why_not == "architecture qwen2: not supported yet"
+    assert qwen.loadable
+    assert found["ollama:phi:mini"].why_not.startswith("architecture phi3: not supported (supported: llama, qwen2")
     assert found["ollama:tiny-llama:latest"].loadable and found["ollama:tiny-llama:latest"].quantisation == "F16"
     assert found["ollama:gone:latest"].why_not.startswith("blob sha256-") and "missing" in found["ollama:gone:latest"].why_not
     studio = found["lmstudio:lmstudio-community/Qwen2.5-Coder-7B-GGUF/Qwen2.5-Coder-7B-Q4_K_M.gguf"]
@@ -76,16 +79,17 @@ def test_every_library_model_is_listed_with_its_header_and_whether_it_loads(libr
     out = io.StringIO()
     assert models_cmd.main([], out=out) == 0
     table = out.getvalue()
-    assert "ollama:qwen2.5-coder:7b" in table and "no: architecture qwen2: not supported yet" in table
+    assert "ollama:qwen2.5-coder:7b" in table and "no: architecture phi3: not supported" in table
     out = io.StringIO()
     models_cmd.main(["--json"], out=out)
-    rows = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert {r["spec"] for r in rows} == set(found) and all("loadable" in r for r in rows)
+    *rows, last = [json.loads(line) for line in out.getvalue().splitlines()]  # models, then the recommendation
+    assert {r["spec"] for r in rows} == set(found) and all("loadable" in r for r in rows) and "recommendation" in last
 
 
 def test_specs_resolve_to_the_gguf_and_bad_ones_say_why(library):
     blob = resolve_spec("ollama:tiny-llama")  # the tag defaults to latest
-    assert blob.name.startswith("sha256-") and gguf_header(blob) == ("llama", "F16")
+    opened = open_gguf(blob)
+    assert blob.name.startswith("sha256-") and (opened.architecture, gguf_quantisation(opened)) == ("llama", "F16")
     assert resolve_spec("lmstudio:lmstudio-community/Qwen2.5-Coder-7B-GGUF").name == "Qwen2.5-Coder-7B-Q4_K_M.gguf"
     assert resolve_spec("/some/model/dir") is None
     with pytest.raises(ModelNotFoundError, match="which is missing"):

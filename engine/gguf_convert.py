@@ -1,0 +1,230 @@
+"""Convert a GGUF file into an mlx-lm model directory, once, atomically, into the cache.
+
+Every tensor is dequantized by the `gguf` package (engine/gguf_read.py) and,
+for the weight matrices, quantized once more to MLX's affine format at the
+chosen bits. One target for all GGUF types keeps the engine on one kind of
+weight whatever the file held (Q4_K_M files mix Q4_K, Q6_K and F32 tensors).
+
+`bits`: 4 or 8 (MLX affine, group size 32: llama.cpp's legacy quants use
+blocks of 32 too), 16 (float16, no quantization) or 32 (float32: the exact
+dequantized values, what the default model uses).
+
+The cache entry is `<CODECTX_HOME>/models/gguf/<stem>-<hash>-b<bits>/`: config.json,
+model-NNNNN.safetensors shards, tokenizer.json, tokenizer_config.json and
+conversion.json (the source file, its hash, the converter version, the bits) and
+codectx-manifest.json (size and checksum of every file, `engine.model_manifest`),
+checked before each load: a damaged entry is converted again.
+It is built under a temporary name and renamed into place, so it is complete or
+absent; an interrupted conversion leaves only a staging directory that the next
+one removes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import mlx.core as mx
+from engine.errors import ModelLoadError
+from engine.gguf_arch import Architecture, architecture, hf_config, hf_name, hf_values
+from engine.gguf_read import GgufFile, GgufTensor, open_gguf
+from engine.gguf_tokenizer import gguf_tokenizer, tokenizer_config
+from engine.loaded_model import file_edges_hash
+from engine.model_manifest import manifest_problem, write_manifest
+from engine.paths import exclusive_lock, models_dir
+
+log = logging.getLogger(__name__)
+
+CONVERTER_VERSION = 1
+"""Bumped when a conversion's output changes; older cache entries are then rebuilt."""
+GGUF_BITS = (4, 8, 16, 32)
+GROUP_SIZE = 32
+_SHARD_BYTES = 1 << 30
+_CONVERSION = "conversion.json"
+
+
+def converted_dir(gguf_path: Path, bits: int) -> Path:
+    """Where the conversion of `gguf_path` at `bits` lives in the cache."""
+    gguf_path = Path(gguf_path)
+    return models_dir() / "gguf" / f"{gguf_path.stem[:48]}-{file_edges_hash(gguf_path)}-b{bits}"
+
+
+def ensure_converted(gguf_path: Path, bits: int, *, progress: bool = True) -> Path:
+    """The cached conversion of `gguf_path` at `bits`, converting it first when absent or stale.
+
+    Concurrent callers (two servers starting) wait for one conversion.
+
+    Raises:
+        ModelLoadError: The file cannot be read or converted (nothing is left in the cache).
+    """
+    target = converted_dir(gguf_path, bits)
+    if _is_current(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(target.parent / f".{target.name}.lock", f"the conversion of {Path(gguf_path).name}"):
+        if _is_current(target):
+            return target  # another process converted it while we waited
+        if target.exists():
+            log.warning("rebuilding the stale conversion %s", target)
+            shutil.rmtree(target)
+        _remove_stale_staging(target)
+        convert_gguf(gguf_path, target, bits=bits, progress=progress)
+    return target
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, bits: int = 32, progress: bool = False) -> Path:
+    """Write a GGUF as an mlx-lm model directory, atomically.
+
+    Args:
+        gguf_path: The GGUF file.
+        out_dir: The directory to create; must not exist yet.
+        bits: 4 or 8 (MLX affine), 16 (float16) or 32 (float32, exact).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        `out_dir`.
+
+    Raises:
+        ModelLoadError: The GGUF cannot be read, or its architecture, a tensor type or
+            its tokenizer is unsupported.
+        FileExistsError: `out_dir` already exists.
+        ValueError: `bits` is not one of `GGUF_BITS`.
+    """
+    if bits not in GGUF_BITS:
+        raise ValueError(f"bits must be one of {GGUF_BITS}, got {bits}")
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} already exists")
+    started = time.monotonic()
+    source = open_gguf(Path(gguf_path))
+    arch_map = architecture(source.metadata)
+    config = _config(source, bits)
+    hf = gguf_tokenizer(source.metadata)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        shards = _write_weights(source, arch_map, bits, staging, progress)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        hf.backend_tokenizer.save(str(staging / "tokenizer.json"))
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(hf, source.metadata), indent=2))
+        (staging / _CONVERSION).write_text(json.dumps(_conversion(source, bits, shards, started), indent=2))
+        write_manifest(staging)
+        staging.chmod(0o755)  # mkdtemp creates it private
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("converted %s to %s (%d-bit) in %.1f s", gguf_path, out_dir, bits, time.monotonic() - started)
+    return out_dir
+
+
+def _config(source: GgufFile, bits: int) -> dict[str, Any]:
+    by_name = {t.name: t for t in source.tensors}
+    if "token_embd.weight" not in by_name:
+        raise ModelLoadError(f"{source.path}: no token_embd.weight tensor")
+    rope = by_name.get("rope_freqs.weight")
+    config = hf_config(source.metadata, set(by_name), by_name["token_embd.weight"].shape[0],
+                       rope.dequantized() if rope is not None else None)
+    if bits in (4, 8):
+        config["quantization"] = {"group_size": GROUP_SIZE, "bits": bits}
+    return config
+
+
+def _write_weights(source: GgufFile, arch_map: Architecture, bits: int, staging: Path, progress: bool) -> int:
+    """Convert every tensor and write them in shards of about 1 GiB; returns the shard count."""
+    shard: dict[str, mx.array] = {}
+    size, count = 0, 0
+    for name, value in _converted(source, arch_map, bits, progress):
+        shard[name] = value
+        size += value.nbytes
+        if size >= _SHARD_BYTES:
+            count += 1
+            mx.save_safetensors(str(staging / f"model-{count:05d}.safetensors"), shard, metadata={"format": "mlx"})
+            shard, size = {}, 0
+    if count == 0:
+        mx.save_safetensors(str(staging / "model.safetensors"), shard, metadata={"format": "mlx"})
+        return 1
+    if shard:
+        count += 1
+        mx.save_safetensors(str(staging / f"model-{count:05d}.safetensors"), shard, metadata={"format": "mlx"})
+    return count
+
+
+def _converted(source: GgufFile, arch_map: Architecture, bits: int, progress: bool) -> Iterator[tuple[str, mx.array]]:
+    from tqdm import tqdm
+
+    total = sum(t.nbytes for t in source.tensors)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"converting {source.path.name}",
+              disable=not progress, leave=False) as bar:
+        for tensor in source.tensors:
+            hf = hf_name(tensor.name, arch_map)
+            if hf is not None:
+                yield from _tensor_parts(hf, tensor, arch_map, bits)
+            bar.update(tensor.nbytes)
+
+
+def _tensor_parts(hf: str, tensor: GgufTensor, arch_map: Architecture, bits: int) -> Iterator[tuple[str, mx.array]]:
+    values = mx.array(hf_values(hf, tensor.dequantized(), arch_map))
+    dtype = mx.float32 if bits == 32 else mx.float16
+    if bits in (4, 8) and _quantizable(hf, values):
+        weight, scales, biases = mx.quantize(values.astype(dtype), group_size=GROUP_SIZE, bits=bits)
+        module = hf.rsplit(".", 1)[0]
+        yield hf, weight
+        yield f"{module}.scales", scales
+        yield f"{module}.biases", biases
+    else:
+        yield hf, values.astype(dtype)
+    mx.eval(values)
+
+
+def _quantizable(hf: str, values: mx.array) -> bool:
+    """Matrices (linear and embedding weights) whose rows split into whole groups."""
+    return hf.endswith(".weight") and values.ndim == 2 and values.shape[-1] % GROUP_SIZE == 0 \
+        and "norm" not in hf
+
+
+def _conversion(source: GgufFile, bits: int, shards: int, started: float) -> dict[str, Any]:
+    stat = source.path.stat()
+    return {
+        "converter_version": CONVERTER_VERSION,
+        "source": str(source.path.resolve()),
+        "source_bytes": stat.st_size,
+        "source_hash": file_edges_hash(source.path),
+        "architecture": source.architecture,
+        "tensor_types": source.type_counts(),
+        "bits": bits,
+        "group_size": GROUP_SIZE if bits in (4, 8) else None,
+        "shards": shards,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def read_conversion(directory: Path) -> dict[str, Any] | None:
+    """What a cached conversion was made from (conversion.json), or None when unreadable."""
+    try:
+        return json.loads((Path(directory) / _CONVERSION).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _is_current(target: Path) -> bool:
+    if not target.is_dir():
+        return False
+    conversion = read_conversion(target)
+    if conversion is None or conversion.get("converter_version") != CONVERTER_VERSION:
+        return False
+    problem = manifest_problem(target)
+    if problem is not None:
+        log.warning("the conversion %s is damaged (%s); converting again", target, problem)
+    return problem is None
+
+
+def _remove_stale_staging(target: Path) -> None:
+    for leftover in target.parent.glob(f".{target.name}.*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+
