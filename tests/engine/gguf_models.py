@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, LlamaFileType
+from gguf import GGUFWriter, LlamaFileType, RopeScalingType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from gguf_vocab import Vocab, bpe_vocab, sentencepiece_vocab
@@ -47,6 +47,12 @@ FILE_TYPES = {
 # K-quants' block; Gemma gets six layers so its pattern (five sliding, one global) occurs.
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 1, 128
 GEMMA_LAYERS, GEMMA_SLIDING_WINDOW = 6, 4
+
+# RoPE scaling as the released models have it: Llama 3.2's (llama.cpp stores the per-frequency
+# factors as the `rope_freqs` tensor) and Gemma 3 4B+'s linear scaling of the global layers.
+LLAMA32_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+GEMMA3_ROPE = {"rope_type": "linear", "factor": 8.0}
 
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _BLOCK = {
@@ -269,7 +275,7 @@ def requantized(w: mx.array, bits: int, group_size: int = 32) -> mx.array:
 
 def write_gguf(path: Path, arch: str, qtype: Q = Q.F32, *, seed: int = 0,
                types: dict[str, Q] | None = None, file_type: LlamaFileType | None = None,
-               architecture: str | None = None) -> TinyGGUF:
+               architecture: str | None = None, rope_scaling: dict | None = None) -> TinyGGUF:
     """Write a tiny `arch` model as a GGUF with every matrix in `qtype`.
 
     Args:
@@ -281,10 +287,14 @@ def write_gguf(path: Path, arch: str, qtype: Q = Q.F32, *, seed: int = 0,
         file_type: `general.file_type`; by default the one that names `qtype`.
         architecture: Written as `general.architecture` (and the `{arch}.*` key prefix) instead
             of `arch`: a file of an architecture codectx does not know.
+        rope_scaling: `LLAMA32_ROPE` (llama) or `GEMMA3_ROPE` (gemma3), written as llama.cpp
+            writes it and set in the reference's config.
     """
     vocab = sentencepiece_vocab() if arch == "gemma3" else bpe_vocab(
         "llama-bpe" if arch == "llama" else "qwen2", add_bos=arch == "llama")
     config = hf_config(arch, len(vocab.tokens))
+    if rope_scaling is not None:
+        config["rope_scaling"] = rope_scaling
     rng = np.random.default_rng(seed + 1)
     writer = GGUFWriter(str(path), architecture or arch)
     _write_metadata(writer, arch, config, file_type if file_type is not None else FILE_TYPES[qtype])
@@ -299,6 +309,9 @@ def write_gguf(path: Path, arch: str, qtype: Q = Q.F32, *, seed: int = 0,
         if values is not None:
             held[hf_name] = from_gguf_layout(arch, hf_name, values)
         written[name] = kind
+    if config.get("rope_scaling", {}).get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
+        written["rope_freqs.weight"] = Q.F32
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -327,6 +340,24 @@ def _write_metadata(writer: GGUFWriter, arch: str, config: dict, file_type: Llam
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if arch == "gemma3":
         writer.add_sliding_window(config["sliding_window"])
+    if config.get("rope_scaling", {}).get("rope_type") == "linear":
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config["rope_scaling"]["factor"])
+
+
+def llama3_rope_factors(config: dict) -> np.ndarray:
+    """Llama 3's per-frequency RoPE divisors as llama.cpp's converter computes them: 1 for short
+    wavelengths, the factor for long ones, a smooth blend between."""
+    scaling = config["rope_scaling"]
+    dim = config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / config["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    wavelengths = 2 * np.pi / freqs
+    original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    smooth = (original / wavelengths - low) / (high - low)
+    blended = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelengths < original / high, 1.0,
+                    np.where(wavelengths > original / low, factor, blended)).astype(np.float32)
 
 
 def q4_k_m_types(layers: int) -> dict[str, Q]:

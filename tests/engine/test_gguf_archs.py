@@ -31,7 +31,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf_models import ALL_TYPES, ARCHITECTURES, TinyGGUF, permute_qk, to_gguf_layout, write_gguf
+from gguf_models import (ALL_TYPES, ARCHITECTURES, GEMMA3_ROPE, LLAMA32_ROPE, TinyGGUF, permute_qk, to_gguf_layout,
+                         write_gguf)
 from mlx.utils import tree_flatten
 
 from engine.gguf_convert import converted_dir
@@ -130,6 +131,21 @@ def test_32_bit_load_holds_the_files_values_and_matches_the_reference(gguf_file,
     assert relative_error(loaded.model(ids), tiny.reference(32)(ids)) <= LOGIT_TOLERANCE
 
 
+@pytest.mark.parametrize(("arch", "scaling"), [("llama", LLAMA32_ROPE), ("gemma3", GEMMA3_ROPE)],
+                         ids=["llama-3.2-rope_freqs", "gemma3-linear"])
+def test_rope_scaling_comes_from_the_file(tmp_path, arch, scaling):
+    """Llama 3.2's scaling, which llama.cpp keeps only as the `rope_freqs` tensor, and Gemma 3
+    4B+'s linear scaling of its global layers, on 320 positions (where scaling matters)."""
+    tiny = write_gguf(tmp_path / f"tiny-{arch}-rope.gguf", arch, Q.Q8_0, rope_scaling=scaling)
+    loaded = load(tiny, 32)
+    assert_weights_within(loaded, tiny, lambda name, w: 1e-6 * np.abs(w).max())
+    ids = mx.array(np.random.default_rng(0).integers(0, tiny.config["vocab_size"], (1, 320)))
+    expected = tiny.reference(32)(ids)
+    assert relative_error(loaded.model(ids), expected) <= LOGIT_TOLERANCE
+    unscaled = replace(tiny, config={k: v for k, v in tiny.config.items() if k != "rope_scaling"})
+    assert relative_error(unscaled.reference(32)(ids), expected) > 100 * LOGIT_TOLERANCE
+
+
 def _group_bound(bits: int):
     """One quantization level of each value's group of 32, plus float16 rounding of the value,
     the group's scale and bias and the result: relative, 4 x 2^-11 of the group's largest value
@@ -203,6 +219,9 @@ def test_tokenizer_and_chat_template_come_from_the_metadata(gguf_file, arch):
     end_of_turn = "<end_of_turn>" if arch == "gemma3" else "<|im_end|>"
     assert tokenizer.encode(end_of_turn) == [tiny.vocab.tokens.index(end_of_turn)]
     assert tiny.vocab.special["eos"] in tokenizer.eos_token_ids
+    # an answer ends at the template's end of turn even where the file's eos is another token
+    # (Gemma's <eos>): llama.cpp stops there too, finding the token by its text
+    assert tiny.vocab.tokens.index(end_of_turn) in tokenizer.eos_token_ids
     rendered = tokenizer.render_chat([{"role": "user", "content": "hi"}])
     assert rendered.endswith("<start_of_turn>model\n" if arch == "gemma3" else "<|im_start|>assistant\n")
 

@@ -23,7 +23,8 @@ from engine.model_manifest import manifest_problem
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "ollama:tiny-qwen2.5-coder:q4_k_m"
 QUESTION = "What does add do?"
-FOOTER = re.compile(r"\[prompt (\d+) tok \(cached \d+, recomputed \d+\) \| .* \| decode (\d+) tok, .* \| (stop|length)\]")
+FOOTER = re.compile(r"\[prompt (\d+) tok \(cached \d+, recomputed \d+\) \| .* \| "
+                    r"decode (\d+) tok, .* \| (stop|length)\]")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def test_models_lists_the_ollama_gguf_as_loadable(library):
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     row = next(r for r in rows if r.get("spec") == SPEC)
-    assert (row["source"], row["format"], row["architecture"], row["quantisation"]) == ("ollama", "gguf", "qwen2", "Q4_K_M")
+    described = (row["source"], row["format"], row["architecture"], row["quantisation"])
+    assert described == ("ollama", "gguf", "qwen2", "Q4_K_M")
     assert row["loadable"] is True and row["why_not"] is None
     table = codectx(library, "models")
     assert table.returncode == 0, table.stderr
