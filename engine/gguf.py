@@ -17,8 +17,13 @@ from engine.loaded_model import LoadedModel, file_edges_hash
 
 __all__ = ["DEFAULT_GGUF_BITS", "GGUF_BITS", "SUPPORTED_ARCHITECTURES", "load_gguf", "loadable_problem"]
 
-DEFAULT_GGUF_BITS = 8
-"""Bits a GGUF's weights are requantized to unless the `model.ggufBits` setting says otherwise."""
+DEFAULT_GGUF_BITS = 4
+"""Bits a GGUF's weights are requantized to unless the `model.ggufBits` setting says otherwise.
+
+4: tensors the file holds in 4 bits or fewer keep their grid exactly and finer ones go
+to 8 bits (`engine.gguf_convert`), so quality stays the file's own (the default model, a
+Q4_1 file with a Q8_0 embedding: next-token KL 2.2e-5 against its float32 weights, the
+same as at 8 bits) at about the file's memory."""
 
 
 def loadable_problem(source: GgufFile) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.errors import ModelLoadError
+from engine.gguf_tokenizer import eos_token_ids
 
 
 @dataclass(frozen=True)
@@ -199,10 +200,8 @@ def hf_values(hf: str, values: np.ndarray, arch_map: Architecture) -> np.ndarray
 
 
 def _stop_ids(meta: dict[str, Any]) -> int | list[int] | None:
-    """End of sequence, and end of turn where the file names one (chat models stop there)."""
-    ids = [int(meta[key]) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-           if meta.get(key) is not None]
-    ids = list(dict.fromkeys(ids))
+    """End of sequence, end of turn and the vocabulary's turn markers (`eos_token_ids`)."""
+    ids = eos_token_ids(meta)
     if not ids:
         return None
     return ids[0] if len(ids) == 1 else ids

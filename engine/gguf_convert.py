@@ -2,12 +2,15 @@
 
 Every tensor is dequantized by the `gguf` package (engine/gguf_read.py) and,
 for the weight matrices, quantized once more to MLX's affine format at the
-chosen bits. One target for all GGUF types keeps the engine on one kind of
+chosen bits (engine/affine_quant.py: groups already on a grid that fits stay exact). One target for all GGUF types keeps the engine on one kind of
 weight whatever the file held (Q4_K_M files mix Q4_K, Q6_K and F32 tensors).
 
 `bits`: 4 or 8 (MLX affine, group size 32: llama.cpp's legacy quants use
 blocks of 32 too), 16 (float16, no quantization) or 32 (float32: the exact
-dequantized values, what the default model uses).
+dequantized values, what the default model uses). At 4 bits a tensor the file
+holds more finely (Q5/Q6/Q8, floats: a Q4_K_M file keeps its output and some
+down projections in Q6_K on purpose) is quantized to 8 bits instead: squeezing
+the default model's Q8_0 embedding to 4 bits cost most of its 4-bit error.
 
 The cache entry is `<CODECTX_HOME>/models/gguf/<stem>-<hash>-b<bits>/`: config.json,
 model-NNNNN.safetensors shards, tokenizer.json, tokenizer_config.json and
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import mlx.core as mx
+from engine.affine_quant import quantize_affine
 from engine.errors import ModelLoadError
 from engine.gguf_arch import Architecture, architecture, hf_config, hf_name, hf_values
 from engine.gguf_read import GgufFile, GgufTensor, open_gguf
@@ -39,11 +43,16 @@ from engine.paths import exclusive_lock, models_dir
 
 log = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 3
 """Bumped when a conversion's output changes; older cache entries are then rebuilt."""
 GGUF_BITS = (4, 8, 16, 32)
 GROUP_SIZE = 32
 _SHARD_BYTES = 1 << 30
+_FINE_TYPES = frozenset({"F32", "F16", "BF16", "F64", "Q8_0", "Q8_1", "Q8_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"})
+"""GGML types with more than ~4.5 bits a weight: kept at 8 bits when the target is 4."""
+_GRID_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0"})
+"""Types whose values lie on one affine grid per 32: worth keeping exact (K-quants with blocks
+of 16, i-quants' lattices and floats are not)."""
 _CONVERSION = "conversion.json"
 
 
@@ -107,7 +116,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, bits: int = 32, progress: bo
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        shards = _write_weights(source, arch_map, bits, staging, progress)
+        shards, finer = _write_weights(source, arch_map, bits, staging, progress)
+        if finer:
+            config["quantization"].update({module: {"group_size": GROUP_SIZE, "bits": 8} for module in finer})
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         hf.backend_tokenizer.save(str(staging / "tokenizer.json"))
         (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(hf, source.metadata), indent=2))
@@ -134,11 +145,17 @@ def _config(source: GgufFile, bits: int) -> dict[str, Any]:
     return config
 
 
-def _write_weights(source: GgufFile, arch_map: Architecture, bits: int, staging: Path, progress: bool) -> int:
-    """Convert every tensor and write them in shards of about 1 GiB; returns the shard count."""
+def _write_weights(source: GgufFile, arch_map: Architecture, bits: int, staging: Path,
+                   progress: bool) -> tuple[int, list[str]]:
+    """Convert every tensor and write them in shards of about 1 GiB.
+
+    Returns:
+        The shard count and the modules quantized at 8 bits under a 4-bit target.
+    """
     shard: dict[str, mx.array] = {}
+    finer: list[str] = []
     size, count = 0, 0
-    for name, value in _converted(source, arch_map, bits, progress):
+    for name, value in _converted(source, arch_map, bits, progress, finer):
         shard[name] = value
         size += value.nbytes
         if size >= _SHARD_BYTES:
@@ -147,14 +164,15 @@ def _write_weights(source: GgufFile, arch_map: Architecture, bits: int, staging:
             shard, size = {}, 0
     if count == 0:
         mx.save_safetensors(str(staging / "model.safetensors"), shard, metadata={"format": "mlx"})
-        return 1
+        return 1, finer
     if shard:
         count += 1
         mx.save_safetensors(str(staging / f"model-{count:05d}.safetensors"), shard, metadata={"format": "mlx"})
-    return count
+    return count, finer
 
 
-def _converted(source: GgufFile, arch_map: Architecture, bits: int, progress: bool) -> Iterator[tuple[str, mx.array]]:
+def _converted(source: GgufFile, arch_map: Architecture, bits: int, progress: bool,
+               finer: list[str]) -> Iterator[tuple[str, mx.array]]:
     from tqdm import tqdm
 
     total = sum(t.nbytes for t in source.tensors)
@@ -163,28 +181,29 @@ def _converted(source: GgufFile, arch_map: Architecture, bits: int, progress: bo
         for tensor in source.tensors:
             hf = hf_name(tensor.name, arch_map)
             if hf is not None:
-                yield from _tensor_parts(hf, tensor, arch_map, bits)
+                yield from _tensor_parts(hf, tensor, arch_map, bits, finer)
             bar.update(tensor.nbytes)
 
 
-def _tensor_parts(hf: str, tensor: GgufTensor, arch_map: Architecture, bits: int) -> Iterator[tuple[str, mx.array]]:
-    values = mx.array(hf_values(hf, tensor.dequantized(), arch_map))
-    dtype = mx.float32 if bits == 32 else mx.float16
-    if bits in (4, 8) and _quantizable(hf, values):
-        weight, scales, biases = mx.quantize(values.astype(dtype), group_size=GROUP_SIZE, bits=bits)
+def _tensor_parts(hf: str, tensor: GgufTensor, arch_map: Architecture, bits: int,
+                  finer: list[str]) -> Iterator[tuple[str, mx.array]]:
+    values = hf_values(hf, tensor.dequantized(), arch_map)
+    if bits in (4, 8) and _quantizable(hf, values.shape):
         module = hf.rsplit(".", 1)[0]
-        yield hf, weight
-        yield f"{module}.scales", scales
-        yield f"{module}.biases", biases
+        if bits == 4 and tensor.kind in _FINE_TYPES:
+            bits = 8
+            finer.append(module)
+        weight, scales, biases = quantize_affine(values, bits, GROUP_SIZE, find_grids=tensor.kind in _GRID_TYPES)
+        yield hf, mx.array(weight)
+        yield f"{module}.scales", mx.array(scales)
+        yield f"{module}.biases", mx.array(biases)
     else:
-        yield hf, values.astype(dtype)
-    mx.eval(values)
+        yield hf, mx.array(values).astype(mx.float32 if bits == 32 else mx.float16)
 
 
-def _quantizable(hf: str, values: mx.array) -> bool:
+def _quantizable(hf: str, shape: tuple[int, ...]) -> bool:
     """Matrices (linear and embedding weights) whose rows split into whole groups."""
-    return hf.endswith(".weight") and values.ndim == 2 and values.shape[-1] % GROUP_SIZE == 0 \
-        and "norm" not in hf
+    return hf.endswith(".weight") and len(shape) == 2 and shape[-1] % GROUP_SIZE == 0 and "norm" not in hf
 
 
 def _conversion(source: GgufFile, bits: int, shards: int, started: float) -> dict[str, Any]:

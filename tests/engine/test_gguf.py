@@ -97,14 +97,18 @@ def test_requantized_weights_stay_close_and_name_their_bits(tiny_gguf):
     hashes = set()
     for bits in (8, 4):
         loaded = load_gguf(path, bits=bits, progress=False)
-        assert loaded.config["quantization"] == {"group_size": 32, "bits": bits}
         hashes.add(loaded.weight_hash)
-        # on this CPU the weights come back dequantized: what MLX's affine quantizer gives
-        weight = source.model.layers[1].mlp.down_proj.weight.astype(mx.float16)
-        requantized = mx.dequantize(*mx.quantize(weight, group_size=32, bits=bits), group_size=32, bits=bits)
-        assert mx.allclose(loaded.model.model.layers[1].mlp.down_proj.weight, requantized, atol=1e-6)
-    error = loaded_error(load_gguf(path, bits=8, progress=False).model(ids), expected)
-    assert error < 0.1  # relative RMS of the logits; measured 0.033 on this random model
+        quantization = loaded.config["quantization"]
+        assert (quantization["group_size"], quantization["bits"]) == (32, bits)
+        # a float32 file is finer than 4 bits: its matrices stay at 8 even for a 4-bit target
+        assert quantization.get("model.layers.1.mlp.down_proj", quantization)["bits"] == 8
+        weight = source.model.layers[1].mlp.down_proj.weight
+        groups = weight.reshape(weight.shape[0], -1, 32)
+        level = (groups.max(-1, keepdims=True) - groups.min(-1, keepdims=True)) / 255
+        off = mx.abs(loaded.model.model.layers[1].mlp.down_proj.weight.reshape(groups.shape) - groups)
+        largest = mx.abs(groups).max(-1, keepdims=True)
+        assert (off <= level * 0.5 + largest * 2.0**-8).all().item()  # half a level + float16 scale and bias
+        assert loaded_error(loaded.model(ids), expected) < 0.1  # relative RMS; measured 0.03
     assert len(hashes) == 2  # checkpoints of two conversions never mix
 
 
@@ -119,7 +123,8 @@ def test_gguf_tokenizer_matches_the_original_tokenizer(tiny_gguf):
     assert tokenizer.encode(TEXT) == original.encode(TEXT).ids
     assert tokenizer.encode("<|im_start|>user") == [original.token_to_id("<|im_start|>"),
                                                     *original.encode("user").ids]
-    assert tokenizer.eos_token_ids == {original.token_to_id("<|im_end|>")}
+    # the named eos and the vocabulary's other end-of-turn marker (llama.cpp stops on both)
+    assert tokenizer.eos_token_ids == {original.token_to_id("<|im_end|>"), original.token_to_id("<|endoftext|>")}
     assert tokenizer.render_chat([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n")
 
 
