@@ -12,6 +12,11 @@ through the same function):
 - NumPy forward: the whole layer arithmetic in NumPy (`engine.cpu_forward`),
   with the model's own call (NumPy attention) for the rare input it does not take.
 
+Orthogonal to these, the linear mode (`engine.linear_mode`): whether a
+quantized model's linear layers multiply prefill-sized inputs with the
+quantized kernel or with weights dequantized for the call, measured once per
+device and model shape ("auto"); decode-sized inputs keep the quantized kernel.
+
 The `ComputePath` owns everything per model that a path needs (the NumPy
 forward's weight views, the compiled steps); nothing is kept on the model.
 `ComputePath.identity()` names what actually runs ("auto" resolved) and is
@@ -25,9 +30,10 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward
+from engine import blas, cpu_attention, cpu_forward, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
+from engine.linear_mode import LinearMode
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +48,17 @@ class ComputePath:
         attention: "mlx" or "numpy" (the model's attention modules are wired).
         numpy_forward: The model's `cpu_forward.NumpyForward`, or None.
         compiled: Build the compiled decode and verify steps.
+        linear: The resolved `engine.linear_mode.LinearMode` (default: the
+            quantized kernel, or "unquantized" for a model without quantized layers).
         notes: Why an option asked for resolved to something else.
     """
 
     def __init__(self, model: Any, *, attention: str = "mlx",
                  numpy_forward: cpu_forward.NumpyForward | None = None,
-                 compiled: bool = False, notes: Sequence[str] = ()) -> None:
+                 compiled: bool = False, linear: LinearMode | None = None, notes: Sequence[str] = ()) -> None:
         self.model = model
         self.attention = attention
+        self.linear = linear or linear_mode.resolve(model, "quantized")
         self.numpy_forward = numpy_forward
         self.compiled = compiled
         self.blas = blas.in_use()
@@ -65,20 +74,22 @@ class ComputePath:
     def identity(self) -> str:
         """What runs, as the checkpoint policy's ``compute`` field."""
         return (f"attention={self.attention} forward={'numpy' if self.numpy_forward else 'mlx'} "
-                f"compile={'on' if self.compiled else 'off'} blas={self.blas}")
+                f"compile={'on' if self.compiled else 'off'} blas={self.blas} {self.linear.identity()}")
 
     def describe(self) -> dict[str, Any]:
         """The resolved path for `Engine.stats()` and status."""
         return {"kind": self.kind, "attention": self.attention,
                 "forward": "numpy" if self.numpy_forward is not None else "mlx",
-                "compile": self.compiled, "blas": self.blas, "notes": list(self.notes)}
+                "compile": self.compiled, "blas": self.blas, "linear": self.linear.describe(),
+                "notes": list(self.notes)}
 
     def call(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
-        """The model's own call, with NumPy attention when this path uses it."""
-        if self.attention != "numpy":
-            return self.model(tokens, cache=cache)
-        with cpu_attention.numpy_attention():
-            return self.model(tokens, cache=cache)
+        """The model's own call, with NumPy attention and dequantized linears when this path uses them."""
+        with self.linear.scope(tokens.size):
+            if self.attention != "numpy":
+                return self.model(tokens, cache=cache)
+            with cpu_attention.numpy_attention():
+                return self.model(tokens, cache=cache)
 
     def forward(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
         """One forward: ids (1, n) -> logits (1, n, vocab), filling `cache`.
@@ -124,7 +135,8 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
     is llama/qwen-style (`engine.cpu_attention.SUPPORTED`), and to the NumPy
     forward where `engine.cpu_forward.supports` the model. An explicit "numpy"
     that cannot apply falls back to MLX with a warning; the path's `notes`
-    say why.
+    say why. The linear mode is `engine.linear_mode.resolve`'s (measured for
+    "auto" on a quantized model, once per device and model shape).
     """
     notes: list[str] = []
     attention = "mlx"
@@ -148,7 +160,9 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
     for name, value in asked.items():
         if value == "numpy" and resolved[name] != "numpy":
             logger.warning("compute.%s 'numpy' does not apply here: %s", name, "; ".join(notes))
+    linear = linear_mode.resolve(model, options.linear)
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
-                       compiled=options.compile and numpy_forward is None, notes=notes)
+                       compiled=options.compile and numpy_forward is None, linear=linear,
+                       notes=[*notes, *linear.notes])
     logger.info("compute path: %s", path.identity())
     return path

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 ATTENTION_CHOICES = ("auto", "mlx", "numpy")
 FORWARD_CHOICES = ("auto", "mlx", "numpy")
+LINEAR_CHOICES = ("auto", "quantized", "dequantized")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class ComputeOptions:
         blas_threads: BLAS threads (MLX's, set at start-up, and NumPy's while
             NumPy runs the layers); 0 uses the usable cores, at most 8 (for
             NumPy: the count start-up gave MLX's BLAS).
+        linear: How quantized linear layers multiply prefill-sized inputs
+            (`engine.linear_mode`): "auto" (measured once per device and model
+            shape), "quantized" (the quantized kernel always) or "dequantized"
+            (weights dequantized per call from 64 rows on). Decode-sized inputs
+            keep the quantized kernel; a model without quantized layers (the
+            CPU build's float32) has nothing to choose.
 
     Raises:
         ValueError: For a value outside the choices or a negative thread count.
@@ -45,12 +52,15 @@ class ComputeOptions:
     compile: bool = True
     blas: str = "auto"
     blas_threads: int = 0
+    linear: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
         if self.forward not in FORWARD_CHOICES:
             raise ValueError(f"forward must be one of {FORWARD_CHOICES}, got {self.forward!r}")
+        if self.linear not in LINEAR_CHOICES:
+            raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {self.linear!r}")
         if not isinstance(self.blas_threads, int) or self.blas_threads < 0:
             raise ValueError(f"blas_threads must be an integer >= 0, got {self.blas_threads!r}")
         if not self.blas:

@@ -9,15 +9,50 @@ prefill attention still runs through the fused
 needs. mlx-lm's own `QuantizedKVCache` instead attends with
 `quantized_matmul`, which materializes the whole score matrix; that path is
 used here only for decode-sized query counts, where it reads the 8-bit
-history directly and measured faster than dequantizing it.
+history directly and measured faster than dequantizing it, and only where the
+backend implements that product for the query count: MLX's CUDA backend had
+no kernel for 5 queries over 24,621 8-bit keys (docs/benchmarks.md, *GPU
+engine*), so `direct_attention_works` tries each count once per process.
 """
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Protocol
 
 import mlx.core as mx
 
+logger = logging.getLogger(__name__)
+
 _STEP = 256  # storage grows in multiples of this many positions (as mlx-lm's KVCache)
+_PROBE_KEYS = 4099  # an odd key count, sliced from a larger buffer as `read_quantized` slices
+
+
+@functools.lru_cache(maxsize=None)
+def direct_attention_works(rows: int, kv_heads: int, dim: int, dtype: mx.Dtype, bits: int, group_size: int,
+                           device: str) -> bool:
+    """Whether mlx-lm's quantized attention runs `rows` queries over 8-bit keys on `device` (tried once).
+
+    The probe has what makes the real call hardest for a backend: several KV heads with
+    two query heads each (a batched product), an odd key count, and keys sliced from a
+    larger buffer (rows strided across heads), as `QuantizedKVStore.read_quantized` returns them.
+
+    Args:
+        device: ``str(mx.default_device())``: part of the cache key only.
+    """
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    heads = max(2, kv_heads)
+    buffer = mx.random.normal((1, heads, _capacity(_PROBE_KEYS), dim), key=mx.random.key(0)).astype(dtype)
+    packed = tuple(a[..., :_PROBE_KEYS, :] for a in mx.quantize(buffer, group_size=group_size, bits=bits))
+    queries = mx.zeros((1, 2 * heads, rows, dim), dtype=dtype)
+    try:
+        mx.eval(quantized_scaled_dot_product_attention(queries, packed, packed, 1.0, "causal" if rows > 1 else None,
+                                                       group_size, bits))
+    except (RuntimeError, ValueError) as err:
+        logger.info("8-bit KV: %d queries attend over dequantized slices on %s (%s)", rows, device, err)
+        return False
+    return True
 
 
 def _capacity(needed: int) -> int:

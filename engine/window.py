@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
-from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore
+from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore, direct_attention_works
 from engine.request import SegmentKind, SegmentLike, segment_kind
 
 DENSE_KINDS = tuple(sorted(k.value for k in SegmentKind if k.dense))
@@ -202,7 +202,9 @@ class WindowKVCache:
         self.store.write(start, keys, values)
         self.offset = start + n
         plan = self.plan(start, n)
-        self._direct = self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
+        self._direct = (self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
+                        and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
+                                                   self.store.group_size, str(mx.default_device())))
         if self._direct:
             return self.store.read_quantized(self.offset)
         if plan.cut_start == plan.cut_end:

@@ -134,6 +134,30 @@ def check_archive() -> Check:
     return Check("archive", True, f"{root} writable")
 
 
+def check_linear_mode() -> Check:
+    """What ``compute.linear: auto`` measured on this device (engine.linear_mode), from its cache."""
+    from engine.linear_mode import decide
+    from engine.linear_mode_cache import LinearModeCache, device_description
+    from engine.loaded_model import weight_dtype
+
+    if weight_dtype() is not None:
+        dtype = str(weight_dtype()).removeprefix("mlx.core.")
+        return Check("linear mode", True, f"weights are dequantized to {dtype} at load on this device: "
+                                          "no quantized layers to choose for", required=False)
+    cache, device = LinearModeCache(), device_description()
+    choices = []
+    for key, entry in cache.entries().items():
+        timings = cache.get(key) if isinstance(entry, dict) and entry.get("device") == device else None
+        if timings:
+            mode, rows = decide(timings)
+            choices.append(f"dequantized from {rows} rows" if rows else mode)
+    if not choices:
+        return Check("linear mode", True, f"auto: measured when a quantized model first loads on {device['device']} "
+                                          f"(nothing cached in {cache.path})", required=False)
+    return Check("linear mode", True, f"auto on {device['device']}: {len(choices)} model shape(s) measured "
+                                      f"({'; '.join(choices)}) in {cache.path}", required=False)
+
+
 def check_cache_writable() -> Check:
     from engine.paths import codectx_home
 
@@ -166,6 +190,7 @@ def run_doctor(fetch: bool = False, out: TextIO | None = None) -> int:
         check_model_choice,
         check_cache_writable,
         check_archive,
+        check_linear_mode,
     ]
     ready = True
     for run in checks:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES
+from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES, LINEAR_CHOICES
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class ComputeSettings:
         blas: The BLAS under MLX's CPU matmuls: "auto", "off" or a library path; chosen
             once when the engine first starts (a change needs a restart).
         blas_threads: BLAS threads; 0: the usable cores, at most 8.
+        linear: How a quantized model's linear layers multiply prefill chunks: "auto"
+            (measured once per device and model shape), "quantized" or "dequantized"
+            (`engine.linear_mode`).
     """
 
     attention: str = "auto"
@@ -60,6 +63,7 @@ class ComputeSettings:
     compile: bool = True
     blas: str = "auto"
     blas_threads: int = 0
+    linear: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,7 @@ _MINIMUMS = {
     "debounce_ms": 0, "blas_threads": 0, "repetition_penalty": 1.0,
 }
 _CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
-            "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES}
+            "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES, "linear": LINEAR_CHOICES}
 _MAY_BE_EMPTY = {"draft_model", "url", "model", "key_file"}
 
 

@@ -14,6 +14,10 @@ from engine.request import PromptSegment, Request
 
 from spec_helpers import tiny_hybrid
 
+UNQUANTIZED = {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
+               "timings_ms": {}}
+"""The linear mode of a float32 model (engine.linear_mode): nothing to choose."""
+
 
 def test_options_reject_values_outside_their_choices():
     for bad in (dict(attention="fast"), dict(forward="gpu"), dict(blas_threads=-1), dict(blas="")):
@@ -27,14 +31,14 @@ def test_auto_resolves_to_what_runs_and_explicit_numpy_falls_back_with_a_warning
     assert auto.kind == "numpy-forward" and not auto.compiled  # the NumPy forward never uses the compiled steps
     assert auto.identity() == choose(model, ComputeOptions(attention="numpy", forward="numpy")).identity()
     assert choose(model, ComputeOptions(forward="mlx")).identity() == (
-        f"attention=numpy forward=mlx compile=on blas={blas.in_use()}")
+        f"attention=numpy forward=mlx compile=on blas={blas.in_use()} linear=unquantized")
     with caplog.at_level(logging.WARNING, logger="engine.compute"):
         resolved = choose(model, ComputeOptions(attention="mlx", forward="numpy"))
     assert resolved.kind == "mlx" and "needs NumPy attention" in resolved.notes[0]
     assert "compute.forward 'numpy' does not apply" in caplog.text
     hybrid = choose(tiny_hybrid(seed=2), ComputeOptions())
     assert hybrid.kind == "mlx" and hybrid.compiled  # not llama/qwen-style attention: exact MLX
-    assert exact(model).identity() == f"attention=mlx forward=mlx compile=off blas={blas.in_use()}"
+    assert exact(model).identity() == f"attention=mlx forward=mlx compile=off blas={blas.in_use()} linear=unquantized"
 
 
 def test_the_engine_chooses_once_and_its_policy_names_the_resolved_path(tiny_loaded):
@@ -47,7 +51,8 @@ def test_the_engine_chooses_once_and_its_policy_names_the_resolved_path(tiny_loa
         assert policies["auto"].fingerprint() == policies["numpy"].fingerprint()  # "auto" is what ran
         assert len({policies[n].fingerprint() for n in ("auto", "mlx", "no-compile")}) == 3
         assert engines["mlx"].stats()["compute"] == {"kind": "mlx", "attention": "mlx", "forward": "mlx",
-                                                     "compile": True, "blas": blas.in_use(), "notes": []}
+                                                     "compile": True, "blas": blas.in_use(), "notes": [],
+                                                     "linear": UNQUANTIZED}
     finally:
         for engine in engines.values():
             engine.close()

@@ -18,16 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_compute_and_draft_settings_parse_and_bad_values_keep_their_defaults():
     settings, problems = parse_settings({"compute": {"attention": "mlx", "forward": "numpy", "compile": False,
-                                                     "blas": "off", "blasThreads": 1},
+                                                     "blas": "off", "blasThreads": 1, "linear": "dequantized"},
                                          "model": {"speculation": "draft", "draftModel": "/models/small"}})
     assert problems == []
     assert settings.compute == ComputeSettings(attention="mlx", forward="numpy", compile=False, blas="off",
-                                               blas_threads=1)
+                                               blas_threads=1, linear="dequantized")
     assert (settings.model.speculation, settings.model.draft_model) == ("draft", "/models/small")
-    settings, problems = parse_settings({"compute": {"attention": "gpu", "blasThreads": -2, "compile": "no"},
+    settings, problems = parse_settings({"compute": {"attention": "gpu", "blasThreads": -2, "compile": "no",
+                                                     "linear": "fp8"},
                                          "model": {"draftModel": ""}})
     assert settings.compute == ComputeSettings() and settings.model.draft_model == ""
-    assert [p.split(":")[0] for p in problems] == ["compute.attention", "compute.blasThreads", "compute.compile"]
+    assert [p.split(":")[0] for p in problems] == ["compute.attention", "compute.blasThreads", "compute.compile",
+                                                   "compute.linear"]
 
 
 def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(tiny_model):
@@ -38,8 +40,10 @@ def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(t
     backend = start_backend(settings)
     try:
         engine = backend.engine
-        assert engine.stats()["compute"] | {"blas": None} == {"kind": "mlx", "attention": "mlx", "forward": "mlx",
-                                                              "compile": False, "blas": None, "notes": []}
+        assert engine.stats()["compute"] | {"blas": None} == {
+            "kind": "mlx", "attention": "mlx", "forward": "mlx", "compile": False, "blas": None, "notes": [],
+            "linear": {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
+                       "timings_ms": {}}}
         assert engine.prefix.policy.compute == engine.compute.identity()
         assert engine.draft is not None and engine.draft.compute.identity() == engine.compute.identity()
         done = engine.submit(Request(prompt_ids=list(range(3, 40)), max_tokens=6)).result()

@@ -20,7 +20,10 @@ def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
     assert code == 0
     assert lines[-1] == "ready: true"
     names = [line[6:].split(":", 1)[0] for line in lines[:-1]]
-    assert names == ["python", "mlx", "blas", "default model", "model choice", "cache dir", "archive"]
+    assert names == ["python", "mlx", "blas", "default model", "model choice", "cache dir", "archive", "linear mode"]
+    # the CPU build dequantizes weights at load: compute.linear has nothing to choose, and says so
+    assert lines[-2] == ("ok    linear mode: weights are dequantized to float32 at load on this device: "
+                         "no quantized layers to choose for")
     assert any("not cached yet" in line for line in lines)
     # nothing in the (empty) libraries: a warning naming what to get, not a failure
     assert any(line.startswith("warn  model choice: no models found") for line in lines)

@@ -1,0 +1,234 @@
+"""The linear mode: how quantized linear layers multiply prefill-sized inputs, chosen by measurement.
+
+A 4-bit model's linear layers multiply with MLX's `quantized_matmul`, which
+reads the packed weights once per call: right for decode (a few rows, bound by
+the bytes read), but on a GPU it capped long-context prefill well below the
+dense matmul's rate (docs/benchmarks.md, *GPU engine*). The alternative is to
+dequantize a layer's weight to the activations' dtype for that one call and use
+the dense matmul. Which is faster depends on the device, the shape and the rows
+per call, so it is measured, not assumed from the platform's name:
+
+- `measure_layer` times one transformer block's quantized linears on random
+  inputs of `LADDER` row counts, both ways;
+- `decide` picks the smallest row count from which dequantizing wins at every
+  larger rung by at least `MARGIN` ("dequantized", with that `min_rows`), or
+  "quantized" when it never does; decode-sized inputs (under `LADDER[0]` rows)
+  always keep the quantized kernel;
+- `resolve` applies the ``compute.linear`` setting and caches measurements per
+  device and model shape in ``CODECTX_HOME/compute/linear-modes.json``
+  (`engine.linear_mode_cache`), so a model is measured once per device.
+
+A model without quantized linears (every model on the CPU build, whose weights
+are dequantized to float32 at load: `engine.loaded_model.weight_dtype`) resolves
+to "unquantized": there is nothing to choose. `LinearMode.identity()` is part
+of `engine.compute.ComputePath.identity()` and so of the checkpoint policy
+fingerprint: checkpoints computed under one mode are never restored under another.
+
+Memory: the dequantized weight exists only for the call that uses it (one
+linear at a time in evaluation order); the largest linear of the Qwen3-32B
+shape (25600 x 5120) is 250 MiB in bfloat16; the peak the GPU benchmark
+measured is in docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.linear_mode_cache import LinearModeCache, Timings
+
+logger = logging.getLogger(__name__)
+
+LADDER = (64, 128, 256, 512, 1024, 2048)
+"""Rows per call that are timed; inputs under the first rung are decode-sized and stay quantized."""
+MARGIN = 0.05
+"""Dequantizing must be at least this much faster (a share of the quantized time) to be chosen."""
+REPEATS = 3
+
+Measure = Callable[[Any], Timings]
+
+_dequantize_on = contextvars.ContextVar("codectx_dequantized_linears", default=False)
+
+
+@contextlib.contextmanager
+def dequantized_linears(enabled: bool = True) -> Iterator[None]:
+    """Inside this block, wired linears on this thread multiply with dequantized weights."""
+    token = _dequantize_on.set(enabled)
+    try:
+        yield
+    finally:
+        _dequantize_on.reset(token)
+
+
+class DequantizingLinear(nn.QuantizedLinear):
+    """A `QuantizedLinear` that, inside `dequantized_linears()`, dequantizes its weight for the call.
+
+    Assigned to existing modules as their class (`wire`), so parameters, names
+    and `isinstance` checks stay as they are; outside the context (decode, a
+    compiled step, any caller that did not ask) it is the quantized kernel.
+    """
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not _dequantize_on.get():
+            return super().__call__(x)
+        return dequantized_product(self, x)
+
+
+def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """`linear(x)` through its weight dequantized to `x`'s dtype and the dense matmul."""
+    weight = mx.dequantize(linear["weight"], linear["scales"], linear.get("biases"), linear.group_size,
+                           linear.bits, mode=linear.mode, dtype=x.dtype)
+    y = mx.matmul(x, weight.T)
+    return y + linear["bias"] if "bias" in linear else y
+
+
+def block_linears(model: Any) -> list[nn.QuantizedLinear]:
+    """The quantized linears of `model`'s transformer blocks (embeddings and the head excluded)."""
+    blocks = getattr(model, "layers", None)
+    if blocks is None:
+        return []
+    return [m for block in blocks for m in block.modules() if isinstance(m, nn.QuantizedLinear)]
+
+
+def wire(model: Any) -> int:
+    """Give every quantized linear of `model`'s blocks the dequantizing call (idempotent).
+
+    Returns:
+        How many linears are wired.
+    """
+    linears = block_linears(model)
+    for linear in linears:
+        if type(linear) is nn.QuantizedLinear:
+            linear.__class__ = DequantizingLinear
+    return sum(isinstance(m, DequantizingLinear) for m in linears)
+
+
+@dataclass(frozen=True)
+class LinearMode:
+    """The resolved linear mode of one compute path.
+
+    Attributes:
+        mode: "quantized" (the quantized kernel for every input), "dequantized"
+            (inputs of at least `min_rows` rows multiply with dequantized weights)
+            or "unquantized" (the model has no quantized linears).
+        min_rows: The first row count that dequantizes (0 unless "dequantized").
+        source: "measured", "cached", "setting", "no quantized layers" or "fallback".
+        timings: What the decision was made from (rows -> quantized, dequantized seconds).
+        measure_s: Seconds measuring took at this load (0 when cached or not measured).
+        notes: Why a setting resolved to something else, or why measuring failed.
+    """
+
+    mode: str
+    min_rows: int = 0
+    source: str = "setting"
+    timings: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    measure_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def identity(self) -> str:
+        """What runs, for `ComputePath.identity()` (and so the checkpoint policy)."""
+        return f"linear=dequantized>={self.min_rows}" if self.mode == "dequantized" else f"linear={self.mode}"
+
+    def applies(self, rows: int) -> bool:
+        """Whether an input of `rows` rows multiplies with dequantized weights."""
+        return self.mode == "dequantized" and rows >= self.min_rows
+
+    def scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """The context a forward over `rows` rows runs in."""
+        return dequantized_linears() if self.applies(rows) else contextlib.nullcontext()
+
+    def describe(self) -> dict[str, Any]:
+        """For `ComputePath.describe()` (status, `Engine.stats()`)."""
+        return {"mode": self.mode, "min_rows": self.min_rows, "source": self.source,
+                "measure_s": round(self.measure_s, 3),
+                "timings_ms": {str(rows): [round(q * 1e3, 3), round(d * 1e3, 3)]
+                               for rows, (q, d) in sorted(self.timings.items())}}
+
+
+def decide(timings: Mapping[int, tuple[float, float]], margin: float = MARGIN) -> tuple[str, int]:
+    """("dequantized", min_rows) from the smallest rung on which dequantizing wins at every larger one,
+    else ("quantized", 0)."""
+    min_rows = 0
+    for rows in sorted(timings, reverse=True):
+        quantized, dequantized = timings[rows]
+        if not dequantized < quantized * (1.0 - margin):
+            break
+        min_rows = rows
+    return ("dequantized", min_rows) if min_rows else ("quantized", 0)
+
+
+def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = REPEATS) -> Timings:
+    """Time one block's quantized linears both ways on random inputs of each `ladder` row count.
+
+    Each timing is the best of `repeats` after one untimed run (kernel compilation).
+    """
+    per_block = ([m for m in block.modules() if isinstance(m, nn.QuantizedLinear)] for block in model.layers)
+    linears = next(found for found in per_block if found)
+    dtype = linears[0]["scales"].dtype
+    inputs = {id(m): m.weight.shape[1] * 32 // m.bits for m in linears}
+    timings: Timings = {}
+    for rows in ladder:
+        xs = [mx.random.normal((rows, inputs[id(m)]), key=mx.random.key(rows)).astype(dtype) for m in linears]
+        mx.eval(xs)
+        timings[rows] = (_best(linears, xs, nn.QuantizedLinear.__call__, repeats),
+                         _best(linears, xs, dequantized_product, repeats))
+    return timings
+
+
+def _best(linears: list[nn.QuantizedLinear], xs: list[mx.array], product: Callable, repeats: int) -> float:
+    best = float("inf")
+    for attempt in range(repeats + 1):
+        mx.synchronize()
+        start = time.perf_counter()
+        for linear, x in zip(linears, xs):
+            mx.eval(product(linear, x))
+        mx.synchronize()
+        if attempt:  # the first run compiles kernels
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def resolve(model: Any, setting: str = "auto", *, measure: Measure = measure_layer,
+            cache: Any = None) -> LinearMode:
+    """The linear mode of `model` under the ``compute.linear`` `setting`; wires the model when it dequantizes.
+
+    Args:
+        model: The mlx-lm model.
+        setting: "auto" (measured, cached), "quantized" or "dequantized" (from `LADDER[0]` rows on).
+        measure: The timing function (tests inject timings here).
+        cache: A `engine.linear_mode_cache.LinearModeCache` (default: the one under CODECTX_HOME).
+
+    A measurement that fails falls back to "quantized" with a warning; a cache
+    that cannot be read or written is measured around, never trusted.
+    """
+    linears = block_linears(model)
+    if not linears:
+        notes = () if setting != "dequantized" else ("linear: the model has no quantized layers to dequantize",)
+        return LinearMode("unquantized", source="no quantized layers", notes=notes)
+    if setting == "quantized":
+        return LinearMode("quantized")
+    if setting == "dequantized":
+        wire(model)
+        return LinearMode("dequantized", LADDER[0])
+    cache = cache if cache is not None else LinearModeCache()
+    key = cache.key(linears, {"ladder": LADDER, "repeats": REPEATS})
+    timings, source, start = cache.get(key), "cached", time.perf_counter()
+    if timings is None or set(timings) != set(LADDER):
+        try:
+            timings, source = measure(model), "measured"
+        except Exception as err:  # noqa: BLE001 - measuring is an optimization: fall back to the kernel
+            logger.warning("linear mode: measuring failed (%s); using the quantized kernel", err)
+            return LinearMode("quantized", source="fallback", notes=(f"linear: measuring failed: {err}",))
+        cache.put(key, timings)
+    seconds = time.perf_counter() - start if source == "measured" else 0.0
+    mode, min_rows = decide(timings)
+    if mode == "dequantized":
+        wire(model)
+    logger.info("linear mode: %s (%s)", mode if not min_rows else f"dequantized from {min_rows} rows", source)
+    return LinearMode(mode, min_rows, source, timings, seconds)
