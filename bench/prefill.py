@@ -31,6 +31,7 @@ preload_blas()  # before MLX is imported (--blas off on a GPU: no CPU matmuls to
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
+from engine import linear_mode  # noqa: E402
 from engine.window import WindowPolicy, make_window_cache, set_dense_from  # noqa: E402
 
 
@@ -95,38 +96,6 @@ def build_model(shape: Shape, layers: int | None, seed: int = 0) -> nn.Module:
     return model
 
 
-class DequantizedLinear(nn.Module):
-    """A 4-bit linear layer that multiplies prefill chunks with its weights dequantized.
-
-    Decode-sized inputs (< `min_rows` tokens) keep the quantized kernel; larger
-    ones dequantize the weight (bf16) and use the dense matmul. An experiment for
-    the linear-layer bound measured by bench/prefill_profile.py, not engine code.
-    """
-
-    def __init__(self, inner: nn.QuantizedLinear, min_rows: int = 64):
-        super().__init__()
-        self.inner = inner
-        self.min_rows = min_rows
-
-    def __call__(self, x: mx.array) -> mx.array:
-        q = self.inner
-        if x.size // x.shape[-1] < self.min_rows:
-            return q(x)
-        w = mx.dequantize(q.weight, q.scales, q.biases, q.group_size, q.bits).astype(x.dtype)
-        y = x @ w.T
-        return y + q.bias if "bias" in q else y
-
-
-def dequantize_linears(model: nn.Module) -> int:
-    """Wrap every `QuantizedLinear` of the transformer blocks in `DequantizedLinear`."""
-    from mlx.utils import tree_unflatten
-
-    swaps = [(name, DequantizedLinear(m)) for name, m in model.named_modules()
-             if isinstance(m, nn.QuantizedLinear) and name.startswith("model.layers")]
-    model.update_modules(tree_unflatten(swaps))
-    return len(swaps)
-
-
 def attention_flops(n: int, chunk: int, policy: WindowPolicy, dense_from: int) -> float:
     """Multiply-adds x2 of QK^T and PV per head-dim unit, summed over queries."""
     total = 0
@@ -154,11 +123,16 @@ def linear_flops_per_token(model: nn.Module) -> float:
     return 2.0 * count
 
 
-def prefill(model, tokens: mx.array, caches, chunk: int) -> float:
-    """Seconds to prefill `tokens` chunk by chunk (logits of the chunks are never computed)."""
+def prefill(model, tokens: mx.array, caches, chunk: int, linear: str = "quantized") -> float:
+    """Seconds to prefill `tokens` chunk by chunk (logits of the chunks are never computed).
+
+    With `linear` "dequantized", chunks multiply with weights dequantized per call
+    (`engine.linear_mode`, the engine's own path; the model must be wired).
+    """
     tic = time.perf_counter()
     for start in range(0, tokens.shape[1], chunk):
-        model.model(tokens[:, start:start + chunk], cache=caches)
+        with linear_mode.dequantized_linears(linear == "dequantized" and chunk >= linear_mode.LADDER[0]):
+            model.model(tokens[:, start:start + chunk], cache=caches)
         mx.eval([c.state for c in caches])
     return time.perf_counter() - tic
 
@@ -179,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=None,
                     help="tokens prefilled untimed per mode first (default: enough for windowed chunks on gpu, 0 on cpu)")
     ap.add_argument("--linear", choices=("quantized", "dequantized"), default="quantized",
-                    help="dequantized: prefill chunks multiply with bf16-dequantized weights (experiment)")
+                    help="dequantized: prefill chunks multiply with dequantized weights (engine.linear_mode; "
+                         "the engine chooses by measurement, see bench/gpu_engine.py)")
     ap.add_argument("--out", default=None)
     blas_arguments(ap)
     return ap
@@ -225,7 +200,7 @@ def prepared_model(shape: Shape, layers: int | None, linear: str) -> tuple[nn.Mo
     model = build_model(shape, layers)
     lin = linear_flops_per_token(model)
     if linear == "dequantized":
-        dequantize_linears(model)
+        linear_mode.wire(model)
     return model, lin, time.perf_counter() - build_s
 
 
@@ -237,7 +212,7 @@ def warm_up(model: nn.Module, modes: list[str], s: Settings) -> None:
         caches = make_window_cache(model, WindowPolicy(enabled=form is not None, global_tokens=s.global_tokens,
                                                        window_tokens=s.window_tokens, form=form or "block"), bits)
         set_dense_from(caches, max(0, s.warmup - s.tail))
-        prefill(model, tokens, caches, s.chunk)
+        prefill(model, tokens, caches, s.chunk, s.linear)
         del caches
 
 
@@ -253,7 +228,7 @@ def measure_mode(model: nn.Module, tokens: mx.array, mode: str, s: Settings, lin
     set_dense_from(caches, dense_from)
     mx.clear_cache()
     mx.reset_peak_memory()
-    secs = prefill(model, tokens, caches, s.chunk)
+    secs = prefill(model, tokens, caches, s.chunk, s.linear)
     flops = n * lin + attention_flops(n, s.chunk, policy, dense_from) * heads * hd * n_layers
     row = dict(mode=mode, linear=s.linear, tokens=n, seconds=round(secs, 3), tok_s=round(n / secs, 1),
                peak_gib=round(mx.get_peak_memory() / 2**30, 3),

@@ -1,0 +1,325 @@
+"""Engine-level GPU benchmark: the edit loop at long context through `Engine`, bounds beside each figure.
+
+A random-weight model (bench/prefill.py's shapes: Qwen3-32B, 4-bit group 64, bf16) and a
+synthetic repository prompt laid out as segments with a hot tail (bench/gpu_workload.py), all
+through `engine.Engine` with checkpoints and the disk archive on. Per length, in one run:
+
+- linear mode: what the engine measured at load (`engine.linear_mode`), and greedy output and
+  last-position logits of a short prompt under both modes (against the logit difference two
+  prefill chunkings give, a difference the engine already accepts);
+- configurations ``window-16`` / ``window-8`` (block window G, W, dense tail; fp16 / 8-bit KV):
+  cold ask, follow-up question, edit a file in the middle then ask, restart (new `Engine`, same
+  archive, page cache dropped where allowed) then ask with prompt-lookup speculation;
+- ``dense-16`` / ``dense-8``: cold ask (exact attention); ``window-16-q``: cold ask with the
+  quantized kernel forced (``--compare-linear``);
+- every ask decodes ``--decode`` tokens: decode tok/s at that context;
+- bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy
+  bandwidth (decode bound = bandwidth / bytes read per token), disk read bandwidth (restart bound
+  = bytes restored / bandwidth).
+
+    python bench/gpu_engine.py --small            # tiny 4-bit model on the CPU, 4k tokens, end to end
+    # on the H200 (device tool, carry [".gpu"]):
+    bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 32768 --compare-linear
+    bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 131072
+
+Prints a Markdown table and writes JSON after every row (default bench/results/gpu_engine-<shape>-<lengths>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._common import blas_arguments, preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
+import mlx.core as mx  # noqa: E402
+
+from bench import gpu_bounds  # noqa: E402
+from bench.gpu_report import goals, table  # noqa: E402
+from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
+from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
+from engine.compute import ComputeOptions, choose  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.kv import make_cache  # noqa: E402
+from engine.request import Request, TokenEvent  # noqa: E402
+from engine.window import WindowPolicy  # noqa: E402
+
+TINY_Q4 = Shape("qwen3", dict(SHAPES["tiny"].args, model_type="qwen3", vocab_size=2048, tie_word_embeddings=False),
+                4, "bfloat16", 512, 512, 256)
+CONFIGS = {  # name -> (windowed, kv bits, whole loop, linear setting or None for --linear)
+    "window-16": (True, 16, True, None), "window-8": (True, 8, True, None),
+    "dense-16": (False, 16, False, None), "dense-8": (False, 8, False, None),
+    "window-16-q": (True, 16, False, "quantized"),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="tiny 4-bit qwen3 on the CPU, 4096 tokens (a smoke run)")
+    ap.add_argument("--lengths", default="32768")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: gpu (cpu with --small)")
+    ap.add_argument("--configs", default="window-16,dense-16,window-8,dense-8")
+    ap.add_argument("--compare-linear", action="store_true", help="add window-16-q (quantized kernel forced)")
+    ap.add_argument("--linear", default="auto", help="compute.linear for every other configuration")
+    ap.add_argument("--chunk", type=int, default=2048)
+    ap.add_argument("--decode", type=int, default=64, help="tokens decoded per ask")
+    ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    ap.add_argument("--disk-gib", type=float, default=4.0, help="size of the disk read probe")
+    ap.add_argument("--home", default=None, help="CODECTX_HOME for the run (default: a new temp folder)")
+    ap.add_argument("--out", default=None)
+    blas_arguments(ap)
+    a = ap.parse_args(argv)
+    if a.small:
+        a.lengths, a.chunk, a.decode, a.disk_gib = "4096", 256, 16, 0.25
+    a.device = a.device or ("cpu" if a.small else "gpu")
+    if a.compare_linear:
+        a.configs += ",window-16-q"
+    return a
+
+
+class Run:
+    """One benchmark process: the model, the settings, the results written after every row."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.shape = TINY_Q4 if a.small else SHAPES["qwen3-32b"]
+        self.shape_name = "tiny-q4" if a.small else "qwen3-32b"
+        self.lengths = [int(n) for n in a.lengths.split(",")]
+        self.home = Path(a.home or tempfile.mkdtemp(prefix="codectx-gpu-bench-"))
+        os.environ["CODECTX_HOME"] = str(self.home)
+        start = time.perf_counter()
+        self.loaded = random_loaded(self.shape, self.shape_name, a.layers, max(self.lengths) + 8192)
+        self.build_s = time.perf_counter() - start
+        self.model = self.loaded.model
+        self.window = WindowPolicy(global_tokens=self.shape.global_tokens, window_tokens=self.shape.window_tokens,
+                                   dense_tail=self.shape.dense_tail)
+        self.out = Path(a.out or f"bench/results/gpu_engine-{self.shape_name}-{a.lengths.replace(',', '-')}.json")
+        self.result: dict[str, Any] = dict(
+            shape=self.shape_name, device=a.device, chunk=a.chunk, decode=a.decode, window=self.window.__dict__,
+            layers=self.model.args.num_hidden_layers, build_s=round(self.build_s, 1), mlx=mx.__version__,
+            platform=platform.platform(), device_info=mx.device_info(), rows=[])
+
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(self.result, indent=1, default=str))
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.result["rows"].append(row)
+        print(json.dumps(row, default=str), file=sys.stderr, flush=True)
+        self.save()
+
+    def engine(self, config: str, *, speculation: str = "off", archive: bool = True) -> Engine:
+        windowed, bits, _, linear = CONFIGS[config]
+        options = ComputeOptions(linear=linear or self.a.linear, blas=self.a.blas)
+        return Engine(self.loaded, kv_bits=bits, prefill_chunk=self.a.chunk, speculation=speculation,
+                      archive_bytes=(1 << 40) if archive else 0, window=self.window if windowed else None,
+                      compute=options)
+
+    def drop_archive(self) -> None:
+        shutil.rmtree(self.home / "archive", ignore_errors=True)
+
+
+def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
+    """One request; its metrics, decoded ids and MLX's peak memory while it ran."""
+    mx.reset_peak_memory()
+    handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
+    ids = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+    done = handle.result()
+    if done.finish_reason == "error":
+        raise RuntimeError(f"request failed: {done.error}") from done.error
+    m = done.metrics
+    return dict(prompt=m.prompt_tokens, restored=m.cached_tokens, recomputed=m.recomputed_tokens,
+                ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
+                decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
+                accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
+                ids=ids)
+
+
+def close(eng: Engine) -> float:
+    """Close `eng` (its archive writes finish); the seconds that took. Drop the caller's reference, then `free`."""
+    start = time.perf_counter()
+    eng.close()
+    return time.perf_counter() - start
+
+
+def free() -> None:
+    """Give closed engines' memory back before the next one is built."""
+    gc.collect()
+    mx.clear_cache()
+
+
+def warm_up(run: Run, config: str, length: int) -> None:
+    """An untimed prefill (no archive) over enough tokens for windowed chunks: CUDA compiles kernels here."""
+    w = run.window
+    repo = synthetic_repository(min(length, w.global_tokens + w.window_tokens + 3 * run.a.chunk + w.dense_tail),
+                                run.model.args.vocab_size, seed=99)
+    eng = run.engine(config, archive=False)
+    ask(eng, repo.prompt(98), 2)
+    close(eng)
+    del eng
+    free()
+
+
+def prefill_tflops(run: Run, row: dict[str, Any], segments: list, windowed: bool) -> float:
+    """Achieved TFLOP/s of a cold prefill: linear layers plus the attention actually computed (uniform chunks)."""
+    args, n = run.model.args, row["recomputed"]
+    policy = run.window if windowed else WindowPolicy(enabled=False)
+    attention = attention_flops(n, run.a.chunk, policy, policy.dense_from(segments))
+    flops = n * run.result["linear_flops_per_token"] + attention * args.num_attention_heads * args.head_dim \
+        * args.num_hidden_layers
+    return round(flops / row["prefill_s"] / 1e12, 1)
+
+
+def decode_bound(run: Run, context: int, bits: int) -> float:
+    """Decode tok/s the copy bandwidth allows for the bytes one step reads at `context`."""
+    per_token = gpu_bounds.decode_bytes_per_token(run.model, context, bits)
+    return round(run.result["bounds"]["copy_gbs"] * 1e9 / per_token, 2)
+
+
+def record(run: Run, length: int, config: str, step: str, row: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    bits = CONFIGS[config][1]
+    row = {k: v for k, v in row.items() if k != "ids"}
+    row.update(length=length, config=config, step=step, decode_bound_tps=decode_bound(run, row["prompt"], bits),
+               **extra)
+    run.add(row)
+    return row
+
+
+def whole_loop(run: Run, length: int, config: str) -> None:
+    """Cold ask, follow-up, edit then ask, restart then ask (prompt lookup), one configuration."""
+    repo = synthetic_repository(length, run.model.args.vocab_size)
+    edited, key = repo.edited()
+    eng = run.engine(config)
+    if "linear_mode" not in run.result:
+        run.result["linear_mode"] = eng.compute.describe()["linear"]
+    cold_prompt = repo.prompt(1)
+    cold = ask(eng, cold_prompt, run.a.decode)
+    record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, cold_prompt, True))
+    record(run, length, config, "follow-up", ask(eng, repo.prompt(2), run.a.decode))
+    edit = ask(eng, edited.prompt(3), run.a.decode)
+    record(run, length, config, "edit + ask", edit, edited_file=key,
+           edited_tokens=len(edited.hot[-1].token_ids))
+    flush_s = close(eng)
+    del eng
+    free()
+    dropped = gpu_bounds.drop_page_cache()
+    start = time.perf_counter()
+    eng = run.engine(config, speculation="lookup")
+    start_s = time.perf_counter() - start
+    restart = ask(eng, edited.prompt(4), run.a.decode)
+    archive_bytes = eng.stats()["cache"]["archive_bytes"]
+    read = restart["restored"] * gpu_bounds.kv_bytes_per_token(run.model.args, CONFIGS[config][1])
+    disk = run.result["bounds"]["disk"]
+    record(run, length, config, "restart + ask (lookup)", restart, engine_start_s=round(start_s, 3),
+           close_flush_s=round(flush_s, 2), page_cache_dropped=dropped, archive_bytes=archive_bytes,
+           restored_bytes=read, disk_bound_s=round(read / (disk["cold_gbs"] * 1e9), 3),
+           cached_bound_s=round(read / (disk["cached_gbs"] * 1e9), 3), plain_decode_tps=edit["decode_tps"])
+    close(eng)
+    del eng
+    free()
+    run.drop_archive()
+
+
+def cold_only(run: Run, length: int, config: str) -> None:
+    """A cold ask and its decode, one configuration."""
+    repo = synthetic_repository(length, run.model.args.vocab_size)
+    eng = run.engine(config)
+    prompt = repo.prompt(1)
+    cold = ask(eng, prompt, run.a.decode)
+    record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, prompt, CONFIGS[config][0]),
+           linear=eng.compute.describe()["linear"]["mode"])
+    close(eng)
+    del eng
+    free()
+    run.drop_archive()
+
+
+def _last_logits(model: Any, mode: str, ids: list[int], split: int = 0) -> mx.array:
+    """Last-position logits of `ids` under the linear `mode`, prefilled in one call (or two, at `split`)."""
+    path, cache = choose(model, ComputeOptions(linear=mode)), make_cache(model)
+    if split:
+        path.forward(mx.array([ids[:split]]), cache, logits="none")
+    return path.forward(mx.array([ids[split:]]), cache, logits="last")[0, -1].astype(mx.float32)
+
+
+def linear_agreement(run: Run, layers: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+    """Greedy tokens and last-position logits of one prompt, quantized vs dequantized linears, on a
+    `layers`-layer model of the benchmark's widths (deep random models forget their input: the logits
+    of another prompt are compared too, to show the check sees the input)."""
+    loaded = random_loaded(run.shape, f"{run.shape_name}-{layers}l", layers, 8192)
+    vocab = loaded.model.args.vocab_size
+    ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
+                  for k in (5, 6))
+    tokens = {}
+    for mode in ("quantized", "dequantized"):
+        with Engine(loaded, prefill_chunk=run.a.chunk, compute=ComputeOptions(linear=mode)) as eng:
+            handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
+            tokens[mode] = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+    q, d = _last_logits(loaded.model, "quantized", ids), _last_logits(loaded.model, "dequantized", ids)
+    chunked = _last_logits(loaded.model, "quantized", ids, prompt_tokens // 2)
+    elsewhere = _last_logits(loaded.model, "quantized", other)
+    top2 = mx.sort(q)[-2:]
+    diff = next((i for i, (a, b) in enumerate(zip(tokens["quantized"], tokens["dequantized"])) if a != b), None)
+    return dict(layers=layers, prompt_tokens=prompt_tokens, greedy_tokens=len(tokens["quantized"]),
+                greedy_identical=tokens["quantized"] == tokens["dequantized"], first_difference=diff,
+                distinct_greedy_tokens=len(set(tokens["quantized"])),
+                max_abs_logit_diff=round(mx.abs(q - d).max().item(), 5),
+                chunking_max_abs_logit_diff=round(mx.abs(q - chunked).max().item(), 5),
+                other_prompt_max_abs_logit_diff=round(mx.abs(q - elsewhere).max().item(), 5),
+                top2_margin=round((top2[1] - top2[0]).item(), 5), logit_std=round(mx.std(q).item(), 4),
+                argmax_equal=int(q.argmax().item()) == int(d.argmax().item()))
+
+
+def measure_bounds(run: Run) -> None:
+    small = run.a.small
+    run.result["bounds"] = dict(matmul_tflops=round(gpu_bounds.matmul_tflops(512 if small else 8192), 3),
+                                copy_gbs=round(gpu_bounds.copy_bandwidth(0.25 if small else 4.0), 1),
+                                disk=gpu_bounds.disk_read(run.home / "probe", run.a.disk_gib))
+    run.result["linear_flops_per_token"] = linear_flops_per_token(run.model)
+    run.result["weight_bytes_per_token"] = gpu_bounds.weight_bytes_per_token(run.model)
+    print(json.dumps(run.result["bounds"]), file=sys.stderr, flush=True)
+    run.save()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
+    run = Run(a)
+    measure_bounds(run)
+    run.result["linear_agreement"] = linear_agreement(run, 2 if a.small else 4, 512 if a.small else 1024, 32)
+    free()
+    run.save()
+    for length in run.lengths:
+        for config in [c for c in a.configs.split(",") if c]:
+            try:
+                warm_up(run, config, length)
+                (whole_loop if CONFIGS[config][2] else cold_only)(run, length, config)
+            except Exception as err:  # noqa: BLE001 - one configuration's failure must not lose the others
+                run.result.setdefault("errors", []).append(dict(length=length, config=config, error=repr(err)))
+                print(f"{length} {config} failed: {err!r}", file=sys.stderr, flush=True)
+                free()
+                run.drop_archive()
+    run.result["goals"] = goals(run.result)
+    run.save()
+    print(table(run.result))
+    print(f"\nwrote {run.out}", file=sys.stderr)
+    if not a.home:
+        shutil.rmtree(run.home, ignore_errors=True)
+    return run.result
+
+
+if __name__ == "__main__":
+    main()
