@@ -16,7 +16,8 @@ from mlx_lm.utils import load_model as mlx_load_model
 from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.loaded_model import LoadedModel, cast_weights, context_length_of, weight_dtype, weight_files_hash
+from engine.loaded_model import (LoadedModel, cast_weights, context_length_of, file_edges_hash, weight_dtype,
+                                 weight_files_hash)
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,46 @@ def load_model(spec: str | None = None, *, progress: bool = True, gguf_bits: int
 
     found = resolve_spec(spec)  # ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[/FILE]
     if found is not None:
-        from engine.gguf import load_gguf
-
         return load_gguf(found, model_id=spec, bits=gguf_bits, progress=progress)
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file not found: {path}")
-        from engine.gguf import load_gguf
-
         return load_gguf(path, bits=gguf_bits, progress=progress)
     if path.is_dir():
         return load_directory(path)
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelNotFoundError(f"not a model directory or .gguf file: {spec}")
     return load_directory(_hub_snapshot(spec), model_id=spec)
+
+
+def load_gguf(path: Path, *, model_id: str | None = None, bits: int | None = None,
+              progress: bool = True) -> LoadedModel:
+    """Load a GGUF file, converting it into the cache first when needed.
+
+    Args:
+        path: The GGUF file (any name: Ollama's blobs have no extension).
+        model_id: Name to report; defaults to the file's stem.
+        bits: 4 or 8 (MLX affine), 16 (float16) or 32 (float32); None for `DEFAULT_GGUF_BITS`.
+        progress: Show a progress bar on stderr while converting.
+
+    Raises:
+        ModelLoadError: Truncated or corrupt file, unsupported architecture,
+            tensor type or tokenizer (nothing half-written is left in the cache).
+    """
+    from engine.gguf import DEFAULT_GGUF_BITS, GGUF_BITS
+    from engine.gguf_convert import ensure_converted
+
+    path = Path(path)
+    bits = DEFAULT_GGUF_BITS if bits is None else bits
+    if bits not in GGUF_BITS:
+        raise ValueError(f"bits must be one of {GGUF_BITS}, got {bits}")
+    directory = ensure_converted(path, bits, progress=progress)
+    # the source file's identity and the bits: checkpoints of two conversions never mix
+    weight_hash = f"{file_edges_hash(path)}-b{bits}"
+    loaded = load_directory(directory, model_id=model_id or path.stem, weight_hash=weight_hash)
+    loaded.path = path
+    return loaded
 
 
 def load_tokenizer(spec: str | None = None) -> tuple[Tokenizer, str, int]:

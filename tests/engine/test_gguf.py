@@ -18,10 +18,9 @@ from tiny_models import CHAT_TEMPLATE, llama_config, train_tokenizer
 import engine.loading
 from engine.default_model import GGUF_NAME
 from engine.errors import ModelLoadError
-from engine.gguf import load_gguf
 from engine.gguf_arch import ARCHITECTURES
 from engine.gguf_convert import convert_gguf, converted_dir
-from engine.loading import load_model
+from engine.loading import load_gguf, load_model
 
 _TO_GGUF = {v: k for k, v in {**ARCHITECTURES["llama"].block_names, "token_embd": "model.embed_tokens",
                               "output_norm": "model.norm", "output": "lm_head"}.items()}
