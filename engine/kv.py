@@ -5,13 +5,16 @@ mlx-lm's own `kv_bits` path converts a cache only once it holds
 unquantized. Here an 8-bit cache is quantized from token 0.
 
 Recurrent layers of hybrid models (mlx-lm `ArraysCache`) are kept as the
-model makes them; only plain `KVCache` layers are replaced.
+model makes them; sliding-window layers get `engine.window.SlidingKVCache`
+(checkpoints need every cache position-addressed).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from engine.window import sliding_cache
 
 SUPPORTED_KV_BITS = (8, 16)
 KV_GROUP_SIZE = 64
@@ -34,10 +37,11 @@ def make_cache(model: Any, kv_bits: int = 16, group_size: int = KV_GROUP_SIZE) -
     """
     if kv_bits not in SUPPORTED_KV_BITS:
         raise ValueError(f"kv_bits must be one of {SUPPORTED_KV_BITS}, got {kv_bits}")
-    cache = make_prompt_cache(model)
+    cache = [sliding_cache(c, kv_bits, group_size) if type(c) is RotatingKVCache else c
+             for c in make_prompt_cache(model)]
     if kv_bits == 16:
         return cache
-    # Exact type check: subclasses (rotating, windowed) keep their own policy.
+    # Exact type check: subclasses (windowed) keep their own policy.
     return [QuantizedKVCache(group_size=group_size, bits=kv_bits) if type(c) is KVCache else c
             for c in cache]
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore, direct_attention_works
 from engine.request import SegmentKind, SegmentLike, segment_kind
@@ -277,13 +277,64 @@ class QuantizedWindowKVCache(WindowKVCache):
         return self.kv_bits
 
 
+class SlidingKVCache(WindowKVCache):
+    """A sliding-window layer's cache (Gemma 3's local layers), every position kept.
+
+    mlx-lm gives such layers a `RotatingKVCache`, a ring that overwrites keys
+    older than the window; checkpoints, rollback and the archive copy and trim
+    caches by position (engine/state.py), which a ring cannot do. This cache keeps
+    every position and hands each chunk only the keys its queries may see, so
+    the layer computes what it computes over the ring: query q attends to keys
+    (q - size, q]. It costs the memory of a full-attention layer's cache.
+
+    Args:
+        size: The window: a query sees itself and the `size - 1` keys before it.
+        store: Where keys and values live (full precision or 8-bit).
+    """
+
+    def __init__(self, size: int, store: KVStore | None = None) -> None:
+        super().__init__(WindowPolicy(enabled=False), store)
+        self.size = size
+
+    def _first_key(self, start: int) -> int:
+        return max(0, start - self.size + 1)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        """The mask for the next `N` queries over the keys `update_and_fetch` will return."""
+        if N == 1 and not return_array:
+            return None  # one query sees exactly the keys returned
+        q = mx.arange(self.offset, self.offset + N)[:, None]
+        k = mx.arange(self._first_key(self.offset), self.offset + N)[None]
+        return (k <= q) & (k > q - self.size)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Store a chunk's keys/values; return those its queries see (never 8-bit triples)."""
+        start = self.offset
+        self.store.write(start, keys, values)
+        self.offset = start + keys.shape[2]
+        self._direct = False
+        return self.store.read(self._first_key(start), self.offset)
+
+
+def sliding_cache(ring: RotatingKVCache, kv_bits: int, group_size: int) -> SlidingKVCache:
+    """The position-addressed cache that replaces mlx-lm's ring for a sliding-window layer.
+
+    Raises:
+        ValueError: The ring keeps leading tokens (an attention sink), which this cache does not model.
+    """
+    if ring.keep:
+        raise ValueError(f"a sliding-window cache keeping {ring.keep} leading tokens is not supported")
+    return SlidingKVCache(ring.max_size, QuantizedKVStore(kv_bits, group_size) if kv_bits == 8 else None)
+
+
 def make_window_cache(model: nn.Module, policy: WindowPolicy, kv_bits: int = 16,
                       group_size: int = 64) -> list:
     """Per-layer caches for `model` with the window policy on its attention layers.
 
     Layers whose default cache is mlx-lm's `KVCache` get a `WindowKVCache`
-    (kv_bits 16: model dtype) or `QuantizedWindowKVCache` (kv_bits 8); other
-    caches (recurrent `ArraysCache`, sliding-window `RotatingKVCache`) are kept.
+    (kv_bits 16: model dtype) or `QuantizedWindowKVCache` (kv_bits 8);
+    sliding-window layers (`RotatingKVCache`) get a `SlidingKVCache` of their
+    window; other caches (recurrent `ArraysCache`) are kept.
 
     Raises:
         ValueError: kv_bits is not 16 or 8.
@@ -293,6 +344,8 @@ def make_window_cache(model: nn.Module, policy: WindowPolicy, kv_bits: int = 16,
     base = model.make_cache() if hasattr(model, "make_cache") else [KVCache() for _ in model.layers]
 
     def replace(cache):
+        if type(cache) is RotatingKVCache:
+            return sliding_cache(cache, kv_bits, group_size)
         if type(cache) is not KVCache:
             return cache
         if kv_bits == 8:
