@@ -177,7 +177,7 @@ def _converted(source: GgufFile, arch_map: Architecture, bits: int, progress: bo
 
     total = sum(t.nbytes for t in source.tensors)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"converting {source.path.name}",
-              disable=not progress, leave=False) as bar:
+              disable=None if progress else True, leave=False) as bar:  # None: only on a terminal
         for tensor in source.tensors:
             hf = hf_name(tensor.name, arch_map)
             if hf is not None:

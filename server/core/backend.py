@@ -192,7 +192,7 @@ def start_backend(settings: Settings, *, progress: bool = False) -> Backend:
     from engine.engine import Engine
     from engine.loading import load_model
 
-    loaded = load_model(settings.model.name, progress=progress)
+    loaded = load_model(settings.model.name, progress=progress, gguf_bits=settings.model.gguf_bits)
     memory = settings.memory
     draft = drafter_for(settings.model.draft_model, settings.model.speculation, loaded.tokenizer, compute,
                         memory.checkpoint_bytes)

@@ -7,8 +7,9 @@ OS, the editor and everything else; from that it sets aside the checkpoint budge
 `Budget.context_tokens` (8,192: the default prefix, focus and answer fill the default model's
 whole context) fit in what is left:
 
-- weights on Metal: a GGUF at the bits it is converted to (`engine.gguf.DEFAULT_GGUF_BITS`, plus
-  a float16 scale and bias per group of `engine.gguf_convert.GROUP_SIZE`), an mlx-lm directory at
+- weights on Metal: a GGUF at the bits it is converted to (`engine.gguf.DEFAULT_GGUF_BITS`, or the
+  file's own bits a weight where more: finer tensors stay at 8 bits; plus a float16 scale and bias
+  per group of `engine.gguf_convert.GROUP_SIZE`), an mlx-lm directory at
   its size on disk; on the CPU: 4 bytes a parameter (codectx runs float32 there,
   `engine.loaded_model.weight_dtype`). A machine without Metal is judged as a CPU, a CUDA GPU
   included (conservative: its weights stay quantised);
@@ -220,7 +221,7 @@ def assess(profile: Profile, machine: Machine, budget: Budget) -> Assessment:
     if profile.shape is None:
         return Assessment(profile, family, None, None, False, profile.why_not or "size unknown")
     if machine.metal:
-        weights = profile.size_bytes if profile.format == "mlx" else _converted_bytes(profile.shape, budget)
+        weights = profile.size_bytes if profile.format == "mlx" else _converted_bytes(profile, budget)
         value_bytes = 2
     else:
         weights, value_bytes = profile.shape.parameters * 4, 4
@@ -319,13 +320,19 @@ def _suggestion(machine: Machine, budget: Budget, best: Assessment | None, found
                       pick.profile.architecture in SUPPORTED_ARCHITECTURES)
 
 
-def _converted_bytes(shape: ModelShape, budget: Budget) -> int:
+def _converted_bytes(profile: Any, budget: Budget) -> int:
+    """A GGUF's weights once converted: `bits` a weight, but never fewer than the file's own
+    (a conversion keeps tensors the file holds more finely at 8 bits, `engine.gguf_convert`),
+    plus a float16 scale and bias per group."""
     from engine.gguf import DEFAULT_GGUF_BITS
     from engine.gguf_convert import GROUP_SIZE
 
     bits = budget.gguf_bits or DEFAULT_GGUF_BITS
-    per_weight = bits + (32 / GROUP_SIZE if bits <= 8 else 0)  # a float16 scale and bias per group
-    return int(shape.parameters * per_weight / 8)
+    parameters = profile.shape.parameters
+    if bits <= 8 and profile.size_bytes and parameters:
+        bits = max(bits, min(8.0, profile.size_bytes * 8 / parameters))
+    per_weight = bits + (32 / GROUP_SIZE if bits <= 8 else 0)
+    return int(parameters * per_weight / 8)
 
 
 def _precision(quantisation: str | None) -> float:

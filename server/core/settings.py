@@ -30,6 +30,8 @@ class ModelSettings:
             lookup, paused while it does not pay).
         draft_model: A small model with the same tokenizer that drafts for
             "draft"/"auto" (a directory, a `.gguf` or a hub id); "" for none.
+        gguf_bits: What a GGUF's weights are converted to: 4 (the file's 4-bit grids kept,
+            finer tensors at 8), 8 or 16 (float16); `engine.gguf.DEFAULT_GGUF_BITS` is 4.
     """
 
     name: str = "smollm2-135m"
@@ -37,6 +39,7 @@ class ModelSettings:
     prefill_chunk: int = 256
     speculation: str = "lookup"
     draft_model: str = ""
+    gguf_bits: int = 4
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,7 @@ _MINIMUMS = {
     "latency_budget_ms": 0, "prefetch": 0, "prepare_batch": 1, "max_tokens": 1, "max_tool_calls": 0,
     "debounce_ms": 0, "blas_threads": 0, "repetition_penalty": 1.0,
 }
-_CHOICES = {"kv_bits": (8, 16), "speculation": ("off", "lookup", "draft", "auto"),
+_CHOICES = {"kv_bits": (8, 16), "gguf_bits": (4, 8, 16), "speculation": ("off", "lookup", "draft", "auto"),
             "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES, "linear": LINEAR_CHOICES}
 _MAY_BE_EMPTY = {"draft_model", "url", "model", "key_file"}
 

@@ -35,3 +35,13 @@ def test_invalid_values_keep_defaults_and_are_named():
 def test_top_level_not_an_object():
     settings, problems = parse_settings(["x"])
     assert settings == Settings() and len(problems) == 1
+
+
+def test_gguf_bits_default_is_the_engines_and_other_values_are_refused():
+    from engine.gguf import DEFAULT_GGUF_BITS
+
+    assert Settings().model.gguf_bits == DEFAULT_GGUF_BITS
+    settings, problems = parse_settings({"model": {"ggufBits": 8}})
+    assert settings.model.gguf_bits == 8 and not problems
+    settings, problems = parse_settings({"model": {"ggufBits": 3}})
+    assert settings.model.gguf_bits == DEFAULT_GGUF_BITS and any("ggufBits" in p for p in problems)
