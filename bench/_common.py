@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks: a Markdown table, the machine's description, JSON results,
-and the BLAS start-up step.
+the BLAS start-up step, and one cold request timed through the engine.
 
 Benchmarks are scripts (not CI); each prints a table and writes its numbers to
 ``bench/results/`` so a later run can be compared with this one. A benchmark that
@@ -14,8 +14,9 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -95,3 +96,55 @@ def write_json(name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR
     path = directory / f"{name}-{stamp}.json"
     path.write_text(json.dumps({"utc": stamp, **payload}, indent=2, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def corpus_ids(tokenizer: Any, needed: int) -> list[int]:
+    """Token ids of this repository's Python sources in path order, at least `needed` of them."""
+    ids: list[int] = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        if ".venv" in path.parts or "results" in path.parts:
+            continue
+        ids += tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
+        if len(ids) >= needed:
+            return ids
+    raise SystemExit(f"the repository holds fewer than {needed} tokens of Python")
+
+
+def timed(stream: Iterator[int]) -> dict[str, Any]:
+    """Consume a stream yielding token counts; time the first token and the rest.
+
+    Besides wall time, the process's CPU time (all threads) is recorded: on a
+    shared, oversubscribed CPU, tokens per CPU-second vary far less than
+    tokens per second.
+    """
+    start, cpu_start = time.perf_counter(), time.process_time()
+    first = last = cpu_first = cpu_last = None
+    tokens = 0
+    for count in stream:
+        if count == 0:
+            continue
+        now, cpu_now = time.perf_counter(), time.process_time()
+        if first is None:
+            first, cpu_first = now, cpu_now
+        last, cpu_last, tokens = now, cpu_now, tokens + count
+    if first is None:
+        raise RuntimeError("no token was generated")
+    rest = tokens - 1
+    return {"ttft_s": first - start, "ttft_cpu_s": cpu_first - cpu_start, "decode_tokens": tokens,
+            "decode_tps": rest / (last - first) if rest > 0 and last > first else None,
+            "decode_per_cpu_s": rest / (cpu_last - cpu_first) if rest > 0 and cpu_last > cpu_first else None}
+
+
+def engine_run(loaded: Any, ids: list[int], max_tokens: int, *, chunk: int, options: Any) -> dict[str, Any]:
+    """One cold request (`ids`, then up to `max_tokens` decoded) through a fresh `engine.Engine` on
+    `loaded` with `options` (engine.compute.ComputeOptions): `timed` plus the engine's own metrics."""
+    from engine.engine import Engine
+    from engine.request import Request, TokenEvent
+
+    with Engine(loaded, prefill_chunk=chunk, compute=options) as eng:
+        handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
+        result = timed(len(e.token_ids) for e in handle if isinstance(e, TokenEvent))
+        metrics = handle.result().metrics
+    assert metrics.recomputed_tokens == len(ids), "the benchmark needs a cold prefill"
+    result["internal"] = metrics.as_dict()
+    return result

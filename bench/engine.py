@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,64 +54,16 @@ blas.preload(ARGS.blas, ARGS.threads)  # before MLX is imported
 
 import mlx.core as mx  # noqa: E402
 
-from _common import machine, markdown_table, write_json  # noqa: E402
+from _common import corpus_ids, engine_run, machine, markdown_table, timed, write_json  # noqa: E402
 from engine.compute import ComputeOptions  # noqa: E402
-from engine.engine import Engine  # noqa: E402
 from engine.loading import load_model  # noqa: E402
-from engine.request import Request, TokenEvent  # noqa: E402
 
 Run = Callable[[list[int], int], dict[str, Any]]
 
 
-def corpus_ids(tokenizer: Any, needed: int) -> list[int]:
-    """Token ids of this repository's Python sources in path order, at least `needed` of them."""
-    ids: list[int] = []
-    for path in sorted(ROOT.glob("**/*.py")):
-        if ".venv" in path.parts or "results" in path.parts:
-            continue
-        ids += tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
-        if len(ids) >= needed:
-            return ids
-    raise SystemExit(f"the repository holds fewer than {needed} tokens of Python")
-
-
-def timed(stream: Iterator[int]) -> dict[str, Any]:
-    """Consume a stream yielding token counts; time the first token and the rest.
-
-    Besides wall time, the process's CPU time (all threads) is recorded: on a
-    shared, oversubscribed CPU, tokens per CPU-second vary far less than
-    tokens per second.
-    """
-    start, cpu_start = time.perf_counter(), time.process_time()
-    first = last = cpu_first = cpu_last = None
-    tokens = 0
-    for count in stream:
-        if count == 0:
-            continue
-        now, cpu_now = time.perf_counter(), time.process_time()
-        if first is None:
-            first, cpu_first = now, cpu_now
-        last, cpu_last, tokens = now, cpu_now, tokens + count
-    if first is None:
-        raise RuntimeError("no token was generated")
-    rest = tokens - 1
-    return {"ttft_s": first - start, "ttft_cpu_s": cpu_first - cpu_start, "decode_tokens": tokens,
-            "decode_tps": rest / (last - first) if rest > 0 and last > first else None,
-            "decode_per_cpu_s": rest / (cpu_last - cpu_first) if rest > 0 and cpu_last > cpu_first else None}
-
-
 def codectx_runner(loaded: Any, chunk: int, compiled: bool = True) -> Run:
-    def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
-        options = ComputeOptions(compile=compiled, blas=ARGS.blas, blas_threads=ARGS.threads)
-        with Engine(loaded, prefill_chunk=chunk, compute=options) as eng:
-            handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
-            result = timed(len(e.token_ids) for e in handle if isinstance(e, TokenEvent))
-            metrics = handle.result().metrics
-        assert metrics.recomputed_tokens == len(ids), "the benchmark needs a cold prefill"
-        result["internal"] = metrics.as_dict()
-        return result
-
-    return run
+    options = ComputeOptions(compile=compiled, blas=ARGS.blas, blas_threads=ARGS.threads)
+    return lambda ids, max_tokens: engine_run(loaded, ids, max_tokens, chunk=chunk, options=options)
 
 
 def mlx_lm_runner(model_dir: Path, chunk: int) -> Run:

@@ -1,16 +1,37 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` (the remote-engine tests' and bench/remote.py's peer) from the
-# llama.cpp tree that the llama-cpp-python sdist on PyPI vendors, once per machine: the binary and
-# its libraries go to $CODECTX_DEV_CACHE (default ~/.cache/codectx-dev), outside the clone, so a
-# second run (or a second clone) only checks. About 7 minutes on 2 cores (cmake and a C++ compiler).
-# Prints the folder that holds `llama-server` (run it with LD_LIBRARY_PATH set to that folder).
+# Builds llama.cpp's `llama-server` (the remote-engine tests' and bench/remote.py's peer),
+# `llama-quantize` and `llama-bench` (bench/models.py: the default model in each GGUF quantisation,
+# timed on llama.cpp beside codectx) from the llama.cpp tree that the llama-cpp-python sdist on PyPI
+# vendors, once per machine: the binaries and their libraries go to $CODECTX_DEV_CACHE (default
+# ~/.cache/codectx-dev), outside the clone, so a second run (or a second clone) only checks, and a
+# run after an older version of this script builds only the tools that are missing. On 2 cores
+# (cmake and a C++ compiler) about 7 minutes for llama-server, 15 for the other two.
+# Prints the folder that holds the tools (run them with LD_LIBRARY_PATH set to that folder).
 set -euo pipefail
 VERSION=0.3.36
 CACHE="${CODECTX_DEV_CACHE:-$HOME/.cache/codectx-dev}"
 TARGET="$CACHE/llama-server-$VERSION"
 PYTHON="${PYTHON:-python3}"
+TOOLS=(llama-server llama-quantize llama-bench)
 
-if [ -x "$TARGET/llama-server" ] && LD_LIBRARY_PATH="$TARGET" "$TARGET/llama-server" --version >/dev/null 2>&1; then
+works() {
+  # llama-server and llama-bench answer --version; llama-quantize only prints its usage (exit 1).
+  local out
+  case "$1" in
+    llama-quantize)
+      out="$(LD_LIBRARY_PATH="$TARGET" "$TARGET/$1" --help 2>&1 || true)"
+      [[ "$out" == *"--allow-requantize"* ]] ;;
+    *) LD_LIBRARY_PATH="$TARGET" "$TARGET/$1" --version >/dev/null 2>&1 ;;
+  esac
+}
+
+MISSING=()
+for tool in "${TOOLS[@]}"; do
+  if [ ! -x "$TARGET/$tool" ] || ! works "$tool"; then
+    MISSING+=("$tool")
+  fi
+done
+if [ "${#MISSING[@]}" -eq 0 ]; then
   echo "$TARGET"
   exit 0
 fi
@@ -23,9 +44,12 @@ GENERATOR=()
 command -v ninja >/dev/null 2>&1 && GENERATOR=(-G Ninja)
 cmake -S "$SRC" -B "$WORK/build" "${GENERATOR[@]}" -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
   -DCMAKE_BUILD_TYPE=Release >&2
-cmake --build "$WORK/build" --target llama-server -j"$(nproc)" >&2
-mkdir -p "$TARGET.tmp"
-cp -a "$WORK/build/bin/llama-server" "$WORK"/build/bin/*.so* "$TARGET.tmp/"
-rm -rf "$TARGET"
-mv "$TARGET.tmp" "$TARGET"
+cmake --build "$WORK/build" --target "${MISSING[@]}" -j"$(nproc)" >&2
+# Each file lands by rename, so a llama-server already running from $TARGET keeps its old inodes.
+mkdir -p "$TARGET"
+for file in "${MISSING[@]/#/$WORK/build/bin/}" "$WORK"/build/bin/*.so*; do
+  name="$(basename "$file")"
+  cp -a "$file" "$TARGET/.$name.tmp"
+  mv -f "$TARGET/.$name.tmp" "$TARGET/$name"
+done
 echo "$TARGET"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine: the Python venv with the dev
 # extras, the VS Code extension's Node packages, Debian's Chromium for the /monitor test, Emacs with
-# eglot for the Emacs editor test and llama.cpp's llama-server for the remote-engine tests.
+# eglot for the Emacs editor test and llama.cpp's llama-server for the remote-engine tests (with
+# llama-quantize and llama-bench for bench/models.py).
 # Idempotent: a second run only checks. Used by README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,5 +36,6 @@ if ! emacs --batch --eval "(require 'eglot)" >/dev/null 2>&1; then
   fi
 fi
 
-# --- llama.cpp's llama-server (tests/server/test_remote_llama.py), built once per machine ---
+# --- llama.cpp's llama-server (tests/server/test_remote_llama.py), llama-quantize and llama-bench
+# (bench/models.py), built once per machine ---
 PYTHON=.venv/bin/python bash scripts/build-llama-server.sh >/dev/null
