@@ -19,7 +19,7 @@ from engine import default_model
 from engine.default_model import cached_default_model, ensure_default_model, sha256_of
 from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
 from engine.loading import load_model, weight_dtype
-from engine.paths import codectx_home, models_dir
+from engine.paths import codectx_home, exclusive_lock, models_dir
 from engine.tokenizer import Tokenizer
 
 TEXTS = ["", "plain ascii", "def f(x):\n    return x * 2\n", "Grüße aus Köln — 東京 🙂🚀", "  two  spaces\t"]
@@ -204,7 +204,7 @@ def test_truncated_gguf_fails_conversion_and_leaves_the_cache_clean(tiny_gguf, h
     truncated = tmp_path / "truncated.gguf"
     data = tiny_gguf.read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelLoadError, match="past the end"):
+    with pytest.raises(ModelLoadError, match="truncated"):
         ensure_default_model(progress=False, expected_sha256=sha256_of(truncated),
                              gguf_source=truncated)
     assert _cache_entries() == []
@@ -232,7 +232,7 @@ def test_two_processes_convert_the_default_model_once(tiny_gguf, home):
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
     args = [str(tiny_gguf), sha256_of(tiny_gguf)]
     models_dir().mkdir(parents=True)
-    with default_model._exclusive_lock(models_dir() / ".smollm2-135m.lock"):
+    with exclusive_lock(models_dir() / ".smollm2-135m.lock", "the test"):
         procs = [subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                  for _ in range(2)]
@@ -240,7 +240,7 @@ def test_two_processes_convert_the_default_model_once(tiny_gguf, home):
             assert _read_until(proc.stdout, "waiting for another process")
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0]
-    assert sum("engine.gguf converted" in out for out in outputs) == 1
+    assert sum("engine.gguf_convert converted" in out for out in outputs) == 1
     assert all(out.strip().endswith(str(home / "models" / "smollm2-135m")) for out in outputs)
     assert _cache_entries() == ["smollm2-135m"]
     assert cached_default_model(sha256_of(tiny_gguf)) is not None

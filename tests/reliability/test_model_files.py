@@ -19,6 +19,7 @@ import pytest
 
 from engine.default_model import GGUF_NAME, default_model_damage, default_model_dir, ensure_default_model
 from engine.model_manifest import MANIFEST_NAME, file_digest, manifest_problem, write_manifest
+from engine.paths import exclusive_lock
 from tests.engine.tiny_models import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_two_processes_finding_the_same_damage_repair_it_once(home):
             "format='%(name)s %(message)s'); from engine.default_model import ensure_default_model; "
             "print('repaired:', ensure_default_model(progress=False, fetch=False).repaired)")
     env = {**os.environ, "CODECTX_HOME": str(home), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    with default_model._exclusive_lock(home / "models" / ".smollm2-135m.lock"):
+    with exclusive_lock(home / "models" / ".smollm2-135m.lock", "the test"):
         procs = [subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                  for _ in range(2)]
@@ -154,7 +155,7 @@ def test_two_processes_finding_the_same_damage_repair_it_once(home):
             assert any("waiting for another process" in line for line in iter(proc.stdout.readline, ""))
     outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0]
-    assert sum("engine.gguf converted" in out for out in outputs) == 1
+    assert sum("engine.gguf_convert converted" in out for out in outputs) == 1
     assert sum("repaired: tokenizer.json does not match" in out for out in outputs) == 1
     assert sum("repaired: None" in out for out in outputs) == 1
     assert default_model_damage() is None
