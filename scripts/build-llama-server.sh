@@ -6,13 +6,19 @@
 # ~/.cache/codectx-dev), outside the clone, so a second run (or a second clone) only checks, and a
 # run after an older version of this script builds only the tools that are missing. On 2 cores
 # (cmake and a C++ compiler) about 7 minutes for llama-server, 15 for the other two.
+# Arguments: the tools to have (default: all three); the test setup (dev-setup.sh) asks only for
+# llama-server, so CI does not build what only the benchmark uses.
 # Prints the folder that holds the tools (run them with LD_LIBRARY_PATH set to that folder).
 set -euo pipefail
 VERSION=0.3.36
 CACHE="${CODECTX_DEV_CACHE:-$HOME/.cache/codectx-dev}"
 TARGET="$CACHE/llama-server-$VERSION"
 PYTHON="${PYTHON:-python3}"
-TOOLS=(llama-server llama-quantize llama-bench)
+TOOLS=("$@")
+[ "${#TOOLS[@]}" -gt 0 ] || TOOLS=(llama-server llama-quantize llama-bench)
+for tool in "${TOOLS[@]}"; do
+  case "$tool" in llama-server|llama-quantize|llama-bench) ;; *) echo "unknown tool: $tool" >&2; exit 2 ;; esac
+done
 
 works() {
   # llama-server and llama-bench answer --version; llama-quantize only prints its usage (exit 1).

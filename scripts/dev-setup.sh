@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine: the Python venv with the dev
 # extras, the VS Code extension's Node packages, Debian's Chromium for the /monitor test, Emacs with
-# eglot for the Emacs editor test and llama.cpp's llama-server for the remote-engine tests (with
-# llama-quantize and llama-bench for bench/models.py).
+# eglot for the Emacs editor test and llama.cpp's llama-server for the remote-engine tests.
 # Idempotent: a second run only checks. Used by README's test command and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +35,6 @@ if ! emacs --batch --eval "(require 'eglot)" >/dev/null 2>&1; then
   fi
 fi
 
-# --- llama.cpp's llama-server (tests/server/test_remote_llama.py), llama-quantize and llama-bench
-# (bench/models.py), built once per machine ---
-PYTHON=.venv/bin/python bash scripts/build-llama-server.sh >/dev/null
+# --- llama.cpp's llama-server (tests/server/test_remote_llama.py), built once per machine; the
+# benchmark's llama-quantize and llama-bench: `bash scripts/build-llama-server.sh` (bench/models.py) ---
+PYTHON=.venv/bin/python bash scripts/build-llama-server.sh llama-server >/dev/null
