@@ -1,8 +1,7 @@
 """`Engine`: one worker thread that owns MLX and serves requests in priority order.
 
     engine = Engine(load_model(path))
-    for event in engine.submit(Request(prompt_ids=ids, max_tokens=64)):
-        ...                       # TokenEvent..., then one DoneEvent
+    events = list(engine.submit(Request(prompt_ids=ids, max_tokens=64)))  # TokenEvent..., then DoneEvent
     engine.close()
 
 Requests run one at a time, lowest `Request.priority` first, FIFO within a priority (answers that
@@ -93,9 +92,10 @@ class Engine:
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         self.window = window
         policy, cache = policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, window)
-        self.prefix = PrefixCache(self.compute, policy, budget_bytes=checkpoint_budget_bytes,
-                                  archive_bytes=archive_bytes, cache=cache,
-                                  window=window if policy.approximation else None)
+        self.prefix = PrefixCache(
+            self.compute, policy, budget_bytes=checkpoint_budget_bytes, archive_bytes=archive_bytes, cache=cache,
+            window=window if policy.approximation else None,
+            rebuild=lambda: policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, self.window)[1])
         self._pending_window: tuple[Any] | None = None
         self._queue = JobQueue()
         self._lock = threading.Lock()

@@ -75,11 +75,13 @@ class PrefixCache:
             speak the trim/offset/state vocabulary (see `engine.state`).
         window: The `engine.window.WindowPolicy` of `cache` (its layers must be
             window caches); None for caches that attend densely.
+        rebuild: Makes a fresh live cache like `cache` (None: `engine.kv.make_cache`), for a
+            rollback that fails; without it such a failure is raised.
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
-                 archive_bytes: int = 0, archive_root: Any = None,
-                 cache: list[Any] | None = None, window: Any = None) -> None:
+                 archive_bytes: int = 0, archive_root: Any = None, cache: list[Any] | None = None,
+                 window: Any = None, rebuild: Callable[[], list[Any] | None] | None = None) -> None:
         self.compute = path_of(model)
         self.model = self.compute.model
         self._budget_bytes = default_budget_bytes() if budget_bytes is None else budget_bytes
@@ -91,6 +93,7 @@ class PrefixCache:
         self._last_prefix: tuple[SegmentLike, ...] = ()  # see `warm_prefix`
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
+        self._rebuild = rebuild
         self._use(policy, cache, window)
 
     def _use(self, policy: CachePolicy, cache: list[Any] | None, window: Any) -> None:
@@ -255,8 +258,20 @@ class PrefixCache:
         return Miss("policy mismatch") if first is not None and first.token_key in self._retired else miss
 
     def rollback(self) -> int:
-        """Drop unconfirmed state; return the tokens of confirmed state kept."""
-        kept = self.store.rollback(self.cache)
+        """Drop unconfirmed state; return the tokens of confirmed state kept.
+
+        A live cache that cannot be trimmed back (a failure left a layer in a state the
+        checkpoints do not describe) is replaced by a fresh one from `rebuild`, and this
+        policy's checkpoints with it: later requests recompute instead of reading bad state.
+        """
+        try:
+            kept = self.store.rollback(self.cache)
+        except Exception:  # the engine's worker must outlive any one request's failure
+            if self._rebuild is None:
+                raise
+            log.exception("the live cache could not be rolled back; it starts afresh")
+            self.switch_policy(self.policy, self._rebuild(), self.window)
+            kept = 0
         self._update_stats()
         return kept
 

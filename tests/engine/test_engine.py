@@ -166,6 +166,22 @@ def test_error_in_request_ends_with_error_and_engine_stays_usable(engine, tiny_l
     assert engine.stats()["requests_failed"] == 1
 
 
+def test_a_cache_that_cannot_roll_back_is_rebuilt_and_the_engine_keeps_serving(engine, tiny_loaded, long_ids):
+    """A layer that cannot be copied or trimmed by position (mlx-lm's ring cache, what Gemma's sliding
+    layers had before `SlidingKVCache`) fails the request and its rollback; the engine answers the
+    request with the error, starts its live cache afresh and serves the next request as a fresh
+    engine would."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    expected = _run(Engine(tiny_loaded, prefill_chunk=16), Request(prompt_ids=_chat(tiny_loaded), max_tokens=8))[1]
+    engine.prefix.cache[0] = RotatingKVCache(max_size=8)
+    _, failed = _run(engine, Request(prompt_ids=long_ids, max_tokens=4))
+    assert failed.finish_reason == "error" and failed.error is not None
+    assert not any(isinstance(c, RotatingKVCache) for c in engine.prefix.cache)
+    _, after = _run(engine, Request(prompt_ids=_chat(tiny_loaded), max_tokens=8))
+    assert (after.finish_reason, after.text) == (expected.finish_reason, expected.text)
+
+
 # -- cancel, order, concurrency ------------------------------------------------
 
 def test_cancel_during_prefill_then_next_request_matches_fresh(engine, tiny_loaded, long_ids):
