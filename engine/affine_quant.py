@@ -76,11 +76,16 @@ def _grid_step(groups: np.ndarray, low: np.ndarray, high: np.ndarray, top: int) 
         open_ = ~np.isfinite(found) & np.isfinite(smallest)
         if not open_.any():
             break
-        span = high[open_] - low[open_]
+        every = open_.all()  # the first pass usually: no gather
+        rows = groups if every else groups[open_]
+        span = (high - low) if every else high[open_] - low[open_]
         # the whole span, a whole number of steps, pins the step far better than one gap
-        step = span / np.maximum(np.rint(span / (smallest[open_] / parts)), 1)
+        step = span / np.maximum(np.rint(span / ((smallest if every else smallest[open_]) / parts)), 1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            levels = (groups[open_] - low[open_, None]) / step[:, None]
-            fits = (np.abs(levels - np.rint(levels)).max(axis=1) < _ON_GRID) & (np.rint(levels).max(axis=1) <= top)
+            levels = (rows - (low if every else low[open_])[:, None]) / step[:, None]
+            rounded = np.rint(levels)
+            fits = rounded.max(axis=1) <= top
+            np.subtract(levels, rounded, out=levels)
+            fits &= np.abs(levels, out=levels).max(axis=1) < _ON_GRID
         found[np.flatnonzero(open_)[fits]] = step[fits]
     return found
