@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from engine.errors import ChecksumMismatchError, ModelLoadError, ModelNotFoundError
 from engine.model_manifest import manifest_problem, write_manifest
-from engine.paths import exclusive_lock, models_dir
+from engine.paths import exclusive_lock, models_dir, remove_stale_staging
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def ensure_default_model(
         if not fresh:
             log.warning("the default model at %s is damaged (%s); repairing it from its kept GGUF",
                         default_model_dir(), damage)
-        _remove_stale_staging(root)
+        remove_stale_staging(root, DEFAULT_MODEL_ID)  # with the lock held
         staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_ID}.", dir=root))
         try:
             kept = None if fresh else default_model_dir() / GGUF_NAME
@@ -255,14 +255,6 @@ def _verify(gguf: Path, expected_sha256: str, progress: bool) -> None:
     with tqdm(total=gguf.stat().st_size, unit="B", unit_scale=True, desc="sha256",
               disable=not progress, file=sys.stderr, leave=False) as bytes_bar:
         verify_gguf(gguf, expected_sha256, bytes_bar)
-
-
-def _remove_stale_staging(root: Path) -> None:
-    """Delete staging directories a killed process left behind (call with the lock held)."""
-    for stale in root.glob(f".{DEFAULT_MODEL_ID}.*"):
-        if stale.is_dir():
-            log.info("removing %s left by an interrupted fetch", stale)
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _pip_download(dest: Path) -> Path:

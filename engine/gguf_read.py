@@ -7,6 +7,7 @@ K-quants and the i-quants). Nothing here writes anything.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +19,17 @@ from engine.errors import ModelLoadError
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
-_KNOWN_ODD_TYPES = ("F64", "I8", "I16", "I32", "I64")  # not weights llama.cpp quantizes
 
 
+@functools.cache
 def convertible_types() -> tuple[str, ...]:
-    """GGML tensor type names this reader dequantizes (what the `gguf` package can)."""
+    """GGML tensor type names this reader dequantizes: plain arrays, and what the `gguf`
+    package dequantizes (probed once per process)."""
     from gguf import GGMLQuantizationType, quants
 
     names = []
     for qtype in GGMLQuantizationType:
-        if qtype.name in _FLOAT_TYPES or qtype.name in _KNOWN_ODD_TYPES:
+        if qtype.name in _FLOAT_TYPES or qtype.name in _PLAIN_TYPES:
             continue
         probe = np.zeros(quants.GGML_QUANT_SIZES[qtype][1], dtype=np.uint8)
         try:
@@ -35,7 +37,7 @@ def convertible_types() -> tuple[str, ...]:
         except NotImplementedError:
             continue
         names.append(qtype.name)
-    return (*_FLOAT_TYPES, *names)
+    return (*_FLOAT_TYPES, *(t for t in _PLAIN_TYPES if t not in _FLOAT_TYPES), *names)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class _Cursor:
     """Reads GGUF's little-endian values from a byte buffer, front to back."""
 
     def __init__(self, data: np.ndarray) -> None:
-        self.data, self.buffer, self.at = data, memoryview(data), 0
+        self.buffer, self.at = memoryview(data), 0
 
     def take(self, size: int) -> memoryview:
         end = self.at + size

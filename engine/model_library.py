@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,6 +42,8 @@ class FoundModel:
         quantisation: The GGUF file type (e.g. "Q4_K_M"), or None.
         size_bytes: On disk.
         why_not: Why codectx cannot load it; None when it can.
+        header: A GGUF's parsed header (`engine.gguf_read.GgufFile`), kept so later readers
+            (the model's shape) do not parse it again; None for directories and unreadable files.
     """
 
     spec: str
@@ -52,6 +54,7 @@ class FoundModel:
     quantisation: str | None
     size_bytes: int
     why_not: str | None = None
+    header: Any = field(default=None, repr=False, compare=False)
 
     @property
     def loadable(self) -> bool:
@@ -195,15 +198,17 @@ def _codectx_models() -> Iterator[FoundModel]:
 
 def gguf_model(spec: str, source: str, path: Path) -> FoundModel:
     """A GGUF file's entry, from its header; loadable as `engine.gguf.loadable_problem` says."""
-    from engine.gguf import gguf_summary
+    from engine.gguf import loadable_problem
+    from engine.gguf_read import open_gguf
 
     size = path.stat().st_size
     try:
-        opened, why = gguf_summary(path)
+        opened = open_gguf(path)
         architecture, quantisation = opened.architecture, gguf_quantisation(opened)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
         return FoundModel(spec, source, path, "gguf", None, None, size, f"unreadable GGUF: {err}")
-    return FoundModel(spec, source, path, "gguf", architecture, quantisation, size, why)
+    return FoundModel(spec, source, path, "gguf", architecture, quantisation, size, loadable_problem(opened),
+                      header=opened)
 
 
 def gguf_quantisation(opened: Any) -> str:

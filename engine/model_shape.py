@@ -9,6 +9,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import ModelLoadError
 
@@ -32,15 +33,19 @@ class ModelShape:
     names: str = ""
 
 
-def gguf_shape(path: Path) -> ModelShape:
+def gguf_shape(path: Path, header: Any = None) -> ModelShape:
     """The shape a GGUF header declares.
+
+    Args:
+        path: The GGUF file.
+        header: Its header already parsed (`engine.gguf_read.GgufFile`); parsed here when None.
 
     Raises:
         ModelLoadError: Not GGUF, truncated, or lacking the block and head counts.
     """
     from engine.gguf_read import open_gguf  # header parsed, tensor data memory-mapped, not read
 
-    opened = open_gguf(path)
+    opened = header if header is not None else open_gguf(path)
     metadata = opened.metadata
     arch = metadata.get("general.architecture")
     try:

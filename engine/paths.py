@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -46,3 +47,11 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remove_stale_staging(parent: Path, name: str) -> None:
+    """Remove the staging directories (`.<name>.*`) an interrupted build of `name` left in `parent`."""
+    for leftover in parent.glob(f".{name}.*"):
+        if leftover.is_dir():
+            log.info("removing %s left by an interrupted build", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -75,8 +75,8 @@ class PrefixCache:
             speak the trim/offset/state vocabulary (see `engine.state`).
         window: The `engine.window.WindowPolicy` of `cache` (its layers must be
             window caches); None for caches that attend densely.
-        rebuild: Makes a fresh live cache like `cache` (None: `engine.kv.make_cache`), for a
-            rollback that fails; without it such a failure is raised.
+        rebuild: Makes a fresh live cache like `cache` (its None standing, as for `cache`, for
+            `engine.kv.make_cache`), for a rollback that fails; without it such a failure is raised.
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,

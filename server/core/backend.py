@@ -124,17 +124,13 @@ class EngineBackend:
         if on_prefill is not None:
             def chunk_callback(done: int, total: int) -> None:  # worker thread
                 loop.call_soon_threadsafe(on_prefill, done, total)
-        return await self._until_done(self.submit(request, on_progress=chunk_callback), request.request_id, on_text)
+        return await until_done(self, self.submit(request, on_progress=chunk_callback), request.request_id, on_text)
 
     def generate_batch(self, requests: Sequence[Request]) -> list[Awaitable[DoneEvent]]:
         requests = [self._with_generation(r) for r in requests]
         submit_batch = getattr(self.engine, "submit_batch", None)  # a stand-in engine may have none
         handles = submit_batch(requests) if submit_batch is not None else [self.engine.submit(r) for r in requests]
-        return [self._until_done(handle, request.request_id) for request, handle in zip(requests, handles)]
-
-    async def _until_done(self, handle: Any, request_id: str,
-                          on_text: Callable[[str], None] | None = None) -> DoneEvent:
-        return await until_done(self, handle, request_id, on_text)
+        return [until_done(self, handle, request.request_id) for request, handle in zip(requests, handles)]
 
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)

@@ -204,7 +204,7 @@ def profile_of(found: FoundModel) -> Profile:
     shape, why = None, found.why_not
     if found.loadable:
         try:
-            shape = gguf_shape(found.path) if found.format == "gguf" else directory_shape(found.path)
+            shape = gguf_shape(found.path, found.header) if found.format == "gguf" else directory_shape(found.path)
         except Exception as err:  # noqa: BLE001 - a model whose size is unreadable is not judged
             why = f"size unknown: {err}"
     if found.source in ("ollama", "lmstudio"):

@@ -154,26 +154,20 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def to_gguf_layout(arch: str, hf_name: str, w: np.ndarray) -> np.ndarray:
-    """What llama.cpp's converter does to one tensor's values before writing it."""
-    if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
-        return permute_qk(w, HEADS)
-    if arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
-        return permute_qk(w, KV_HEADS)
+def to_gguf_layout(arch: str, hf_name: str, w: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+    """What llama.cpp's converter does to one tensor's values before writing it (`inverse`: undone,
+    applied to what the file holds)."""
+    for proj, heads in (("q_proj", HEADS), ("k_proj", KV_HEADS)):
+        if arch == "llama" and hf_name.endswith(f"self_attn.{proj}.weight"):
+            return unpermute_qk(w, heads) if inverse else permute_qk(w, heads)
     if arch == "gemma3" and hf_name.endswith("norm.weight"):
-        return w + np.float32(1.0)
+        return w - np.float32(1.0) if inverse else w + np.float32(1.0)
     return w
 
 
 def from_gguf_layout(arch: str, hf_name: str, w: np.ndarray) -> np.ndarray:
     """The inverse of `to_gguf_layout`, applied to what the file holds."""
-    if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
-        return unpermute_qk(w, HEADS)
-    if arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
-        return unpermute_qk(w, KV_HEADS)
-    if arch == "gemma3" and hf_name.endswith("norm.weight"):
-        return w - np.float32(1.0)
-    return w
+    return to_gguf_layout(arch, hf_name, w, inverse=True)
 
 
 # Per K-quant: byte offsets of the f16 `d` and (where the type has one) `dmin` in a block, and

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -13,14 +12,9 @@ import time
 from pathlib import Path
 
 from server import ask_cmd
+from tests.http.http_harness import free_port  # noqa: F401 - the remote tests take it from here
 
 START_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from server.exit_status import FAILED
-from tests.server.remote_servers import ask, footer, free_port, start_mlx_server
+from tests.server.remote_servers import ask, footer, free_port, prompt_and_cached, start_mlx_server
 
 
 def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_model, tmp_path):
@@ -18,13 +18,10 @@ def test_a_second_ask_reuses_the_prefix_the_server_cached(mlx_server, tiny_model
     common = ["--engine-url", url, "--model", str(tiny_model), "--repo", str(repo), "--max-tokens", "4"]
     status, _, err = ask(*common, "What does double return?")
     assert status == 0, err
-    first = footer(err)
-    assert "(cached 0," in first
+    assert prompt_and_cached(footer(err))[1] == 0
     status, _, err = ask(*common, "What does double take?")
     assert status == 0, err
-    second = footer(err)
-    cached = int(second.split("(cached ")[1].split(",")[0])
-    prompt = int(second.split("[prompt ")[1].split(" ")[0])
+    prompt, cached = prompt_and_cached(footer(err))
     assert 0 < cached < prompt  # the repository prefix came from the server's cache, the question did not
 
 
