@@ -205,6 +205,7 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     eng = run.engine(config)
     if "linear_mode" not in run.result:
         run.result["linear_mode"] = eng.compute.describe()["linear"]
+        run.result["decode_kernels"] = eng.compute.describe()["kernels"]
     cold_prompt = repo.prompt(1)
     cold = ask(eng, cold_prompt, run.a.decode)
     record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, cold_prompt, True))

@@ -48,6 +48,8 @@ def table(result: dict[str, Any]) -> str:
                   f"weights read per decode step {result['weight_bytes_per_token'] / 2**30:.2f} GiB"]
     if "linear_mode" in result:
         lines.append(f"linear mode: {json.dumps(result['linear_mode'])}")
+    if "decode_kernels" in result:
+        lines.append(f"decode kernels: {json.dumps(result['decode_kernels'])}")
     if "linear_agreement" in result:
         lines.append(f"linear agreement: {json.dumps(result['linear_agreement'])}")
     for goal in result.get("goals", []):

@@ -30,9 +30,10 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, linear_mode
+from engine import blas, cpu_attention, cpu_forward, decode_choice, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
+from engine.decode_choice import DecodeKernels
 from engine.linear_mode import LinearMode
 
 logger = logging.getLogger(__name__)
@@ -50,15 +51,20 @@ class ComputePath:
         compiled: Build the compiled decode and verify steps.
         linear: The resolved `engine.linear_mode.LinearMode` (default: the
             quantized kernel, or "unquantized" for a model without quantized layers).
+        kernels: Our decode kernels that run (`engine.decode_choice`; default: none).
         notes: Why an option asked for resolved to something else.
     """
 
     def __init__(self, model: Any, *, attention: str = "mlx",
                  numpy_forward: cpu_forward.NumpyForward | None = None,
-                 compiled: bool = False, linear: LinearMode | None = None, notes: Sequence[str] = ()) -> None:
+                 compiled: bool = False, linear: LinearMode | None = None, kernels: DecodeKernels | None = None,
+                 notes: Sequence[str] = ()) -> None:
         self.model = model
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
+        self.kernels = kernels or DecodeKernels()
+        if self.kernels.qmv:
+            linear_mode.wire(model)  # the linears' class that can call our kernel
         self.numpy_forward = numpy_forward
         self.compiled = compiled
         self.blas = blas.in_use()
@@ -73,19 +79,22 @@ class ComputePath:
 
     def identity(self) -> str:
         """What runs, as the checkpoint policy's ``compute`` field."""
-        return (f"attention={self.attention} forward={'numpy' if self.numpy_forward else 'mlx'} "
-                f"compile={'on' if self.compiled else 'off'} blas={self.blas} {self.linear.identity()}")
+        identity = (f"attention={self.attention} forward={'numpy' if self.numpy_forward else 'mlx'} "
+                    f"compile={'on' if self.compiled else 'off'} blas={self.blas} {self.linear.identity()}")
+        kernels = self.kernels.identity()
+        return f"{identity} {kernels}" if kernels else identity
 
     def describe(self) -> dict[str, Any]:
         """The resolved path for `Engine.stats()` and status."""
         return {"kind": self.kind, "attention": self.attention,
                 "forward": "numpy" if self.numpy_forward is not None else "mlx",
                 "compile": self.compiled, "blas": self.blas, "linear": self.linear.describe(),
+                "kernels": self.kernels.describe(),
                 "notes": list(self.notes)}
 
     def call(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """The model's own call, with NumPy attention and dequantized linears when this path uses them."""
-        with self.linear.scope(tokens.size):
+        with self.linear.scope(tokens.size), self.kernels.scope(tokens.size):
             if self.attention != "numpy":
                 return self.model(tokens, cache=cache)
             with cpu_attention.numpy_attention():
@@ -101,14 +110,14 @@ class ComputePath:
         """
         if self.numpy_forward is not None and cpu_forward.applies(tokens, cache):
             return self.numpy_forward(tokens, cache, logits)
-        if self._decode is not None and tokens.shape == (1, 1):
-            return self._decode(tokens, cache)
+        if self._decode is not None and tokens.shape == (1, 1) and not self.kernels.identity():
+            return self._decode(tokens, cache)  # (traced with MLX's kernels: not where ours run)
         out = self.call(tokens, cache)
         return out[:, -1:, :] if logits == "last" else out
 
     def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Speculative verification: the last token and the drafts in one forward (all logits)."""
-        if tokens.shape[1] == 1 or self._verify is None:
+        if tokens.shape[1] == 1 or self._verify is None or self.kernels.identity():
             return self.forward(tokens, cache)
         return self._verify(tokens, cache)
 
@@ -161,8 +170,9 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
         if value == "numpy" and resolved[name] != "numpy":
             logger.warning("compute.%s 'numpy' does not apply here: %s", name, "; ".join(notes))
     linear = linear_mode.resolve(model, options.linear)
+    kernels = decode_choice.resolve(model, options.kernels)
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
-                       compiled=options.compile and numpy_forward is None, linear=linear,
-                       notes=[*notes, *linear.notes])
+                       compiled=options.compile and numpy_forward is None, linear=linear, kernels=kernels,
+                       notes=[*notes, *linear.notes, *kernels.notes])
     logger.info("compute path: %s", path.identity())
     return path

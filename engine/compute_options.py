@@ -14,6 +14,7 @@ from dataclasses import dataclass
 ATTENTION_CHOICES = ("auto", "mlx", "numpy")
 FORWARD_CHOICES = ("auto", "mlx", "numpy")
 LINEAR_CHOICES = ("auto", "quantized", "dequantized")
+KERNEL_CHOICES = ("auto", "mlx", "codectx")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class ComputeOptions:
             (weights dequantized per call from 64 rows on). Decode-sized inputs
             keep the quantized kernel; a model without quantized layers (the
             CPU build's float32) has nothing to choose.
+        kernels: Our decode kernels on MLX's CUDA backend (`engine.decode_choice`):
+            "auto" (each measured against MLX's once per device and model shape),
+            "mlx" (MLX's kernels only) or "codectx" (ours wherever they apply).
+            Nothing to choose on other backends.
 
     Raises:
         ValueError: For a value outside the choices or a negative thread count.
@@ -53,6 +58,7 @@ class ComputeOptions:
     blas: str = "auto"
     blas_threads: int = 0
     linear: str = "auto"
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_CHOICES:
@@ -61,6 +67,8 @@ class ComputeOptions:
             raise ValueError(f"forward must be one of {FORWARD_CHOICES}, got {self.forward!r}")
         if self.linear not in LINEAR_CHOICES:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {self.linear!r}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
         if not isinstance(self.blas_threads, int) or self.blas_threads < 0:
             raise ValueError(f"blas_threads must be an integer >= 0, got {self.blas_threads!r}")
         if not self.blas:

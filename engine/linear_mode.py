@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+from engine import cuda_qmv, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
 
 logger = logging.getLogger(__name__)
@@ -75,9 +76,12 @@ class DequantizingLinear(nn.QuantizedLinear):
     """
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not _dequantize_on.get():
-            return super().__call__(x)
-        return dequantized_product(self, x)
+        if _dequantize_on.get():
+            return dequantized_product(self, x)
+        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS \
+                and cuda_qmv.unsupported(self, x.dtype) is None:
+            return cuda_qmv.linear_product(self, x)
+        return super().__call__(x)
 
 
 def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:

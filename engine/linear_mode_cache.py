@@ -17,7 +17,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import xxhash
@@ -67,11 +67,16 @@ class LinearModeCache:
         payload = {"device": device_description(), "linears": shapes, "method": method, "format": FORMAT_VERSION}
         return xxhash.xxh3_64_hexdigest(json.dumps(payload, sort_keys=True).encode())
 
-    def get(self, key: str) -> Timings | None:
-        """The cached timings under `key`, or None (absent, or an entry that does not parse or has no rows)."""
+    def get(self, key: str, parse: Callable[[str], Any] = int) -> Timings | None:
+        """The cached timings under `key`, or None (absent, or an entry that does not parse or has no rows).
+
+        Args:
+            parse: Turns a stored key back into the caller's (rows for the linear mode, a
+                kernel's name for `engine.decode_choice`).
+        """
         entry = self._read().get(key)
         try:
-            timings = {int(rows): (float(pair[0]), float(pair[1])) for rows, pair in entry["timings"].items()}
+            timings = {parse(rows): (float(pair[0]), float(pair[1])) for rows, pair in entry["timings"].items()}
         except (TypeError, KeyError, ValueError, IndexError, AttributeError):
             return None
         return timings or None

@@ -22,6 +22,8 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from engine.decode_kernels import Q8Rows
+
 logger = logging.getLogger(__name__)
 
 _STEP = 256  # storage grows in multiples of this many positions (as mlx-lm's KVCache)
@@ -176,6 +178,10 @@ class QuantizedKVStore:
         """The 8-bit triples of positions [0, end), for `quantized_matmul` attention."""
         cut = lambda q: tuple(a[..., :end, :] for a in q)  # noqa: E731
         return cut(self.keys), cut(self.values)
+
+    def rows(self, end: int) -> tuple[Q8Rows, Q8Rows]:
+        """The 8-bit buffers unsliced, marked as holding `end` rows (for `engine.cuda_attention`)."""
+        return Q8Rows(self.keys, end), Q8Rows(self.values, end)
 
     def state(self, end: int) -> tuple[mx.array, ...]:
         if self.keys is None:

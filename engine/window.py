@@ -30,6 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from engine import decode_kernels
 from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore, direct_attention_works
 from engine.request import SegmentKind, SegmentLike, segment_kind
 
@@ -202,6 +203,9 @@ class WindowKVCache:
         self.store.write(start, keys, values)
         self.offset = start + n
         plan = self.plan(start, n)
+        if self.store.quantized and plan.dense and n == 1 and decode_kernels.attention_on():
+            self._direct = True  # our kernel reads the 8-bit rows where they lie (engine.decode_kernels)
+            return self.store.rows(self.offset)
         self._direct = (self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
                         and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
                                                    self.store.group_size, str(mx.default_device())))

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES, LINEAR_CHOICES
+from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES, KERNEL_CHOICES, LINEAR_CHOICES
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ class ComputeSettings:
         linear: How a quantized model's linear layers multiply prefill chunks: "auto"
             (measured once per device and model shape), "quantized" or "dequantized"
             (`engine.linear_mode`).
+        kernels: Our decode kernels on MLX's CUDA backend: "auto" (measured against MLX's
+            once per device and model shape), "mlx" or "codectx" (`engine.decode_choice`).
     """
 
     attention: str = "auto"
@@ -67,6 +69,7 @@ class ComputeSettings:
     blas: str = "auto"
     blas_threads: int = 0
     linear: str = "auto"
+    kernels: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ _MINIMUMS = {
     "debounce_ms": 0, "blas_threads": 0, "repetition_penalty": 1.0,
 }
 _CHOICES = {"kv_bits": (8, 16), "gguf_bits": (4, 8, 16), "speculation": ("off", "lookup", "draft", "auto"),
-            "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES, "linear": LINEAR_CHOICES}
+            "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES, "linear": LINEAR_CHOICES,
+            "kernels": KERNEL_CHOICES}
 _MAY_BE_EMPTY = {"draft_model", "url", "model", "key_file"}
 
 

@@ -17,6 +17,8 @@ from spec_helpers import tiny_hybrid
 UNQUANTIZED = {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
                "timings_ms": {}}
 """The linear mode of a float32 model (engine.linear_mode): nothing to choose."""
+NO_KERNELS = {"qmv": False, "attention": False, "source": "not CUDA", "timings_ms": {}, "notes": []}
+"""Our CUDA decode kernels (engine.decode_choice) on the CPU: nothing to choose."""
 
 
 def test_options_reject_values_outside_their_choices():
@@ -52,7 +54,7 @@ def test_the_engine_chooses_once_and_its_policy_names_the_resolved_path(tiny_loa
         assert len({policies[n].fingerprint() for n in ("auto", "mlx", "no-compile")}) == 3
         assert engines["mlx"].stats()["compute"] == {"kind": "mlx", "attention": "mlx", "forward": "mlx",
                                                      "compile": True, "blas": blas.in_use(), "notes": [],
-                                                     "linear": UNQUANTIZED}
+                                                     "linear": UNQUANTIZED, "kernels": NO_KERNELS}
     finally:
         for engine in engines.values():
             engine.close()

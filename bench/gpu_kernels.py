@@ -1,0 +1,226 @@
+"""Our CUDA decode kernels against MLX's own, on the GPU: correctness, time, and the decode step they make.
+
+Sections (each prints a table row; JSON has every number):
+
+- ``qmv``: `engine.cuda_qmv` against `mx.quantized_matmul` for one Qwen3-32B block's seven
+  linears (4-bit, group 64, bf16) at 1 and 4 input rows: max relative error against a float32
+  product of the dequantized weights (MLX's own error beside it), time per block, and the
+  bytes read per second (packed weights + scales + biases, the bound being the copy bandwidth
+  measured in the same run);
+- ``attention``: `engine.cuda_attention` over an 8-bit cache (8 KV heads, 64 query heads,
+  dim 128, rows sliced from a larger buffer as the store holds them) against MLX's paths at
+  the same length: the 8-bit cache dequantized then `scaled_dot_product_attention` (what the
+  engine did on CUDA), and a bf16 cache through `scaled_dot_product_attention`;
+- ``step``: one decode step of the random 64-layer model through `engine.compute` with a
+  window cache filled to ``--context`` positions with random keys and values (bf16 and 8-bit),
+  MLX's kernels against ours, with and without evaluation pipelined one step ahead.
+
+    bash .gpu/install.sh && python3 bench/gpu_kernels.py --out $OUT/gpu_kernels.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+
+from bench import gpu_bounds  # noqa: E402
+from engine import cuda_attention, cuda_qmv  # noqa: E402
+
+
+def best_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
+    """Median of `repeats` timed evaluations after two untimed ones (compilation)."""
+    times = []
+    for attempt in range(repeats + 2):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        if attempt >= 2:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
+def rel_err(a: mx.array, ref: mx.array) -> float:
+    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
+    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
+
+
+def block_linears(hidden: int = 5120, inter: int = 25600, heads: int = 64, kv_heads: int = 8, dim: int = 128,
+                  bits: int = 4) -> list[nn.QuantizedLinear]:
+    shapes = [(hidden, heads * dim), (hidden, kv_heads * dim), (hidden, kv_heads * dim), (heads * dim, hidden),
+              (hidden, inter), (hidden, inter), (inter, hidden)]
+    linears = []
+    for i, (k, n) in enumerate(shapes):
+        lin = nn.Linear(k, n, bias=False)
+        lin.weight = (mx.random.normal((n, k), key=mx.random.key(i)) * k ** -0.5).astype(mx.bfloat16)
+        q = nn.QuantizedLinear.from_linear(lin, group_size=64, bits=bits)
+        mx.eval(q.parameters())
+        linears.append(q)
+    return linears
+
+
+def linear_bytes(lin: nn.QuantizedLinear) -> int:
+    return sum(lin[name].nbytes for name in ("weight", "scales", "biases"))
+
+
+def section_qmv(result: dict, copy_gbs: float) -> None:
+    for bits in (4, 8):
+        linears = block_linears(bits=bits)
+        nbytes = sum(linear_bytes(m) for m in linears)
+        for rows in (1, 4):
+            xs = [mx.random.normal((rows, m.weight.shape[1] * 32 // bits), key=mx.random.key(100 + i)).astype(mx.bfloat16)
+                  for i, m in enumerate(linears)]
+            mx.eval(xs)
+            errs_ours, errs_mlx = [], []
+            for m, x in zip(linears, xs):
+                w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits, dtype=mx.float32)
+                ref = x.astype(mx.float32) @ w.T
+                errs_ours.append(rel_err(cuda_qmv.linear_product(m, x), ref))
+                errs_mlx.append(rel_err(nn.QuantizedLinear.__call__(m, x), ref))
+            t_mlx = best_ms(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in zip(linears, xs)])
+            t_ours = best_ms(lambda: [cuda_qmv.linear_product(m, x) for m, x in zip(linears, xs)])
+            row = {"bits": bits, "rows": rows, "block_bytes": nbytes, "mlx_ms": t_mlx, "ours_ms": t_ours,
+                   "mlx_gbs": nbytes / t_mlx / 1e6, "ours_gbs": nbytes / t_ours / 1e6, "copy_gbs": copy_gbs,
+                   "err_ours": max(errs_ours), "err_mlx": max(errs_mlx)}
+            result.setdefault("qmv", []).append(row)
+            print(f"qmv {bits}-bit rows {rows}: MLX {t_mlx:.3f} ms ({row['mlx_gbs']:.0f} GB/s), ours {t_ours:.3f} ms "
+                  f"({row['ours_gbs']:.0f} GB/s) of {copy_gbs:.0f}; rel err ours {row['err_ours']:.2e} "
+                  f"MLX {row['err_mlx']:.2e}", flush=True)
+
+
+def section_attention(result: dict, lengths: list[int]) -> None:
+    heads, kv_heads, dim = 64, 8, 128
+    for n in lengths:
+        cap = n + 1000
+        k = mx.random.normal((1, kv_heads, cap, dim), key=mx.random.key(1)).astype(mx.bfloat16)
+        v = mx.random.normal((1, kv_heads, cap, dim), key=mx.random.key(2)).astype(mx.bfloat16)
+        kq, vq = mx.quantize(k, group_size=64, bits=8), mx.quantize(v, group_size=64, bits=8)
+        q = mx.random.normal((1, heads, 1, dim), key=mx.random.key(3)).astype(mx.bfloat16) * 3
+        mx.eval(k, v, kq, vq, q)
+        scale = dim ** -0.5
+        ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
+        ours = cuda_attention.decode_attention(q, kq, vq, n, scale, 64)
+        err = rel_err(ours, ref)
+        t_ours = best_ms(lambda: cuda_attention.decode_attention(q, kq, vq, n, scale, 64))
+        t_deq = best_ms(lambda: cuda_attention.reference(q, kq, vq, n, scale, 64))
+        ks, vs = k[..., :n, :], v[..., :n, :]
+        t_bf16 = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, ks, vs, scale=scale))
+        b8 = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
+        row = {"keys": n, "ours_ms": t_ours, "dequantized_ms": t_deq, "bf16_sdpa_ms": t_bf16, "err_ours": err,
+               "bytes_8bit": b8, "bytes_bf16": 2 * ks.nbytes, "ours_gbs": b8 / t_ours / 1e6,
+               "bf16_gbs": 2 * ks.nbytes / t_bf16 / 1e6}
+        result.setdefault("attention", []).append(row)
+        print(f"attention {n} keys: ours 8-bit {t_ours:.3f} ms ({row['ours_gbs']:.0f} GB/s), MLX dequantized 8-bit "
+              f"{t_deq:.3f} ms, MLX bf16 sdpa {t_bf16:.3f} ms ({row['bf16_gbs']:.0f} GB/s); rel err {err:.2e}", flush=True)
+        del k, v, kq, vq
+
+
+def section_step(result: dict, context: int, steps: int) -> None:
+    from bench.prefill import SHAPES, build_model
+    from engine import linear_mode
+    from engine.compute import ComputeOptions, choose
+    from engine.window import WindowPolicy, make_window_cache
+
+    shape = SHAPES["qwen3-32b"]
+    model = build_model(shape, None)
+    linear_mode.wire(model)  # the class whose call can take our kernel
+    policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
+    for bits in (16, 8):
+        cache = make_window_cache(model, policy, kv_bits=bits)
+        for i, c in enumerate(cache):
+            k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
+            c.store.write(0, k, k)
+            c.offset = context
+            mx.eval(c.state)
+        for variant in ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined"):
+            path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
+            kernels = {"ours-qmv-pipelined": (True, False), "ours-all-pipelined": (True, True)}.get(variant,
+                                                                                                  (False, False))
+            seconds = _decode_steps(path, cache, steps, kernels, pipelined=variant.endswith("pipelined"))
+            row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
+                   "tok_s": 1 / seconds}
+            result.setdefault("step", []).append(row)
+            print(f"decode step, {bits}-bit KV at {context}: {variant} {seconds * 1e3:.2f} ms ({1 / seconds:.1f} tok/s)",
+                  flush=True)
+        del cache
+        mx.clear_cache()
+
+
+def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool], pipelined: bool) -> float:
+    from engine import decode_kernels
+
+    start_offset = cache[0].offset
+    token = mx.array([[7]], dtype=mx.uint32)
+    times = []
+    with decode_kernels.forced(qmv=kernels[0], attention=kernels[1]):
+        for attempt in range(2):
+            for c in cache:
+                c.offset = start_offset
+            mx.synchronize()
+            start = time.perf_counter()
+            if pipelined:
+                y = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
+                mx.async_eval(y)
+                for _ in range(steps):
+                    nxt = mx.argmax(path.forward(y[None], cache, logits="last")[:, -1, :], axis=-1)
+                    mx.async_eval(nxt)
+                    y.item()
+                    y = nxt
+                y.item()
+            else:
+                y = token
+                for _ in range(steps + 1):
+                    y = mx.argmax(path.forward(y.reshape(1, 1), cache, logits="last")[:, -1, :], axis=-1)
+                    y.item()
+            mx.synchronize()
+            times.append((time.perf_counter() - start) / (steps + 1))
+    for c in cache:
+        c.offset = start_offset
+    return times[-1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="8192,32768,131072")
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--sections", default="qmv,attention,step")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_kernels.json"))
+    a = ap.parse_args(argv)
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__}
+    try:
+        result["device_info"] = {k: str(v) for k, v in mx.device_info().items()}
+    except Exception:  # noqa: BLE001
+        pass
+    copy_gbs = gpu_bounds.copy_bandwidth()
+    result["copy_gbs"] = copy_gbs
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
+    sections = a.sections.split(",")
+    runners = {"qmv": lambda: section_qmv(result, copy_gbs),
+               "attention": lambda: section_attention(result, [int(x) for x in a.lengths.split(",")]),
+               "step": lambda: section_step(result, a.context, a.steps)}
+    for name in sections:
+        try:
+            runners[name]()
+        except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
+            import traceback
+            traceback.print_exc()
+            result.setdefault("errors", {})[name] = repr(err)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Whether our CUDA decode kernels run, chosen by measurement per device and model shape.
+
+`engine.cuda_qmv` (quantized linears of a few rows) and `engine.cuda_attention`
+(one query over an 8-bit cache) exist only on MLX's CUDA backend. When a model
+loads there with ``compute.kernels: auto``, `measure` times each against the MLX
+call it would replace, on the model's own shapes, and checks that it computes
+the same thing:
+
+- linears: one transformer block's quantized linears on one input row, ours
+  against `mx.quantized_matmul`, the block repeated so that one evaluation holds
+  several hundred products (as a decode step does);
+- attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
+  and head dim, ours against dequantizing them and MLX's fused attention (the
+  engine's path for an 8-bit cache on CUDA without this kernel).
+
+A kernel runs when it is at least `MARGIN` faster and its relative error
+against a float32 reference is under `MAX_ERROR` (MLX's own 4-bit product
+measured 8e-3 there). Timings are cached with the linear mode's
+(``CODECTX_HOME/compute/linear-modes.json``). ``mlx`` keeps MLX's kernels;
+``codectx`` uses ours wherever they apply on CUDA. On any other backend there is
+nothing to choose. What runs is part of `engine.compute.ComputePath.identity()`,
+hence of the checkpoint policy fingerprint.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine import cuda_qmv, decode_kernels
+from engine.linear_mode_cache import LinearModeCache
+
+logger = logging.getLogger(__name__)
+
+KERNEL_NAMES = ("qmv", "attention")
+MARGIN = 0.05
+MAX_ERROR = 2e-2
+ATTENTION_KEYS = 16384
+_REPEAT = 16  # block repetitions per timed evaluation of the linears
+
+Timings = dict[str, tuple[float, float]]
+"""Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """Which of our decode kernels a compute path runs.
+
+    Attributes:
+        qmv: `engine.cuda_qmv` for quantized linears of at most `cuda_qmv.MAX_ROWS` rows.
+        attention: `engine.cuda_attention` for one query over an 8-bit cache.
+        source: "measured", "cached", "setting", "not CUDA" or "fallback".
+        timings: What the choice was made from.
+        notes: Why a kernel was not chosen.
+    """
+
+    qmv: bool = False
+    attention: bool = False
+    source: str = "not CUDA"
+    timings: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def identity(self) -> str:
+        """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
+        on = [name for name in KERNEL_NAMES if getattr(self, name)]
+        return f"kernels={'+'.join(on)}" if on else ""
+
+    def scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """The context a forward over `rows` rows runs in."""
+        qmv, attention = self.qmv and rows <= cuda_qmv.MAX_ROWS, self.attention and rows == 1
+        return decode_kernels.scope(qmv, attention) if qmv or attention else contextlib.nullcontext()
+
+    def describe(self) -> dict[str, Any]:
+        """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
+        return {"qmv": self.qmv, "attention": self.attention, "source": self.source,
+                "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
+                "notes": list(self.notes)}
+
+
+def decide(timings: Mapping[str, tuple[float, float]], margin: float = MARGIN) -> dict[str, bool]:
+    """Ours where measured at least `margin` faster than MLX's."""
+    return {name: name in timings and timings[name][1] < timings[name][0] * (1.0 - margin) for name in KERNEL_NAMES}
+
+
+def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timings] | None = None,
+            cache: LinearModeCache | None = None, cuda: bool | None = None) -> DecodeKernels:
+    """Our decode kernels for `model` under the ``compute.kernels`` `setting`.
+
+    Args:
+        setting: "auto" (measured, cached), "mlx" or "codectx".
+        measure: The timing function (tests inject timings here; default `measure`).
+        cache: Where timings are kept (default: the linear mode's file under CODECTX_HOME).
+        cuda: Whether MLX runs on CUDA (default: `decode_kernels.cuda_available()`).
+    """
+    if setting == "mlx":
+        return DecodeKernels(source="setting")
+    if not (decode_kernels.cuda_available() if cuda is None else cuda):
+        notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
+        return DecodeKernels(notes=notes)
+    if setting == "codectx":
+        return DecodeKernels(True, True, "setting")
+    linears = [m for block in getattr(model, "layers", [])[:1] for m in block.modules()
+               if isinstance(m, nn.QuantizedLinear)]
+    cache = cache if cache is not None else LinearModeCache()
+    key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
+                              "attention": _attention_shape(model)})
+    timings, source = cache.get(key, parse=str), "cached"
+    if timings is None:
+        try:
+            timings, source = (measure or _measure)(model), "measured"
+        except Exception as err:  # noqa: BLE001 - the kernels are an optimization: keep MLX's
+            logger.warning("decode kernels: measuring failed (%s); using MLX's", err)
+            return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",))
+        cache.put(key, timings)
+    chosen = decide(timings)
+    notes = tuple(f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
+                  for name in KERNEL_NAMES if not chosen[name])
+    logger.info("decode kernels: %s (%s)", chosen, source)
+    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes)
+
+
+def _attention_shape(model: Any) -> tuple[int, int, int] | None:
+    """(query heads, KV heads, head dim) of the model's first attention module, or None."""
+    for module in model.modules() if isinstance(model, nn.Module) else []:
+        heads, kv_heads = getattr(module, "n_heads", None), getattr(module, "n_kv_heads", None)
+        if heads and kv_heads and "q_proj" in module:
+            return heads, kv_heads, getattr(module, "head_dim", None) or module.q_proj.weight.shape[0] // heads
+    return None
+
+
+def _measure(model: Any) -> Timings:
+    """Time and check both kernels on `model`'s shapes (see the module docstring)."""
+    timings: Timings = {}
+    linears = [m for m in model.layers[0].modules() if isinstance(m, nn.QuantizedLinear)]
+    dtype = linears[0]["scales"].dtype if linears else mx.float32
+    if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
+        timings["qmv"] = _time_linears(linears, dtype)
+    shape = _attention_shape(model)
+    if shape is not None:
+        from engine import cuda_attention
+
+        heads, kv_heads, dim = shape
+        queries = mx.zeros((1, heads, 1, dim), dtype=dtype)
+        if cuda_attention.unsupported(queries, (mx.zeros((1, kv_heads, 1, dim // 4), dtype=mx.uint32),), 8, 64) is None:
+            timings["attention"] = _time_attention(heads, kv_heads, dim, dtype)
+    return timings
+
+
+def _best(run: Callable[[], Any], repeats: int = 5) -> float:
+    best = float("inf")
+    for attempt in range(repeats + 1):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(run())
+        mx.synchronize()
+        if attempt:  # the first run compiles
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _check(name: str, ours: mx.array, ref: mx.array) -> None:
+    ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
+    err = float(mx.linalg.norm((ours - ref).flatten()) / mx.maximum(mx.linalg.norm(ref.flatten()), 1e-30))
+    if not err < MAX_ERROR:
+        raise RuntimeError(f"our {name} kernel disagrees with MLX's (relative error {err:.2e})")
+
+
+def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[float, float]:
+    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(i)).astype(dtype)
+          for i, m in enumerate(linears)]
+    for m, x in zip(linears, xs):
+        weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
+        _check("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+    pairs = list(zip(linears, xs)) * _REPEAT
+    return (_best(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
+            _best(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
+
+
+def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> tuple[float, float]:
+    from engine import cuda_attention
+
+    n, scale = ATTENTION_KEYS, dim ** -0.5
+    kv = [mx.random.normal((1, kv_heads, n + 256, dim), key=mx.random.key(7 + i)).astype(dtype) for i in range(2)]
+    keys, values = (tuple(mx.quantize(a, group_size=64, bits=8)) for a in kv)
+    queries = mx.random.normal((1, heads, 1, dim), key=mx.random.key(9)).astype(dtype)
+    mx.eval(keys, values, queries)
+    _check("attention", cuda_attention.decode_attention(queries, keys, values, n, scale, 64),
+           cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64))
+    return (_best(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]),
+            _best(lambda: [cuda_attention.decode_attention(queries, keys, values, n, scale, 64)
+                           for _ in range(_REPEAT)]))

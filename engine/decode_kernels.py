@@ -1,0 +1,107 @@
+"""Our CUDA decode kernels in the forward: the switches, and the one hook into mlx-lm's attention.
+
+Two kernels replace MLX's for decode-sized inputs on MLX's CUDA backend
+(`engine.cuda_qmv`: quantized linears of at most `cuda_qmv.MAX_ROWS` rows;
+`engine.cuda_attention`: one query over an 8-bit KV cache). Whether they run is the
+compute path's decision (`engine.compute`, measured per device and model shape
+by `engine.decode_choice`); the path turns them on for its forward with `scope`,
+and the layers ask `qmv_on()` / `attention_on()`:
+
+- quantized linears: `engine.linear_mode.DequantizingLinear` (the class the path
+  wires into the model's blocks) multiplies through `cuda_qmv` while `qmv_on()`;
+- attention: `engine.window.QuantizedWindowKVCache` returns `Q8Rows` (the store's
+  8-bit buffers and the key count, unsliced) for a one-query fetch while
+  `attention_on()`; mlx-lm's attention hands them to
+  ``mlx_lm.models.base.quantized_scaled_dot_product_attention``, which `install`
+  replaces (once per process) by a function that sends `Q8Rows` to our kernel and
+  everything else to mlx-lm's own function, unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from typing import Any, Iterator
+
+import mlx.core as mx
+
+_qmv_on = contextvars.ContextVar("codectx_qmv_kernel", default=False)
+_attention_on = contextvars.ContextVar("codectx_attention_kernel", default=False)
+_installed: dict[str, Any] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_backend(device: str) -> bool:
+    cuda = getattr(mx, "cuda", None)
+    try:
+        return device.startswith("Device(gpu") and cuda is not None and bool(cuda.is_available()) \
+            and hasattr(mx.fast, "cuda_kernel")
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def cuda_available() -> bool:
+    """Whether MLX runs on its CUDA backend here (the only place these kernels exist)."""
+    return _cuda_backend(str(mx.default_device()))
+
+
+def qmv_on() -> bool:
+    """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
+    return _qmv_on.get()
+
+
+def attention_on() -> bool:
+    """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
+    return _attention_on.get()
+
+
+@contextlib.contextmanager
+def scope(qmv: bool, attention: bool) -> Iterator[None]:
+    """Inside this block, the kernels asked for run (on this thread)."""
+    if attention:
+        install()
+    tokens = _qmv_on.set(qmv), _attention_on.set(attention)
+    try:
+        yield
+    finally:
+        _qmv_on.reset(tokens[0])
+        _attention_on.reset(tokens[1])
+
+
+forced = scope  # the benchmarks' name for turning them on by hand
+
+
+class Q8Rows(tuple):
+    """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values."""
+
+    n: int
+
+    def __new__(cls, arrays: tuple[mx.array, ...], n: int) -> "Q8Rows":
+        rows = super().__new__(cls, arrays)
+        rows.n = n
+        return rows
+
+
+def install() -> None:
+    """Route `Q8Rows` through our kernel in mlx-lm's quantized attention (idempotent)."""
+    if _installed:
+        return
+    from mlx_lm.models import base
+
+    from engine import cuda_attention
+
+    original = base.quantized_scaled_dot_product_attention
+
+    def quantized_attention(queries: mx.array, q_keys: Any, q_values: Any, scale: float, mask: Any,
+                            group_size: int = 64, bits: int = 8) -> mx.array:
+        if not isinstance(q_keys, Q8Rows):
+            return original(queries, q_keys, q_values, scale, mask, group_size, bits)
+        if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size) is None:
+            return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size)
+        # A shape the kernel does not take: the rows dequantized, MLX's fused attention.
+        keys, values = (mx.dequantize(*(a[..., :rows.n, :] for a in rows), group_size=group_size, bits=bits)
+                        for rows in (q_keys, q_values))
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    base.quantized_scaled_dot_product_attention = quantized_attention
+    _installed["original"] = original

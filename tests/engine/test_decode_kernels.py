@@ -1,0 +1,127 @@
+"""Our CUDA decode kernels on the CPU build: the measured choice, its cache, the fallback, the fingerprint,
+the plumbing that routes a one-query 8-bit fetch to the kernel (and back to MLX where it cannot run),
+and decode pipelined one step ahead. The kernels themselves run only on MLX's CUDA backend: they are
+checked against MLX there by `engine.decode_choice` at every measurement and by bench/gpu_kernels.py."""
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+import pytest
+from test_linear_mode import Timings, quantized_model
+
+from engine import decode_kernels
+from engine.compute import ComputePath, choose, exact
+from engine.compute_options import ComputeOptions
+from engine.decode_choice import DecodeKernels, decide, resolve
+from engine.decode_kernels import Q8Rows
+from engine.generate import decode, prefill
+from engine.kv import cache_offset
+from engine.linear_mode_cache import LinearModeCache
+from engine.sampling import greedy
+from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache
+
+QMV_WINS = {"qmv": (2e-3, 1e-3), "attention": (1e-3, 1.2e-3)}
+
+
+@pytest.fixture(scope="module")
+def q4_model(tiny_model_dir):
+    return quantized_model(tiny_model_dir)
+
+
+def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_shape(q4_model, tmp_path):
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    timings = Timings(QMV_WINS)
+    first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
+    assert (first.qmv, first.attention, first.source) == (True, False, "measured")
+    assert first.notes == ("kernels: attention slower than MLX",)
+    again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
+    assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
+    assert again.timings == first.timings
+    # inside the margin is no win; a kernel the model could not run is not chosen
+    assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False}
+
+
+def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog):
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    never = Timings(QMV_WINS)
+    assert resolve(q4_model, "mlx", measure=never, cache=store, cuda=True) == DecodeKernels(source="setting")
+    forced = resolve(q4_model, "codectx", measure=never, cache=store, cuda=True)
+    assert (forced.qmv, forced.attention, forced.source) == (True, True, "setting")
+    cpu = resolve(q4_model, "codectx", measure=never, cache=store)  # this machine: MLX's CPU backend
+    assert (cpu.qmv, cpu.attention, cpu.notes) == (False, False, ("kernels: ours need MLX's CUDA backend",))
+    assert resolve(q4_model, "auto", measure=never, cache=store).source == "not CUDA" and never.calls == 0
+
+    def broken(model):
+        raise RuntimeError("our qmv kernel disagrees with MLX's (relative error 3.1e-01)")
+
+    with caplog.at_level(logging.WARNING, logger="engine.decode_choice"):
+        fallback = resolve(q4_model, "auto", measure=broken, cache=store, cuda=True)
+    assert (fallback.qmv, fallback.attention, fallback.source) == (False, False, "fallback")
+    assert "disagrees" in fallback.notes[0] and "measuring failed" in caplog.text
+
+
+def test_what_runs_is_in_the_path_identity_so_checkpoints_never_mix(q4_model):
+    plain = exact(q4_model)
+    ours = ComputePath(q4_model, kernels=DecodeKernels(True, False, "setting"))
+    both = ComputePath(q4_model, kernels=DecodeKernels(True, True, "setting"))
+    assert ours.identity() == f"{plain.identity()} kernels=qmv"
+    assert both.identity().endswith(" kernels=qmv+attention")
+    assert len({plain.identity(), ours.identity(), both.identity()}) == 3
+    on_cpu = choose(q4_model, ComputeOptions(attention="mlx", linear="quantized"))
+    assert on_cpu.identity() == plain.identity().replace("compile=off", "compile=on")  # nothing chosen or added
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        ComputeOptions(kernels="triton")
+
+
+def test_a_one_query_fetch_hands_the_kernel_the_8bit_rows_where_they_lie():
+    policy = WindowPolicy(True, 16, 16, 8, 0, "block")
+    cache = QuantizedWindowKVCache(policy)
+    kv = mx.random.normal((1, 2, 10, 64), key=mx.random.key(0))
+    cache.update_and_fetch(kv, kv)
+    one = mx.random.normal((1, 2, 1, 64), key=mx.random.key(1))
+    with decode_kernels.scope(qmv=False, attention=True):
+        keys, values = cache.update_and_fetch(one, one)
+    assert isinstance(keys, Q8Rows) and isinstance(values, Q8Rows) and keys.n == values.n == 11
+    assert keys[0] is cache.store.keys[0] and keys[0].shape[2] == 256  # the buffer, not a copy of 11 rows
+    assert cache.bits == 8
+    cache.trim(1)
+    keys, _ = cache.update_and_fetch(one, one)  # outside the scope: MLX's own path, sliced rows
+    assert not isinstance(keys, Q8Rows) and keys[0].shape[2] == 11
+
+
+def test_forcing_the_kernels_where_they_cannot_run_computes_what_mlx_computes(q4_model):
+    """On the CPU every call falls back: the 8-bit rows dequantized for MLX's attention, MLX's linears."""
+    policy = WindowPolicy(True, 32, 32, 16, 0, "block")
+    ids = [(7 * i + 3) % 500 for i in range(40)]
+    runs = []
+    for forced in (False, True):
+        cache = make_window_cache(q4_model, policy, kv_bits=8)
+        path = ComputePath(q4_model, kernels=DecodeKernels(forced, forced, "setting"))
+        logits = prefill(path, cache, ids, chunk_size=16)
+        tokens = list(decode(path, cache, logits, greedy, 6))
+        last = path.forward(mx.array([[tokens[-1]]]), cache, logits="last")
+        runs.append((tokens, last.astype(mx.float32)))
+    assert runs[0][0] == runs[1][0]
+    assert mx.allclose(runs[0][1], runs[1][1], atol=2e-2).item()
+
+
+def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what_it_yielded(tiny_loaded):
+    model = tiny_loaded.model
+    ids = [(11 * i + 5) % 500 for i in range(30)]
+
+    def unpipelined(n: int) -> list[int]:
+        cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+        logits, out = prefill(model, cache, ids), []
+        for _ in range(n):
+            token = int(mx.argmax(logits, axis=-1).item())
+            out.append(token)
+            logits = exact(model).forward(mx.array([[token]]), cache, logits="last")[:, -1, :]
+        return out
+
+    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+    stream = decode(model, cache, prefill(model, cache, ids), greedy, 8)
+    first_three = [next(stream) for _ in range(3)]
+    assert cache_offset(cache) == len(ids) + 3  # the step after the third token is already queued
+    assert first_three + list(stream) == unpipelined(8)
+    assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache
