@@ -29,6 +29,9 @@ import mlx.core as mx
 
 MAX_ROWS = 8
 """Most input rows one call takes (decode is 1; speculative verification a few)."""
+ROW_BUCKETS = (1, 2, 4, 8)
+"""Row counts compiled for (the kernel is compiled per row count at first use; other counts are padded:
+a speculative round of 5 rows runs the 8-row kernel instead of compiling a sixth variant)."""
 
 _HEADER = r"""
 namespace codectx {
@@ -204,12 +207,16 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
         raise ValueError(f"qmv takes at most {MAX_ROWS} rows, got {rows}")
     r = rows_per_warp(n)
     warps = n // r
+    bucket = next(b for b in ROW_BUCKETS if b >= rows)
+    x2 = x.reshape(rows, k)
+    if bucket > rows:  # zero rows up to the bucket: one compiled kernel per bucket, not per row count
+        x2 = mx.concatenate([x2, mx.zeros((bucket - rows, k), dtype=x.dtype)])
     out = _kernel()(
-        inputs=[x.reshape(rows, k), weight, scales, biases],
-        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", rows), ("R", r)],
+        inputs=[x2, weight, scales, biases],
+        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
-        output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
-    return out.reshape(*x.shape[:-1], n)
+        output_shapes=[(bucket, n)], output_dtypes=[x.dtype])[0]
+    return (out[:rows] if bucket > rows else out).reshape(*x.shape[:-1], n)
 
 
 def linear_product(linear: Any, x: mx.array) -> mx.array:
