@@ -27,6 +27,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.cuda_backend import PRMT_HEADER, cuda_available
+
 THREADS = 128
 _LOG2E = 1.4426950408889634
 
@@ -190,15 +192,7 @@ _SOURCE = r"""
   }
 """
 
-_HEADER = r"""
-namespace codectx {
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-}  // namespace codectx
-"""
+_HEADER = PRMT_HEADER
 
 _MERGE = r"""
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
@@ -238,8 +232,6 @@ def split_size(n: int, kv_heads: int, target_blocks: int = 2048) -> int:
 
 def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int) -> str | None:
     """Why `decode_attention` cannot take this call (None: it can)."""
-    from engine.decode_kernels import cuda_available
-
     if not cuda_available():
         return "not MLX's CUDA backend"
     B, H, L, D = queries.shape

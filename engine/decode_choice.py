@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine import cuda_qmv, decode_kernels
+from engine.cuda_backend import cuda_available
 from engine.linear_mode_cache import LinearModeCache
 
 logger = logging.getLogger(__name__)
@@ -95,11 +96,11 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         setting: "auto" (measured, cached), "mlx" or "codectx".
         measure: The timing function (tests inject timings here; default `measure`).
         cache: Where timings are kept (default: the linear mode's file under CODECTX_HOME).
-        cuda: Whether MLX runs on CUDA (default: `decode_kernels.cuda_available()`).
+        cuda: Whether MLX runs on CUDA (default: `cuda_available()`).
     """
     if setting == "mlx":
         return DecodeKernels(source="setting")
-    if not (decode_kernels.cuda_available() if cuda is None else cuda):
+    if not (cuda_available() if cuda is None else cuda):
         notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
         return DecodeKernels(notes=notes)
     if setting == "codectx":

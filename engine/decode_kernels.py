@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from typing import Any, Iterator
 
 import mlx.core as mx
@@ -28,21 +27,6 @@ import mlx.core as mx
 _qmv_on = contextvars.ContextVar("codectx_qmv_kernel", default=False)
 _attention_on = contextvars.ContextVar("codectx_attention_kernel", default=False)
 _installed: dict[str, Any] = {}
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_backend(device: str) -> bool:
-    cuda = getattr(mx, "cuda", None)
-    try:
-        return device.startswith("Device(gpu") and cuda is not None and bool(cuda.is_available()) \
-            and hasattr(mx.fast, "cuda_kernel")
-    except (RuntimeError, AttributeError):
-        return False
-
-
-def cuda_available() -> bool:
-    """Whether MLX runs on its CUDA backend here (the only place these kernels exist)."""
-    return _cuda_backend(str(mx.default_device()))
 
 
 def qmv_on() -> bool:

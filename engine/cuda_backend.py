@@ -1,0 +1,36 @@
+"""MLX's CUDA backend: whether it runs here, and device code our kernels share.
+
+Our kernels (`engine.cuda_qmv`, `engine.cuda_attention`) are compiled by MLX at first use
+through `mx.fast.cuda_kernel`; they exist only where MLX runs on CUDA.
+"""
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+PRMT_HEADER = r"""
+namespace codectx {
+// Byte permute: the bytes of b:a picked by the four nibbles of sel (PTX prmt.b32).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+}  // namespace codectx
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_backend(device: str) -> bool:
+    cuda = getattr(mx, "cuda", None)
+    try:
+        return device.startswith("Device(gpu") and cuda is not None and bool(cuda.is_available()) \
+            and hasattr(mx.fast, "cuda_kernel")
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def cuda_available() -> bool:
+    """Whether MLX runs on its CUDA backend here (the default device is a CUDA GPU)."""
+    return _cuda_backend(str(mx.default_device()))
