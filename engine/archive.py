@@ -15,9 +15,18 @@ written (read-only, no permission, full) turns it off for the engine with one
 warning, and requests go on with in-memory checkpoints. File names come only
 from keys that have the engine's own form (16 hex digits) and resolve inside
 the policy directory; an index naming anything else is not trusted.
+
+Writes wait while a request runs (`paused`, entered by the engine around each
+request) and go on between requests and at close: they compete with the
+request for the device and the host. On MLX's CUDA backend every array the
+writer reads is first copied to host memory with a device-wide
+synchronization, so a 128k-token cold ask left 32 GiB of writes that stalled
+the following asks' decode (docs/benchmarks.md, *GPU engine*). The arrays
+waiting to be written are the checkpoints' own copies, held until written.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -27,6 +36,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterator
 
 import mlx.core as mx
 import msgpack
@@ -80,6 +90,9 @@ class CheckpointArchive:
         self._corrupt: set[str] = set()
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
+        self._may_write = threading.Event()  # cleared while a request runs (see `paused`)
+        self._may_write.set()
+        self._draining = False
         if off_reason is None:
             self._open()
 
@@ -169,10 +182,25 @@ class CheckpointArchive:
             self._writer.start()
         self._queue.put((boundary, kv, recurrent))
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Queued writes wait while this block runs (a request); a write under way finishes."""
+        if not self._draining:
+            self._may_write.clear()
+        try:
+            yield
+        finally:
+            self._may_write.set()
+
     def flush(self) -> None:
-        """Block until every queued checkpoint is written."""
+        """Block until every queued checkpoint is written (paused or not)."""
         if self._writer is not None:
-            self._queue.join()
+            self._draining = True
+            self._may_write.set()
+            try:
+                self._queue.join()
+            finally:
+                self._draining = False
 
     def close(self) -> None:
         """Write what is queued, stop the writer and save the index."""
@@ -220,6 +248,7 @@ class CheckpointArchive:
             try:
                 if item is None:
                     return
+                self._may_write.wait()
                 self.put(*item)
             except Exception:  # noqa: BLE001 - a failed write must not kill the writer
                 log.exception("archiving checkpoint failed")

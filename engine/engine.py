@@ -284,8 +284,8 @@ class Engine:
         metrics = Metrics(queue_s=time.perf_counter() - job.submitted)
         emitted: list[str] = []
         try:
-            reason = self._generate(job, metrics, emitted)
-            error = None
+            with self.prefix.request_scope():
+                reason, error = self._generate(job, metrics, emitted), None
         except RequestCancelled:
             reason, error = "cancelled", None
             self.prefix.rollback()

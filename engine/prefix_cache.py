@@ -19,6 +19,8 @@ prefix the cache last prefilled, while it still holds it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 import logging
 import os
@@ -109,6 +111,10 @@ class PrefixCache:
                                                                 policy.kv_group_size)
         self._view = (self.store, self.window)  # one policy's store and window, for `probe`
         self._update_stats()
+
+    def request_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The context one request runs in: archive writes wait until it ends (`CheckpointArchive.paused`)."""
+        return self.archive.paused() if self.archive is not None else contextlib.nullcontext()
 
     def switch_policy(self, policy: CachePolicy, cache: list[Any] | None = None,
                       window: Any = None) -> None:

@@ -1,6 +1,8 @@
 """The disk archive: round trip, restart warm start, corrupt/truncated/foreign entries, cap."""
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 import msgpack
 import pytest
@@ -9,7 +11,7 @@ from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
 from engine.boundaries import boundaries
 from engine.engine import Engine
-from engine.request import PromptSegment
+from engine.request import PromptSegment, Request
 from engine.window import WindowPolicy
 
 ARCHIVE_BYTES = 64 << 20
@@ -299,3 +301,28 @@ def test_cap_evicts_leaves_first_so_a_kept_entry_keeps_its_prefix(tmp_path):
     reopened = CheckpointArchive("pol", older.size + newer.size, tmp_path)
     assert reopened.get(parent.key) is not None and reopened.get(child.key) is not None
     assert reopened.get(other.key) is None
+
+
+def test_writes_wait_while_a_request_runs_and_a_flush_drains_them_anyway(tmp_path):
+    """A request pauses the writer (writes compete with it for the device); close and flush still write."""
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    b = _bound(7)[1]
+    with archive.paused():
+        archive.submit(b, *_arrays(7))
+        assert not archive._may_write.is_set()
+        flusher = threading.Thread(target=archive.flush)
+        flusher.start()
+        flusher.join(timeout=60)
+        assert not flusher.is_alive()  # a flush inside a request does not wait for it to end
+        assert archive.get(b.key) is not None
+    assert archive._may_write.is_set()
+    archive.close()
+
+
+def test_the_engine_pauses_its_archive_while_it_serves_a_request(home, tiny_loaded, layout):
+    with Engine(tiny_loaded, prefill_chunk=16, archive_bytes=ARCHIVE_BYTES) as engine:
+        seen: list[bool] = []
+        done = engine.submit(Request(segments=layout, max_tokens=4),
+                             on_progress=lambda *_: seen.append(engine.prefix.archive._may_write.is_set())).result()
+        assert done.finish_reason in ("length", "stop") and seen and not any(seen)
+        assert engine.prefix.archive._may_write.is_set()
