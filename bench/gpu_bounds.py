@@ -20,19 +20,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from engine.timing import best_seconds
+
 _READ_BLOCK = 64 << 20
-
-
-def _best_seconds(run: Any, repeats: int) -> float:
-    best = float("inf")
-    for attempt in range(repeats + 1):
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(run())
-        mx.synchronize()
-        if attempt:  # the first run compiles kernels
-            best = min(best, time.perf_counter() - start)
-    return best
 
 
 def matmul_tflops(n: int = 8192, dtype: Any = mx.bfloat16, repeats: int = 5) -> float:
@@ -40,7 +30,7 @@ def matmul_tflops(n: int = 8192, dtype: Any = mx.bfloat16, repeats: int = 5) -> 
     a = mx.random.normal((n, n), key=mx.random.key(1)).astype(dtype)
     b = mx.random.normal((n, n), key=mx.random.key(2)).astype(dtype)
     mx.eval(a, b)
-    seconds = _best_seconds(lambda: a @ b, repeats)
+    seconds = best_seconds(lambda: a @ b, repeats)
     return 2.0 * n**3 / seconds / 1e12
 
 
@@ -49,7 +39,7 @@ def copy_bandwidth(gib: float = 4.0, repeats: int = 5) -> float:
     rows = int(gib * 2**30) // 2 // 4096  # 2-D: one dimension stays under 2**31 elements
     a = mx.zeros((rows, 4096), dtype=mx.bfloat16)
     mx.eval(a)
-    seconds = _best_seconds(lambda: a + 1, repeats)
+    seconds = best_seconds(lambda: a + 1, repeats)
     return 2.0 * a.nbytes / seconds / 1e9
 
 

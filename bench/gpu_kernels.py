@@ -78,8 +78,8 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
         linears = block_linears(bits=bits)
         nbytes = sum(linear_bytes(m) for m in linears)
         for rows in (1, 4):
-            xs = [mx.random.normal((rows, m.weight.shape[1] * 32 // bits), key=mx.random.key(100 + i)).astype(mx.bfloat16)
-                  for i, m in enumerate(linears)]
+            xs = [mx.random.normal((rows, m.weight.shape[1] * 32 // bits), key=mx.random.key(100 + i))
+                  .astype(mx.bfloat16) for i, m in enumerate(linears)]
             mx.eval(xs)
             errs_ours, errs_mlx = [], []
             for m, x in zip(linears, xs):
@@ -121,7 +121,8 @@ def section_attention(result: dict, lengths: list[int]) -> None:
                "bf16_gbs": 2 * ks.nbytes / t_bf16 / 1e6}
         result.setdefault("attention", []).append(row)
         print(f"attention {n} keys: ours 8-bit {t_ours:.3f} ms ({row['ours_gbs']:.0f} GB/s), MLX dequantized 8-bit "
-              f"{t_deq:.3f} ms, MLX bf16 sdpa {t_bf16:.3f} ms ({row['bf16_gbs']:.0f} GB/s); rel err {err:.2e}", flush=True)
+              f"{t_deq:.3f} ms, MLX bf16 sdpa {t_bf16:.3f} ms ({row['bf16_gbs']:.0f} GB/s); rel err {err:.2e}",
+              flush=True)
         del k, v, kq, vq
 
 
@@ -150,7 +151,8 @@ def section_step(result: dict, context: int, steps: int) -> None:
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
                    "tok_s": 1 / seconds}
             result.setdefault("step", []).append(row)
-            print(f"decode step, {bits}-bit KV at {context}: {variant} {seconds * 1e3:.2f} ms ({1 / seconds:.1f} tok/s)",
+            print(f"decode step, {bits}-bit KV at {context}: {variant} {seconds * 1e3:.2f} ms "
+                  f"({1 / seconds:.1f} tok/s)",
                   flush=True)
         del cache
         mx.clear_cache()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -35,6 +34,7 @@ import mlx.nn as nn
 from engine import cuda_qmv, decode_kernels
 from engine.cuda_backend import cuda_available
 from engine.linear_mode_cache import LinearModeCache
+from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -152,18 +152,6 @@ def _measure(model: Any) -> Timings:
     return timings
 
 
-def _best(run: Callable[[], Any], repeats: int = 5) -> float:
-    best = float("inf")
-    for attempt in range(repeats + 1):
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(run())
-        mx.synchronize()
-        if attempt:  # the first run compiles
-            best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _check(name: str, ours: mx.array, ref: mx.array) -> None:
     ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
     err = float(mx.linalg.norm((ours - ref).flatten()) / mx.maximum(mx.linalg.norm(ref.flatten()), 1e-30))
@@ -178,8 +166,8 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[f
         weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
         _check("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
     pairs = list(zip(linears, xs)) * _REPEAT
-    return (_best(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
-            _best(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
+    return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
+            best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> tuple[float, float]:
@@ -192,6 +180,10 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> tup
     mx.eval(keys, values, queries)
     _check("attention", cuda_attention.decode_attention(queries, keys, values, n, scale, 64),
            cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64))
-    return (_best(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]),
-            _best(lambda: [cuda_attention.decode_attention(queries, keys, values, n, scale, 64)
-                           for _ in range(_REPEAT)]))
+    def mlx_path() -> list[mx.array]:
+        return [cuda_attention.reference(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]
+
+    def ours() -> list[mx.array]:
+        return [cuda_attention.decode_attention(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]
+
+    return best_seconds(mlx_path), best_seconds(ours)
