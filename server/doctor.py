@@ -144,11 +144,19 @@ def check_linear_mode() -> Check:
         dtype = str(weight_dtype()).removeprefix("mlx.core.")
         return Check("linear mode", True, f"weights are dequantized to {dtype} at load on this device: "
                                           "no quantized layers to choose for", required=False)
+    from engine.decode_choice import KERNEL_NAMES
+    from engine.decode_choice import decide as decide_kernels
+
     cache, device = LinearModeCache(), device_description()
     choices = []
     for key, entry in cache.entries().items():
-        timings = cache.get(key) if isinstance(entry, dict) and entry.get("device") == device else None
-        if timings:
+        if not (isinstance(entry, dict) and entry.get("device") == device):
+            continue
+        named = cache.get(key, parse=str) or {}
+        if named and set(named) <= set(KERNEL_NAMES):  # engine.decode_choice's entry: our decode kernels
+            ours = [name for name, on in decide_kernels(named).items() if on]
+            choices.append(f"decode kernels: {'+'.join(ours) or 'MLX'}")
+        elif timings := cache.get(key):
             mode, rows = decide(timings)
             choices.append(f"dequantized from {rows} rows" if rows else mode)
     if not choices:

@@ -51,3 +51,21 @@ def test_corrupt_cached_default_model_is_not_ready(tmp_path, monkeypatch):
     code, lines = _doctor()
     assert code == 1
     assert any(line.startswith("FAIL  default model") and "bytes" in line for line in lines)
+
+
+def test_on_a_quantizing_device_it_lists_the_measured_linear_modes_and_decode_kernels(tmp_path, monkeypatch):
+    """Where weights stay quantized (a GPU), the cached measurements are read back: linear mode and our kernels."""
+    from engine import loaded_model
+    from engine.linear_mode_cache import LinearModeCache
+
+    monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(loaded_model, "weight_dtype", lambda: None)
+    cache = LinearModeCache()
+    cache.put("a" * 16, {64: (1.0, 1.2), 128: (1.0, 0.5), 256: (2.0, 0.5)})
+    cache.put("b" * 16, {"qmv": (2e-3, 1e-3), "attention": (1e-3, 2e-3)})
+    from server.doctor import check_linear_mode
+
+    check = check_linear_mode()
+    assert check.ok and "2 model shape(s) measured" in check.detail
+    assert "dequantized from 128 rows" in check.detail and "decode kernels: qmv" in check.detail
+    assert "qmv+attention" not in check.detail
