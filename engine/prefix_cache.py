@@ -23,7 +23,6 @@ import contextlib
 
 import itertools
 import logging
-import os
 import threading
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -45,11 +44,12 @@ log = logging.getLogger(__name__)
 
 
 def default_budget_bytes(fraction: float = 0.125) -> int:
-    """A checkpoint budget from physical memory (1/8 by default; 1 GiB if unknown)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
-    except (ValueError, OSError, AttributeError):
-        return 1 << 30
+    """A checkpoint budget from the memory this process can use (`engine.machine.total_memory`: a
+    container's limit where it has one); 1/8 by default, 1 GiB if unknown."""
+    from engine.machine import total_memory
+
+    total = total_memory()
+    return int(total * fraction) if total else 1 << 30
 
 
 def model_dtype(model: Any) -> str:
