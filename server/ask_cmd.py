@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=ASK_MAX_TOKENS,
                         help=f"most tokens to generate (default {ASK_MAX_TOKENS})")
     parser.add_argument("--kv-bits", type=int, choices=(8, 16), default=16, help="KV cache precision")
+    parser.add_argument("--gguf-bits", type=int, choices=(4, 8, 16), default=None,
+                        help="bits a .gguf model is converted to (the model.ggufBits setting; default 4)")
     parser.add_argument("--prefill-chunk", type=int, default=None, help="tokens per prefill step")
     parser.add_argument("--window", default=None, metavar="G,W[,TAIL]",
                         help="windowed prefill: global region G, recent window W, dense tail "
@@ -95,6 +97,7 @@ def settings_from(args: argparse.Namespace) -> Any:
     if not 1.0 <= args.repetition_penalty < float("inf"):
         raise UsageError("--repetition-penalty must be a number >= 1.0")
     model = dataclasses.replace(defaults.model, kv_bits=args.kv_bits,
+                                gguf_bits=args.gguf_bits or defaults.model.gguf_bits,
                                 prefill_chunk=args.prefill_chunk or defaults.model.prefill_chunk,
                                 **({"name": args.model} if args.model else {}))
     generation = dataclasses.replace(defaults.generation, loop_guard=not args.no_loop_guard,

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Sequence, TextIO
 
-from server.core.model_choice import Assessment, Choice, choose, fit_reason, profile_of
+from server.core.model_choice import Assessment, Budget, Choice, choose, fit_reason, profile_of
 
 
 def human_bytes(count: int) -> str:
@@ -29,13 +29,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="codectx models", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per model, then one holding the recommendation")
+    parser.add_argument("--gguf-bits", type=int, choices=(4, 8, 16), default=None,
+                        help="bits a .gguf model would be converted to, for the memory it needs (default 4)")
     args = parser.parse_args(argv)
     out = out or sys.stdout
     from engine.machine import this_machine
     from engine.model_library import find_models
 
     models = find_models()
-    choice = choose([profile_of(m) for m in models], this_machine())
+    choice = choose([profile_of(m) for m in models], this_machine(), Budget(gguf_bits=args.gguf_bits))
     if args.json:
         for m, a in zip(models, choice.assessed):
             out.write(json.dumps({"spec": m.spec, "source": m.source, "path": str(m.path), "format": m.format,

@@ -86,3 +86,12 @@ def test_ask_on_the_ollama_spec_converts_once_and_answers(library, monkeypatch):
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert {p.name: p.stat().st_mtime_ns for p in converted[0].iterdir()} == stamps  # not converted again
+
+
+def test_ask_converts_at_the_bits_asked_for(library):
+    asked = codectx(library, "ask", "--model", SPEC, "--gguf-bits", "8", "--max-tokens", "2", QUESTION)
+    assert asked.returncode == 0, asked.stderr
+    cache = Path(library["CODECTX_HOME"]) / "models" / "gguf"
+    assert any(p.name.endswith("-b8") and manifest_problem(p) is None for p in cache.iterdir() if p.is_dir())
+    refused = codectx(library, "models", "--gguf-bits", "5")
+    assert refused.returncode == 2 and "--gguf-bits" in refused.stderr
