@@ -74,7 +74,11 @@ class LinearModeCache:
             parse: Turns a stored key back into the caller's (rows for the linear mode, a
                 kernel's name for `engine.decode_choice`).
         """
-        entry = self._read().get(key)
+        return self.timings_of(self._read().get(key), parse)
+
+    @staticmethod
+    def timings_of(entry: Any, parse: Callable[[str], Any] = int) -> Timings | None:
+        """The timings an entry (as `entries()` returns it) holds, or None when it does not parse."""
         try:
             timings = {parse(rows): (float(pair[0]), float(pair[1])) for rows, pair in entry["timings"].items()}
         except (TypeError, KeyError, ValueError, IndexError, AttributeError):

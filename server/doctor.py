@@ -149,14 +149,14 @@ def check_linear_mode() -> Check:
 
     cache, device = LinearModeCache(), device_description()
     choices = []
-    for key, entry in cache.entries().items():
+    for entry in cache.entries().values():
         if not (isinstance(entry, dict) and entry.get("device") == device):
             continue
-        named = cache.get(key, parse=str) or {}
+        named = cache.timings_of(entry, str) or {}
         if named and set(named) <= set(KERNEL_NAMES):  # engine.decode_choice's entry: our decode kernels
             ours = [name for name, on in decide_kernels(named).items() if on]
             choices.append(f"decode kernels: {'+'.join(ours) or 'MLX'}")
-        elif timings := cache.get(key):
+        elif timings := cache.timings_of(entry):
             mode, rows = decide(timings)
             choices.append(f"dequantized from {rows} rows" if rows else mode)
     if not choices:
