@@ -68,25 +68,24 @@ def start_llama_server(gguf: Path, context: int = 4096, slots: int | None = None
     """llama.cpp's server on `gguf`, on a free loopback port; (process, API root) once it listens."""
     folder, port = llama_server_dir(), free_port()
     parallel = ["-np", str(slots)] if slots else []
-    process = subprocess.Popen([str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
-                                str(port), "-c", str(context), "-t", "2", *parallel],
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                               env={**os.environ, "LD_LIBRARY_PATH": str(folder)})
-    try:
-        wait_for_line(process, b"listening on http")
-    except AssertionError:
-        process.kill()
-        raise
-    return process, f"http://127.0.0.1:{port}/v1"
+    return _start([str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                   "-c", str(context), "-t", "2", *parallel], port, b"listening on http",
+                  env={**os.environ, "LD_LIBRARY_PATH": str(folder)})
 
 
 def start_mlx_server(model: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
     """`mlx_lm.server` on `model`, on loopback (a free port unless given); (process, API root) once it listens."""
     port = port or free_port()
-    process = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
-                                "--port", str(port)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    return _start([sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
+                   "--port", str(port)], port, b"Starting httpd")
+
+
+def _start(argv: list[str], port: int, ready_line: bytes, env: dict[str, str] | None = None,
+           ) -> tuple[subprocess.Popen, str]:
+    """Start a server; (process, API root) once its stderr prints `ready_line` (killed if it never does)."""
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
     try:
-        wait_for_line(process, b"Starting httpd")
+        wait_for_line(process, ready_line)
     except AssertionError:
         process.kill()
         raise
