@@ -123,17 +123,20 @@ def decode(
 ) -> Iterator[int]:
     """Sample tokens one by one, starting from the prefill's last logits.
 
-    Pipelined one step ahead: before a token is yielded, the forward of that token
-    and the sampling of the next are queued (``mx.async_eval``), so the device
-    computes step n + 1 while the caller detokenizes and streams token n, and
-    building the next step's graph on the host overlaps the device's work (on the
+    Pipelined one step ahead: step n + 1 (the forward of token n and the sampling
+    of the next) is built from the lazy token n and queued (``mx.async_eval``)
+    before token n is read, so building a step's graph on the host overlaps the
+    device's work on the previous one, and the device computes while the caller
+    detokenizes and streams (on the
     H200, a 64-layer model's step at 128k tokens with our kernels went from 34.4 to
     20.0 ms; docs/benchmarks.md, *GPU engine*). The tokens are the same as unpipelined.
 
     The EOS token is not yielded; it ends the loop. The cancel check runs
     before every step. The cache receives every yielded token, except the last
     when `max_tokens` ends the loop (a caller that stops early finds its last
-    token in the cache too: rollbacks go by checkpoints, not by count).
+    token in the cache too, and an EOS ends with the EOS token's step queued:
+    rollbacks go by checkpoints, not by count). With a repetition penalty the
+    next step waits for the token (the penalty counts it on the host).
 
     Args:
         compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
@@ -154,21 +157,30 @@ def decode(
     path = path_of(compute)
     if max_tokens < 1:
         return
+
+    def step_after(token: mx.array) -> mx.array:
+        logits = path.forward(token.reshape(1, 1), cache, logits="last")[:, -1, :]
+        nxt = sampler(logits if penalty is None else penalty.apply(logits))
+        mx.async_eval(nxt)
+        return nxt
+
     token = sampler(logits if penalty is None else penalty.apply(logits))
     mx.async_eval(token)
     for step in range(max_tokens):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during decode at token {step}")
+        more = step + 1 < max_tokens
+        # Without a penalty the next step needs nothing from the host: queue it from the lazy token
+        # before waiting for that token, so the host builds step n + 1 while the device runs step n.
+        nxt = step_after(token) if more and penalty is None else None
         token_id = int(token.item())
         if token_id in eos_token_ids:
             return
         if penalty is not None:
             penalty.observe((token_id,))
-        if step + 1 < max_tokens:
-            logits = path.forward(token.reshape(1, 1), cache, logits="last")[:, -1, :]
-            token = sampler(logits if penalty is None else penalty.apply(logits))
-            mx.async_eval(token)
+            nxt = step_after(token) if more else None
         yield token_id
+        token = nxt
 
 
 class StopStrings:

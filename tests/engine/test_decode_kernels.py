@@ -18,7 +18,7 @@ from engine.decode_kernels import Q8Rows
 from engine.generate import decode, prefill
 from engine.kv import cache_offset
 from engine.linear_mode_cache import LinearModeCache
-from engine.sampling import greedy
+from engine.sampling import RepetitionPenalty, greedy
 from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache
 
 QMV_WINS = {"qmv": (2e-3, 1e-3), "attention": (1e-3, 1.2e-3)}
@@ -125,3 +125,19 @@ def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what
     assert cache_offset(cache) == len(ids) + 3  # the step after the third token is already queued
     assert first_three + list(stream) == unpipelined(8)
     assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache
+
+
+def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_loaded):
+    model = tiny_loaded.model
+    ids = [(13 * i + 2) % 500 for i in range(30)]
+    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+    got = list(decode(model, cache, prefill(model, cache, ids), greedy, 10, penalty=RepetitionPenalty(1.5)))
+
+    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+    logits, penalty, expected = prefill(model, cache, ids), RepetitionPenalty(1.5), []
+    for _ in range(10):
+        token = int(mx.argmax(penalty.apply(logits), axis=-1).item())
+        expected.append(token)
+        penalty.observe((token,))
+        logits = exact(model).forward(mx.array([[token]]), cache, logits="last")[:, -1, :]
+    assert got == expected and len(set(got)) > 1
