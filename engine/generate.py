@@ -5,7 +5,14 @@
 - `prefill` runs the prompt in chunks, in order, and returns the logits of
   the last position. Chunking restarts at every boundary given, so a caller
   that restores state at a boundary replays exactly the same forward calls.
-- `decode` yields sampled token ids until EOS, `max_tokens` or cancellation.
+- `decode` yields sampled token ids until EOS, `max_tokens` or cancellation. It is
+  pipelined one step ahead: step n + 1 (the forward of token n, the next sampling) is
+  built from the lazy token n and queued (``mx.async_eval``) before token n is read, so
+  the host builds a step's graph while the device runs the previous one (on the H200, a
+  64-layer model's step at 128k tokens went from 34.4 to 20.0 ms; docs/benchmarks.md,
+  *GPU engine*). Tokens are those of the unpipelined loop. A caller that stops early, or
+  an EOS, leaves the queued step's token in the cache. With a repetition penalty (counted
+  on the host) each step waits for the token it counts.
 - `StopStrings` turns text deltas into emitted text, holding back any tail
   that could still become a stop string.
 """
@@ -121,22 +128,11 @@ def decode(
     should_cancel: CancelCheck | None = None,
     penalty: RepetitionPenalty | None = None,
 ) -> Iterator[int]:
-    """Sample tokens one by one, starting from the prefill's last logits.
+    """Sample tokens one by one from the prefill's last logits, pipelined one step ahead (module docstring).
 
-    Pipelined one step ahead: step n + 1 (the forward of token n and the sampling
-    of the next) is built from the lazy token n and queued (``mx.async_eval``)
-    before token n is read, so building a step's graph on the host overlaps the
-    device's work on the previous one, and the device computes while the caller
-    detokenizes and streams (on the
-    H200, a 64-layer model's step at 128k tokens with our kernels went from 34.4 to
-    20.0 ms; docs/benchmarks.md, *GPU engine*). The tokens are the same as unpipelined.
-
-    The EOS token is not yielded; it ends the loop. The cancel check runs
-    before every step. The cache receives every yielded token, except the last
-    when `max_tokens` ends the loop (a caller that stops early finds its last
-    token in the cache too, and an EOS ends with the EOS token's step queued:
-    rollbacks go by checkpoints, not by count). With a repetition penalty the
-    next step waits for the token (the penalty counts it on the host).
+    The EOS token is not yielded; it ends the loop. The cancel check runs before every
+    step. The cache receives every yielded token, except the last when `max_tokens`
+    ends the loop (rollbacks go by checkpoints, not by count).
 
     Args:
         compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
