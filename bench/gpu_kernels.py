@@ -123,7 +123,6 @@ def section_attention(result: dict, lengths: list[int]) -> None:
         print(f"attention {n} keys: ours 8-bit {t_ours:.3f} ms ({row['ours_gbs']:.0f} GB/s), MLX dequantized 8-bit "
               f"{t_deq:.3f} ms, MLX bf16 sdpa {t_bf16:.3f} ms ({row['bf16_gbs']:.0f} GB/s); rel err {err:.2e}",
               flush=True)
-        del k, v, kq, vq
 
 
 def section_step(result: dict, context: int, steps: int) -> None:

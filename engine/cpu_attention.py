@@ -28,18 +28,17 @@ without a cache, go to the module's own call.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from engine import blas
+from engine.switches import Switch
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +48,10 @@ SUPPORTED = frozenset({("mlx_lm.models.llama", "Attention"), ("mlx_lm.models.qwe
 cache offset, `cache.update_and_fetch`, scaled dot-product attention, output projection."""
 
 _FLOAT_TYPES = (mx.float32, mx.float16, mx.bfloat16)
-_numpy_on = contextvars.ContextVar("codectx_numpy_attention", default=False)
+_numpy = Switch("codectx_numpy_attention")
 _wired_classes: dict[type, type] = {}
-
-
-@contextlib.contextmanager
-def numpy_attention(enabled: bool = True) -> Iterator[None]:
-    """Inside this block, wired attention modules on this thread use NumPy (or, False: MLX)."""
-    token = _numpy_on.set(enabled)
-    try:
-        yield
-    finally:
-        _numpy_on.reset(token)
+numpy_attention = _numpy.scope
+"""Inside this block, wired attention modules on this thread use NumPy (or, False: MLX)."""
 
 
 def wire(model: Any) -> int:
@@ -93,7 +84,7 @@ def _wired_class(cls: type) -> type:
         original = cls.__call__
 
         def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-            if cache is None or not _numpy_on.get() or x.dtype not in _FLOAT_TYPES:
+            if cache is None or not _numpy.on() or x.dtype not in _FLOAT_TYPES:
                 return original(self, x, mask=mask, cache=cache)
             return _numpy_step(self, x, mask, cache)
 

@@ -22,7 +22,6 @@ cache (`engine.qkv.decode_attention_choice`); it needs `mx.fast.cuda_kernel`.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import mlx.core as mx

@@ -19,24 +19,19 @@ and the layers ask `qmv_on()` / `attention_on()`:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from typing import Any, Iterator
 
 import mlx.core as mx
 
-_qmv_on = contextvars.ContextVar("codectx_qmv_kernel", default=False)
-_attention_on = contextvars.ContextVar("codectx_attention_kernel", default=False)
+from engine.switches import Switch
+
+_qmv = Switch("codectx_qmv_kernel")
+_attention = Switch("codectx_attention_kernel")
 _installed: dict[str, Any] = {}
-
-
-def qmv_on() -> bool:
-    """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
-    return _qmv_on.get()
-
-
-def attention_on() -> bool:
-    """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
-    return _attention_on.get()
+qmv_on = _qmv.on
+"""Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
+attention_on = _attention.on
+"""Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 
 
 @contextlib.contextmanager
@@ -44,12 +39,8 @@ def scope(qmv: bool, attention: bool) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread)."""
     if attention:
         install()
-    tokens = _qmv_on.set(qmv), _attention_on.set(attention)
-    try:
+    with _qmv.scope(qmv), _attention.scope(attention):
         yield
-    finally:
-        _qmv_on.reset(tokens[0])
-        _attention_on.reset(tokens[1])
 
 
 forced = scope  # the benchmarks' name for turning them on by hand

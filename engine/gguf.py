@@ -8,7 +8,6 @@ what `codectx models` reports.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from engine.gguf_arch import SUPPORTED_ARCHITECTURES
 from engine.gguf_convert import GGUF_BITS

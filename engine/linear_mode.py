@@ -32,17 +32,17 @@ measured is in docs/benchmarks.md.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from engine import cuda_qmv, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
+from engine.switches import Switch
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +54,9 @@ REPEATS = 3
 
 Measure = Callable[[Any], Timings]
 
-_dequantize_on = contextvars.ContextVar("codectx_dequantized_linears", default=False)
-
-
-@contextlib.contextmanager
-def dequantized_linears(enabled: bool = True) -> Iterator[None]:
-    """Inside this block, wired linears on this thread multiply with dequantized weights."""
-    token = _dequantize_on.set(enabled)
-    try:
-        yield
-    finally:
-        _dequantize_on.reset(token)
+_dequantize = Switch("codectx_dequantized_linears")
+dequantized_linears = _dequantize.scope
+"""Inside this block, wired linears on this thread multiply with dequantized weights."""
 
 
 class DequantizingLinear(nn.QuantizedLinear):
@@ -76,7 +68,7 @@ class DequantizingLinear(nn.QuantizedLinear):
     """
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _dequantize_on.get():
+        if _dequantize.on():
             return dequantized_product(self, x)
         if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS \
                 and cuda_qmv.unsupported(self, x.dtype) is None:
