@@ -163,7 +163,7 @@ def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool]
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     times = []
-    with decode_kernels.forced(qmv=kernels[0], attention=kernels[1]):
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1]):
         for attempt in range(2):
             for c in cache:
                 c.offset = start_offset

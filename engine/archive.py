@@ -19,9 +19,10 @@ the policy directory; an index naming anything else is not trusted.
 Writes wait while a request runs (`paused`, entered by the engine around each
 request) and go on between requests and at close: they compete with the
 request for the device and the host. On MLX's CUDA backend every array the
-writer reads is first copied to host memory with a device-wide
-synchronization, so a 128k-token cold ask left 32 GiB of writes that stalled
-the following asks' decode (docs/benchmarks.md, *GPU engine*). The arrays
+writer reads is first moved to host memory with a synchronous ``cudaMemcpy``
+(MLX's ``Buffer::raw_ptr``); with the writes of a 128k-token cold ask running
+under the asks after it, their decode reached 21-31 tok/s, with the writes
+paused 33 (docs/benchmarks.md, *GPU engine*). The arrays
 waiting to be written are the checkpoints' own copies, held until written.
 """
 from __future__ import annotations

@@ -110,14 +110,14 @@ class ComputePath:
         """
         if self.numpy_forward is not None and cpu_forward.applies(tokens, cache):
             return self.numpy_forward(tokens, cache, logits)
-        if self._decode is not None and tokens.shape == (1, 1) and not self.kernels.identity():
+        if self._decode is not None and tokens.shape == (1, 1) and not self.kernels.any:
             return self._decode(tokens, cache)  # (traced with MLX's kernels: not where ours run)
         out = self.call(tokens, cache)
         return out[:, -1:, :] if logits == "last" else out
 
     def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Speculative verification: the last token and the drafts in one forward (all logits)."""
-        if tokens.shape[1] == 1 or self._verify is None or self.kernels.identity():
+        if tokens.shape[1] == 1 or self._verify is None or self.kernels.any:
             return self.forward(tokens, cache)
         return self._verify(tokens, cache)
 

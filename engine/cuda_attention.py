@@ -17,7 +17,7 @@ values are read where they lie (the store's buffers, any row stride, no copy):
 - float32 throughout, exp2 with the softmax scale folded into the queries.
 
 The engine uses it only where it measured faster than MLX's own path for the same
-cache (`engine.qkv.decode_attention_choice`); it needs `mx.fast.cuda_kernel`.
+cache (`engine.decode_choice`); it needs `mx.fast.cuda_kernel`.
 """
 from __future__ import annotations
 
@@ -231,12 +231,16 @@ def split_size(n: int, kv_heads: int, target_blocks: int = 2048) -> int:
 
 def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int) -> str | None:
     """Why `decode_attention` cannot take this call (None: it can)."""
-    if not cuda_available():
-        return "not MLX's CUDA backend"
     B, H, L, D = queries.shape
-    kv_heads = keys[0].shape[1]
     if B != 1 or L != 1:
         return f"{B} x {L} queries"
+    return shape_problem(H, keys[0].shape[1], D, bits, group_size)
+
+
+def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int) -> str | None:
+    """Why one query of `H` heads over `kv_heads` 8-bit KV heads of dim `D` is not this kernel's (None: it is)."""
+    if not cuda_available():
+        return "not MLX's CUDA backend"
     if bits != 8:
         return f"{bits}-bit cache"
     if D not in (128, 256) or group_size % 16 or D % group_size:
@@ -279,9 +283,11 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     return out.reshape(1, H, 1, D)
 
 
-def reference(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float, group_size: int) -> mx.array:
-    """What `decode_attention` computes, through MLX's own ops (dequantized copies)."""
-    k = mx.dequantize(*(a[..., :n, :] for a in keys), group_size=group_size, bits=8, dtype=queries.dtype)
-    v = mx.dequantize(*(a[..., :n, :] for a in values), group_size=group_size, bits=8, dtype=queries.dtype)
-    return mx.fast.scaled_dot_product_attention(queries, k, v, scale=scale)
+def reference(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float, group_size: int,
+              mask: Any = None, bits: int = 8) -> mx.array:
+    """What `decode_attention` computes, through MLX's own ops: the first `n` rows dequantized, fused attention
+    (also the engine's path where the kernel does not apply)."""
+    k = mx.dequantize(*(a[..., :n, :] for a in keys), group_size=group_size, bits=bits, dtype=queries.dtype)
+    v = mx.dequantize(*(a[..., :n, :] for a in values), group_size=group_size, bits=bits, dtype=queries.dtype)
+    return mx.fast.scaled_dot_product_attention(queries, k, v, scale=scale, mask=mask)
 

@@ -1,23 +1,22 @@
 """Our quantized matrix-vector kernel for MLX's CUDA backend (decode-sized inputs, 4 or 8 bits).
 
-MLX's CUDA `quantized_matmul` for a few rows launches one pass over the weights per
-row and keeps one 16-byte load in flight per lane: on the H200 a 64-layer 4-bit
-model's linears read their weights at 569-615 GB/s of a 3,249-3,565 GB/s copy
-bandwidth (docs/benchmarks.md, *GPU engine*). This kernel reads each weight
-once for up to `MAX_ROWS` input rows:
+MLX's CUDA `quantized_matmul` for a few rows makes one pass over the weights per
+row, each lane loading one chunk per loop step (from its source). This kernel reads
+each weight once for up to `MAX_ROWS` input rows; in one pipelined decode step of a
+64-layer 4-bit model at 128k tokens on the H200 it took the step from 28.5 to 17.9 ms
+(`bench/gpu_kernels.py`, docs/benchmarks.md, *GPU engine*):
 
 - one warp per `R` output rows, each lane a 16-byte chunk of packed weights per
   step (32 four-bit or 16 eight-bit values), the row's K fully known at compile
   time so the loop over chunks unrolls and loads overlap;
-- dequantization without integer-to-float conversions (a quarter-rate instruction
-  on this GPU): one byte permute (``prmt``) places a 4-bit value in the mantissa of
+- dequantization without integer-to-float conversions: one byte permute (``prmt``) places a 4-bit value in the mantissa of
   the float 0.5 + q/256, an 8-bit value in 2^23 + q; the affine scale and bias are
   applied once per chunk, ``s * sum(x*q) + b * sum(x)``, in float32 throughout
   (MLX's kernel accumulates 4-bit products in bfloat16);
 - activations are bfloat16 or float16, affine mode, group sizes 32/64/128.
 
-Whether it runs is decided by measurement (`engine.linear_mode`: decode rows, ours
-against MLX's, per device and model shape); it needs MLX's CUDA backend
+Whether it runs is decided by measurement (`engine.decode_choice`: ours against
+MLX's on the model's shapes, per device); it needs MLX's CUDA backend
 (`mx.fast.cuda_kernel`) and is never used on the CPU or Metal.
 """
 from __future__ import annotations
@@ -167,21 +166,31 @@ def rows_per_warp(n: int) -> int:
 
 def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
     """Why this kernel cannot multiply `linear` for activations of `dtype` (None: it can)."""
+    weight = linear["weight"]
+    return _problem(getattr(linear, "mode", "affine"), linear.bits, linear.group_size, weight.ndim,
+                    weight.shape[-1] * 32 // linear.bits, linear.get("biases") is not None, dtype,
+                    str(mx.default_device()))
+
+
+def takes(linear: Any, dtype: mx.Dtype) -> bool:
+    """`unsupported(linear, dtype) is None`, asked on every decode-sized call (the answer is cached per shape)."""
+    return unsupported(linear, dtype) is None
+
+
+@functools.lru_cache(maxsize=None)
+def _problem(mode: str, bits: int, group_size: int, ndim: int, k: int, biases: bool, dtype: mx.Dtype,
+             device: str) -> str | None:
     if not cuda_available():
         return "not MLX's CUDA backend"
-    if getattr(linear, "mode", "affine") != "affine":
-        return f"mode {linear.mode}"
-    if linear.bits not in (4, 8):
-        return f"{linear.bits}-bit weights"
+    if mode != "affine":
+        return f"mode {mode}"
+    if bits not in (4, 8):
+        return f"{bits}-bit weights"
     if dtype not in (mx.bfloat16, mx.float16):
         return f"{dtype} activations"
-    values_per_chunk = 128 // linear.bits
-    k = linear["weight"].shape[-1] * 32 // linear.bits
-    if linear.group_size % values_per_chunk or k % linear.group_size or linear["weight"].ndim != 2:
-        return f"group size {linear.group_size} over K={k}"
-    if linear.get("biases") is None:
-        return "no biases"
-    return None
+    if group_size % (128 // bits) or k % group_size or ndim != 2:
+        return f"group size {group_size} over K={k}"
+    return None if biases else "no biases"
 
 
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array:

@@ -7,8 +7,8 @@ call it would replace, on the model's own shapes, and checks that it computes
 the same thing:
 
 - linears: one transformer block's quantized linears on one input row, ours
-  against `mx.quantized_matmul`, the block repeated so that one evaluation holds
-  several hundred products (as a decode step does);
+  against `mx.quantized_matmul`, the block repeated `_REPEAT` times so that one
+  evaluation holds many products, as a decode step does (112 for a 7-linear block);
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
   engine's path for an 8-bit cache on CUDA without this kernel).
@@ -33,6 +33,7 @@ import mlx.nn as nn
 
 from engine import cuda_qmv, decode_kernels
 from engine.cuda_backend import cuda_available
+from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
 from engine.timing import best_seconds
 
@@ -65,6 +66,11 @@ class DecodeKernels:
     source: str = "not CUDA"
     timings: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        """Whether any of our kernels runs."""
+        return self.qmv or self.attention
 
     def identity(self) -> str:
         """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
@@ -105,8 +111,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         return DecodeKernels(notes=notes)
     if setting == "codectx":
         return DecodeKernels(True, True, "setting")
-    linears = [m for block in getattr(model, "layers", [])[:1] for m in block.modules()
-               if isinstance(m, nn.QuantizedLinear)]
+    linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
                               "attention": _attention_shape(model)})
@@ -137,7 +142,7 @@ def _attention_shape(model: Any) -> tuple[int, int, int] | None:
 def _measure(model: Any) -> Timings:
     """Time and check both kernels on `model`'s shapes (see the module docstring)."""
     timings: Timings = {}
-    linears = [m for m in model.layers[0].modules() if isinstance(m, nn.QuantizedLinear)]
+    linears = first_block_linears(model)
     dtype = linears[0]["scales"].dtype if linears else mx.float32
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
         timings["qmv"] = _time_linears(linears, dtype)
@@ -146,8 +151,7 @@ def _measure(model: Any) -> Timings:
         from engine import cuda_attention
 
         heads, kv_heads, dim = shape
-        queries = mx.zeros((1, heads, 1, dim), dtype=dtype)
-        if cuda_attention.unsupported(queries, (mx.zeros((1, kv_heads, 1, dim // 4), dtype=mx.uint32),), 8, 64) is None:
+        if cuda_attention.shape_problem(heads, kv_heads, dim, 8, 64) is None:
             timings["attention"] = _time_attention(heads, kv_heads, dim, dtype)
     return timings
 
@@ -180,6 +184,7 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> tup
     mx.eval(keys, values, queries)
     _check("attention", cuda_attention.decode_attention(queries, keys, values, n, scale, 64),
            cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64))
+
     def mlx_path() -> list[mx.array]:
         return [cuda_attention.reference(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]
 

@@ -27,7 +27,7 @@ from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
-_installed: dict[str, Any] = {}
+_installed: list[Any] = []
 qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
 attention_on = _attention.on
@@ -43,9 +43,6 @@ def scope(qmv: bool, attention: bool) -> Iterator[None]:
         yield
 
 
-forced = scope  # the benchmarks' name for turning them on by hand
-
-
 class Q8Rows(tuple):
     """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values."""
 
@@ -59,7 +56,7 @@ class Q8Rows(tuple):
 
 def install() -> None:
     """Route `Q8Rows` through our kernel in mlx-lm's quantized attention (idempotent)."""
-    if _installed:
+    if _installed:  # mlx-lm's own function, once replaced
         return
     from mlx_lm.models import base
 
@@ -74,9 +71,7 @@ def install() -> None:
         if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size) is None:
             return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size)
         # A shape the kernel does not take: the rows dequantized, MLX's fused attention.
-        keys, values = (mx.dequantize(*(a[..., :rows.n, :] for a in rows), group_size=group_size, bits=bits)
-                        for rows in (q_keys, q_values))
-        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        return cuda_attention.reference(queries, q_keys, q_values, q_keys.n, scale, group_size, mask, bits)
 
     base.quantized_scaled_dot_product_attention = quantized_attention
-    _installed["original"] = original
+    _installed.append(original)

@@ -43,6 +43,7 @@ import mlx.nn as nn
 from engine import cuda_qmv, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
+from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ class DequantizingLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if _dequantize.on():
             return dequantized_product(self, x)
-        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS \
-                and cuda_qmv.unsupported(self, x.dtype) is None:
+        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(self, x.dtype):
             return cuda_qmv.linear_product(self, x)
         return super().__call__(x)
 
@@ -82,6 +82,14 @@ def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
                            linear.bits, mode=linear.mode, dtype=x.dtype)
     y = mx.matmul(x, weight.T)
     return y + linear["bias"] if "bias" in linear else y
+
+
+def first_block_linears(model: Any) -> list[nn.QuantizedLinear]:
+    """The quantized linears of the first transformer block that has any ([] when none has):
+    what one block's measurement times (here and in `engine.decode_choice`)."""
+    per_block = ([m for m in block.modules() if isinstance(m, nn.QuantizedLinear)]
+                 for block in getattr(model, "layers", []))
+    return next((found for found in per_block if found), [])
 
 
 def block_linears(model: Any) -> list[nn.QuantizedLinear]:
@@ -164,8 +172,7 @@ def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = R
 
     Each timing is the best of `repeats` after one untimed run (kernel compilation).
     """
-    per_block = ([m for m in block.modules() if isinstance(m, nn.QuantizedLinear)] for block in model.layers)
-    linears = next(found for found in per_block if found)
+    linears = first_block_linears(model)
     dtype = linears[0]["scales"].dtype
     inputs = {id(m): m.weight.shape[1] * 32 // m.bits for m in linears}
     timings: Timings = {}
@@ -178,16 +185,12 @@ def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = R
 
 
 def _best(linears: list[nn.QuantizedLinear], xs: list[mx.array], product: Callable, repeats: int) -> float:
-    best = float("inf")
-    for attempt in range(repeats + 1):
-        mx.synchronize()
-        start = time.perf_counter()
+    def each_evaluated() -> list:
         for linear, x in zip(linears, xs):
             mx.eval(product(linear, x))
-        mx.synchronize()
-        if attempt:  # the first run compiles kernels
-            best = min(best, time.perf_counter() - start)
-    return best
+        return []
+
+    return best_seconds(each_evaluated, repeats)
 
 
 def resolve(model: Any, setting: str = "auto", *, measure: Measure = measure_layer,

@@ -20,7 +20,6 @@ prefix the cache last prefilled, while it still holds it.
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 import logging
 import threading

@@ -106,38 +106,36 @@ def test_forcing_the_kernels_where_they_cannot_run_computes_what_mlx_computes(q4
     assert mx.allclose(runs[0][1], runs[1][1], atol=2e-2).item()
 
 
+DENSE = WindowPolicy(False, 0, 1, 0, 0, "block")
+
+
+def unpipelined(model, ids: list[int], n: int, penalty: RepetitionPenalty | None = None) -> list[int]:
+    """Greedy decode one step at a time, each token read before the next forward (the reference)."""
+    cache = make_window_cache(model, DENSE)
+    logits, out = prefill(model, cache, ids), []
+    for _ in range(n):
+        token = int(mx.argmax(logits if penalty is None else penalty.apply(logits), axis=-1).item())
+        out.append(token)
+        if penalty is not None:
+            penalty.observe((token,))
+        logits = exact(model).forward(mx.array([[token]]), cache, logits="last")[:, -1, :]
+    return out
+
+
 def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what_it_yielded(tiny_loaded):
     model = tiny_loaded.model
     ids = [(11 * i + 5) % 500 for i in range(30)]
-
-    def unpipelined(n: int) -> list[int]:
-        cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
-        logits, out = prefill(model, cache, ids), []
-        for _ in range(n):
-            token = int(mx.argmax(logits, axis=-1).item())
-            out.append(token)
-            logits = exact(model).forward(mx.array([[token]]), cache, logits="last")[:, -1, :]
-        return out
-
-    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+    cache = make_window_cache(model, DENSE)
     stream = decode(model, cache, prefill(model, cache, ids), greedy, 8)
     first_three = [next(stream) for _ in range(3)]
     assert cache_offset(cache) == len(ids) + 3  # the step after the third token is already queued
-    assert first_three + list(stream) == unpipelined(8)
+    assert first_three + list(stream) == unpipelined(model, ids, 8)
     assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache
 
 
 def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_loaded):
     model = tiny_loaded.model
     ids = [(13 * i + 2) % 500 for i in range(30)]
-    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
+    cache = make_window_cache(model, DENSE)
     got = list(decode(model, cache, prefill(model, cache, ids), greedy, 10, penalty=RepetitionPenalty(1.5)))
-
-    cache = make_window_cache(model, WindowPolicy(False, 0, 1, 0, 0, "block"))
-    logits, penalty, expected = prefill(model, cache, ids), RepetitionPenalty(1.5), []
-    for _ in range(10):
-        token = int(mx.argmax(penalty.apply(logits), axis=-1).item())
-        expected.append(token)
-        penalty.observe((token,))
-        logits = exact(model).forward(mx.array([[token]]), cache, logits="last")[:, -1, :]
-    assert got == expected and len(set(got)) > 1
+    assert got == unpipelined(model, ids, 10, RepetitionPenalty(1.5)) and len(set(got)) > 1
