@@ -27,6 +27,7 @@ Prints a Markdown table and writes JSON after every row (default bench/results/g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -47,7 +48,7 @@ preload_blas()  # before MLX is imported
 
 import mlx.core as mx  # noqa: E402
 
-from bench import gpu_bounds  # noqa: E402
+from bench import gpu_bounds, request_profile  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
@@ -80,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--disk-gib", type=float, default=4.0, help="size of the disk read probe")
     ap.add_argument("--home", default=None, help="CODECTX_HOME for the run (default: a new temp folder)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the follow-up and edit asks on the engine's worker (top functions in each row)")
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
@@ -209,10 +212,13 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     cold_prompt = repo.prompt(1)
     cold = ask(eng, cold_prompt, run.a.decode)
     record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, cold_prompt, True))
-    record(run, length, config, "follow-up", ask(eng, repo.prompt(2), run.a.decode))
-    edit = ask(eng, edited.prompt(3), run.a.decode)
+    with request_profile.profiled() if run.a.profile else contextlib.nullcontext([]) as profiles:
+        follow_up = ask(eng, repo.prompt(2), run.a.decode)
+        edit = ask(eng, edited.prompt(3), run.a.decode)
+    tops = [{"profile": request_profile.top(p)} for p in profiles] or [{}, {}]
+    record(run, length, config, "follow-up", follow_up, **tops[0])
     record(run, length, config, "edit + ask", edit, edited_file=key,
-           edited_tokens=len(edited.hot[-1].token_ids))
+           edited_tokens=len(edited.hot[-1].token_ids), **tops[1])
     flush_s = close(eng)
     del eng
     free()

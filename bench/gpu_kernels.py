@@ -157,6 +157,90 @@ def section_step(result: dict, context: int, steps: int) -> None:
         mx.clear_cache()
 
 
+def section_dequant(result: dict, copy_gbs: float) -> None:
+    """`engine.cuda_dequant` against `mx.dequantize`: bitwise equality per rounding, time per block."""
+    from engine import cuda_dequant
+
+    for bits in (4, 8):
+        linears = block_linears(bits=bits)
+        args = [(m.weight, m.scales, m.biases, m.group_size) for m in linears]
+        mlx = [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args]
+        mx.eval(mlx)
+        ours = [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g, dtype=mx.bfloat16) for w, s, b, g in args]
+        mx.eval(ours)
+        row = {"bits": bits, "mismatches": sum(int((a != o).sum().item()) for a, o in zip(mlx, ours)),
+               "max_diff": max(float(mx.abs(a.astype(mx.float32) - o.astype(mx.float32)).max())
+                               for a, o in zip(mlx, ours))}
+        row["values"] = sum(a.size for a in mlx)
+        nbytes = sum(a.nbytes for a in mlx) + sum(linear_bytes(m) for m in linears)
+        row["mlx_ms"] = best_ms(lambda: [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args])
+        row["ours_ms"] = best_ms(lambda: [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g,
+                                                                  dtype=mx.bfloat16) for w, s, b, g in args])
+        row["mlx_gbs"], row["ours_gbs"] = nbytes / row["mlx_ms"] / 1e6, nbytes / row["ours_ms"] / 1e6
+        row["copy_gbs"] = copy_gbs
+        result.setdefault("dequant", []).append(row)
+        print(f"dequant {bits}-bit block: {row}", flush=True)
+
+
+def section_tail(result: dict, context: int) -> None:
+    """The forwards of an edit + ask at `context` keys (bf16 KV, dense): where their time goes."""
+    from bench.prefill import SHAPES, build_model
+    from engine import cuda_dequant, linear_mode
+    from engine.compute import ComputeOptions, choose
+    from engine.window import WindowPolicy, make_window_cache, set_dense_from
+
+    shape = SHAPES["qwen3-32b"]
+    model = build_model(shape, None)
+    linear_mode.wire(model)
+    policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
+    cache = make_window_cache(model, policy, kv_bits=16)
+    for i, c in enumerate(cache):
+        k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
+        c.store.write(0, k, k)
+        c.offset = context
+        mx.eval(c.state)
+    set_dense_from(cache, context)
+    path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
+    original = linear_mode.dequantized_product
+
+    def ours_product(linear, x):
+        w = cuda_dequant.dequantize(linear["weight"], linear["scales"], linear["biases"], bits=linear.bits,
+                                    group_size=linear.group_size, dtype=x.dtype)
+        return mx.matmul(x, w.T)
+
+    def forward(rows: int, offset: int, variant: str) -> float:
+        ids = mx.array([[7] * rows], dtype=mx.uint32)
+
+        def once():
+            for c in cache:
+                c.offset = offset
+            linear_mode.dequantized_product = ours_product if variant == "deq-ours" else original
+            try:
+                if variant == "qmm":
+                    return path.forward(ids, cache, logits="last")
+                with linear_mode.dequantized_linears():
+                    return path.forward(ids, cache, logits="last")
+            finally:
+                linear_mode.dequantized_product = original
+        return best_ms(once, repeats=3)
+
+    for rows in (45, 1037, 1082):
+        for offset in (context, 0):
+            for variant in ("qmm", "deq-mlx", "deq-ours"):
+                ms = forward(rows, offset, variant)
+                result.setdefault("tail", []).append({"rows": rows, "offset": offset, "variant": variant, "ms": ms})
+                print(f"tail forward {rows} rows at {offset}: {variant} {ms:.1f} ms", flush=True)
+        q = mx.random.normal((1, 64, rows, 128), key=mx.random.key(5)).astype(mx.bfloat16)
+        k = cache[0].store.keys[..., :context + rows, :] if hasattr(cache[0].store, "keys") else None
+        if k is not None:
+            ms = best_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
+                                  for _ in range(64)], repeats=3)
+            result.setdefault("tail_attention", []).append({"rows": rows, "keys": context + rows, "ms_64": ms})
+            print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
+    for c in cache:
+        c.offset = context
+
+
 def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool], pipelined: bool) -> float:
     from engine import decode_kernels
 
@@ -209,7 +293,9 @@ def main(argv: list[str] | None = None) -> dict:
     sections = a.sections.split(",")
     runners = {"qmv": lambda: section_qmv(result, copy_gbs),
                "attention": lambda: section_attention(result, [int(x) for x in a.lengths.split(",")]),
-               "step": lambda: section_step(result, a.context, a.steps)}
+               "step": lambda: section_step(result, a.context, a.steps),
+               "dequant": lambda: section_dequant(result, copy_gbs),
+               "tail": lambda: section_tail(result, a.context)}
     for name in sections:
         try:
             runners[name]()

@@ -94,6 +94,8 @@ class CheckpointArchive:
         self._may_write = threading.Event()  # cleared while a request runs (see `paused`)
         self._may_write.set()
         self._draining = False
+        self._requests = 0  # `paused` blocks entered (requests running)
+        self._staged: list[tuple[Boundary, Arrays, Arrays]] = []  # submitted inside one, not yet queued
         if off_reason is None:
             self._open()
 
@@ -173,25 +175,51 @@ class CheckpointArchive:
     # -- writing (background thread) ---------------------------------------
 
     def submit(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> None:
-        """Queue a checkpoint for writing; `kv` and `recurrent` must be evaluated."""
+        """Queue a checkpoint for writing (call on the thread that computes `kv`).
+
+        Inside `paused` (a request) the arrays are only queued for evaluation and the
+        checkpoint is handed to the writer when the request ends, so a prefill that queues
+        its next chunk before the last one is done is not made to wait here; outside,
+        they are evaluated now. Either way the writer thread only reads evaluated arrays.
+        """
         if self.off_reason is not None:
             return
-        mx.eval(list(kv.values()) + list(recurrent.values()))
+        arrays = list(kv.values()) + list(recurrent.values())
+        if self._requests:
+            mx.async_eval(arrays)
+            self._staged.append((boundary, kv, recurrent))
+            return
+        mx.eval(arrays)
+        self._enqueue((boundary, kv, recurrent))
+
+    def _enqueue(self, item: tuple[Boundary, Arrays, Arrays]) -> None:
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive",
                                             daemon=True)
             self._writer.start()
-        self._queue.put((boundary, kv, recurrent))
+        self._queue.put(item)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Queued writes wait while this block runs (a request); a write under way finishes."""
+        """Queued writes wait while this block runs (a request); a write under way finishes.
+
+        Checkpoints submitted inside are evaluated and handed to the writer when it ends.
+        """
         if not self._draining:
             self._may_write.clear()
+        self._requests += 1
         try:
             yield
         finally:
-            self._may_write.set()
+            self._requests -= 1
+            staged, self._staged = self._staged, []
+            try:
+                if staged:
+                    mx.eval([a for _, kv, rec in staged for a in (*kv.values(), *rec.values())])
+                for item in staged:
+                    self._enqueue(item)
+            finally:
+                self._may_write.set()
 
     def flush(self) -> None:
         """Block until every queued checkpoint is written (paused or not)."""

@@ -4,8 +4,9 @@ A 4-bit model's linear layers multiply with MLX's `quantized_matmul`, which
 reads the packed weights once per call: right for decode (a few rows, bound by
 the bytes read), but on a GPU it capped long-context prefill well below the
 dense matmul's rate (docs/benchmarks.md, *GPU engine*). The alternative is to
-dequantize a layer's weight to the activations' dtype for that one call and use
-the dense matmul. Which is faster depends on the device, the shape and the rows
+dequantize a layer's weight to the activations' dtype for that one call (on
+MLX's CUDA backend by our kernel, `engine.cuda_dequant`, whose output equals
+MLX's `dequantize` bit for bit) and use the dense matmul. Which is faster depends on the device, the shape and the rows
 per call, so it is measured, not assumed from the platform's name:
 
 - `measure_layer` times one transformer block's quantized linears on random
@@ -40,14 +41,14 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_qmv, decode_kernels
+from engine import cuda_dequant, cuda_qmv, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-LADDER = (64, 128, 256, 512, 1024, 2048)
+LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)
 """Rows per call that are timed; inputs under the first rung are decode-sized and stay quantized."""
 MARGIN = 0.05
 """Dequantizing must be at least this much faster (a share of the quantized time) to be chosen."""
@@ -78,9 +79,7 @@ class DequantizingLinear(nn.QuantizedLinear):
 
 def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
     """`linear(x)` through its weight dequantized to `x`'s dtype and the dense matmul."""
-    weight = mx.dequantize(linear["weight"], linear["scales"], linear.get("biases"), linear.group_size,
-                           linear.bits, mode=linear.mode, dtype=x.dtype)
-    y = mx.matmul(x, weight.T)
+    y = mx.matmul(x, cuda_dequant.weight_of(linear, x.dtype).T)
     return y + linear["bias"] if "bias" in linear else y
 
 
@@ -185,12 +184,8 @@ def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = R
 
 
 def _best(linears: list[nn.QuantizedLinear], xs: list[mx.array], product: Callable, repeats: int) -> float:
-    def each_evaluated() -> list:
-        for linear, x in zip(linears, xs):
-            mx.eval(product(linear, x))
-        return []
-
-    return best_seconds(each_evaluated, repeats)
+    # The block's products in one evaluation, as a forward runs them.
+    return best_seconds(lambda: [product(linear, x) for linear, x in zip(linears, xs)], repeats)
 
 
 def resolve(model: Any, setting: str = "auto", *, measure: Measure = measure_layer,

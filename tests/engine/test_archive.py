@@ -304,18 +304,22 @@ def test_cap_evicts_leaves_first_so_a_kept_entry_keeps_its_prefix(tmp_path):
 
 
 def test_writes_wait_while_a_request_runs_and_a_flush_drains_them_anyway(tmp_path):
-    """A request pauses the writer (writes compete with it for the device); close and flush still write."""
+    """A request pauses the writer (writes compete with it for the device); close and flush still write.
+    What the request itself submits is handed to the writer when it ends (its arrays may still be computing)."""
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    b = _bound(7)[1]
+    before, during = _bound(7)[1], _bound(8)[1]
+    archive.submit(before, *_arrays(7))  # outside a request: queued at once
     with archive.paused():
-        archive.submit(b, *_arrays(7))
+        archive.submit(during, *_arrays(8))
         assert not archive._may_write.is_set()
         flusher = threading.Thread(target=archive.flush)
         flusher.start()
         flusher.join(timeout=60)
         assert not flusher.is_alive()  # a flush inside a request does not wait for it to end
-        assert archive.get(b.key) is not None
+        assert archive.get(before.key) is not None and archive.get(during.key) is None
     assert archive._may_write.is_set()
+    archive.flush()
+    assert archive.get(during.key) is not None
     archive.close()
 
 

@@ -14,12 +14,14 @@ from mlx_lm.utils import load_model as mlx_load_model
 from engine.compute import ComputeOptions, choose
 from engine.engine import Engine
 from engine.kv import make_cache
-from engine.linear_mode import LADDER, DequantizingLinear, LinearMode, decide, dequantized_product, resolve
+from engine import cuda_dequant
+from engine.linear_mode import (LADDER, DequantizingLinear, LinearMode, decide, dequantized_product,
+                                first_block_linears, resolve)
 from engine.linear_mode_cache import LinearModeCache, cache_path
 from engine.loaded_model import LoadedModel
 from engine.request import PromptSegment, Request
 
-WINS_FROM_256 = {64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0), 1024: (4.0, 1.5),
+WINS_FROM_256 = {16: (1.0, 1.9), 32: (1.0, 1.7), 64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0), 1024: (4.0, 1.5),
                  2048: (8.0, 2.5)}
 NEVER_WINS = {rows: (1.0, 1.2) for rows in LADDER}
 
@@ -134,10 +136,20 @@ def test_the_mode_is_part_of_the_policy_and_checkpoints_of_one_mode_are_not_rest
             answers[mode] = (done.text, done.metrics.cached_tokens, done.metrics.miss_reason,
                              eng.prefix.policy.compute, eng.stats()["compute"]["linear"]["mode"])
     assert answers["quantized"][3].endswith("linear=quantized") and answers["quantized"][4] == "quantized"
-    assert answers["dequantized"][3].endswith("linear=dequantized>=64") and answers["dequantized"][4] == "dequantized"
+    assert answers["dequantized"][3].endswith(f"linear=dequantized>={LADDER[0]}") and answers["dequantized"][4] == "dequantized"
     assert answers["dequantized"][1:3] == (0, "policy mismatch")  # the first engine's archive is not restored
     assert answers["quantized"][0] == answers["dequantized"][0]  # greedy output is the same either way
     with Engine(q4_loaded, prefill_chunk=64, archive_bytes=1 << 24,
                 compute=ComputeOptions(attention="mlx", linear="dequantized")) as same:
         again = same.submit(Request(segments=segments, max_tokens=2)).result()
     assert again.metrics.cached_tokens == 80 and again.finish_reason in ("length", "stop")
+
+
+def test_dequantized_weights_come_from_mlx_where_our_kernel_cannot_run(q4_loaded):
+    """Off MLX's CUDA backend the dequantize kernel is never used: the weight is MLX's `dequantize`, exactly."""
+    linear = first_block_linears(q4_loaded.model)[0]
+    k = linear["weight"].shape[-1] * 32 // linear.bits
+    assert cuda_dequant.unsupported(linear.bits, linear.group_size, k, mx.bfloat16) == "not MLX's CUDA backend"
+    expected = mx.dequantize(linear["weight"], linear["scales"], linear["biases"], linear.group_size, linear.bits,
+                             dtype=mx.float32)
+    assert mx.array_equal(cuda_dequant.weight_of(linear, mx.float32), expected).item()

@@ -1,0 +1,145 @@
+"""Our dequantize kernel for MLX's CUDA backend: a packed 4- or 8-bit weight to bfloat16/float16.
+
+The dequantized linear mode (`engine.linear_mode`) turns a layer's packed weight into the
+activations' dtype for one prefill-sized product and multiplies with the dense matmul. MLX's
+CUDA `dequantize` gives each thread one byte of packed weights (two 4-bit values) and writes
+them with 2-byte stores. Here each thread takes eight values (one 4-bit word or two 8-bit
+words) and writes them with one 16-byte store, so a warp's loads and stores are each one
+contiguous span:
+
+- a 4-bit value becomes a float without an integer conversion (one byte permute places it
+  in the mantissa of 0.5 + q/256, as in `engine.cuda_qmv`), an 8-bit one as 2^23 + q;
+- ``q * scale + bias`` in float32, rounded once to the output dtype.
+
+Its output equals MLX's own `dequantize` bit for bit (on the H200: every value of a
+Qwen3-32B block's seven linears at 4 and 8 bits, `bench/gpu_kernels.py` section ``dequant``,
+where it took 0.60 ms per block against MLX's 1.22 at 4 bits). That is not assumed at run
+time: `weight_of` uses the kernel only after `matches_mlx` found it equal on a random weight
+of the same bits, group size and dtype in this process, so the dequantized linear mode
+computes the same numbers either way. Never used on the CPU or Metal.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+
+from engine.cuda_backend import PRMT_HEADER, cuda_available
+
+VALUES_PER_THREAD = 8
+
+_HEADER = PRMT_HEADER + r"""
+namespace codectx {
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+}  // namespace codectx
+"""
+
+_SOURCE = r"""
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= COUNT) return;
+  const size_t g = (t * 8) / GS;
+  const float s = static_cast<float>(scales[g]);
+  const float b = static_cast<float>(biases[g]);
+  float q[8];
+  if constexpr (BITS == 4) {
+    const uint32_t word = w[t];
+    const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // (0.5 + q/256 - 0.5) * 256 = q, exact
+      q[2 * i] = (__uint_as_float(codectx::prmt(lo, 0x3F000000u, 0x7054u | (i << 8))) - 0.5f) * 256.f;
+      q[2 * i + 1] = (__uint_as_float(codectx::prmt(hi, 0x3F000000u, 0x7054u | (i << 8))) - 0.5f) * 256.f;
+    }
+  } else {
+    const uint2 words = reinterpret_cast<const uint2*>(w)[t];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // 2^23 + q - 2^23 = q, exact
+      q[i] = __uint_as_float(codectx::prmt(words.x, 0x4B000000u, 0x7650u | i)) - 8388608.f;
+      q[4 + i] = __uint_as_float(codectx::prmt(words.y, 0x4B000000u, 0x7650u | i)) - 8388608.f;
+    }
+  }
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = fmaf(q[i], s, b);
+  uint4 packed;
+  packed.x = codectx::pack2(v[0], v[1], out);
+  packed.y = codectx::pack2(v[2], v[3], out);
+  packed.z = codectx::pack2(v[4], v[5], out);
+  packed.w = codectx::pack2(v[6], v[7], out);
+  reinterpret_cast<uint4*>(out)[t] = packed;
+"""
+
+THREADS = 256
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    return mx.fast.cuda_kernel(name="codectx_dequantize", input_names=["w", "scales", "biases"],
+                               output_names=["out"], source=_SOURCE, header=_HEADER)
+
+
+def unsupported(bits: int, group_size: int, k: int, dtype: mx.Dtype, biases: bool = True,
+                mode: str = "affine") -> str | None:
+    """Why the kernel cannot dequantize this weight (None: it can)."""
+    if not cuda_available():
+        return "not MLX's CUDA backend"
+    if mode != "affine" or not biases:
+        return f"mode {mode}" if mode != "affine" else "no biases"
+    if bits not in (4, 8):
+        return f"{bits}-bit weights"
+    if dtype not in (mx.bfloat16, mx.float16):
+        return f"{dtype} output"
+    if group_size % VALUES_PER_THREAD or k % group_size:
+        return f"group size {group_size} over K={k}"
+    return None
+
+
+def dequantize(weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
+               dtype: mx.Dtype) -> mx.array:
+    """`mx.dequantize(weight, scales, biases, group_size, bits, dtype=dtype)` for a 2-D affine weight.
+
+    Args:
+        weight: (N, K * bits / 32) uint32.
+        scales, biases: (N, K / group_size).
+
+    Returns:
+        (N, K) in `dtype`.
+    """
+    n = weight.shape[0]
+    k = weight.shape[-1] * 32 // bits
+    count = n * k // VALUES_PER_THREAD
+    return _kernel()(
+        inputs=[weight, scales, biases],
+        template=[("T", dtype), ("BITS", bits), ("GS", group_size), ("COUNT", count)],
+        grid=(-(-count // THREADS) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+        output_shapes=[(n, k)], output_dtypes=[dtype])[0]
+
+
+@functools.lru_cache(maxsize=None)
+def matches_mlx(bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+    """Whether the kernel's output equals `mx.dequantize`'s bit for bit on a random weight (once per process)."""
+    w = mx.random.normal((256, 4 * group_size), key=mx.random.key(17)).astype(dtype)
+    packed, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    try:
+        ours = dequantize(packed, scales, biases, bits=bits, group_size=group_size, dtype=dtype)
+        theirs = mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits, dtype=dtype)
+        return bool(mx.array_equal(ours, theirs).item())
+    except Exception:  # noqa: BLE001 - a kernel that fails to build or run is not used
+        return False
+
+
+def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
+    """`linear`'s weight dequantized to `dtype`: by this kernel where it applies and matches MLX, else by MLX."""
+    weight, scales, biases = linear["weight"], linear["scales"], linear.get("biases")
+    mode, bits, group_size = getattr(linear, "mode", "affine"), linear.bits, linear.group_size
+    if (weight.ndim == 2 and unsupported(bits, group_size, weight.shape[-1] * 32 // bits, dtype, biases is not None,
+                                         mode) is None and matches_mlx(bits, group_size, dtype)):
+        return dequantize(weight, scales, biases, bits=bits, group_size=group_size, dtype=dtype)
+    return mx.dequantize(weight, scales, biases, group_size, bits, mode=mode, dtype=dtype)
