@@ -52,16 +52,13 @@ class ComputePath:
         linear: The resolved `engine.linear_mode.LinearMode` (default: the
             quantized kernel, or "unquantized" for a model without quantized layers).
         kernels: Our decode kernels that run (`engine.decode_choice`; default: none).
-        prefill_ahead: Queue each prefill chunk before waiting for the one before it
-            (`engine.generate.prefill`): where the device runs apart from the host (a GPU).
-            The same computation either way, so not part of `identity()`.
         notes: Why an option asked for resolved to something else.
     """
 
     def __init__(self, model: Any, *, attention: str = "mlx",
                  numpy_forward: cpu_forward.NumpyForward | None = None,
                  compiled: bool = False, linear: LinearMode | None = None, kernels: DecodeKernels | None = None,
-                 prefill_ahead: bool = False, notes: Sequence[str] = ()) -> None:
+                 notes: Sequence[str] = ()) -> None:
         self.model = model
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
@@ -70,7 +67,6 @@ class ComputePath:
             linear_mode.wire(model)  # the linears' class that can call our kernel
         self.numpy_forward = numpy_forward
         self.compiled = compiled
-        self.prefill_ahead = prefill_ahead
         self.blas = blas.in_use()
         self.notes = tuple(notes)
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call) if compiled else None
@@ -93,7 +89,7 @@ class ComputePath:
         return {"kind": self.kind, "attention": self.attention,
                 "forward": "numpy" if self.numpy_forward is not None else "mlx",
                 "compile": self.compiled, "blas": self.blas, "linear": self.linear.describe(),
-                "kernels": self.kernels.describe(), "prefill_ahead": self.prefill_ahead,
+                "kernels": self.kernels.describe(),
                 "notes": list(self.notes)}
 
     def call(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
@@ -177,7 +173,6 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
     kernels = decode_choice.resolve(model, options.kernels)
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
                        compiled=options.compile and numpy_forward is None, linear=linear, kernels=kernels,
-                       prefill_ahead=mx.default_device() != mx.cpu and attention == "mlx",
                        notes=[*notes, *linear.notes, *kernels.notes])
     logger.info("compute path: %s", path.identity())
     return path

@@ -5,12 +5,6 @@
 - `prefill` runs the prompt in chunks, in order, and returns the logits of
   the last position. Chunking restarts at every boundary given, so a caller
   that restores state at a boundary replays exactly the same forward calls.
-  Where the path says so (`ComputePath.prefill_ahead`: MLX on a GPU) a chunk is
-  queued before the previous one is waited for, so the host builds chunk n + 1
-  (and MLX's CUDA backend builds a cuDNN attention plan for a shape it has not
-  seen, ~0.15 s on the H200) while the device runs chunk n. `on_chunk` then
-  runs when its chunk is queued, with the cache's (lazy) state at the chunk's
-  end, which is what recording a checkpoint needs.
 - `decode` yields sampled token ids until EOS, `max_tokens` or cancellation. It is
   pipelined one step ahead: step n + 1 (the forward of token n, the next sampling) is
   built from the lazy token n and queued (``mx.async_eval``) before token n is read, so
@@ -107,25 +101,23 @@ def prefill(
     path = path_of(compute)
     ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
     spans = chunk_spans(len(token_ids), chunk_size, boundaries)
-    logits, in_flight = None, None
+    logits = None
     for start, end in spans:
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
         last = end == len(token_ids)
         out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
-        # Only the cache is evaluated (and the last chunk's logits): a chunk's lazy logits never are.
-        logits = out[:, -1, :] if last else None
-        done = [logits, *_cache_state(cache)] if last else _cache_state(cache)
-        if not path.prefill_ahead:
-            mx.eval(done)
-        else:  # queued; the previous chunk is waited for once this one is behind it
-            mx.async_eval(done)
-            if in_flight is not None:
-                mx.eval(in_flight)
-            in_flight = done
+        if last:
+            logits = out[:, -1, :]
+            mx.eval(logits, _cache_state(cache))
+        else:
+            # Only the cache is evaluated: the lazy logits of this chunk are never computed.
+            # (Not queued ahead of the previous chunk: a chunk's KV write updates the cache's
+            # buffer in place only when no queued work still reads it; on the H200, queuing
+            # ahead copied the 128k cache every chunk, docs/benchmarks.md, *GPU engine*.)
+            mx.eval(_cache_state(cache))
         if on_chunk is not None:
             on_chunk(end, len(token_ids))
-    mx.eval(logits)
     return logits
 
 

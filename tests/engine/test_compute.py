@@ -54,8 +54,7 @@ def test_the_engine_chooses_once_and_its_policy_names_the_resolved_path(tiny_loa
         assert len({policies[n].fingerprint() for n in ("auto", "mlx", "no-compile")}) == 3
         assert engines["mlx"].stats()["compute"] == {"kind": "mlx", "attention": "mlx", "forward": "mlx",
                                                      "compile": True, "blas": blas.in_use(), "notes": [],
-                                                     "linear": UNQUANTIZED, "kernels": NO_KERNELS,
-                                                     "prefill_ahead": False}  # the CPU: chunks waited for
+                                                     "linear": UNQUANTIZED, "kernels": NO_KERNELS}
     finally:
         for engine in engines.values():
             engine.close()

@@ -15,11 +15,9 @@ from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
 from engine.decode_kernels import Q8Rows
-from engine.engine import Engine
 from engine.generate import decode, prefill
 from engine.kv import cache_offset
 from engine.linear_mode_cache import LinearModeCache
-from engine.request import PromptSegment, Request
 from engine.sampling import RepetitionPenalty, greedy
 from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache
 
@@ -142,33 +140,3 @@ def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_
     got = list(decode(model, cache, prefill(model, cache, ids), greedy, 10, penalty=RepetitionPenalty(1.5)))
     assert got == unpipelined(model, ids, 10, RepetitionPenalty(1.5)) and len(set(got)) > 1
 
-
-def test_prefill_ahead_computes_what_the_waiting_prefill_computes_and_reports_each_chunk_at_its_end(tiny_loaded):
-    """Queued chunks (a GPU's prefill) give the same logits and cache, and each chunk's callback sees the
-    cache at that chunk's end (what recording a checkpoint needs)."""
-    model = tiny_loaded.model
-    ids = [(7 * i + 3) % 500 for i in range(45)]
-    runs = {}
-    for ahead in (False, True):
-        cache, seen = make_window_cache(model, DENSE), []
-        path = ComputePath(model, prefill_ahead=ahead)
-        logits = prefill(path, cache, ids, 8, boundaries=[13, 30],
-                         on_chunk=lambda done, total, c=cache, s=seen: s.append((done, cache_offset(c))))
-        runs[ahead] = (logits, [a for c in cache for a in c.state], seen)
-    (lw, sw, seen_w), (la, sa, seen_a) = runs[False], runs[True]
-    assert seen_a == seen_w == [(8, 8), (13, 13), (21, 21), (29, 29), (30, 30), (38, 38), (45, 45)]
-    assert mx.array_equal(la, lw).item() and all(mx.array_equal(a, w).item() for a, w in zip(sa, sw))
-
-
-def test_an_engine_that_prefills_ahead_answers_and_restores_as_one_that_waits(tiny_loaded):
-    segments = [PromptSegment("file", "a.py", tuple(range(10, 70))), PromptSegment("file", "b.py", tuple(range(80, 140))),
-                PromptSegment("question", "", (5, 6, 7))]
-    follow_up = [*segments[:2], PromptSegment("question", "", (8, 9))]
-    answers = {}
-    for ahead in (False, True):
-        with Engine(tiny_loaded, prefill_chunk=16, archive_bytes=0) as eng:
-            eng.compute.prefill_ahead = ahead
-            answers[ahead] = [(d.text, d.metrics.cached_tokens, d.metrics.recomputed_tokens)
-                              for d in (eng.submit(Request(segments=s, max_tokens=6)).result()
-                                        for s in (segments, follow_up))]
-    assert answers[True] == answers[False] and answers[True][1][1] == 120  # the follow-up restored both files
