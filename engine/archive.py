@@ -17,13 +17,11 @@ from keys that have the engine's own form (16 hex digits) and resolve inside
 the policy directory; an index naming anything else is not trusted.
 
 Writes wait while a request runs (`paused`, entered by the engine around each
-request) and go on between requests and at close: they compete with the
-request for the device and the host. On MLX's CUDA backend every array the
-writer reads is first moved to host memory with a synchronous ``cudaMemcpy``
-(MLX's ``Buffer::raw_ptr``); with the writes of a 128k-token cold ask running
-under the asks after it, their decode reached 21-31 tok/s, with the writes
-paused 33 (docs/benchmarks.md, *GPU engine*). The arrays
-waiting to be written are the checkpoints' own copies, held until written.
+request) and go on between requests and at close: on MLX's CUDA backend every
+array the writer reads is first copied to the host with a synchronous
+``cudaMemcpy``; under the asks after a 128k-token cold ask, their decode reached
+21-31 tok/s, with the writes paused 33 (docs/benchmarks.md, *GPU engine*).
+Restores read files ahead of the engine (`engine.archive_reads`).
 """
 from __future__ import annotations
 
@@ -45,6 +43,7 @@ import xxhash
 
 from engine.archive_entry import ArchiveEntry
 from engine.archive_files import is_plain_key, is_plain_policy, read_regular, write_atomically, write_failure
+from engine.archive_reads import INDEX_NAME, MAX_INDEX_BYTES, other_policy_has, read_ahead
 from engine.boundaries import Boundary
 from engine.errors import EngineError
 from engine.paths import codectx_home
@@ -52,10 +51,8 @@ from engine.state import Arrays
 
 log = logging.getLogger(__name__)
 
-INDEX_NAME = "index.msgpack"
 FORMAT_VERSION = 1
 _SUFFIX = ".safetensors"
-_MAX_INDEX_BYTES = 256 << 20  # an index this large was not written by the engine
 
 
 class ArchiveCorruptError(EngineError):
@@ -93,8 +90,7 @@ class CheckpointArchive:
         self._writer: threading.Thread | None = None
         self._may_write = threading.Event()  # cleared while a request runs (see `paused`)
         self._may_write.set()
-        self._draining = False
-        self._requests = 0  # `paused` blocks entered (requests running)
+        self._draining, self._requests = False, 0  # `_requests`: `paused` blocks entered
         self._staged: list[tuple[Boundary, Arrays, Arrays]] = []  # submitted inside one, not yet queued
         if off_reason is None:
             self._open()
@@ -121,33 +117,14 @@ class CheckpointArchive:
         return key in self._corrupt
 
     def other_policy_has(self, token_key: str) -> bool:
-        """True if another policy's directory archived the same tokens.
+        """True if another policy's directory archived the same tokens (`engine.archive_reads.other_policy_has`)."""
+        return self.off_reason is None and other_policy_has(self.root, self.policy_fingerprint, token_key)
 
-        Looks only at plain-named real directories beside this one and at their
-        regular-file indexes; anything unreadable counts as not archived.
-        """
-        if self.off_reason is not None:
-            return False
-        try:
-            with os.scandir(self.root) as scan:
-                others = [d.path for d in scan if d.name != self.policy_fingerprint
-                          and is_plain_policy(d.name) and d.is_dir(follow_symlinks=False)]
-        except OSError:
-            return False
-        for directory in others:
-            try:
-                raw = msgpack.unpackb(read_regular(Path(directory) / INDEX_NAME, _MAX_INDEX_BYTES),
-                                      raw=False)
-                entries = raw["entries"].values()
-            except (OSError, ValueError, KeyError, TypeError, AttributeError,
-                    msgpack.UnpackException):
-                continue
-            if any(isinstance(e, dict) and e.get("token_key") == token_key for e in entries):
-                return True
-        return False
-
-    def load(self, entry: ArchiveEntry) -> tuple[Arrays, Arrays]:
+    def load(self, entry: ArchiveEntry, data: bytes | OSError | None = None) -> tuple[Arrays, Arrays]:
         """The KV span and recurrent snapshot of `entry`, after checking size and checksum.
+
+        Args:
+            data: The entry's file as `read_ahead` read it (or its read error); None reads it now.
 
         Raises:
             ArchiveCorruptError: The file is missing, truncated or altered (the
@@ -157,10 +134,13 @@ class CheckpointArchive:
             raise ArchiveCorruptError(f"archive entry {entry.key} is gone ({self.state})")
         path = self._file(entry.key)
         try:
-            data = read_regular(path, entry.size)  # read once: checked, then parsed from memory
+            data = self._read(entry) if data is None else data  # read once: checked, then parsed from memory
+            if isinstance(data, OSError):
+                raise data
             if (len(data), xxhash.xxh3_64_hexdigest(data)) != (entry.size, entry.checksum):
                 raise ArchiveCorruptError(f"{path.name}: size/checksum mismatch")
             arrays = mx.load(io.BytesIO(data), format="safetensors")
+            mx.eval(list(arrays.values()))  # now: a bad file fails here, and its bytes can go
         except (OSError, ValueError, RuntimeError, ArchiveCorruptError) as err:
             with self._lock:
                 self._corrupt.add(entry.key)
@@ -171,6 +151,13 @@ class CheckpointArchive:
         kv = {k: v for k, v in arrays.items() if ".kv." in k}
         rec = {k: v for k, v in arrays.items() if ".rec." in k}
         return kv, rec
+
+    def read_ahead(self, entries: list[ArchiveEntry]) -> Iterator[tuple[ArchiveEntry, bytes | OSError]]:
+        """`entries` with their files' bytes, read on a helper thread ahead of the caller (for `load`)."""
+        return read_ahead(entries, self._read)
+
+    def _read(self, entry: ArchiveEntry) -> bytes:
+        return read_regular(self._file(entry.key), entry.size)
 
     # -- writing (background thread) ---------------------------------------
 
@@ -194,8 +181,7 @@ class CheckpointArchive:
 
     def _enqueue(self, item: tuple[Boundary, Arrays, Arrays]) -> None:
         if self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="codectx-archive",
-                                            daemon=True)
+            self._writer = threading.Thread(target=self._write_loop, name="codectx-archive", daemon=True)
             self._writer.start()
         self._queue.put(item)
 
@@ -214,8 +200,7 @@ class CheckpointArchive:
             self._requests -= 1
             staged, self._staged = self._staged, []
             try:
-                if staged:
-                    mx.eval([a for _, kv, rec in staged for a in (*kv.values(), *rec.values())])
+                mx.eval([a for _, kv, rec in staged for a in (*kv.values(), *rec.values())])
                 for item in staged:
                     self._enqueue(item)
             finally:
@@ -333,7 +318,7 @@ class CheckpointArchive:
     def _read_index(self) -> dict[str, ArchiveEntry]:
         index = self.directory / INDEX_NAME
         try:
-            raw = msgpack.unpackb(read_regular(index, _MAX_INDEX_BYTES), raw=False)
+            raw = msgpack.unpackb(read_regular(index, MAX_INDEX_BYTES), raw=False)
             if raw.get("format") != FORMAT_VERSION or raw.get("policy") != self.policy_fingerprint:
                 raise ValueError("foreign index")
             rows = raw["entries"].items()

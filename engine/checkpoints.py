@@ -212,9 +212,9 @@ class CheckpointStore:
                 cp.kv = None
                 self._line.append(cp)
         miss = plan.miss
-        for entry in plan.archived:
+        for entry, data in (self.archive.read_ahead(plan.archived) if plan.archived else ()):
             try:
-                kv, rec = self.archive.load(entry)
+                kv, rec = self.archive.load(entry, data)
             except Exception as err:  # noqa: BLE001 - any unreadable entry is a miss
                 log.warning("archive entry %s unusable: %s", entry.key, err)
                 miss = Miss("corrupt archive entry")

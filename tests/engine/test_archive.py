@@ -9,6 +9,7 @@ import pytest
 
 from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
+from engine.archive_reads import read_ahead
 from engine.boundaries import boundaries
 from engine.engine import Engine
 from engine.request import PromptSegment, Request
@@ -330,3 +331,23 @@ def test_the_engine_pauses_its_archive_while_it_serves_a_request(home, tiny_load
                              on_progress=lambda *_: seen.append(engine.prefix.archive._may_write.is_set())).result()
         assert done.finish_reason in ("length", "stop") and seen and not any(seen)
         assert engine.prefix.archive._may_write.is_set()
+
+
+def test_read_ahead_yields_in_order_at_most_depth_reads_ahead_and_hands_back_read_errors():
+    started: list[int] = []
+
+    def read(i: int) -> bytes:
+        started.append(i)
+        if i == 3:
+            raise OSError("gone")
+        return bytes([i])
+
+    got = []
+    for item, data in read_ahead(list(range(6)), read, depth=2):
+        assert len(started) <= item + 3  # the one consumed plus at most two ahead
+        got.append((item, data if isinstance(data, bytes) else str(data)))
+    assert got == [(0, b"\x00"), (1, b"\x01"), (2, b"\x02"), (3, "gone"), (4, b"\x04"), (5, b"\x05")]
+    started.clear()
+    for item, _ in read_ahead(list(range(6)), read, depth=2):
+        break  # a restore that stops early (a corrupt entry) leaves the rest unread
+    assert item == 0 and len(started) <= 3
