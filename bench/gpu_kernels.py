@@ -13,7 +13,12 @@ Sections (each prints a table row; JSON has every number):
   engine did on CUDA), and a bf16 cache through `scaled_dot_product_attention`;
 - ``step``: one decode step of the random 64-layer model through `engine.compute` with a
   window cache filled to ``--context`` positions with random keys and values (bf16 and 8-bit),
-  MLX's kernels against ours, with and without evaluation pipelined one step ahead.
+  MLX's kernels against ours, with and without evaluation pipelined one step ahead;
+- ``dequant``: `engine.cuda_dequant` against `mx.dequantize` on one block's linears (4 and 8
+  bits): values that differ, time, bytes per second;
+- ``tail``: the forwards of an edit + ask on the 64-layer model over a bf16 cache of
+  ``--context`` positions (45, 1,037 and 1,082 rows; quantized kernel, MLX's dequantize, ours;
+  the same forwards over an empty cache) and their attention alone.
 
     bash .gpu/install.sh && python3 bench/gpu_kernels.py --out $OUT/gpu_kernels.json
 """
