@@ -55,7 +55,7 @@ from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token
 from engine.compute import ComputeOptions, choose  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.kv import make_cache  # noqa: E402
-from engine.request import Request, TokenEvent  # noqa: E402
+from engine.request import Priority, Request, TokenEvent  # noqa: E402
 from engine.window import WindowPolicy  # noqa: E402
 
 TINY_Q4 = Shape("qwen3", dict(SHAPES["tiny"].args, model_type="qwen3", vocab_size=2048, tie_word_embeddings=False),
@@ -219,6 +219,7 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     record(run, length, config, "follow-up", follow_up, **tops[0])
     record(run, length, config, "edit + ask", edit, edited_file=key,
            edited_tokens=len(edited.hot[-1].token_ids), **tops[1])
+    edit_warm_ask(run, eng, edited, length, config)
     flush_s = close(eng)
     del eng
     free()
@@ -238,6 +239,20 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     del eng
     free()
     run.drop_archive()
+
+
+def edit_warm_ask(run: Run, eng: Engine, edited: Any, length: int, config: str) -> None:
+    """The editor's flow: the file edited again, warm-up prefills the new layout (as the server's does once
+    the user pauses), then an ask: what a question costs once the edit is warm."""
+    again, key = edited.edited(seed=8)
+    start = time.perf_counter()
+    warm = eng.submit(Request(segments=again.prefix, max_tokens=0, priority=Priority.BACKGROUND)).result()
+    warm_s = time.perf_counter() - start
+    if warm.finish_reason == "error":
+        raise RuntimeError(f"warm-up failed: {warm.error}") from warm.error
+    record(run, length, config, "edit, warm-up, ask", ask(eng, again.prompt(5), run.a.decode), edited_file=key,
+           edited_tokens=len(again.hot[-1].token_ids), warmup_s=round(warm_s, 3),
+           warmup_recomputed=warm.metrics.recomputed_tokens)
 
 
 def cold_only(run: Run, length: int, config: str) -> None:

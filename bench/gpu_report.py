@@ -26,6 +26,9 @@ def _beside(row: dict[str, Any]) -> str:
         return (f"restored {row['restored_bytes'] / 2**30:.2f} GiB: disk bound {row['disk_bound_s']:.2f} s "
                 f"(page cache {row['cached_bound_s']:.2f} s, dropped: {row['page_cache_dropped']}); "
                 f"engine start {row['engine_start_s']:.2f} s, close {row['close_flush_s']:.1f} s{spec}")
+    if "warmup_s" in row:
+        return (f"edited file {row['edited_tokens']} tokens, warm-up before the ask: {row['warmup_s']:.2f} s for "
+                f"{row['warmup_recomputed']:,} tokens")
     if "edited_tokens" in row:
         return f"edited file {row['edited_tokens']} tokens"
     return f"linear {row['linear']}" if "linear" in row else ""
