@@ -3,9 +3,10 @@
 A restart restores a long prefix from many checkpoint files (66 files, 32 GiB for 128k
 tokens of a Qwen3-32B-shaped model). Read one after the other, the disk waits while the
 engine checks and copies each file, and the engine waits while the disk reads the next.
-`read_ahead` keeps the next files' reads under way on one helper thread (bounded, so at
-most `depth` files wait in memory) while the caller checks and copies the current one.
-Only bytes cross the thread: everything MLX does stays on the caller's thread.
+`read_ahead` keeps the next files' reads under way on helper threads (two by default: a
+disk often reads two streams faster than one; bounded, so at most `depth` files wait in
+memory) while the caller checks and copies the current one. Only bytes cross the threads:
+everything MLX does stays on the caller's thread.
 """
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ MAX_INDEX_BYTES = 256 << 20  # an index this large was not written by the engine
 T = TypeVar("T")
 
 
-def read_ahead(items: Sequence[T], read: Callable[[T], bytes], depth: int = 2) -> Iterator[tuple[T, bytes | OSError]]:
-    """`(item, read(item))` in order, the reads of the next `depth` items under way meanwhile.
+def read_ahead(items: Sequence[T], read: Callable[[T], bytes], depth: int = 3,
+               workers: int = 2) -> Iterator[tuple[T, bytes | OSError]]:
+    """`(item, read(item))` in order, the reads of the next `depth` items under way meanwhile
+    (`workers` of them at a time).
 
     A read that fails yields its `OSError` in place of the bytes (the caller decides); reads
     not yet consumed when the caller stops are cancelled or left to finish unseen.
     """
     if not items:
         return
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codectx-archive-read")
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="codectx-archive-read")
     pending: list[tuple[T, Future]] = []
     queued = 0
     try:

@@ -333,7 +333,8 @@ def test_the_engine_pauses_its_archive_while_it_serves_a_request(home, tiny_load
         assert engine.prefix.archive._may_write.is_set()
 
 
-def test_read_ahead_yields_in_order_at_most_depth_reads_ahead_and_hands_back_read_errors():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_read_ahead_yields_in_order_at_most_depth_reads_ahead_and_hands_back_read_errors(workers):
     started: list[int] = []
 
     def read(i: int) -> bytes:
@@ -343,11 +344,11 @@ def test_read_ahead_yields_in_order_at_most_depth_reads_ahead_and_hands_back_rea
         return bytes([i])
 
     got = []
-    for item, data in read_ahead(list(range(6)), read, depth=2):
+    for item, data in read_ahead(list(range(6)), read, depth=2, workers=workers):
         assert len(started) <= item + 3  # the one consumed plus at most two ahead
         got.append((item, data if isinstance(data, bytes) else str(data)))
     assert got == [(0, b"\x00"), (1, b"\x01"), (2, b"\x02"), (3, "gone"), (4, b"\x04"), (5, b"\x05")]
     started.clear()
-    for item, _ in read_ahead(list(range(6)), read, depth=2):
+    for item, _ in read_ahead(list(range(6)), read, depth=2, workers=workers):
         break  # a restore that stops early (a corrupt entry) leaves the rest unread
     assert item == 0 and len(started) <= 3
