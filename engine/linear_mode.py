@@ -53,6 +53,9 @@ LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)
 MARGIN = 0.05
 """Dequantizing must be at least this much faster (a share of the quantized time) to be chosen."""
 REPEATS = 3
+PER_EVALUATION = 4
+"""The block's products run this many times per timed evaluation (the time divided back): one evaluation's
+fixed cost would otherwise dominate the small rungs."""
 
 Measure = Callable[[Any], Timings]
 
@@ -169,7 +172,7 @@ def decide(timings: Mapping[int, tuple[float, float]], margin: float = MARGIN) -
 def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = REPEATS) -> Timings:
     """Time one block's quantized linears both ways on random inputs of each `ladder` row count.
 
-    Each timing is the best of `repeats` after one untimed run (kernel compilation).
+    Each timing is the best of `repeats` after one untimed run (kernel compilation), per block.
     """
     linears = first_block_linears(model)
     dtype = linears[0]["scales"].dtype
@@ -184,8 +187,9 @@ def measure_layer(model: Any, ladder: tuple[int, ...] = LADDER, repeats: int = R
 
 
 def _best(linears: list[nn.QuantizedLinear], xs: list[mx.array], product: Callable, repeats: int) -> float:
-    # The block's products in one evaluation, as a forward runs them.
-    return best_seconds(lambda: [product(linear, x) for linear, x in zip(linears, xs)], repeats)
+    # The block's products in one evaluation, as a forward runs them (several blocks' worth).
+    return best_seconds(lambda: [product(linear, x) for _ in range(PER_EVALUATION)
+                                 for linear, x in zip(linears, xs)], repeats) / PER_EVALUATION
 
 
 def resolve(model: Any, setting: str = "auto", *, measure: Measure = measure_layer,
@@ -211,7 +215,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Measure = measure_lay
         wire(model)
         return LinearMode("dequantized", LADDER[0])
     cache = cache if cache is not None else LinearModeCache()
-    key = cache.key(linears, {"ladder": LADDER, "repeats": REPEATS})
+    key = cache.key(linears, {"ladder": LADDER, "repeats": REPEATS, "per_evaluation": PER_EVALUATION})
     timings, source, start = cache.get(key), "cached", time.perf_counter()
     if timings is None or set(timings) != set(LADDER):
         try:
