@@ -215,7 +215,7 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     with request_profile.profiled() if run.a.profile else contextlib.nullcontext([]) as profiles:
         follow_up = ask(eng, repo.prompt(2), run.a.decode)
         edit = ask(eng, edited.prompt(3), run.a.decode)
-    tops = [{"profile": request_profile.top(p)} for p in profiles] or [{}, {}]
+    tops = [{"profile": request_profile.top(p)} for p in profiles] + [{}, {}]  # none when not profiled
     record(run, length, config, "follow-up", follow_up, **tops[0])
     record(run, length, config, "edit + ask", edit, edited_file=key,
            edited_tokens=len(edited.hot[-1].token_ids), **tops[1])

@@ -187,10 +187,25 @@ def section_dequant(result: dict, copy_gbs: float) -> None:
         print(f"dequant {bits}-bit block: {row}", flush=True)
 
 
+def _product_ours(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    from engine import cuda_dequant
+
+    w = cuda_dequant.dequantize(linear["weight"], linear["scales"], linear["biases"], bits=linear.bits,
+                                group_size=linear.group_size, dtype=x.dtype)
+    return mx.matmul(x, w.T)
+
+
+def _product_mlx(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """MLX's dequantize then matmul (the engine's own product takes our kernel on CUDA)."""
+    w = mx.dequantize(linear["weight"], linear["scales"], linear["biases"], linear.group_size, linear.bits,
+                      dtype=x.dtype)
+    return mx.matmul(x, w.T)
+
+
 def section_tail(result: dict, context: int) -> None:
     """The forwards of an edit + ask at `context` keys (bf16 KV, dense): where their time goes."""
     from bench.prefill import SHAPES, build_model
-    from engine import cuda_dequant, linear_mode
+    from engine import linear_mode
     from engine.compute import ComputeOptions, choose
     from engine.window import WindowPolicy, make_window_cache, set_dense_from
 
@@ -208,18 +223,13 @@ def section_tail(result: dict, context: int) -> None:
     path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
     original = linear_mode.dequantized_product
 
-    def ours_product(linear, x):
-        w = cuda_dequant.dequantize(linear["weight"], linear["scales"], linear["biases"], bits=linear.bits,
-                                    group_size=linear.group_size, dtype=x.dtype)
-        return mx.matmul(x, w.T)
-
     def forward(rows: int, offset: int, variant: str) -> float:
         ids = mx.array([[7] * rows], dtype=mx.uint32)
 
         def once():
             for c in cache:
                 c.offset = offset
-            linear_mode.dequantized_product = ours_product if variant == "deq-ours" else original
+            linear_mode.dequantized_product = _product_ours if variant == "deq-ours" else _product_mlx
             try:
                 if variant == "qmm":
                     return path.forward(ids, cache, logits="last")

@@ -27,8 +27,15 @@ def profiled() -> Iterator[list[cProfile.Profile]]:
 
     def serve(self: Engine, job: Any) -> None:
         profile = cProfile.Profile()
+        try:
+            profile.enable()
+        except ValueError:  # another profiler is active on this thread: serve unprofiled
+            return original(self, job)
         profiles.append(profile)
-        profile.runcall(original, self, job)
+        try:
+            original(self, job)
+        finally:
+            profile.disable()
 
     Engine._serve = serve
     try:

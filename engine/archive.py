@@ -90,8 +90,7 @@ class CheckpointArchive:
         self._writer: threading.Thread | None = None
         self._may_write = threading.Event()  # cleared while a request runs (see `paused`)
         self._may_write.set()
-        self._draining, self._requests = False, 0  # `_requests`: `paused` blocks entered
-        self._staged: list[tuple[Boundary, Arrays, Arrays]] = []  # submitted inside one, not yet queued
+        self._draining = False
         if off_reason is None:
             self._open()
 
@@ -120,7 +119,7 @@ class CheckpointArchive:
         """True if another policy's directory archived the same tokens (`engine.archive_reads.other_policy_has`)."""
         return self.off_reason is None and other_policy_has(self.root, self.policy_fingerprint, token_key)
 
-    def load(self, entry: ArchiveEntry, data: bytes | OSError | None = None) -> tuple[Arrays, Arrays]:
+    def load(self, entry: ArchiveEntry, data: bytes | Exception | None = None) -> tuple[Arrays, Arrays]:
         """The KV span and recurrent snapshot of `entry`, after checking size and checksum.
 
         Args:
@@ -135,8 +134,8 @@ class CheckpointArchive:
         path = self._file(entry.key)
         try:
             data = self._read(entry) if data is None else data  # read once: checked, then parsed from memory
-            if isinstance(data, OSError):
-                raise data
+            if isinstance(data, Exception):
+                raise ArchiveCorruptError(f"{path.name}: unreadable: {data}") from data
             if (len(data), xxhash.xxh3_64_hexdigest(data)) != (entry.size, entry.checksum):
                 raise ArchiveCorruptError(f"{path.name}: size/checksum mismatch")
             arrays = mx.load(io.BytesIO(data), format="safetensors")
@@ -152,7 +151,7 @@ class CheckpointArchive:
         rec = {k: v for k, v in arrays.items() if ".rec." in k}
         return kv, rec
 
-    def read_ahead(self, entries: list[ArchiveEntry]) -> Iterator[tuple[ArchiveEntry, bytes | OSError]]:
+    def read_ahead(self, entries: list[ArchiveEntry]) -> Iterator[tuple[ArchiveEntry, bytes | Exception]]:
         """`entries` with their files' bytes, read on a helper thread ahead of the caller (for `load`)."""
         return read_ahead(entries, self._read)
 
@@ -162,49 +161,24 @@ class CheckpointArchive:
     # -- writing (background thread) ---------------------------------------
 
     def submit(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> None:
-        """Queue a checkpoint for writing (call on the thread that computes `kv`).
-
-        Inside `paused` (a request) the arrays are only queued for evaluation and the
-        checkpoint is handed to the writer when the request ends, so a prefill that queues
-        its next chunk before the last one is done is not made to wait here; outside,
-        they are evaluated now. Either way the writer thread only reads evaluated arrays.
-        """
+        """Queue a checkpoint for writing; `kv` and `recurrent` must be evaluated."""
         if self.off_reason is not None:
             return
-        arrays = list(kv.values()) + list(recurrent.values())
-        if self._requests:
-            mx.async_eval(arrays)
-            self._staged.append((boundary, kv, recurrent))
-            return
-        mx.eval(arrays)
-        self._enqueue((boundary, kv, recurrent))
-
-    def _enqueue(self, item: tuple[Boundary, Arrays, Arrays]) -> None:
+        mx.eval(list(kv.values()) + list(recurrent.values()))
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive", daemon=True)
             self._writer.start()
-        self._queue.put(item)
+        self._queue.put((boundary, kv, recurrent))
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Queued writes wait while this block runs (a request); a write under way finishes.
-
-        Checkpoints submitted inside are evaluated and handed to the writer when it ends.
-        """
+        """Queued writes wait while this block runs (a request); a write under way finishes."""
         if not self._draining:
             self._may_write.clear()
-        self._requests += 1
         try:
             yield
         finally:
-            self._requests -= 1
-            staged, self._staged = self._staged, []
-            try:
-                mx.eval([a for _, kv, rec in staged for a in (*kv.values(), *rec.values())])
-                for item in staged:
-                    self._enqueue(item)
-            finally:
-                self._may_write.set()
+            self._may_write.set()
 
     def flush(self) -> None:
         """Block until every queued checkpoint is written (paused or not)."""

@@ -4,8 +4,7 @@ A restart restores a long prefix from many checkpoint files (66 files, 32 GiB fo
 tokens of a Qwen3-32B-shaped model). Read one after the other, the disk waits while the
 engine checks and copies each file, and the engine waits while the disk reads the next.
 `read_ahead` keeps the next files' reads under way on helper threads (two by default: a
-disk often reads two streams faster than one; bounded, so at most `depth` files wait in
-memory) while the caller checks and copies the current one. Only bytes cross the threads:
+disk often reads two streams faster than one; bounded, so only a few files wait in memory) while the caller checks and copies the current one. Only bytes cross the threads:
 everything MLX does stays on the caller's thread.
 """
 from __future__ import annotations
@@ -26,11 +25,11 @@ T = TypeVar("T")
 
 
 def read_ahead(items: Sequence[T], read: Callable[[T], bytes], depth: int = 3,
-               workers: int = 2) -> Iterator[tuple[T, bytes | OSError]]:
+               workers: int = 2) -> Iterator[tuple[T, bytes | Exception]]:
     """`(item, read(item))` in order, the reads of the next `depth` items under way meanwhile
-    (`workers` of them at a time).
+    (`workers` of them at a time): at most `depth + 2` items' bytes in memory with the caller's.
 
-    A read that fails yields its `OSError` in place of the bytes (the caller decides); reads
+    A read that fails yields its exception in place of the bytes (the caller decides); reads
     not yet consumed when the caller stops are cancelled or left to finish unseen.
     """
     if not items:
@@ -45,9 +44,10 @@ def read_ahead(items: Sequence[T], read: Callable[[T], bytes], depth: int = 3,
                 queued += 1
             item, future = pending.pop(0)
             try:
-                yield item, future.result()
-            except OSError as err:
-                yield item, err
+                data: bytes | Exception = future.result()
+            except Exception as err:  # noqa: BLE001 - handed to the caller, which treats it as a bad entry
+                data = err
+            yield item, data
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -40,7 +40,7 @@ class ComputeOptions:
         linear: How quantized linear layers multiply prefill-sized inputs
             (`engine.linear_mode`): "auto" (measured once per device and model
             shape), "quantized" (the quantized kernel always) or "dequantized"
-            (weights dequantized per call from 16 rows on). Decode-sized inputs
+            (weights dequantized per call from 32 rows on). Decode-sized inputs
             keep the quantized kernel; a model without quantized layers (the
             CPU build's float32) has nothing to choose.
         kernels: Our decode kernels on MLX's CUDA backend (`engine.decode_choice`):

@@ -139,7 +139,8 @@ def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
     """`linear`'s weight dequantized to `dtype`: by this kernel where it applies and matches MLX, else by MLX."""
     weight, scales, biases = linear["weight"], linear["scales"], linear.get("biases")
     mode, bits, group_size = getattr(linear, "mode", "affine"), linear.bits, linear.group_size
-    if (weight.ndim == 2 and unsupported(bits, group_size, weight.shape[-1] * 32 // bits, dtype, biases is not None,
-                                         mode) is None and matches_mlx(bits, group_size, dtype)):
+    if (weight.ndim == 2 and scales.dtype == dtype
+            and unsupported(bits, group_size, weight.shape[-1] * 32 // bits, dtype, biases is not None, mode) is None
+            and matches_mlx(bits, group_size, dtype)):  # checked for scales of the output's dtype only
         return dequantize(weight, scales, biases, bits=bits, group_size=group_size, dtype=dtype)
     return mx.dequantize(weight, scales, biases, group_size, bits, mode=mode, dtype=dtype)

@@ -48,8 +48,9 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)
-"""Rows per call that are timed; inputs under the first rung are decode-sized and stay quantized."""
+LADDER = (32, 64, 128, 256, 512, 1024, 2048)
+"""Rows per call that are timed; inputs under the first rung are decode-sized and stay quantized (decode,
+speculative verification of up to `engine.compiled.VERIFY_MAX_TOKENS` = 16 rows)."""
 MARGIN = 0.05
 """Dequantizing must be at least this much faster (a share of the quantized time) to be chosen."""
 REPEATS = 3

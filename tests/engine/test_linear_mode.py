@@ -21,7 +21,7 @@ from engine.linear_mode_cache import LinearModeCache, cache_path
 from engine.loaded_model import LoadedModel
 from engine.request import PromptSegment, Request
 
-WINS_FROM_256 = {16: (1.0, 1.9), 32: (1.0, 1.7), 64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0), 1024: (4.0, 1.5),
+WINS_FROM_256 = {32: (1.0, 1.7), 64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0), 1024: (4.0, 1.5),
                  2048: (8.0, 2.5)}
 NEVER_WINS = {rows: (1.0, 1.2) for rows in LADDER}
 
