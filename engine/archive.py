@@ -152,7 +152,7 @@ class CheckpointArchive:
         return kv, rec
 
     def read_ahead(self, entries: list[ArchiveEntry]) -> Iterator[tuple[ArchiveEntry, bytes | Exception]]:
-        """`entries` with their files' bytes, read on a helper thread ahead of the caller (for `load`)."""
+        """`entries` with their files' bytes, read on helper threads ahead of the caller (for `load`)."""
         return read_ahead(entries, self._read)
 
     def _read(self, entry: ArchiveEntry) -> bytes:

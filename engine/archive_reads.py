@@ -1,11 +1,12 @@
-"""Reading the archive's files: ahead of the caller on a helper thread, and other policies' indexes.
+"""Reading the archive's files: ahead of the caller on helper threads, and other policies' indexes.
 
 A restart restores a long prefix from many checkpoint files (66 files, 32 GiB for 128k
 tokens of a Qwen3-32B-shaped model). Read one after the other, the disk waits while the
 engine checks and copies each file, and the engine waits while the disk reads the next.
-`read_ahead` keeps the next files' reads under way on helper threads (two by default: a
-disk often reads two streams faster than one; bounded, so only a few files wait in memory) while the caller checks and copies the current one. Only bytes cross the threads:
-everything MLX does stays on the caller's thread.
+`read_ahead` keeps the next files' reads under way on helper threads (two at a time by
+default; whether two beat one on the H200's disk is not measured yet) while the caller
+checks and copies the current one; bounded, so only a few files wait in memory. Only bytes
+cross the threads: everything MLX does stays on the caller's thread.
 """
 from __future__ import annotations
 

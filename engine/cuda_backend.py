@@ -31,6 +31,22 @@ def _cuda_backend(device: str) -> bool:
         return False
 
 
+def affine_problem(mode: str, bits: int, dtype: mx.Dtype, has_biases: bool) -> str | None:
+    """Why our 4/8-bit affine kernels (`engine.cuda_qmv`, `engine.cuda_dequant`) cannot take a weight
+    (None: they can, as far as these checks go; each kernel adds its own group-size rule)."""
+    if not cuda_available():
+        return "not MLX's CUDA backend"
+    if mode != "affine":
+        return f"mode {mode}"
+    if not has_biases:
+        return "no biases"
+    if bits not in (4, 8):
+        return f"{bits}-bit weights"
+    if dtype not in (mx.bfloat16, mx.float16):
+        return f"{dtype} activations"
+    return None
+
+
 def cuda_available() -> bool:
     """Whether MLX runs on its CUDA backend here (the default device is a CUDA GPU)."""
     return _cuda_backend(str(mx.default_device()))

@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.cuda_backend import PRMT_HEADER, cuda_available
+from engine.cuda_backend import PRMT_HEADER, affine_problem
 
 VALUES_PER_THREAD = 8
 
@@ -87,18 +87,11 @@ def _kernel() -> Any:
 
 def unsupported(bits: int, group_size: int, k: int, dtype: mx.Dtype, biases: bool = True,
                 mode: str = "affine") -> str | None:
-    """Why the kernel cannot dequantize this weight (None: it can)."""
-    if not cuda_available():
-        return "not MLX's CUDA backend"
-    if mode != "affine" or not biases:
-        return f"mode {mode}" if mode != "affine" else "no biases"
-    if bits not in (4, 8):
-        return f"{bits}-bit weights"
-    if dtype not in (mx.bfloat16, mx.float16):
-        return f"{dtype} output"
-    if group_size % VALUES_PER_THREAD or k % group_size:
+    """Why the kernel cannot dequantize this weight to `dtype` (None: it can)."""
+    problem = affine_problem(mode, bits, dtype, biases)
+    if problem is None and (group_size % VALUES_PER_THREAD or k % group_size):
         return f"group size {group_size} over K={k}"
-    return None
+    return problem
 
 
 def dequantize(weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
@@ -139,8 +132,16 @@ def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
     """`linear`'s weight dequantized to `dtype`: by this kernel where it applies and matches MLX, else by MLX."""
     weight, scales, biases = linear["weight"], linear["scales"], linear.get("biases")
     mode, bits, group_size = getattr(linear, "mode", "affine"), linear.bits, linear.group_size
-    if (weight.ndim == 2 and scales.dtype == dtype
-            and unsupported(bits, group_size, weight.shape[-1] * 32 // bits, dtype, biases is not None, mode) is None
-            and matches_mlx(bits, group_size, dtype)):  # checked for scales of the output's dtype only
+    if _applies(bits, group_size, weight.ndim, weight.shape[-1] * 32 // bits, dtype, scales.dtype, biases is not None,
+                mode, str(mx.default_device())):
         return dequantize(weight, scales, biases, bits=bits, group_size=group_size, dtype=dtype)
     return mx.dequantize(weight, scales, biases, group_size, bits, mode=mode, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _applies(bits: int, group_size: int, ndim: int, k: int, dtype: mx.Dtype, scales_dtype: mx.Dtype, biases: bool,
+             mode: str, device: str) -> bool:
+    """`weight_of`'s verdict per weight shape and device (asked for every linear of every prefill chunk).
+    `matches_mlx` checked scales of the output's dtype only, so other scales go to MLX."""
+    return (ndim == 2 and scales_dtype == dtype and unsupported(bits, group_size, k, dtype, biases, mode) is None
+            and matches_mlx(bits, group_size, dtype))

@@ -26,7 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.cuda_backend import PRMT_HEADER, cuda_available
+from engine.cuda_backend import PRMT_HEADER, affine_problem
 
 MAX_ROWS = 8
 """Most input rows one call takes (decode is 1; speculative verification a few)."""
@@ -180,17 +180,10 @@ def takes(linear: Any, dtype: mx.Dtype) -> bool:
 @functools.lru_cache(maxsize=None)
 def _problem(mode: str, bits: int, group_size: int, ndim: int, k: int, biases: bool, dtype: mx.Dtype,
              device: str) -> str | None:
-    if not cuda_available():
-        return "not MLX's CUDA backend"
-    if mode != "affine":
-        return f"mode {mode}"
-    if bits not in (4, 8):
-        return f"{bits}-bit weights"
-    if dtype not in (mx.bfloat16, mx.float16):
-        return f"{dtype} activations"
-    if group_size % (128 // bits) or k % group_size or ndim != 2:
+    problem = affine_problem(mode, bits, dtype, biases)
+    if problem is None and (group_size % (128 // bits) or k % group_size or ndim != 2):
         return f"group size {group_size} over K={k}"
-    return None if biases else "no biases"
+    return problem
 
 
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array:

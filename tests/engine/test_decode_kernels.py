@@ -139,4 +139,3 @@ def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_
     cache = make_window_cache(model, DENSE)
     got = list(decode(model, cache, prefill(model, cache, ids), greedy, 10, penalty=RepetitionPenalty(1.5)))
     assert got == unpipelined(model, ids, 10, RepetitionPenalty(1.5)) and len(set(got)) > 1
-

@@ -11,18 +11,18 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 
+from engine import cuda_dequant
 from engine.compute import ComputeOptions, choose
 from engine.engine import Engine
 from engine.kv import make_cache
-from engine import cuda_dequant
 from engine.linear_mode import (LADDER, DequantizingLinear, LinearMode, decide, dequantized_product,
                                 first_block_linears, resolve)
 from engine.linear_mode_cache import LinearModeCache, cache_path
 from engine.loaded_model import LoadedModel
 from engine.request import PromptSegment, Request
 
-WINS_FROM_256 = {32: (1.0, 1.7), 64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0), 1024: (4.0, 1.5),
-                 2048: (8.0, 2.5)}
+WINS_FROM_256 = {32: (1.0, 1.7), 64: (1.0, 1.5), 128: (1.0, 1.01), 256: (1.0, 0.8), 512: (2.0, 1.0),
+                 1024: (4.0, 1.5), 2048: (8.0, 2.5)}
 NEVER_WINS = {rows: (1.0, 1.2) for rows in LADDER}
 
 
@@ -136,7 +136,8 @@ def test_the_mode_is_part_of_the_policy_and_checkpoints_of_one_mode_are_not_rest
             answers[mode] = (done.text, done.metrics.cached_tokens, done.metrics.miss_reason,
                              eng.prefix.policy.compute, eng.stats()["compute"]["linear"]["mode"])
     assert answers["quantized"][3].endswith("linear=quantized") and answers["quantized"][4] == "quantized"
-    assert answers["dequantized"][3].endswith(f"linear=dequantized>={LADDER[0]}") and answers["dequantized"][4] == "dequantized"
+    assert answers["dequantized"][3].endswith(f"linear=dequantized>={LADDER[0]}")
+    assert answers["dequantized"][4] == "dequantized"
     assert answers["dequantized"][1:3] == (0, "policy mismatch")  # the first engine's archive is not restored
     assert answers["quantized"][0] == answers["dequantized"][0]  # greedy output is the same either way
     with Engine(q4_loaded, prefill_chunk=64, archive_bytes=1 << 24,
