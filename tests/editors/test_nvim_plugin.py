@@ -29,6 +29,13 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_server_test_model(tmp_path_factory.mktemp("model"))
 
 
+@pytest.fixture(scope="module")
+def endless_model(tmp_path_factory) -> Path:
+    """The same model without an end-of-sequence token: an answer cannot finish before the
+    script cancels it, whatever context the server has ready when the question arrives."""
+    return build_server_test_model(tmp_path_factory.mktemp("endless"), eos_token=None)
+
+
 @pytest.fixture()
 def workspace(tmp_path) -> Path:
     root = tmp_path / "repo"
@@ -64,8 +71,8 @@ def test_attach_and_hover(workspace, tiny_model, tmp_path):
     assert_passed(run_script("attach_hover.lua", workspace, tiny_model, tmp_path), "attach_hover.lua")
 
 
-def test_ask_streams_into_the_float_and_cancels(workspace, tiny_model, tmp_path):
-    stdout = assert_passed(run_script("ask_cancel.lua", workspace, tiny_model, tmp_path), "ask_cancel.lua")
+def test_ask_streams_into_the_float_and_cancels(workspace, endless_model, tmp_path):
+    stdout = assert_passed(run_script("ask_cancel.lua", workspace, endless_model, tmp_path), "ask_cancel.lua")
     assert stdout.count("cancelled with") == 3
 
 

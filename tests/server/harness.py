@@ -43,10 +43,11 @@ def write_sample_workspace(root: Path) -> Path:
     return root
 
 
-def build_server_test_model(directory: Path) -> Path:
-    """The tiny random-weight llama all end-to-end suites serve (fast enough for CI)."""
+def build_server_test_model(directory: Path, **overrides) -> Path:
+    """The tiny random-weight llama all end-to-end suites serve (fast enough for CI); `overrides`
+    go to `build_tiny_model` (eos_token=None: a model whose answers only stop at their length)."""
     return build_tiny_model(directory, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                            num_attention_heads=2, num_key_value_heads=1)
+                            num_attention_heads=2, num_key_value_heads=1, **overrides)
 
 
 def server_config() -> ClientServerConfig:

@@ -2,13 +2,15 @@
 -- answer ($/cancelRequest) and close the float; a later ask still gets the same answer.
 local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)), 'harness.lua'))
 local LONG = 2000 -- decode budget large enough to still be running when the script cancels
+local SHORT = 48 -- the answers that finish: the test model has no end-of-sequence token
 local ENDLESS = 'Write a long essay about util.py.'
 
 h.load_plugin()
 -- The random tiny model's long answers repeat themselves: without the loop guard they run
--- until cancelled, which is what this script tests; without focus segments the prompt is
--- the one the answer below was checked on (it does not reach EOS).
+-- until cancelled, which is what this script tests. The model served here has no
+-- end-of-sequence token, so every answer runs to its max_tokens unless cancelled.
 local client, bufnr = h.start('util.py', { generation = { loopGuard = false }, focus = { enabled = false } })
+require('codectx.config').options.max_tokens = SHORT
 local ask = require('codectx.ask')
 local codectx = require('codectx')
 
@@ -29,6 +31,7 @@ local function finished(cmdline)
     return answer.result ~= nil or answer.error ~= nil
   end)
   h.check(answer.error == nil, cmdline .. ' answered without error', answer.error)
+  h.check(answer.result.finishReason == 'length', cmdline .. ' ran to its max_tokens', answer.result.finishReason)
   return answer
 end
 
@@ -84,7 +87,7 @@ for n, how in ipairs({ 'q', '<C-c>', ':close' }) do
   h.wait('the stream to end', function()
     return running.finish ~= nil
   end)
-  h.check(running.finish == 'cancelled', 'the stream ended as cancelled', running.finish)
+  h.check(running.finish == 'cancelled', 'the stream ended as cancelled', { finish = running.finish, text = running.text })
   h.check(running.result == nil and running.error == nil, 'a cancelled request has no result')
   local state = h.command(client, 'codectx.status')
   h.check(state.counters.cancelled == n, 'the server counted the cancel', state.counters)
@@ -97,7 +100,7 @@ h.check(state.server.pendingRequests == 1 and state.server.progressTokens == 0, 
   state.server)
 
 -- 4. After the cancels the same question gets the same (greedy) answer.
-require('codectx.config').options.max_tokens = nil
+require('codectx.config').options.max_tokens = SHORT
 local after = finished('CodectxAsk Explain greet.')
 h.check(after.result.text == reference.result.text, 'same answer after the cancels',
   { before = reference.result.text, after = after.result.text })
