@@ -13,7 +13,8 @@ Sections (each prints a table row; JSON has every number):
   engine did on CUDA), and a bf16 cache through `scaled_dot_product_attention`;
 - ``step``: one decode step of the random 64-layer model through `engine.compute` with a
   window cache filled to ``--context`` positions with random keys and values (bf16 and 8-bit),
-  MLX's kernels against ours, with and without evaluation pipelined one step ahead;
+  MLX's kernels against ours (8-bit attention on the CUDA cores, then on tensor cores), with and
+  without evaluation pipelined one step ahead;
 - ``dequant``: `engine.cuda_dequant` against `mx.dequantize` on one block's linears (4 and 8
   bits): values that differ, time, bytes per second;
 - ``tail``: the forwards of an edit + ask on the 64-layer model over a bf16 cache of
@@ -147,10 +148,10 @@ def section_step(result: dict, context: int, steps: int) -> None:
             c.store.write(0, k, k)
             c.offset = context
             mx.eval(c.state)
-        for variant in ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined"):
+        for variant in ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined", "ours-all-mma-pipelined"):
             path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
-            kernels = {"ours-qmv-pipelined": (True, False), "ours-all-pipelined": (True, True)}.get(variant,
-                                                                                                  (False, False))
+            kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
+                       "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
             seconds = _decode_steps(path, cache, steps, kernels, pipelined=variant.endswith("pipelined"))
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
                    "tok_s": 1 / seconds}
@@ -248,13 +249,13 @@ def section_tail(result: dict, context: int) -> None:
         c.offset = context
 
 
-def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool], pipelined: bool) -> float:
+def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], pipelined: bool) -> float:
     from engine import decode_kernels
 
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     times = []
-    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1]):
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2]):
         for attempt in range(2):
             for c in cache:
                 c.offset = start_offset

@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_attention_mma
 from engine.cuda_backend import PRMT_HEADER, cuda_available
 
 THREADS = 128
@@ -251,7 +252,7 @@ def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int) -> 
 
 
 def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
-                     group_size: int) -> mx.array:
+                     group_size: int, kernel: str = "cores") -> mx.array:
     """Softmax attention of one query per head over the first `n` 8-bit keys and values.
 
     Args:
@@ -261,6 +262,8 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
             [0, n) through the arrays' strides).
         n: Keys to attend over.
         scale: Multiplies the scores.
+        kernel: "cores" (this module's) or "mma" (`engine.cuda_attention_mma`, tensor cores;
+            this module's where the shape does not fit it). `engine.decode_choice` measures both.
 
     Returns:
         (1, H, 1, D) in the queries' dtype.
@@ -268,15 +271,18 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     _, H, _, D = queries.shape
     kv_heads = keys[0].shape[1]
     G = H // kv_heads
-    cs = split_size(n, kv_heads)
-    splits = -(-n // cs)
-    q = (queries.reshape(H, D).astype(mx.float32) * (scale * _LOG2E))
-    meta = mx.array([n, cs], dtype=mx.int32)
     partial, merge = _kernels()
-    part_out, part_ml = partial(
-        inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
-        grid=(splits * THREADS, kv_heads, 1), threadgroup=(THREADS, 1, 1),
-        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32])
+    if kernel == "mma" and cuda_attention_mma.shape_problem(G, D, group_size) is None:
+        part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, _LOG2E)
+    else:
+        cs = split_size(n, kv_heads)
+        splits = -(-n // cs)
+        q = (queries.reshape(H, D).astype(mx.float32) * (scale * _LOG2E))
+        meta = mx.array([n, cs], dtype=mx.int32)
+        part_out, part_ml = partial(
+            inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
+            grid=(splits * THREADS, kv_heads, 1), threadgroup=(THREADS, 1, 1),
+            output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32])
     threads = min(D, 128)
     out = merge(inputs=[part_out, part_ml], template=[("T", queries.dtype), ("D", D)],
                 grid=(D, H, 1), threadgroup=(threads, 1, 1), output_shapes=[(H, D)], output_dtypes=[queries.dtype])[0]

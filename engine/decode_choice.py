@@ -11,7 +11,10 @@ the same thing:
   evaluation holds many products, as a decode step does (112 for a 7-linear block);
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
-  engine's path for an 8-bit cache on CUDA without this kernel).
+  engine's path for an 8-bit cache on CUDA without this kernel); ours are two:
+  `engine.cuda_attention`'s on the CUDA cores (``attention``) and the tensor-core
+  one of `engine.cuda_attention_mma` (``attention_mma``, where the shape fits it);
+  where both beat MLX's, the faster runs.
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `MAX_ERROR` (MLX's own 4-bit product
@@ -39,7 +42,7 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma")
 MARGIN = 0.05
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
@@ -59,6 +62,7 @@ class DecodeKernels:
         source: "measured", "cached", "setting", "not CUDA" or "fallback".
         timings: What the choice was made from.
         notes: Why a kernel was not chosen.
+        attention_mma: `engine.cuda_attention_mma` (tensor cores) for that attention instead.
     """
 
     qmv: bool = False
@@ -66,11 +70,12 @@ class DecodeKernels:
     source: str = "not CUDA"
     timings: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    attention_mma: bool = False
 
     @property
     def any(self) -> bool:
         """Whether any of our kernels runs."""
-        return self.qmv or self.attention
+        return self.qmv or self.attention or self.attention_mma
 
     def identity(self) -> str:
         """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
@@ -79,12 +84,15 @@ class DecodeKernels:
 
     def scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
         """The context a forward over `rows` rows runs in."""
-        qmv, attention = self.qmv and rows <= cuda_qmv.MAX_ROWS, self.attention and rows == 1
-        return decode_kernels.scope(qmv, attention) if qmv or attention else contextlib.nullcontext()
+        qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
+        attention = (self.attention or self.attention_mma) and rows == 1
+        return decode_kernels.scope(qmv, attention, self.attention_mma) if qmv or attention \
+            else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
-        return {"qmv": self.qmv, "attention": self.attention, "source": self.source,
+        return {"qmv": self.qmv, "attention": self.attention, "attention_mma": self.attention_mma,
+                "source": self.source,
                 "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
                 "notes": list(self.notes)}
 
@@ -123,11 +131,21 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
             logger.warning("decode kernels: measuring failed (%s); using MLX's", err)
             return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",))
         cache.put(key, timings)
-    chosen = decide(timings)
-    notes = tuple(f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
-                  for name in KERNEL_NAMES if not chosen[name])
+    chosen, notes = choose_kernels(timings)
     logger.info("decode kernels: %s (%s)", chosen, source)
-    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes)
+    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes, chosen["attention_mma"])
+
+
+def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str, bool], tuple[str, ...]]:
+    """What runs (`decide`, and of two attention kernels that win, the faster) and why the others do not."""
+    chosen = decide(timings)
+    notes = [f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
+             for name in KERNEL_NAMES if not chosen[name]]
+    if chosen["attention"] and chosen["attention_mma"]:  # two kernels for one call
+        slower, faster = sorted(("attention", "attention_mma"), key=lambda name: timings[name][1], reverse=True)
+        chosen[slower] = False
+        notes.append(f"kernels: {slower} slower than {faster}")
+    return chosen, tuple(notes)
 
 
 def _attention_shape(model: Any) -> tuple[int, int, int] | None:
@@ -152,7 +170,7 @@ def _measure(model: Any) -> Timings:
 
         heads, kv_heads, dim = shape
         if cuda_attention.shape_problem(heads, kv_heads, dim, 8, 64) is None:
-            timings["attention"] = _time_attention(heads, kv_heads, dim, dtype)
+            timings.update(_time_attention(heads, kv_heads, dim, dtype))
     return timings
 
 
@@ -174,21 +192,29 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[f
             best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
 
 
-def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> tuple[float, float]:
-    from engine import cuda_attention
+def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> Timings:
+    """"attention" and, where the shape fits it and it computes the same, "attention_mma"."""
+    from engine import cuda_attention, cuda_attention_mma
 
     n, scale = ATTENTION_KEYS, dim ** -0.5
     kv = [mx.random.normal((1, kv_heads, n + 256, dim), key=mx.random.key(7 + i)).astype(dtype) for i in range(2)]
     keys, values = (tuple(mx.quantize(a, group_size=64, bits=8)) for a in kv)
     queries = mx.random.normal((1, heads, 1, dim), key=mx.random.key(9)).astype(dtype)
     mx.eval(keys, values, queries)
-    _check("attention", cuda_attention.decode_attention(queries, keys, values, n, scale, 64),
-           cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64))
+    reference = cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64)
 
-    def mlx_path() -> list[mx.array]:
-        return [cuda_attention.reference(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]
+    def ours(kernel: str) -> Callable[[], list[mx.array]]:
+        return lambda: [cuda_attention.decode_attention(queries, keys, values, n, scale, 64, kernel)
+                        for _ in range(_REPEAT)]
 
-    def ours() -> list[mx.array]:
-        return [cuda_attention.decode_attention(queries, keys, values, n, scale, 64) for _ in range(_REPEAT)]
-
-    return best_seconds(mlx_path), best_seconds(ours)
+    _check("attention", ours("cores")()[0], reference)
+    mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64)
+                                        for _ in range(_REPEAT)])
+    timings = {"attention": (mlx_seconds, best_seconds(ours("cores")))}
+    if cuda_attention_mma.shape_problem(heads // kv_heads, dim, 64) is None:
+        try:  # the newer kernel: left out, not fatal, where it fails its check
+            _check("attention_mma", ours("mma")()[0], reference)
+            timings["attention_mma"] = (mlx_seconds, best_seconds(ours("mma")))
+        except RuntimeError as err:
+            logger.warning("decode kernels: %s; not using it", err)
+    return timings

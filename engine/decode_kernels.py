@@ -27,6 +27,7 @@ from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
+_mma = Switch("codectx_attention_mma")
 _installed: list[Any] = []
 qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
@@ -35,11 +36,12 @@ attention_on = _attention.on
 
 
 @contextlib.contextmanager
-def scope(qmv: bool, attention: bool) -> Iterator[None]:
-    """Inside this block, the kernels asked for run (on this thread)."""
+def scope(qmv: bool, attention: bool, mma: bool = False) -> Iterator[None]:
+    """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
+    `engine.cuda_attention_mma` (tensor cores) where the shape fits it."""
     if attention:
         install()
-    with _qmv.scope(qmv), _attention.scope(attention):
+    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma):
         yield
 
 
@@ -69,7 +71,8 @@ def install() -> None:
         if not isinstance(q_keys, Q8Rows):
             return original(queries, q_keys, q_values, scale, mask, group_size, bits)
         if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size) is None:
-            return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size)
+            return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size,
+                                                   "mma" if _mma.on() else "cores")
         # A shape the kernel does not take: the rows dequantized, MLX's fused attention.
         return cuda_attention.reference(queries, q_keys, q_values, q_keys.n, scale, group_size, mask, bits)
 

@@ -144,8 +144,7 @@ def check_linear_mode() -> Check:
         dtype = str(weight_dtype()).removeprefix("mlx.core.")
         return Check("linear mode", True, f"weights are dequantized to {dtype} at load on this device: "
                                           "no quantized layers to choose for", required=False)
-    from engine.decode_choice import KERNEL_NAMES
-    from engine.decode_choice import decide as decide_kernels
+    from engine.decode_choice import KERNEL_NAMES, choose_kernels
 
     cache, device = LinearModeCache(), device_description()
     choices = []
@@ -154,7 +153,7 @@ def check_linear_mode() -> Check:
             continue
         named = cache.timings_of(entry, str) or {}
         if named and set(named) <= set(KERNEL_NAMES):  # engine.decode_choice's entry: our decode kernels
-            ours = [name for name, on in decide_kernels(named).items() if on]
+            ours = [name for name, on in choose_kernels(named)[0].items() if on]
             choices.append(f"decode kernels: {'+'.join(ours) or 'MLX'}")
         elif timings := cache.timings_of(entry):
             mode, rows = decide(timings)

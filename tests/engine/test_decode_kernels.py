@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import decode_kernels
+from engine import cuda_attention_mma, decode_kernels
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -34,12 +34,45 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     timings = Timings(QMV_WINS)
     first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (first.qmv, first.attention, first.source) == (True, False, "measured")
-    assert first.notes == ("kernels: attention slower than MLX",)
+    assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
     # inside the margin is no win; a kernel the model could not run is not chosen
-    assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False}
+    assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False}
+
+
+def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    mma_faster = resolve(q4_model, "auto", measure=Timings({"attention": (1e-3, 0.8e-3),
+                                                            "attention_mma": (1e-3, 0.3e-3)}), cache=store, cuda=True)
+    assert (mma_faster.attention, mma_faster.attention_mma) == (False, True)
+    assert "kernels: attention slower than attention_mma" in mma_faster.notes
+    assert ComputePath(q4_model, kernels=mma_faster).identity().endswith(" kernels=attention_mma")
+    store = LinearModeCache(tmp_path / "other.json")
+    cores_faster = resolve(q4_model, "auto", measure=Timings({"attention": (1e-3, 0.3e-3),
+                                                              "attention_mma": (1e-3, 0.8e-3)}), cache=store, cuda=True)
+    assert (cores_faster.attention, cores_faster.attention_mma) == (True, False)
+    assert cores_faster.describe()["attention_mma"] is False
+    seen = []
+    for kernels in (mma_faster, cores_faster):
+        with kernels.scope(rows=1):
+            seen.append((decode_kernels.attention_on(), decode_kernels._mma.on()))
+        with kernels.scope(rows=2):  # a prefill chunk: neither
+            seen.append((decode_kernels.attention_on(), decode_kernels._mma.on()))
+    assert seen == [(True, True), (False, False), (True, False), (False, False)]
+
+
+def test_the_tensor_core_attention_takes_its_shapes_and_splits_the_keys_in_whole_tiles():
+    assert cuda_attention_mma.shape_problem(8, 128, 64) is None  # Qwen3-32B: 64 query heads over 8 KV heads
+    assert cuda_attention_mma.shape_problem(16, 128, 64) is None
+    assert cuda_attention_mma.shape_problem(32, 128, 64) == "32 query heads per KV head"
+    assert cuda_attention_mma.shape_problem(8, 64, 64) == "head dim 64, group 64"
+    assert cuda_attention_mma.shape_problem(8, 128, 32) == "head dim 128, group 32"
+    for n in (1, 15, 16, 4097, 131072):
+        size = cuda_attention_mma.split_size(n, kv_heads=8)
+        assert size % cuda_attention_mma.TILE == 0 and size >= n * 8 / 2048
+        assert -(-n // size) * 8 <= 2048  # about 2,048 warps at most, however long the cache
 
 
 def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog):

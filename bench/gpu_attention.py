@@ -1,0 +1,177 @@
+"""Attention on the GPU as a decode step and a prefill chunk see it: our 8-bit kernels, MLX's, and
+what a new shape costs MLX's cuDNN path.
+
+Sections (each prints rows; JSON has every number):
+
+- ``decode``: one query (64 heads) over 8 KV heads of dim 128 at each ``--lengths``, timed as a
+  decode step runs it: 64 calls (16 distinct caches, each used four times, so nothing stays in
+  the 50 MB L2) queued and evaluated at once. Our 8-bit kernels (`engine.cuda_attention`: the
+  CUDA-core one and the tensor-core one, `engine.cuda_attention_mma`) against MLX's fused
+  attention over a bf16 cache of the same length; relative error against the 8-bit cache
+  dequantized through MLX; the bytes each call reads per second (bound: the copy bandwidth).
+- ``plans``: a prefill chunk of 45 and 1,037 queries over ``--context`` keys through
+  `mx.fast.scaled_dot_product_attention` (bf16, mask "causal"), 64 calls per evaluation: the
+  first evaluation of each new key count (MLX builds a cuDNN plan per exact shape) against the
+  same shape warm; then the same chunks padded (queries to a multiple of 64, keys to a multiple
+  of 4,096, an additive mask) so that several lengths share one shape.
+
+    bash .gpu/install.sh && python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+
+from bench import gpu_bounds  # noqa: E402
+from engine import cuda_attention  # noqa: E402
+
+HEADS, KV_HEADS, DIM, CALLS, DISTINCT = 64, 8, 128, 64, 16
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds for one evaluation of fn()'s arrays."""
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval(fn())
+    mx.synchronize()
+    return time.perf_counter() - start
+
+
+def median_ms(fn: Callable[[], Any], repeats: int = 5) -> float:
+    timed(fn)
+    times = sorted(timed(fn) for _ in range(repeats))
+    return times[len(times) // 2] * 1e3
+
+
+def rel_err(a: mx.array, ref: mx.array) -> float:
+    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
+    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
+
+
+def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
+    scale = DIM ** -0.5
+    for n in lengths:
+        cap = n + 1000
+        caches = []
+        for i in range(DISTINCT):
+            k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(10 + i)).astype(mx.bfloat16)
+            v = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(100 + i)).astype(mx.bfloat16)
+            kq, vq = mx.quantize(k, group_size=64, bits=8), mx.quantize(v, group_size=64, bits=8)
+            mx.eval(k, v, kq, vq)
+            caches.append((k, v, kq, vq))
+        q = mx.random.normal((1, HEADS, 1, DIM), key=mx.random.key(3)).astype(mx.bfloat16) * 3
+        k, v, kq, vq = caches[0]
+        ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
+        row: dict[str, Any] = {"keys": n, "calls": CALLS}
+        for kernel in ("cores", "mma"):
+            row[f"err_{kernel}"] = rel_err(cuda_attention.decode_attention(q, kq, vq, n, scale, 64, kernel), ref)
+            row[f"{kernel}_ms"] = median_ms(lambda: [
+                cuda_attention.decode_attention(q, caches[i % DISTINCT][2], caches[i % DISTINCT][3], n, scale, 64,
+                                                kernel) for i in range(CALLS)]) / CALLS
+        row["bf16_ms"] = median_ms(lambda: [
+            mx.fast.scaled_dot_product_attention(q, caches[i % DISTINCT][0][..., :n, :],
+                                                 caches[i % DISTINCT][1][..., :n, :], scale=scale)
+            for i in range(CALLS)]) / CALLS
+        bytes8 = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
+        bytes16 = 2 * k[..., :n, :].nbytes
+        row.update(bytes_8bit=bytes8, bytes_bf16=bytes16, cores_gbs=bytes8 / row["cores_ms"] / 1e6,
+                   mma_gbs=bytes8 / row["mma_ms"] / 1e6, bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
+        result.setdefault("decode", []).append(row)
+        print(f"decode attention over {n} keys, per call: 8-bit cores {row['cores_ms']:.3f} ms "
+              f"({row['cores_gbs']:.0f} GB/s), 8-bit mma {row['mma_ms']:.3f} ms ({row['mma_gbs']:.0f} GB/s), "
+              f"bf16 MLX {row['bf16_ms']:.3f} ms ({row['bf16_gbs']:.0f} GB/s) of {copy_gbs:.0f}; rel err cores "
+              f"{row['err_cores']:.2e}, mma {row['err_mma']:.2e}", flush=True)
+        caches.clear()
+        mx.clear_cache()
+
+
+def _padding(q: mx.array, offset: int) -> tuple[mx.array, int, mx.array]:
+    """`q` (rows at positions offset..) padded to a multiple of 64 rows, the key count rounded up to a
+    multiple of 4,096, and the additive mask that keeps each real row to keys [0, its position]."""
+    rows = q.shape[2]
+    rows_p, keys_p = -(-rows // 64) * 64, -(-(offset + rows) // 4096) * 4096
+    qp = mx.concatenate([q, mx.zeros((1, HEADS, rows_p - rows, DIM), q.dtype)], axis=2)
+    pos = mx.arange(rows_p)[:, None] + offset
+    keys = mx.arange(keys_p)[None]
+    allowed = (keys <= pos) & (keys < offset + rows)
+    mask = mx.where(allowed, 0.0, -mx.inf).astype(q.dtype)[None, None]
+    mx.eval(qp, mask)
+    return qp, keys_p, mask
+
+
+def _padded(padding: tuple, k: mx.array, v: mx.array, rows: int, scale: float) -> mx.array:
+    qp, keys_p, mask = padding
+    return mx.fast.scaled_dot_product_attention(qp, k[..., :keys_p, :], v[..., :keys_p, :], scale=scale,
+                                                mask=mask)[..., :rows, :]
+
+
+def section_plans(result: dict, context: int) -> None:
+    scale = DIM ** -0.5
+    cap = context + 16384
+    k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(1)).astype(mx.bfloat16)
+    v = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(2)).astype(mx.bfloat16)
+    mx.eval(k, v)
+    for rows in (45, 1037):
+        q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
+        for step, offset in enumerate((context, context + 7, context + 1301)):
+            def plain():
+                return [mx.fast.scaled_dot_product_attention(q, k[..., :offset + rows, :], v[..., :offset + rows, :],
+                                                             scale=scale, mask="causal") for _ in range(CALLS)]
+
+            padding = _padding(q, offset)
+
+            def padded():
+                return [_padded(padding, k, v, rows, scale) for _ in range(CALLS)]
+
+            row: dict[str, Any] = {"rows": rows, "offset": offset}
+            row["plain_first_ms"] = timed(plain) * 1e3
+            row["plain_warm_ms"] = median_ms(plain, 3)
+            row["padded_first_ms"] = timed(padded) * 1e3
+            row["padded_warm_ms"] = median_ms(padded, 3)
+            row["padded_err"] = rel_err(_padded(padding, k, v, rows, scale),
+                                        mx.fast.scaled_dot_product_attention(
+                                            q, k[..., :offset + rows, :], v[..., :offset + rows, :], scale=scale,
+                                            mask="causal"))
+            result.setdefault("plans", []).append(row)
+            print(f"prefill attention, {rows} rows over {offset} keys ({CALLS} calls): causal first "
+                  f"{row['plain_first_ms']:.1f} ms, warm {row['plain_warm_ms']:.1f}; padded + mask first "
+                  f"{row['padded_first_ms']:.1f}, warm {row['padded_warm_ms']:.1f} (rel err {row['padded_err']:.1e})",
+                  flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="32768,131072")
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--sections", default="decode,plans")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_attention.json"))
+    a = ap.parse_args(argv)
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__}
+    copy_gbs = gpu_bounds.copy_bandwidth()
+    result["copy_gbs"] = copy_gbs
+    runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
+               "plans": lambda: section_plans(result, a.context)}
+    for name in a.sections.split(","):
+        try:
+            runners[name]()
+        except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
+            import traceback
+            traceback.print_exc()
+            result.setdefault("errors", {})[name] = repr(err)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
