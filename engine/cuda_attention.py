@@ -230,20 +230,24 @@ def split_size(n: int, kv_heads: int, target_blocks: int = 2048) -> int:
     return min(4096, max(THREADS, -(-size // THREADS) * THREADS))
 
 
-def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int) -> str | None:
-    """Why `decode_attention` cannot take this call (None: it can)."""
+def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int, kernel: str = "cores") -> str | None:
+    """Why `decode_attention` cannot take this call with `kernel` (None: it can)."""
     B, H, L, D = queries.shape
     if B != 1 or L != 1:
         return f"{B} x {L} queries"
-    return shape_problem(H, keys[0].shape[1], D, bits, group_size)
+    return shape_problem(H, keys[0].shape[1], D, bits, group_size, kernel)
 
 
-def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int) -> str | None:
-    """Why one query of `H` heads over `kv_heads` 8-bit KV heads of dim `D` is not this kernel's (None: it is)."""
+def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int, kernel: str = "cores") -> str | None:
+    """Why one query of `H` heads over `kv_heads` 8-bit KV heads of dim `D` is not `kernel`'s (None: it is)."""
     if not cuda_available():
         return "not MLX's CUDA backend"
     if bits != 8:
         return f"{bits}-bit cache"
+    if H % kv_heads:
+        return f"{H} query heads over {kv_heads} KV heads"
+    if kernel == "mma":
+        return cuda_attention_mma.shape_problem(H // kv_heads, D, group_size)
     if D not in (128, 256) or group_size % 16 or D % group_size:
         return f"head dim {D}, group {group_size}"
     if H % kv_heads or (H // kv_heads) * D > 1024:  # shared memory and registers hold G x D floats
@@ -262,8 +266,8 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
             [0, n) through the arrays' strides).
         n: Keys to attend over.
         scale: Multiplies the scores.
-        kernel: "cores" (this module's) or "mma" (`engine.cuda_attention_mma`, tensor cores;
-            this module's where the shape does not fit it). `engine.decode_choice` measures both.
+        kernel: "cores" (this module's) or "mma" (`engine.cuda_attention_mma`, tensor cores);
+            `shape_problem` says which takes the shape, `engine.decode_choice` measures both.
 
     Returns:
         (1, H, 1, D) in the queries' dtype.
@@ -271,8 +275,10 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     _, H, _, D = queries.shape
     kv_heads = keys[0].shape[1]
     G = H // kv_heads
+    if n < 1:
+        raise ValueError("decode attention needs at least one key")
     partial, merge = _kernels()
-    if kernel == "mma" and cuda_attention_mma.shape_problem(G, D, group_size) is None:
+    if kernel == "mma":
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, _LOG2E)
     else:
         cs = split_size(n, kv_heads)

@@ -19,11 +19,14 @@ cores only turn bytes into bf16 and keep the softmax:
   layout, so nothing crosses lanes between the two products.
 
 Only for D = 128, groups of 64 and G <= 16 query heads per KV head; the engine keeps
-the CUDA-core kernel elsewhere.
+the CUDA-core kernel elsewhere. Layout assumptions (those of `engine.qkv.QuantizedKVStore`'s
+buffers): key and value rows 16-byte aligned, each key's two scales (and biases) adjacent.
+While one tile computes, the next one's bytes are loaded.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 import mlx.core as mx
@@ -44,6 +47,17 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
   uint32_t d;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
+}
+// The low and high 16-bit halves of `w` as floats, each a T (bf16 or fp16).
+template <typename T>
+__device__ __forceinline__ float lo_f(uint32_t w) {
+  const unsigned short b = w & 0xFFFFu;
+  return static_cast<float>(*reinterpret_cast<const T*>(&b));
+}
+template <typename T>
+__device__ __forceinline__ float hi_f(uint32_t w) {
+  const unsigned short b = w >> 16;
+  return static_cast<float>(*reinterpret_cast<const T*>(&b));
 }
 // d += a * b: m16n8k16, bf16 inputs, float32 accumulators.
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -103,34 +117,59 @@ SOURCE = r"""
 #pragma unroll
       for (int e = 0; e < 4; ++e) oacc[g][i][e] = 0.f;
 
-  for (int tile = begin; tile < end; tile += 16) {
-    // Loads: key rows tile + 8 nt + r (16 bytes per group), value rows of keys j (8 bytes per group).
+  // One tile's bytes: key rows tile + 8 nt + r (16 bytes per group), value rows and the scales and
+  // biases of keys j (8 bytes per group; both groups' scales in one word). Rows past the warp's
+  // end are read as its last row (finite) and masked below.
+  struct Tile {
     uint4 kw[2][2];
+    uint2 vw[4][2];
+    uint32_t ksw[4], kbw[4], vsw[4], vbw[4];
+  };
+  const uint32_t* ks32 = reinterpret_cast<const uint32_t*>(ks);
+  const uint32_t* kb32 = reinterpret_cast<const uint32_t*>(kb);
+  const uint32_t* vs32 = reinterpret_cast<const uint32_t*>(vs);
+  const uint32_t* vb32 = reinterpret_cast<const uint32_t*>(vb);
+  auto load = [&](int tile, Tile& out) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int key = min(tile + nt * 8 + r, end - 1);
       const uint4* row = reinterpret_cast<const uint4*>(kq + kq0 + (size_t)key * kq_strides[2]);
-      kw[nt][0] = row[c];
-      kw[nt][1] = row[4 + c];
+      out.kw[nt][0] = row[c];
+      out.kw[nt][1] = row[4 + c];
     }
-    uint2 vw[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const size_t key = (size_t)min(tile + (j >> 1) * 8 + 2 * c + (j & 1), end - 1);
+      const uint2* row = reinterpret_cast<const uint2*>(vq + vq0 + key * vq_strides[2]);
+      out.vw[j][0] = row[r];
+      out.vw[j][1] = row[8 + r];
+      out.ksw[j] = ks32[(ks0 + key * ks_strides[2]) / 2];
+      out.kbw[j] = kb32[(kb0 + key * kb_strides[2]) / 2];
+      out.vsw[j] = vs32[(vs0 + key * vs_strides[2]) / 2];
+      out.vbw[j] = vb32[(vb0 + key * vb_strides[2]) / 2];
+    }
+  };
+
+  Tile next;
+  if (begin < end) load(begin, next);
+  for (int tile = begin; tile < end; tile += 16) {
+    const Tile cur = next;
+    if (tile + 16 < end) load(tile + 16, next);  // in flight while this tile computes
+    const uint4 (&kw)[2][2] = cur.kw;
+    const uint2 (&vw)[4][2] = cur.vw;
     float ksc[4][2], kbi[4][2], vsc[4][2], vbi[4][2];
     bool valid[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int key0 = tile + (j >> 1) * 8 + 2 * c + (j & 1);
-      valid[j] = key0 < end;
-      const size_t key = (size_t)min(key0, end - 1);
-      const uint2* row = reinterpret_cast<const uint2*>(vq + vq0 + key * vq_strides[2]);
-      vw[j][0] = row[r];
-      vw[j][1] = row[8 + r];
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        ksc[j][g] = static_cast<float>(ks[ks0 + key * ks_strides[2] + g]);
-        kbi[j][g] = static_cast<float>(kb[kb0 + key * kb_strides[2] + g]);
-        vsc[j][g] = valid[j] ? static_cast<float>(vs[vs0 + key * vs_strides[2] + g]) : 0.f;
-        vbi[j][g] = valid[j] ? static_cast<float>(vb[vb0 + key * vb_strides[2] + g]) : 0.f;
-      }
+      valid[j] = tile + (j >> 1) * 8 + 2 * c + (j & 1) < end;
+      ksc[j][0] = codectx::lo_f<T>(cur.ksw[j]);
+      ksc[j][1] = codectx::hi_f<T>(cur.ksw[j]);
+      kbi[j][0] = codectx::lo_f<T>(cur.kbw[j]);
+      kbi[j][1] = codectx::hi_f<T>(cur.kbw[j]);
+      vsc[j][0] = valid[j] ? codectx::lo_f<T>(cur.vsw[j]) : 0.f;
+      vsc[j][1] = valid[j] ? codectx::hi_f<T>(cur.vsw[j]) : 0.f;
+      vbi[j][0] = valid[j] ? codectx::lo_f<T>(cur.vbw[j]) : 0.f;
+      vbi[j][1] = valid[j] ? codectx::hi_f<T>(cur.vbw[j]) : 0.f;
     }
 
     // Scores, one accumulator per group and key half-tile.
@@ -247,8 +286,11 @@ SOURCE = r"""
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
+    # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
+    digest = hashlib.sha1((HEADER + SOURCE).encode()).hexdigest()[:10]
     return mx.fast.cuda_kernel(
-        name="codectx_q8_attention_mma", input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in"],
+        name=f"codectx_q8_attention_mma_{digest}",
+        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in"],
         output_names=["part_out", "part_ml"], source=SOURCE, header=HEADER, ensure_row_contiguous=False)
 
 
@@ -261,11 +303,12 @@ def shape_problem(G: int, D: int, group_size: int) -> str | None:
     return None
 
 
-def split_size(n: int, kv_heads: int, target_warps: int = 2048) -> int:
-    """Keys per warp: a multiple of the tile giving about `target_warps` warps in all."""
+def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128) -> int:
+    """Keys per warp: a multiple of the tile giving about `target_warps` warps in all (about as many
+    as the H200 holds at once), at least `least` (each split's partial output is read back by the merge)."""
     per_head = max(1, target_warps // max(1, kv_heads))
     size = -(-n // per_head)
-    return max(TILE, -(-size // TILE) * TILE)
+    return max(least, -(-size // TILE) * TILE)
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
@@ -276,7 +319,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
     cs = split_size(n, kv_heads)
     blocks = -(-(-(-n // cs)) // WARPS)
     splits = blocks * WARPS
-    q = queries.reshape(H, D).astype(mx.bfloat16)
+    q = mx.contiguous(queries.reshape(H, D).astype(mx.bfloat16))
     meta = mx.array([n, cs], dtype=mx.int32)
     qscale = mx.array([scale * log2e], dtype=mx.float32)
     return tuple(_kernel()(

@@ -70,9 +70,9 @@ def install() -> None:
                             group_size: int = 64, bits: int = 8) -> mx.array:
         if not isinstance(q_keys, Q8Rows):
             return original(queries, q_keys, q_values, scale, mask, group_size, bits)
-        if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size) is None:
-            return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size,
-                                                   "mma" if _mma.on() else "cores")
+        for kernel in ("mma", "cores") if _mma.on() else ("cores",):
+            if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size, kernel) is None:
+                return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel)
         # A shape the kernel does not take: the rows dequantized, MLX's fused attention.
         return cuda_attention.reference(queries, q_keys, q_values, q_keys.n, scale, group_size, mask, bits)
 
