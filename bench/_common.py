@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -148,3 +148,18 @@ def engine_run(loaded: Any, ids: list[int], max_tokens: int, *, chunk: int, opti
     assert metrics.recomputed_tokens == len(ids), "the benchmark needs a cold prefill"
     result["internal"] = metrics.as_dict()
     return result
+
+
+def run_sections(runners: Mapping[str, Callable[[], None]], names: Sequence[str], result: dict, out: str) -> None:
+    """Run the named sections in order, writing `result` to `out` after each; a section that fails
+    is printed and recorded under ``errors`` (the others still run)."""
+    for name in names:
+        try:
+            runners[name]()
+        except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
+            import traceback
+            traceback.print_exc()
+            result.setdefault("errors", {})[name] = repr(err)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")

@@ -20,7 +20,6 @@ Sections (each prints rows; JSON has every number):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
+from bench._common import run_sections  # noqa: E402
+from bench.gpu_kernels import rel_err  # noqa: E402
 from engine import cuda_attention  # noqa: E402
 
 HEADS, KV_HEADS, DIM, CALLS, DISTINCT = 64, 8, 128, 64, 16
@@ -50,11 +51,6 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5) -> float:
     timed(fn)
     times = sorted(timed(fn) for _ in range(repeats))
     return times[len(times) // 2] * 1e3
-
-
-def rel_err(a: mx.array, ref: mx.array) -> float:
-    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
-    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
 
 
 def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
@@ -160,16 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["copy_gbs"] = copy_gbs
     runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
                "plans": lambda: section_plans(result, a.context)}
-    for name in a.sections.split(","):
-        try:
-            runners[name]()
-        except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
-            import traceback
-            traceback.print_exc()
-            result.setdefault("errors", {})[name] = repr(err)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {a.out}")
+    run_sections(runners, a.sections.split(","), result, a.out)
     return result
 
 

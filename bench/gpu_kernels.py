@@ -26,7 +26,6 @@ Sections (each prints a table row; JSON has every number):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
+from bench._common import run_sections  # noqa: E402
 from engine import cuda_attention, cuda_qmv  # noqa: E402
 
 
@@ -304,16 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
                "step": lambda: section_step(result, a.context, a.steps),
                "dequant": lambda: section_dequant(result, copy_gbs),
                "tail": lambda: section_tail(result, a.context)}
-    for name in sections:
-        try:
-            runners[name]()
-        except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
-            import traceback
-            traceback.print_exc()
-            result.setdefault("errors", {})[name] = repr(err)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {a.out}")
+    run_sections(runners, sections, result, a.out)
     return result
 
 
