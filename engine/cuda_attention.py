@@ -277,18 +277,18 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     G = H // kv_heads
     if n < 1:
         raise ValueError("decode attention needs at least one key")
-    partial, merge = _kernels()
     if kernel == "mma":
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, _LOG2E)
-    else:
-        cs = split_size(n, kv_heads)
-        splits = -(-n // cs)
-        q = (queries.reshape(H, D).astype(mx.float32) * (scale * _LOG2E))
-        meta = mx.array([n, cs], dtype=mx.int32)
-        part_out, part_ml = partial(
-            inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
-            grid=(splits * THREADS, kv_heads, 1), threadgroup=(THREADS, 1, 1),
-            output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32])
+        return cuda_attention_mma.merge(part_out, part_ml, queries.dtype).reshape(1, H, 1, D)
+    partial, merge = _kernels()
+    cs = split_size(n, kv_heads)
+    splits = -(-n // cs)
+    q = (queries.reshape(H, D).astype(mx.float32) * (scale * _LOG2E))
+    meta = mx.array([n, cs], dtype=mx.int32)
+    part_out, part_ml = partial(
+        inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
+        grid=(splits * THREADS, kv_heads, 1), threadgroup=(THREADS, 1, 1),
+        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32])
     threads = min(D, 128)
     out = merge(inputs=[part_out, part_ml], template=[("T", queries.dtype), ("D", D)],
                 grid=(D, H, 1), threadgroup=(threads, 1, 1), output_shapes=[(H, D)], output_dtypes=[queries.dtype])[0]

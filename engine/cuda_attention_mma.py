@@ -6,8 +6,8 @@ streams the cache, so it read the cache at a fraction of the bandwidth. Here bot
 products run as bf16 `mma.sync` (m16n8k16, float32 accumulation), and the CUDA
 cores only turn bytes into bf16 and keep the softmax:
 
-- each warp takes a run of keys of one KV head (split-K, merged by
-  `engine.cuda_attention`'s merge kernel) in tiles of 16 keys;
+- each warp takes a run of keys of one KV head (split-K) in tiles of 16 keys; `merge`
+  folds the runs' partial outputs, eight warps per head and 32 dimensions;
 - scores: A = the G query heads sharing the KV head (rows 0..15, zero past G),
   B = the tile's keys as exact bf16 integers (0..255), one accumulator per
   quantization group, then ``scale * q.x + bias * sum(q)`` per group; which of a
@@ -284,6 +284,45 @@ SOURCE = r"""
 """
 
 
+MERGE = r"""
+  // The splits' partial outputs of one head and 32 dimensions: warp w folds splits w, w + W, ...
+  // (online, base 2; a split without keys has max -inf and is skipped), then warp 0 folds the warps.
+  constexpr int W = 8;
+  __shared__ float sm[W][32], sl[W][32], so[W][32];
+  const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int d = blockIdx.y * 32 + lane;
+  const int splits = part_ml_shape[1];
+  const float* ml = part_ml + (size_t)h * splits * 2;
+  const float* po = part_out + (size_t)h * splits * D + d;
+  float m = -INFINITY, l = 0.f, o = 0.f;
+  for (int s = w; s < splits; s += W) {
+    const float ms = ml[2 * s];
+    if (ms == -INFINITY) continue;
+    const float mn = fmaxf(m, ms);
+    const float a = exp2f(m - mn), b = exp2f(ms - mn);
+    l = l * a + ml[2 * s + 1] * b;
+    o = o * a + po[(size_t)s * D] * b;
+    m = mn;
+  }
+  sm[w][lane] = m;
+  sl[w][lane] = l;
+  so[w][lane] = o;
+  __syncthreads();
+  if (w == 0) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < W; ++i) M = fmaxf(M, sm[i][lane]);
+    float L = 0.f, O = 0.f;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float e = exp2f(sm[i][lane] - M);
+      L += sl[i][lane] * e;
+      O += so[i][lane] * e;
+    }
+    out[(size_t)h * D + d] = static_cast<T>(O / L);
+  }
+"""
+
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
@@ -292,6 +331,22 @@ def _kernel() -> Any:
         name=f"codectx_q8_attention_mma_{digest}",
         input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in"],
         output_names=["part_out", "part_ml"], source=SOURCE, header=HEADER, ensure_row_contiguous=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _merge_kernel() -> Any:
+    digest = hashlib.sha1(MERGE.encode()).hexdigest()[:10]
+    return mx.fast.cuda_kernel(name=f"codectx_q8_merge_splits_{digest}", input_names=["part_out", "part_ml"],
+                               output_names=["out"], source=MERGE)
+
+
+def merge(part_out: mx.array, part_ml: mx.array, dtype: mx.Dtype) -> mx.array:
+    """The attention output (H, D) from `partial_attention`'s splits: a block per head and 32
+    dimensions, eight warps folding the splits side by side (the splits of one head are about
+    128 at long contexts: one thread walking them all was a chain of 128 dependent steps)."""
+    H, _, D = part_out.shape
+    return _merge_kernel()(inputs=[part_out, part_ml], template=[("T", dtype), ("D", D)], grid=(H * 256, D // 32, 1),
+                           threadgroup=(256, 1, 1), output_shapes=[(H, D)], output_dtypes=[dtype])[0]
 
 
 def shape_problem(G: int, D: int, group_size: int) -> str | None:
