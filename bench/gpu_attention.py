@@ -32,7 +32,6 @@ import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
-from bench.gpu_kernels import rel_err  # noqa: E402
 from engine import cuda_attention  # noqa: E402
 
 HEADS, KV_HEADS, DIM, CALLS, DISTINCT = 64, 8, 128, 64, 16
@@ -51,6 +50,11 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5) -> float:
     timed(fn)
     times = sorted(timed(fn) for _ in range(repeats))
     return times[len(times) // 2] * 1e3
+
+
+def rel_err(a: mx.array, ref: mx.array) -> float:
+    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
+    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
 
 
 def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:

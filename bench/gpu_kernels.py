@@ -7,10 +7,9 @@ Sections (each prints a table row; JSON has every number):
   product of the dequantized weights (MLX's own error beside it), time per block, and the
   bytes read per second (packed weights + scales + biases, the bound being the copy bandwidth
   measured in the same run);
-- ``attention``: `engine.cuda_attention` over an 8-bit cache (8 KV heads, 64 query heads,
-  dim 128, rows sliced from a larger buffer as the store holds them) against MLX's paths at
-  the same length: the 8-bit cache dequantized then `scaled_dot_product_attention` (what the
-  engine did on CUDA), and a bf16 cache through `scaled_dot_product_attention`;
+- ``attention``: `bench/gpu_attention.py`'s ``decode`` section (our 8-bit decode attentions and
+  MLX's bf16 one, 64 calls per evaluation; until the fourth session this section timed one call
+  per evaluation, each with an evaluation's fixed cost);
 - ``step``: one decode step of the random 64-layer model through `engine.compute` with a
   window cache filled to ``--context`` positions with random keys and values (bf16 and 8-bit),
   MLX's kernels against ours (8-bit attention on the CUDA cores, then on tensor cores), with and
@@ -39,7 +38,8 @@ import mlx.nn as nn  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
-from engine import cuda_attention, cuda_qmv  # noqa: E402
+from bench.gpu_attention import rel_err, section_decode  # noqa: E402
+from engine import cuda_qmv  # noqa: E402
 
 
 def best_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
@@ -54,11 +54,6 @@ def best_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
             times.append(time.perf_counter() - start)
     times.sort()
     return times[len(times) // 2] * 1e3
-
-
-def rel_err(a: mx.array, ref: mx.array) -> float:
-    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
-    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
 
 
 def block_linears(hidden: int = 5120, inter: int = 25600, heads: int = 64, kv_heads: int = 8, dim: int = 128,
@@ -104,33 +99,6 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
                   f"MLX {row['err_mlx']:.2e}", flush=True)
 
 
-def section_attention(result: dict, lengths: list[int]) -> None:
-    heads, kv_heads, dim = 64, 8, 128
-    for n in lengths:
-        cap = n + 1000
-        k = mx.random.normal((1, kv_heads, cap, dim), key=mx.random.key(1)).astype(mx.bfloat16)
-        v = mx.random.normal((1, kv_heads, cap, dim), key=mx.random.key(2)).astype(mx.bfloat16)
-        kq, vq = mx.quantize(k, group_size=64, bits=8), mx.quantize(v, group_size=64, bits=8)
-        q = mx.random.normal((1, heads, 1, dim), key=mx.random.key(3)).astype(mx.bfloat16) * 3
-        mx.eval(k, v, kq, vq, q)
-        scale = dim ** -0.5
-        ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
-        ours = cuda_attention.decode_attention(q, kq, vq, n, scale, 64)
-        err = rel_err(ours, ref)
-        t_ours = best_ms(lambda: cuda_attention.decode_attention(q, kq, vq, n, scale, 64))
-        t_deq = best_ms(lambda: cuda_attention.reference(q, kq, vq, n, scale, 64))
-        ks, vs = k[..., :n, :], v[..., :n, :]
-        t_bf16 = best_ms(lambda: mx.fast.scaled_dot_product_attention(q, ks, vs, scale=scale))
-        b8 = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
-        row = {"keys": n, "ours_ms": t_ours, "dequantized_ms": t_deq, "bf16_sdpa_ms": t_bf16, "err_ours": err,
-               "bytes_8bit": b8, "bytes_bf16": 2 * ks.nbytes, "ours_gbs": b8 / t_ours / 1e6,
-               "bf16_gbs": 2 * ks.nbytes / t_bf16 / 1e6}
-        result.setdefault("attention", []).append(row)
-        print(f"attention {n} keys: ours 8-bit {t_ours:.3f} ms ({row['ours_gbs']:.0f} GB/s), MLX dequantized 8-bit "
-              f"{t_deq:.3f} ms, MLX bf16 sdpa {t_bf16:.3f} ms ({row['bf16_gbs']:.0f} GB/s); rel err {err:.2e}",
-              flush=True)
-
-
 def section_step(result: dict, context: int, steps: int) -> None:
     from bench.prefill import SHAPES, build_model
     from engine import linear_mode
@@ -148,7 +116,8 @@ def section_step(result: dict, context: int, steps: int) -> None:
             c.store.write(0, k, k)
             c.offset = context
             mx.eval(c.state)
-        for variant in ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined", "ours-all-mma-pipelined"):
+        variants = ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined", "ours-all-mma-pipelined")
+        for variant in variants[:-1] if bits == 16 else variants:  # the 8-bit attention kernels: 8-bit only
             path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
             kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
                        "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
@@ -239,12 +208,11 @@ def section_tail(result: dict, context: int) -> None:
                 result.setdefault("tail", []).append({"rows": rows, "offset": offset, "variant": variant, "ms": ms})
                 print(f"tail forward {rows} rows at {offset}: {variant} {ms:.1f} ms", flush=True)
         q = mx.random.normal((1, 64, rows, 128), key=mx.random.key(5)).astype(mx.bfloat16)
-        k = cache[0].store.keys[..., :context + rows, :] if hasattr(cache[0].store, "keys") else None
-        if k is not None:
-            ms = best_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
-                                  for _ in range(64)], repeats=3)
-            result.setdefault("tail_attention", []).append({"rows": rows, "keys": context + rows, "ms_64": ms})
-            print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
+        k = cache[0].store.keys[..., :context + rows, :]
+        ms = best_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
+                              for _ in range(64)], repeats=3)
+        result.setdefault("tail_attention", []).append({"rows": rows, "keys": context + rows, "ms_64": ms})
+        print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
     for c in cache:
         c.offset = context
 
@@ -300,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     sections = a.sections.split(",")
     runners = {"qmv": lambda: section_qmv(result, copy_gbs),
-               "attention": lambda: section_attention(result, [int(x) for x in a.lengths.split(",")]),
+               "attention": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
                "step": lambda: section_step(result, a.context, a.steps),
                "dequant": lambda: section_dequant(result, copy_gbs),
                "tail": lambda: section_tail(result, a.context)}

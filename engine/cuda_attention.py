@@ -87,10 +87,10 @@ _SOURCE = r"""
           float kf[16];
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            kf[b] = __uint_as_float(codectx::prmt(kw.x, 0x4B000000u, 0x7650u | b)) - 8388608.f;
-            kf[4 + b] = __uint_as_float(codectx::prmt(kw.y, 0x4B000000u, 0x7650u | b)) - 8388608.f;
-            kf[8 + b] = __uint_as_float(codectx::prmt(kw.z, 0x4B000000u, 0x7650u | b)) - 8388608.f;
-            kf[12 + b] = __uint_as_float(codectx::prmt(kw.w, 0x4B000000u, 0x7650u | b)) - 8388608.f;
+            kf[b] = codectx::byte_f(kw.x, b);
+            kf[4 + b] = codectx::byte_f(kw.y, b);
+            kf[8 + b] = codectx::byte_f(kw.z, b);
+            kf[12 + b] = codectx::byte_f(kw.w, b);
           }
 #pragma unroll
           for (int h = 0; h < G; ++h)
@@ -161,8 +161,7 @@ _SOURCE = r"""
           float vf[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            vf[e] = fmaf(s[u][wl], __uint_as_float(codectx::prmt(packed[u][wl], 0x4B000000u, 0x7650u | e)) - 8388608.f,
-                         b[u][wl]);
+            vf[e] = fmaf(s[u][wl], codectx::byte_f(packed[u][wl], e), b[u][wl]);
 #pragma unroll
           for (int h = 0; h < G; ++h) {
             const float p = ps[h * NT + warp * 32 + jb + u];  // 0 for keys past the end

@@ -1,10 +1,11 @@
 """One-query attention over an 8-bit KV cache on tensor cores (MLX's CUDA backend, decode).
 
-`engine.cuda_attention`'s kernel scores keys on the CUDA cores: about 2,000 float
-multiply-adds per key and KV head, more than the H200 can issue while its memory
-streams the cache, so it read the cache at a fraction of the bandwidth. Here both
+`engine.cuda_attention`'s kernel scores keys on the CUDA cores: 2,048 float
+multiply-adds per key and KV head at Qwen3-32B's shape, about half the H200's
+float32 peak at the rate the 8-bit decode goal needs (arithmetic in docs/benchmarks.md,
+*GPU engine*; its decode step reached 30% of the bandwidth bound). Here both
 products run as bf16 `mma.sync` (m16n8k16, float32 accumulation), and the CUDA
-cores only turn bytes into bf16 and keep the softmax:
+cores only turn bytes into bf16 and keep the softmax (not yet measured on a GPU):
 
 - each warp takes a run of keys of one KV head (split-K) in tiles of 16 keys; `merge`
   folds the runs' partial outputs, eight warps per head and 32 dimensions;
@@ -38,10 +39,6 @@ TILE = 16
 
 HEADER = PRMT_HEADER + r"""
 namespace codectx {
-// The byte `b` (0..3) of `w` as an exact float.
-__device__ __forceinline__ float byte_f(uint32_t w, uint32_t b) {
-  return __uint_as_float(prmt(w, 0x4B000000u, 0x7650u | b)) - 8388608.f;
-}
 // Two floats as bf16x2, `lo` in the low half.
 __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
   uint32_t d;

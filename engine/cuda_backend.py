@@ -17,6 +17,10 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
+// The byte `b` (0..3) of `w` as an exact float: placed in the mantissa of 2^23, then 2^23 taken off.
+__device__ __forceinline__ float byte_f(uint32_t w, uint32_t b) {
+  return __uint_as_float(prmt(w, 0x4B000000u, 0x7650u | b)) - 8388608.f;
+}
 }  // namespace codectx
 """
 

@@ -61,8 +61,8 @@ _SOURCE = r"""
     const uint2 words = reinterpret_cast<const uint2*>(w)[t];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // 2^23 + q - 2^23 = q, exact
-      q[i] = __uint_as_float(codectx::prmt(words.x, 0x4B000000u, 0x7650u | i)) - 8388608.f;
-      q[4 + i] = __uint_as_float(codectx::prmt(words.y, 0x4B000000u, 0x7650u | i)) - 8388608.f;
+      q[i] = codectx::byte_f(words.x, i);
+      q[4 + i] = codectx::byte_f(words.y, i);
     }
   }
   float v[8];

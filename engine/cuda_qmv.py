@@ -121,7 +121,7 @@ _SOURCE = r"""
         } else {
 #pragma unroll
           for (int b = 0; b < 4; ++b)  // 2^23 + q, exact
-            q[b] = __uint_as_float(codectx::prmt(word, 0x4B000000u, 0x7650u | b)) - 8388608.f;
+            q[b] = codectx::byte_f(word, b);
         }
 #pragma unroll
         for (int m = 0; m < M; ++m)

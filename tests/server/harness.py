@@ -14,9 +14,9 @@ from tests.engine.tiny_models import build_tiny_model
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = {"vscode": "visual-studio-code", "neovim": "neovim@v0.11"}
 
-# The sample workspace every end-to-end suite (server, editors) runs against. The server tests
-# established that greedy decoding of the tiny model does not reach EOS within 2,000 tokens for
-# the cancel tests' question here.
+# The sample workspace every end-to-end suite (server, editors) runs against. In the server tests
+# greedy decoding of the tiny model has not reached EOS within 2,000 tokens for the cancel tests'
+# question here; in CI it once did in the Neovim script, which now serves a model without EOS.
 SAMPLE_UTIL = '''"""Helpers."""
 
 
