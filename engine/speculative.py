@@ -105,8 +105,11 @@ class BreakEvenGuard:
     Each drafting round emits `accepted + 1` tokens at some cost, in units of
     one plain (one-token) decode step. The cost is **measured** once a few
     plain steps have been timed: the round's wall time over the median plain
-    step (capped at twice the model's estimate, so a one-off trace or a burst
-    of load does not count as the price of drafting). Until then it comes from
+    step, each round capped at twice the larger of the model's estimate and the
+    window's median measured cost: a one-off trace or a burst of load does not
+    count as the price of drafting, while rounds that are all dear (verifying
+    several rows over a long cache on a GPU costs many plain steps) count in
+    full, whatever the prior said. Until then it comes from
     the cost model: `1 + (cost_per_token + draft_cost) * drafted`. Over the last
     `window` drafting rounds, if emitted / cost falls below `margin`, drafting
     pauses for `cooldown` plain steps (which also refresh the plain timing),
@@ -190,7 +193,9 @@ class BreakEvenGuard:
         plain = self.plain_step_s
         if plain is None or plain <= 0 or any(s is None for _, _, s in self._rounds):
             return [c for _, c, _ in self._rounds]
-        return [min(s / plain, 2.0 * c) for _, c, s in self._rounds]
+        measured = [s / plain for _, _, s in self._rounds]
+        typical = statistics.median(measured)
+        return [min(m, 2.0 * max(c, typical)) for m, (_, c, _) in zip(measured, self._rounds)]
 
 
 def target_probs(logits: mx.array, sampling: SamplingParams) -> np.ndarray:

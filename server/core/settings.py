@@ -37,7 +37,7 @@ class ModelSettings:
     name: str = "smollm2-135m"
     kv_bits: int = 16
     prefill_chunk: int = 256
-    speculation: str = "lookup"
+    speculation: str = "auto"
     draft_model: str = ""
     gguf_bits: int = 4
 

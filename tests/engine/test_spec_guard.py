@@ -64,6 +64,19 @@ def test_one_slow_round_counts_at_most_twice_its_model_cost():
     assert abs(guard.last_ratio - 20 / (2 * 2.0 + 3 * 1.25)) < 1e-9
 
 
+def test_rounds_that_are_all_dear_count_in_full():
+    clock = FakeClock()
+    # Verifying 5 rows over a long cache on a GPU: every round costs 10 plain steps, far
+    # above the prior's 2; capping each at twice the prior would keep a 2x loss drafting.
+    guard = BreakEvenGuard(cost_per_token=0.25, min_rounds=4, clock=clock)
+    for _ in range(3):
+        play(guard, clock, 1.0)
+    for _ in range(4):
+        play(guard, clock, 10.0, drafted=4, accepted=4)
+    assert guard.pauses == 1 and not guard.active
+    assert abs(guard.last_ratio - 20 / 40) < 1e-9
+
+
 def test_pause_lasts_cooldown_plain_steps_then_probes_again():
     clock = FakeClock()
     guard = BreakEvenGuard(min_rounds=2, cooldown=5, clock=clock)
