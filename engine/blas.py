@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import elf
+from . import elf, mlx_env
 from .paths import codectx_home
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def preload(choice: str = "auto", threads: int = 0) -> str | None:
 
     The first call decides for the process (the dynamic linker's choice lasts);
     a later call with other arguments changes nothing and says so in the log.
+    Every call also sets MLX's start-up settings the user left unset (`engine.mlx_env`).
 
     Args:
         choice: ``auto`` (cmeel-openblas, else a system OpenBLAS), ``off`` (keep
@@ -77,6 +78,7 @@ def preload(choice: str = "auto", threads: int = 0) -> str | None:
         (disabled, not Linux, nothing found, or loading failed; see :func:`describe`).
     """
     global _state
+    mlx_env.apply()  # MLX's own start-up settings, read once like the BLAS
     choice = (choice or "auto").strip()
     if _state is None:
         _state = BlasState(choice=choice)
