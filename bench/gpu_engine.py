@@ -13,6 +13,8 @@ through `engine.Engine` with checkpoints and the disk archive on. Per length, in
 - ``dense-16`` / ``dense-8``: cold ask (exact attention); ``window-16-q``: cold ask with the
   quantized kernel forced (``--compare-linear``);
 - every ask decodes ``--decode`` tokens: decode tok/s at that context;
+- ``--archive off``: the same asks with no disk archive and no restart row, for what the archive's
+  background writes cost the asks beside them;
 - bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy
   bandwidth (decode bound = bandwidth / bytes read per token), disk read bandwidth (restart bound
   = bytes restored / bandwidth).
@@ -52,6 +54,7 @@ from bench import gpu_bounds, request_profile  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
+from engine import mlx_env  # noqa: E402
 from engine.compute import ComputeOptions, choose  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.kv import make_cache  # noqa: E402
@@ -79,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--decode", type=int, default=64, help="tokens decoded per ask")
     ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
     ap.add_argument("--disk-gib", type=float, default=4.0, help="size of the disk read probe")
+    ap.add_argument("--archive", choices=("on", "off"), default="on",
+                    help="off: no disk archive (no restart row): what archive writes cost the asks beside them")
     ap.add_argument("--home", default=None, help="CODECTX_HOME for the run (default: a new temp folder)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true",
@@ -112,6 +117,7 @@ class Run:
         self.out = Path(a.out or f"bench/results/gpu_engine-{self.shape_name}-{a.lengths.replace(',', '-')}.json")
         self.result: dict[str, Any] = dict(
             shape=self.shape_name, device=a.device, chunk=a.chunk, decode=a.decode, window=self.window.__dict__,
+            archive=a.archive, mlx_env={k: os.environ.get(k) for k in mlx_env.DEFAULTS},
             layers=self.model.args.num_hidden_layers, build_s=round(self.build_s, 1), mlx=mx.__version__,
             platform=platform.platform(), device_info=mx.device_info(), rows=[])
 
@@ -205,7 +211,7 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     """Cold ask, follow-up, edit then ask, restart then ask (prompt lookup), one configuration."""
     repo = synthetic_repository(length, run.model.args.vocab_size)
     edited, key = repo.edited()
-    eng = run.engine(config)
+    eng = run.engine(config, archive=run.a.archive == "on")
     if "linear_mode" not in run.result:
         run.result["linear_mode"] = eng.compute.describe()["linear"]
         run.result["decode_kernels"] = eng.compute.describe()["kernels"]
@@ -223,6 +229,8 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     flush_s = close(eng)
     del eng
     free()
+    if run.a.archive == "off":
+        return
     dropped = gpu_bounds.drop_page_cache()
     start = time.perf_counter()
     eng = run.engine(config, speculation="lookup")

@@ -39,6 +39,7 @@ import mlx.nn as nn  # noqa: E402
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import rel_err, section_decode  # noqa: E402
+from bench.gpu_step import decode_steps  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def section_step(result: dict, context: int, steps: int) -> None:
             path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
             kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
                        "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
-            seconds = _decode_steps(path, cache, steps, kernels, pipelined=variant.endswith("pipelined"))
+            seconds = decode_steps(path, cache, steps, kernels, "pipelined" if variant.endswith("pipelined") else "sync")
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
                    "tok_s": 1 / seconds}
             result.setdefault("step", []).append(row)
@@ -215,39 +216,6 @@ def section_tail(result: dict, context: int) -> None:
         print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
     for c in cache:
         c.offset = context
-
-
-def _decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], pipelined: bool) -> float:
-    from engine import decode_kernels
-
-    start_offset = cache[0].offset
-    token = mx.array([[7]], dtype=mx.uint32)
-    times = []
-    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2]):
-        for attempt in range(2):
-            for c in cache:
-                c.offset = start_offset
-            mx.synchronize()
-            start = time.perf_counter()
-            if pipelined:
-                y = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
-                mx.async_eval(y)
-                for _ in range(steps):
-                    nxt = mx.argmax(path.forward(y[None], cache, logits="last")[:, -1, :], axis=-1)
-                    mx.async_eval(nxt)
-                    y.item()
-                    y = nxt
-                y.item()
-            else:
-                y = token
-                for _ in range(steps + 1):
-                    y = mx.argmax(path.forward(y.reshape(1, 1), cache, logits="last")[:, -1, :], axis=-1)
-                    y.item()
-            mx.synchronize()
-            times.append((time.perf_counter() - start) / (steps + 1))
-    for c in cache:
-        c.offset = start_offset
-    return times[-1]
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,150 @@
+"""Where a GPU decode step's time goes: how it is queued, and what writing the cache costs.
+
+The Qwen3-32B-shaped random model (bench/prefill.py) with the engine's decode kernels on
+(`engine.decode_kernels`: our quantized linears; for the 8-bit cache our tensor-core attention),
+its windowed cache filled to each ``--lengths`` with bf16 or 8-bit KV. Each step is timed three
+ways: ``pipelined`` (the engine's loop: step n + 1 queued before token n is read),
+``wait`` (step n + 1 built while step n runs, queued once token n is read) and ``sync`` (one step
+evaluated at a time); the first two again with the cache's one-row writes skipped (the step then
+attends over rows that do not change: the timing of everything but the write). MLX's CUDA
+graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
+process each.
+
+    # on the lent H200 (device tool, carry [".gpu"]):
+    bash .gpu/install.sh && python3 bench/gpu_step.py --out $OUT/gpu_step.json
+    bash .gpu/install.sh && MLX_CUDA_GRAPH_CACHE_SIZE=100 python3 bench/gpu_step.py --out $OUT/gpu_step-100.json
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import mlx_env  # noqa: E402
+
+mlx_env.apply()  # as the engine's start-up step does, before MLX starts
+
+import mlx.core as mx  # noqa: E402
+
+from engine import decode_kernels, qkv  # noqa: E402
+
+MODES = ("pipelined", "wait", "sync")
+
+
+def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], mode: str,
+                 attempts: int = 2) -> float:
+    """Seconds per decode step (the last of `attempts` runs of steps + 1), the cache reset to its offset
+    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits)."""
+    start_offset = cache[0].offset
+    token = mx.array([[7]], dtype=mx.uint32)
+    seconds = 0.0
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2]):
+        for _ in range(attempts):
+            for c in cache:
+                c.offset = start_offset
+            mx.synchronize()
+            start = time.perf_counter()
+            y = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
+            mx.async_eval(y)
+            for _ in range(steps):
+                nxt = mx.argmax(path.forward(y.reshape(1, 1), cache, logits="last")[:, -1, :], axis=-1)
+                if mode == "pipelined":
+                    mx.async_eval(nxt)
+                    y.item()
+                elif mode == "wait":
+                    y.item()
+                    mx.async_eval(nxt)
+                else:
+                    mx.eval(nxt)
+                y = nxt
+            y.item()
+            mx.synchronize()
+            seconds = (time.perf_counter() - start) / (steps + 1)
+    for c in cache:
+        c.offset = start_offset
+    return seconds
+
+
+@contextlib.contextmanager
+def writes_skipped(store_class: type) -> Iterator[None]:
+    """One-row writes into `store_class` stores do nothing inside this block."""
+    write = store_class.write
+
+    def skip_rows(self, start, keys, values):
+        if keys.shape[2] == 1 and self.keys is not None:
+            return None
+        return write(self, start, keys, values)
+
+    store_class.write = skip_rows
+    try:
+        yield
+    finally:
+        store_class.write = write
+
+
+def filled_cache(model: Any, policy: Any, bits: int, context: int) -> list:
+    from engine.window import make_window_cache
+
+    cache = make_window_cache(model, policy, kv_bits=bits)
+    for i, c in enumerate(cache):
+        k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
+        c.store.write(0, k, k)
+        c.offset = context
+        mx.eval(c.state)
+    return cache
+
+
+def measure(lengths: list[int], steps: int) -> list[dict[str, Any]]:
+    from bench.prefill import SHAPES, build_model
+    from engine import linear_mode
+    from engine.compute import ComputeOptions, choose
+    from engine.window import WindowPolicy
+
+    shape = SHAPES["qwen3-32b"]
+    model = build_model(shape, None)
+    linear_mode.wire(model)
+    policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
+    path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
+    rows = []
+    for context in lengths:
+        for bits, kernels in ((16, (True, False, False)), (8, (True, True, True))):
+            cache = filled_cache(model, policy, bits, context)
+            decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
+            row: dict[str, Any] = {"context": context, "kv_bits": bits}
+            for mode in MODES:
+                row[f"{mode}_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3) * 1e3
+            with writes_skipped(qkv.QuantizedKVStore if bits == 8 else qkv.DenseKVStore):
+                for mode in MODES[:2]:
+                    row[f"{mode}_no_write_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3) * 1e3
+            rows.append(row)
+            print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            del cache
+            mx.clear_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="32768,131072")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
+    a = ap.parse_args(argv)
+    result = {"mlx": mx.__version__, "device": str(mx.default_device()),
+              "mlx_env": {k: os.environ.get(k) for k in mlx_env.DEFAULTS},
+              "rows": measure([int(x) for x in a.lengths.split(",")], a.steps)}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
