@@ -35,14 +35,15 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 import msgpack
 import xxhash
 
+from engine import archive_format
 from engine.archive_entry import ArchiveEntry
-from engine.archive_files import is_plain_key, is_plain_policy, read_regular, write_atomically, write_failure
+from engine.archive_files import is_plain_key, is_plain_policy, read_regular, write_atomically, write_atomically_with, write_failure
 from engine.archive_reads import INDEX_NAME, MAX_INDEX_BYTES, other_policy_has, read_ahead
 from engine.boundaries import Boundary
 from engine.errors import EngineError
@@ -200,8 +201,13 @@ class CheckpointArchive:
         with self._lock:
             self._write_index()
 
-    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> ArchiveEntry | None:
-        """Write one checkpoint now (atomically) and enforce the size cap.
+    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays,
+            between: Callable[[], None] | None = None) -> ArchiveEntry | None:
+        """Write one checkpoint now (atomically, array by array: `engine.archive_format`) and enforce the size cap.
+
+        Args:
+            between: Runs before each array is written (the background writer waits there while
+                a request runs).
 
         Returns:
             The entry, or None when the archive is off (or turned off by this write).
@@ -211,18 +217,17 @@ class CheckpointArchive:
         if not is_plain_key(boundary.key):
             log.warning("not archiving a checkpoint with the malformed key %r", boundary.key)
             return None
-        buffer = io.BytesIO()  # serialized here so a short write raises (MLX's own file writes do not)
-        mx.save_safetensors(buffer, {**kv, **recurrent},
-                            metadata={"key": boundary.key, "policy": self.policy_fingerprint})
-        data = buffer.getvalue()
         final = self._file(boundary.key)
+        checksum = xxhash.xxh3_64()
+        metadata = {"key": boundary.key, "policy": self.policy_fingerprint}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            write_atomically(final, data)
+            size = write_atomically_with(final, lambda handle: archive_format.write(
+                handle, {**kv, **recurrent}, metadata, checksum.update, between))
         except OSError as err:
             self._turn_off(write_failure(err, final))
             return None
-        entry = ArchiveEntry.from_boundary(boundary, len(data), xxhash.xxh3_64_hexdigest(data))
+        entry = ArchiveEntry.from_boundary(boundary, size, checksum.hexdigest())
         with self._lock:
             self._entries[entry.key] = entry
             self._corrupt.discard(entry.key)
@@ -237,7 +242,7 @@ class CheckpointArchive:
                 if item is None:
                     return
                 self._may_write.wait()
-                self.put(*item)
+                self.put(*item, between=self._may_write.wait)
             except Exception:  # noqa: BLE001 - a failed write must not kill the writer
                 log.exception("archiving checkpoint failed")
             finally:

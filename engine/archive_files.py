@@ -13,6 +13,9 @@ import re
 import stat
 import threading
 from pathlib import Path
+from typing import BinaryIO, Callable, TypeVar
+
+T = TypeVar("T")
 
 _KEY = re.compile(r"[0-9a-f]{16}")  # engine.checkpoints' chained xxh3_64 hex digest
 _POLICY = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # one directory name, no dots or separators
@@ -49,12 +52,23 @@ def write_atomically(final: Path, data: bytes) -> None:
     Raises:
         OSError: Any failure (no permission, read-only, no space); the temp file is removed.
     """
+    write_atomically_with(final, lambda handle: handle.write(data))
+
+
+def write_atomically_with(final: Path, fill: Callable[[BinaryIO], T]) -> T:
+    """`fill` writes a new temp file beside `final`, which is then renamed over `final`; fill's result.
+
+    Raises:
+        OSError: Any failure (no permission, read-only, no space); whatever `fill` raises.
+            The temp file is removed in every case.
+    """
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "xb") as handle:  # exclusive create: never through a planted link
-            handle.write(data)
+            result = fill(handle)
         os.replace(tmp, final)
-    except OSError:
+        return result
+    except BaseException:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
