@@ -39,7 +39,7 @@ import mlx.nn as nn  # noqa: E402
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import rel_err, section_decode  # noqa: E402
-from bench.gpu_step import decode_steps  # noqa: E402
+from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
 
 
@@ -101,25 +101,11 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
 
 
 def section_step(result: dict, context: int, steps: int) -> None:
-    from bench.prefill import SHAPES, build_model
-    from engine import linear_mode
-    from engine.compute import ComputeOptions, choose
-    from engine.window import WindowPolicy, make_window_cache
-
-    shape = SHAPES["qwen3-32b"]
-    model = build_model(shape, None)
-    linear_mode.wire(model)  # the class whose call can take our kernel
-    policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
+    model, policy, path = step_model()
     for bits in (16, 8):
-        cache = make_window_cache(model, policy, kv_bits=bits)
-        for i, c in enumerate(cache):
-            k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
-            c.store.write(0, k, k)
-            c.offset = context
-            mx.eval(c.state)
+        cache = filled_cache(model, policy, bits, context)
         variants = ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined", "ours-all-mma-pipelined")
         for variant in variants[:-1] if bits == 16 else variants:  # the 8-bit attention kernels: 8-bit only
-            path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
             kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
                        "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
             seconds = decode_steps(path, cache, steps, kernels, "pipelined" if variant.endswith("pipelined") else "sync")

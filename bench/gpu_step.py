@@ -13,6 +13,7 @@ process each.
     # on the lent H200 (device tool, carry [".gpu"]):
     bash .gpu/install.sh && python3 bench/gpu_step.py --out $OUT/gpu_step.json
     bash .gpu/install.sh && MLX_CUDA_GRAPH_CACHE_SIZE=100 python3 bench/gpu_step.py --out $OUT/gpu_step-100.json
+    python bench/gpu_step.py --shape tiny --lengths 1024 --steps 4 --out /tmp/gpu_step.json   # CPU smoke run
 """
 from __future__ import annotations
 
@@ -91,31 +92,40 @@ def writes_skipped(store_class: type) -> Iterator[None]:
 
 
 def filled_cache(model: Any, policy: Any, bits: int, context: int) -> list:
+    """The model's windowed cache (`bits` 16 or 8) holding `context` random positions."""
     from engine.window import make_window_cache
 
     cache = make_window_cache(model, policy, kv_bits=bits)
+    kv_heads, head_dim = model.args.num_key_value_heads, model.args.head_dim
     for i, c in enumerate(cache):
-        k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
+        k = mx.random.normal((1, kv_heads, context, head_dim), key=mx.random.key(10 + i)).astype(mx.bfloat16)
         c.store.write(0, k, k)
         c.offset = context
         mx.eval(c.state)
     return cache
 
 
-def measure(lengths: list[int], steps: int) -> list[dict[str, Any]]:
+def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
+    """A random model of bench/prefill.py's shape wired for our kernels, its window policy, and a
+    compute path that leaves the kernels to `decode_kernels.scope` (MLX's otherwise)."""
     from bench.prefill import SHAPES, build_model
     from engine import linear_mode
     from engine.compute import ComputeOptions, choose
     from engine.window import WindowPolicy
 
-    shape = SHAPES["qwen3-32b"]
+    shape = SHAPES[shape_name]
     model = build_model(shape, None)
-    linear_mode.wire(model)
+    linear_mode.wire(model)  # the class whose call can take our kernel
     policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
-    path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
+    return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
+
+
+def measure(lengths: list[int], steps: int, shape_name: str) -> list[dict[str, Any]]:
+    model, policy, path = step_model(shape_name)
+    ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
     rows = []
     for context in lengths:
-        for bits, kernels in ((16, (True, False, False)), (8, (True, True, True))):
+        for bits, kernels in ((16, (ours, False, False)), (8, (ours, ours, ours))):
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
             row: dict[str, Any] = {"context": context, "kv_bits": bits}
@@ -135,11 +145,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
               "mlx_env": {k: os.environ.get(k) for k in mlx_env.DEFAULTS},
-              "rows": measure([int(x) for x in a.lengths.split(",")], a.steps)}
+              "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {a.out}")

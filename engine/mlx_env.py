@@ -10,8 +10,8 @@ model takes before importing `mlx.core`. A value the user set is kept.
   distinct graphs than 100, and an evicted graph is instantiated again on its next use. On
   the H200 at 131k tokens, in one process that had first run the same steps at 32k, the decode
   step took 39.2 ms with the 8-bit cache and 27.1 ms with bf16 under the default, 20.3 and
-  18.2 ms with 1,000 (docs/benchmarks.md, *Decode step under MLX's CUDA graph cache*). The
-  setting is inert on other backends.
+  18.2 ms with 1,000 (docs/benchmarks.md, *GPU engine*, fifth session: the decode step's
+  floor). The setting is inert on other backends.
 """
 from __future__ import annotations
 
