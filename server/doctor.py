@@ -49,9 +49,12 @@ def check_mlx() -> Check:
         import mlx.core as mx
     except ImportError as err:
         return Check("mlx", False, f"cannot import mlx.core: {err}")
+    from engine import mlx_env
+
     backends = [name for name in ("metal", "cuda") if _available(mx, name)]
     backend = "+".join(backends) or "cpu"
-    return Check("mlx", True, f"{mx.__version__}, backend {backend}, device {mx.default_device()}")
+    settings = ", ".join(f"{name}={value}" for name, value in mlx_env.apply().items())
+    return Check("mlx", True, f"{mx.__version__}, backend {backend}, device {mx.default_device()}, {settings}")
 
 
 def check_blas() -> Check:

@@ -16,11 +16,13 @@ def _doctor() -> tuple[int, list[str]]:
 
 def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
     monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE", raising=False)
     code, lines = _doctor()
     assert code == 0
     assert lines[-1] == "ready: true"
     names = [line[6:].split(":", 1)[0] for line in lines[:-1]]
     assert names == ["python", "mlx", "blas", "default model", "model choice", "cache dir", "archive", "linear mode"]
+    assert lines[1].endswith(", MLX_CUDA_GRAPH_CACHE_SIZE=1000")  # MLX's start-up settings, as the engine sets them
     # the CPU build dequantizes weights at load: compute.linear has nothing to choose, and says so
     assert lines[-2] == ("ok    linear mode: weights are dequantized to float32 at load on this device: "
                          "no quantized layers to choose for")
