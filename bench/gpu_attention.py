@@ -14,6 +14,9 @@ Sections (each prints rows; JSON has every number):
   first evaluation of each new key count (MLX builds a cuDNN plan per exact shape) against the
   same shape warm; then the same chunks padded (queries to a multiple of 64, keys to a multiple
   of 4,096, an additive mask) so that several lengths share one shape.
+- ``chunk``: 2, 5, 16 and 45 queries over ``--context`` bf16 keys at two key counts: our split-key
+  tensor-core kernel (`engine.cuda_chunk_attention`) against MLX's attention, first evaluation
+  and warm, relative error of both against a float32 attention.
 
     bash .gpu/install.sh && python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
 """
@@ -150,18 +153,61 @@ def section_plans(result: dict, context: int) -> None:
                   flush=True)
 
 
+def section_chunk(result: dict, context: int, copy_gbs: float) -> None:
+    """Short chunks (2-45 queries) over `context` bf16 keys: `engine.cuda_chunk_attention` against MLX's
+    attention (cuDNN), each at two key counts: the first evaluation (our kernel's first includes its
+    compilation; MLX's, a new plan) and warm."""
+    from engine import cuda_chunk_attention as chunk
+
+    scale = DIM ** -0.5
+    cap = -(-(context + 64) // 256) * 256
+    k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(1)).astype(mx.bfloat16)
+    v = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(2)).astype(mx.bfloat16)
+    mx.eval(k, v)
+    for rows in (2, 5, 16, 45):
+        q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
+        for offset in (context, context + 7):
+            n = offset + rows
+
+            def ours():
+                return [chunk.chunk_attention(q, k, v, n, scale) for _ in range(CALLS)]
+
+            def mlx():
+                return [mx.fast.scaled_dot_product_attention(q, k[..., :n, :], v[..., :n, :], scale=scale,
+                                                             mask="causal") for _ in range(CALLS)]
+
+            row: dict[str, Any] = {"rows": rows, "keys": n, "calls": CALLS}
+            row["ours_first_ms"] = timed(ours) * 1e3
+            row["ours_warm_ms"] = median_ms(ours, 3)
+            row["mlx_first_ms"] = timed(mlx) * 1e3
+            row["mlx_warm_ms"] = median_ms(mlx, 3)
+            ref = chunk.reference(q, k, v, n, scale)
+            row["err_ours"] = rel_err(chunk.chunk_attention(q, k, v, n, scale), ref)
+            row["err_mlx"] = rel_err(mlx()[0], ref)
+            nbytes = 2 * k[..., :n, :].nbytes
+            row["ours_gbs"] = nbytes * CALLS / row["ours_warm_ms"] / 1e6
+            row["mlx_gbs"] = nbytes * CALLS / row["mlx_warm_ms"] / 1e6
+            row["copy_gbs"] = copy_gbs
+            result.setdefault("chunk", []).append(row)
+            print(f"chunk attention, {rows} rows over {n} keys ({CALLS} calls): ours first {row['ours_first_ms']:.1f} "
+                  f"ms, warm {row['ours_warm_ms']:.1f} ({row['ours_gbs']:.0f} GB/s); MLX first "
+                  f"{row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s); rel err "
+                  f"ours {row['err_ours']:.1e}, MLX {row['err_mlx']:.1e}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--context", type=int, default=131072)
-    ap.add_argument("--sections", default="decode,plans")
+    ap.add_argument("--sections", default="decode,plans,chunk")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_attention.json"))
     a = ap.parse_args(argv)
     result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__}
     copy_gbs = gpu_bounds.copy_bandwidth()
     result["copy_gbs"] = copy_gbs
     runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
-               "plans": lambda: section_plans(result, a.context)}
+               "plans": lambda: section_plans(result, a.context),
+               "chunk": lambda: section_chunk(result, a.context, copy_gbs)}
     run_sections(runners, a.sections.split(","), result, a.out)
     return result
 

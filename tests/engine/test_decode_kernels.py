@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import cuda_attention_mma, decode_kernels
+from engine import cuda_attention_mma, cuda_chunk_attention, decode_kernels
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -74,6 +74,23 @@ def test_the_tensor_core_attention_takes_its_shapes_and_splits_the_keys_in_whole
         assert size % cuda_attention_mma.TILE == 0 and size >= 128  # each split's partial output is read back
         assert -(-n // size) * 8 <= 1024  # about as many warps as the GPU holds at once, however long the cache
     assert cuda_attention_mma.split_size(131072, kv_heads=8) == 1024
+
+
+def test_the_chunk_attention_takes_bf16_heads_of_128_and_splits_the_keys_in_whole_tiles():
+    assert cuda_chunk_attention.shape_problem(45, 8, 128, mx.bfloat16) is None  # a question, Qwen3-32B's groups
+    assert cuda_chunk_attention.shape_problem(5, 8, 128, mx.float16) == "head dim 128, mlx.core.float16 cache"
+    assert cuda_chunk_attention.shape_problem(5, 8, 64, mx.bfloat16) == "head dim 64, mlx.core.bfloat16 cache"
+    for n in (1, 33, 4097, 131072):
+        for blocks_per_split in (8, 24):  # 8 KV heads x 1 or 3 blocks of 128 query rows
+            size = cuda_chunk_attention.split_size(n, blocks_per_split)
+            assert size % cuda_chunk_attention.TILE == 0 and size >= 256
+            assert -(-n // size) * blocks_per_split <= 528  # about four blocks per SM, however long the cache
+    queries = mx.zeros((1, 64, 5, 128), dtype=mx.bfloat16)
+    keys = mx.zeros((1, 8, 512, 128), dtype=mx.bfloat16)
+    with pytest.raises(ValueError, match="5 queries, 3 of 512 keys"):  # fewer keys than the chunk's own
+        cuda_chunk_attention.chunk_attention(queries, keys, keys, 3, 1.0)
+    with pytest.raises(ValueError, match="float16 cache"):
+        cuda_chunk_attention.chunk_attention(queries, keys.astype(mx.float16), keys, 100, 1.0)
 
 
 def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog):

@@ -1,0 +1,263 @@
+"""Attention of a short chunk (a question, a header, a verify forward) over a long bf16 cache, on
+tensor cores with the keys split (MLX's CUDA backend).
+
+For a chunk of more than one query, MLX's CUDA attention is cuDNN's, which costs a new plan for
+every new query or key count (55-68 ms at 131k keys on the H200) and, for a few rows, gives
+each of the 64 query heads one block that walks all the keys (45 rows over 131k keys: 0.88 ms a
+layer, about 610 GB/s; docs/benchmarks.md, *GPU engine*, fifth session). Here the keys are
+split across blocks, as the decode kernels split them, and nothing depends on the key count
+but a runtime argument, so no shape is new:
+
+- a block takes one run of keys of one KV head for up to 128 query rows (row = query position x
+  query head of the group, 16 rows a warp, eight warps); more rows take more blocks side by side
+  in the grid's fastest dimension, so their reads of the same keys meet in the L2;
+- each 32-key tile goes through shared memory once for the block's warps: keys as they lie
+  (row = key), values transposed (row = dimension), so every operand fragment is one 32-bit
+  read without bank conflicts (rows padded to 136 and 40 halves);
+- scores and the value product are bf16 `mma.sync` m16n8k16 with float32 accumulation; the score
+  accumulators are the probabilities' operand layout (nothing crosses lanes); online softmax in
+  base 2; a query at position p0 + i sees keys up to p0 + i (causal within the chunk);
+- the splits' partial outputs are folded by `engine.cuda_attention_mma.merge`.
+
+bf16 keys and values of head dim 128 (the cache's buffers as the store holds them: any stride
+between heads and between positions, rows 16-byte aligned). Not yet run on a GPU: checked here
+by a NumPy emulation of its fragments and an sm_90 compile; `bench/gpu_attention.py`'s `chunk`
+section measures it against MLX's attention.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from typing import Any
+
+import mlx.core as mx
+
+from engine.cuda_attention_mma import HEADER, merge
+
+WARPS = 8  # per block; each warp holds 16 query rows
+ROWS = 16 * WARPS
+TILE = 32  # keys per shared-memory tile
+DIM = 128
+
+SOURCE = r"""
+  // lane = 4 r + c. Query rows of this block: row0 + 16 warp + r (and + 8); row = l * G + g (position l of
+  // the chunk, query head g of the KV head). Score fragment e of key n-tile nt: row r + 8 (e >> 1), key
+  // 8 nt + 2c + (e & 1) of the tile.
+  constexpr int D = 128, TK = 32, KP = 136, VP = 40;
+  __shared__ __align__(16) unsigned short ks[TK][KP];
+  __shared__ __align__(16) unsigned short vt[D][VP];
+  const int kvh = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane >> 2, c = lane & 3;
+  const int n = meta[0], L = meta[1], cs = meta[2];
+  const int p0 = n - L, rows = L * G;
+  const int begin = split * cs, end = min(n, begin + cs);
+  const float qscale = qscale_in[0];
+  const int base = blockIdx.x * 128 + warp * 16;
+  const bool active = base < rows;
+
+  // Queries: A fragments of the 8 k-steps (dims 16 ks + 2c, +1 and + 8, + 9), rows r and r + 8.
+  uint32_t qa[8][4];
+  int limit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = base + r + 8 * hf;
+    const bool live = row < rows;
+    const int l = live ? row / G : 0, g = live ? row % G : 0;
+    limit[hf] = live ? p0 + l : -1;  // the last key this row sees (none for a padding row)
+    const uint32_t* qr = reinterpret_cast<const uint32_t*>(q) + ((size_t)(kvh * G + g) * L + l) * (D / 2);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      qa[s][hf] = live ? qr[8 * s + c] : 0u;
+      qa[s][2 + hf] = live ? qr[8 * s + 4 + c] : 0u;
+    }
+  }
+
+  const size_t k0 = kvh * k_strides[1], v0 = kvh * v_strides[1];
+  // Staging: 32 keys x 16 chunks of 8 halves, for keys and values: two of each per thread (256 threads).
+  uint4 kn[2], vn[2];
+  auto fetch = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int idx = tid + 256 * i, key = idx >> 4, part = idx & 15;
+      const size_t at = (size_t)min(tile + key, end - 1);
+      kn[i] = reinterpret_cast<const uint4*>(k + k0 + at * k_strides[2])[part];
+      vn[i] = reinterpret_cast<const uint4*>(v + v0 + at * v_strides[2])[part];
+    }
+  };
+  auto stage = [&]() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int idx = tid + 256 * i, key = idx >> 4, part = idx & 15;
+      *reinterpret_cast<uint4*>(&ks[key][part * 8]) = kn[i];
+      const uint32_t w[4] = {vn[i].x, vn[i].y, vn[i].z, vn[i].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        vt[part * 8 + 2 * e][key] = (unsigned short)(w[e] & 0xFFFFu);
+        vt[part * 8 + 2 * e + 1][key] = (unsigned short)(w[e] >> 16);
+      }
+    }
+  };
+
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float oacc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[i][e] = 0.f;
+
+  if (begin < end) fetch(begin);
+  for (int tile = begin; tile < end; tile += TK) {
+    __syncthreads();  // the previous tile's reads are done
+    stage();
+    __syncthreads();
+    if (tile + TK < end) fetch(tile + TK);  // in flight while this tile computes
+    if (!active) continue;
+
+    float sacc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+      const uint32_t* krow = reinterpret_cast<const uint32_t*>(&ks[nt * 8 + r][0]);
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+        codectx::mma16816(sacc[nt], qa[s][0], qa[s][1], qa[s][2], qa[s][3], krow[8 * s + c], krow[8 * s + 4 + c]);
+    }
+
+    // Online softmax per row half; a row that sees no key of this tile keeps its state.
+    float p[4][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mt = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = tile + nt * 8 + 2 * c + j;
+          const float s = (key < end && key <= limit[hf]) ? sacc[nt][2 * hf + j] * qscale : -INFINITY;
+          p[nt][2 * hf + j] = s;
+          mt = fmaxf(mt, s);
+        }
+      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
+      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
+      const float m_new = fmaxf(m_run[hf], mt);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_run[hf] - m_use);
+      m_run[hf] = m_new;
+      float psum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float e = exp2f(p[nt][2 * hf + j] - m_use);
+          p[nt][2 * hf + j] = e;
+          psum += e;
+        }
+      l_run[hf] = fmaf(l_run[hf], alpha, psum);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        oacc[i][2 * hf] *= alpha;
+        oacc[i][2 * hf + 1] *= alpha;
+      }
+    }
+
+    // Values: A = p (keys 16 kk .. 16 kk + 15), B = values of dims 8 i + r from the transposed tile.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t a0 = codectx::bf2(p[2 * kk][0], p[2 * kk][1]);
+      const uint32_t a1 = codectx::bf2(p[2 * kk][2], p[2 * kk][3]);
+      const uint32_t a2 = codectx::bf2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      const uint32_t a3 = codectx::bf2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t* vrow = reinterpret_cast<const uint32_t*>(&vt[8 * i + r][0]);
+        codectx::mma16816(oacc[i], a0, a1, a2, a3, vrow[8 * kk + c], vrow[8 * kk + 4 + c]);
+      }
+    }
+  }
+  if (!active) return;
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l_run[hf] += __shfl_xor_sync(0xFFFFFFFFu, l_run[hf], 1);
+    l_run[hf] += __shfl_xor_sync(0xFFFFFFFFu, l_run[hf], 2);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = base + r + 8 * hf;
+    if (row >= rows) continue;
+    const size_t out_row = (size_t)(kvh * G + row % G) * L + row / G;
+    float* dst = part_out + (out_row * splits + split) * D;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      dst[8 * i + 2 * c] = oacc[i][2 * hf];
+      dst[8 * i + 2 * c + 1] = oacc[i][2 * hf + 1];
+    }
+    if (c == 0) {
+      part_ml[(out_row * splits + split) * 2] = m_run[hf];
+      part_ml[(out_row * splits + split) * 2 + 1] = l_run[hf];
+    }
+  }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
+    digest = hashlib.sha1((HEADER + SOURCE).encode()).hexdigest()[:10]
+    return mx.fast.cuda_kernel(
+        name=f"codectx_chunk_attention_{digest}", input_names=["q", "k", "v", "meta", "qscale_in"],
+        output_names=["part_out", "part_ml"], source=SOURCE, header=HEADER, ensure_row_contiguous=False)
+
+
+def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
+    """Why a chunk of L queries with G query heads per KV head of dim D and this cache dtype is not
+    this kernel's (None: it is)."""
+    if D != DIM or dtype != mx.bfloat16:
+        return f"head dim {D}, {dtype} cache"
+    if L < 1:
+        return "no queries"
+    return None
+
+
+def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: int = 256) -> int:
+    """Keys per split: a multiple of the tile giving about `target_blocks` blocks in all (four per SM of
+    the H200's 132), at least `least` (each split's partial outputs are read back by the merge)."""
+    splits = max(1, target_blocks // max(1, blocks_per_split))
+    size = -(-n // splits)
+    return max(least, -(-size // TILE) * TILE)
+
+
+def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:
+    """Causal attention of `queries` (1, H, L, 128), the chunk's last positions, over the first `n`
+    rows of `keys`/`values` (1, KV heads, >= n, 128; bf16; the chunk's own keys are rows n - L .. n - 1).
+
+    Returns:
+        (1, H, L, 128) in the queries' dtype.
+    """
+    _, H, L, D = queries.shape
+    kv_heads = keys.shape[1]
+    G = H // kv_heads
+    problem = shape_problem(L, G, D, keys.dtype)
+    if problem is not None or n < L or keys.shape[2] < n or values.shape[2] < n:
+        raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
+    row_blocks = -(-(L * G) // ROWS)
+    cs = split_size(n, row_blocks * kv_heads)
+    splits = -(-n // cs)
+    q = mx.contiguous(queries.reshape(H, L, D).astype(mx.bfloat16))
+    meta = mx.array([n, L, cs], dtype=mx.int32)
+    qscale = mx.array([scale * math.log2(math.e)], dtype=mx.float32)
+    part_out, part_ml = _kernel()(
+        inputs=[q, keys, values, meta, qscale], template=[("G", G)],
+        grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),
+        output_shapes=[(H * L, splits, D), (H * L, splits, 2)], output_dtypes=[mx.float32, mx.float32])
+    return merge(part_out, part_ml, queries.dtype).reshape(1, H, L, D)
+
+
+def reference(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:
+    """The same attention through MLX (float32): what the kernel is checked against."""
+    L = queries.shape[2]
+    k, v = keys[:, :, :n, :].astype(mx.float32), values[:, :, :n, :].astype(mx.float32)
+    return mx.fast.scaled_dot_product_attention(queries.astype(mx.float32), k, v, scale=scale,
+                                                mask="causal" if L > 1 else None)
