@@ -31,6 +31,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine import mlx_env  # noqa: E402
+
+mlx_env.apply()  # as the engine's start-up step does, before MLX starts
+
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sections", default="decode,plans,chunk")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_attention.json"))
     a = ap.parse_args(argv)
-    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__}
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.apply()}
     copy_gbs = gpu_bounds.copy_bandwidth()
     result["copy_gbs"] = copy_gbs
     runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),

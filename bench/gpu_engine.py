@@ -266,7 +266,7 @@ def edit_warm_ask(run: Run, eng: Engine, edited: Any, length: int, config: str) 
 def cold_only(run: Run, length: int, config: str) -> None:
     """A cold ask and its decode, one configuration."""
     repo = synthetic_repository(length, run.model.args.vocab_size)
-    eng = run.engine(config)
+    eng = run.engine(config, archive=run.a.archive == "on")
     prompt = repo.prompt(1)
     cold = ask(eng, prompt, run.a.decode)
     record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, prompt, CONFIGS[config][0]),

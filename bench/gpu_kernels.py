@@ -33,6 +33,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine import mlx_env  # noqa: E402
+
+mlx_env.apply()  # as the engine's start-up step does, before MLX starts
+
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sections", default="qmv,attention,step")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_kernels.json"))
     a = ap.parse_args(argv)
-    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__}
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.apply()}
     try:
         result["device_info"] = {k: str(v) for k, v in mx.device_info().items()}
     except Exception:  # noqa: BLE001

@@ -162,14 +162,14 @@ class CheckpointArchive:
     # -- writing (background thread) ---------------------------------------
 
     def submit(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> None:
-        """Queue a checkpoint for writing; `kv` and `recurrent` must be evaluated."""
+        """Queue a checkpoint for writing (call on the MLX thread: its arrays are made ready here)."""
         if self.off_reason is not None:
             return
-        mx.eval(list(kv.values()) + list(recurrent.values()))
+        entries = archive_format.prepare({**kv, **recurrent})
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive", daemon=True)
             self._writer.start()
-        self._queue.put((boundary, kv, recurrent))
+        self._queue.put((boundary, entries))
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -201,17 +201,19 @@ class CheckpointArchive:
         with self._lock:
             self._write_index()
 
-    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays,
-            between: Callable[[], None] | None = None) -> ArchiveEntry | None:
-        """Write one checkpoint now (atomically, array by array: `engine.archive_format`) and enforce the size cap.
-
-        Args:
-            between: Runs before each array is written (the background writer waits there while
-                a request runs).
+    def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> ArchiveEntry | None:
+        """Write one checkpoint now (atomically, array by array: `engine.archive_format`) and enforce
+        the size cap; on the MLX thread.
 
         Returns:
             The entry, or None when the archive is off (or turned off by this write).
         """
+        return self._put(boundary, archive_format.prepare({**kv, **recurrent}))
+
+    def _put(self, boundary: Boundary, entries: list[archive_format.Entry],
+             between: Callable[[], None] | None = None) -> ArchiveEntry | None:
+        """`put` of prepared entries; `between` runs before each array is written (the background
+        writer waits there while a request runs)."""
         if self.off_reason is not None:
             return None
         if not is_plain_key(boundary.key):
@@ -223,7 +225,7 @@ class CheckpointArchive:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             size = write_atomically_with(final, lambda handle: archive_format.write(
-                handle, {**kv, **recurrent}, metadata, checksum.update, between))
+                handle, entries, metadata, checksum.update, between))
         except OSError as err:
             self._turn_off(write_failure(err, final))
             return None
@@ -242,7 +244,7 @@ class CheckpointArchive:
                 if item is None:
                     return
                 self._may_write.wait()
-                self.put(*item, between=self._may_write.wait)
+                self._put(*item, between=self._may_write.wait)
             except Exception:  # noqa: BLE001 - a failed write must not kill the writer
                 log.exception("archiving checkpoint failed")
             finally:

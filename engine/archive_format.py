@@ -15,7 +15,8 @@ the bytes go to the file array by array instead of through one buffer of the who
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -29,45 +30,68 @@ _DTYPES: dict[Any, tuple[str, Any]] = {
 }
 
 
-def header(arrays: Mapping[str, mx.array], metadata: Mapping[str, str]) -> bytes:
-    """The file's first bytes: header length, then the JSON header padded to a multiple of 8.
+@dataclass(frozen=True)
+class Entry:
+    """One array made ready for the file: its bytes as an evaluated, contiguous unsigned array."""
+
+    name: str
+    dtype: str  # safetensors' name of the array's dtype
+    shape: tuple[int, ...]
+    words: mx.array
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes
+
+
+def prepare(arrays: Mapping[str, mx.array]) -> list[Entry]:
+    """The entries of `arrays`, evaluated. Call it on the MLX thread: the writer thread then only reads
+    finished buffers and runs no MLX operation of its own.
 
     Raises:
         ValueError: An array of a dtype safetensors has no name for.
     """
-    table: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
-    offset = 0
+    entries = []
     for name, a in arrays.items():
         if a.dtype not in _DTYPES:
             raise ValueError(f"cannot archive {name}: dtype {a.dtype}")
-        table[name] = {"dtype": _DTYPES[a.dtype][0], "shape": list(a.shape),
-                       "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
+        kind, unsigned = _DTYPES[a.dtype]
+        entries.append(Entry(name, kind, tuple(a.shape), mx.contiguous(a).view(unsigned)))
+    mx.eval([e.words for e in entries])
+    return entries
+
+
+def header(entries: Sequence[Entry], metadata: Mapping[str, str]) -> bytes:
+    """The file's first bytes: header length, then the JSON header padded to a multiple of 8."""
+    table: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for e in entries:
+        table[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
     text = json.dumps(table, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
 
 
-def array_bytes(a: mx.array) -> memoryview:
-    """`a`'s bytes in row-major order, without a copy where `a` is already contiguous."""
-    flat = mx.contiguous(a).view(_DTYPES[a.dtype][1])
-    return memoryview(np.ascontiguousarray(np.asarray(flat))).cast("B")
+def array_bytes(entry: Entry) -> memoryview:
+    """The entry's bytes in row-major order (a view of its evaluated buffer, no copy)."""
+    return memoryview(np.ascontiguousarray(np.asarray(entry.words)).reshape(-1).view(np.uint8))
 
 
-def write(handle: BinaryIO, arrays: Mapping[str, mx.array], metadata: Mapping[str, str],
+def write(handle: BinaryIO, entries: Sequence[Entry], metadata: Mapping[str, str],
           feed: Callable[[bytes | memoryview], None], between: Callable[[], None] | None = None) -> int:
     """Write the file to `handle`, each piece also to `feed` (a checksum); bytes written.
 
     `between` runs before each array's bytes are read and written (the writer's pause point).
     """
-    first = header(arrays, metadata)
+    first = header(entries, metadata)
     handle.write(first)
     feed(first)
     size = len(first)
-    for a in arrays.values():
+    for entry in entries:
         if between is not None:
             between()
-        data = array_bytes(a)
+        data = array_bytes(entry)
         handle.write(data)
         feed(data)
         size += data.nbytes

@@ -106,7 +106,7 @@ class BreakEvenGuard:
     one plain (one-token) decode step. The cost is **measured** once a few
     plain steps have been timed: the round's wall time over the median plain
     step, each round capped at twice the larger of the model's estimate and the
-    window's median measured cost: a one-off trace or a burst of load does not
+    window's (low) median measured cost: a one-off trace or a burst of load does not
     count as the price of drafting, while rounds that are all dear (verifying
     several rows over a long cache on a GPU costs many plain steps) count in
     full, whatever the prior said. Until then it comes from
@@ -194,7 +194,7 @@ class BreakEvenGuard:
         if plain is None or plain <= 0 or any(s is None for _, _, s in self._rounds):
             return [c for _, c, _ in self._rounds]
         measured = [s / plain for _, _, s in self._rounds]
-        typical = statistics.median(measured)
+        typical = statistics.median_low(measured)  # of an even count, the lower: two spikes in four stay spikes
         return [min(m, 2.0 * max(c, typical)) for m, (_, c, _) in zip(measured, self._rounds)]
 
 

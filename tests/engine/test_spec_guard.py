@@ -77,6 +77,18 @@ def test_rounds_that_are_all_dear_count_in_full():
     assert abs(guard.last_ratio - 20 / 40) < 1e-9
 
 
+def test_two_warm_up_spikes_in_the_first_four_rounds_stay_spikes():
+    clock = FakeClock()
+    # The first verify of each new width can build a plan or compile: 20 plain steps, twice.
+    guard = BreakEvenGuard(cost_per_token=0.25, min_rounds=4, clock=clock)
+    for _ in range(3):
+        play(guard, clock, 1.0)
+    for seconds in (1.5, 20.0, 1.5, 20.0):
+        play(guard, clock, seconds, drafted=4, accepted=4)
+    assert guard.pauses == 0 and guard.active
+    assert abs(guard.last_ratio - 20 / (1.5 + 4.0 + 1.5 + 4.0)) < 1e-9
+
+
 def test_pause_lasts_cooldown_plain_steps_then_probes_again():
     clock = FakeClock()
     guard = BreakEvenGuard(min_rounds=2, cooldown=5, clock=clock)
