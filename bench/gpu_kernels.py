@@ -112,7 +112,8 @@ def section_step(result: dict, context: int, steps: int) -> None:
         for variant in variants[:-1] if bits == 16 else variants:  # the 8-bit attention kernels: 8-bit only
             kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
                        "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
-            seconds = decode_steps(path, cache, steps, kernels, "pipelined" if variant.endswith("pipelined") else "sync")
+            mode = "pipelined" if variant.endswith("pipelined") else "sync"
+            seconds = decode_steps(path, cache, steps, kernels, mode)
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
                    "tok_s": 1 / seconds}
             result.setdefault("step", []).append(row)

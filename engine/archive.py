@@ -43,7 +43,8 @@ import xxhash
 
 from engine import archive_format
 from engine.archive_entry import ArchiveEntry
-from engine.archive_files import is_plain_key, is_plain_policy, read_regular, write_atomically, write_atomically_with, write_failure
+from engine.archive_files import (is_plain_key, is_plain_policy, read_regular, write_atomically, write_atomically_with,
+                                  write_failure)
 from engine.archive_reads import INDEX_NAME, MAX_INDEX_BYTES, other_policy_has, read_ahead
 from engine.boundaries import Boundary
 from engine.errors import EngineError

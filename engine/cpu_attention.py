@@ -15,7 +15,8 @@ as they are, other models are untouched, and even a wired module computes
 with MLX unless its caller asked for NumPy on this thread (`numpy_attention`,
 which `engine.compute.ComputePath` enters around its model calls). So an
 `mx.compile` trace, or any caller that did not ask, runs the model's own
-arithmetic.
+arithmetic. On MLX's CUDA backend the same wired call serves our short-chunk
+attention kernel (`engine.decode_kernels.chunk_on`, `attend_chunk`).
 
 NumPy's own OpenBLAS is limited to one thread while MLX runs the layers: two
 OpenBLAS thread pools on two cores were slower (same section).
@@ -37,7 +38,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine import blas
+from engine import blas, decode_kernels
 from engine.switches import Switch
 
 logger = logging.getLogger(__name__)
@@ -84,17 +85,22 @@ def _wired_class(cls: type) -> type:
         original = cls.__call__
 
         def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-            if cache is None or not _numpy.on() or x.dtype not in _FLOAT_TYPES:
+            if cache is None or x.dtype not in _FLOAT_TYPES:
                 return original(self, x, mask=mask, cache=cache)
-            return _numpy_step(self, x, mask, cache)
+            if _numpy.on():
+                return _numpy_step(self, x, mask, cache)
+            if decode_kernels.chunk_on():
+                return _chunk_step(self, x, mask, cache)
+            return original(self, x, mask=mask, cache=cache)
 
         _wired_classes[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": __name__,
                                                           "__qualname__": f"wired {cls.__module__}.{cls.__name__}"})
     return _wired_classes[cls]
 
 
-def _numpy_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
-    """The llama/qwen attention step of `module` with `attention` in place of MLX's SDPA."""
+def _queries_and_cache(module: Any, x: mx.array, cache: Any) -> tuple[mx.array, Any, Any]:
+    """The llama/qwen attention step of `module` up to attention: its queries, and the keys and
+    values the cache returns once it holds this chunk's."""
     B, L, _ = x.shape
     queries = module.q_proj(x).reshape(B, L, module.n_heads, -1)
     keys = module.k_proj(x).reshape(B, L, module.n_kv_heads, -1)
@@ -103,10 +109,26 @@ def _numpy_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
         queries, keys = module.q_norm(queries), module.k_norm(keys)
     queries = module.rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
     keys = module.rope(keys.transpose(0, 2, 1, 3), offset=cache.offset)
-    keys, values = dequantized(*cache.update_and_fetch(keys, values), cache)
-    use_numpy_threads(1)  # MLX runs the layers around this call
-    output = attention(queries, keys, values, module.scale, mask)
+    return (queries, *cache.update_and_fetch(keys, values))
+
+
+def _output(module: Any, output: mx.array) -> mx.array:
+    B, _, L, _ = output.shape
     return module.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def _numpy_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    """The llama/qwen attention step of `module` with `attention` in place of MLX's SDPA."""
+    queries, keys, values = _queries_and_cache(module, x, cache)
+    keys, values = dequantized(keys, values, cache)
+    use_numpy_threads(1)  # MLX runs the layers around this call
+    return _output(module, attention(queries, keys, values, module.scale, mask))
+
+
+def _chunk_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    """The same step with `engine.decode_kernels.attend_chunk` (our CUDA kernel for a short chunk)."""
+    queries, keys, values = _queries_and_cache(module, x, cache)
+    return _output(module, decode_kernels.attend_chunk(queries, keys, values, cache, module.scale, mask))
 
 
 def dequantized(keys, values, cache: Any) -> tuple[mx.array, mx.array]:

@@ -22,7 +22,8 @@ but a runtime argument, so no shape is new:
 bf16 keys and values of head dim 128 (the cache's buffers as the store holds them: any stride
 between heads and between positions, rows 16-byte aligned). Not yet run on a GPU: checked here
 by a NumPy emulation of its fragments and an sm_90 compile; `bench/gpu_attention.py`'s `chunk`
-section measures it against MLX's attention.
+section measures it against MLX's attention, and `engine.decode_choice` at load (the engine runs it
+for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS` tokens where it wins: `decode_kernels.attend_chunk`).
 """
 from __future__ import annotations
 

@@ -14,7 +14,10 @@ the same thing:
   engine's path for an 8-bit cache on CUDA without this kernel); ours are two:
   `engine.cuda_attention`'s on the CUDA cores (``attention``) and the tensor-core
   one of `engine.cuda_attention_mma` (``attention_mma``, where the shape fits it);
-  where both beat MLX's, the faster runs.
+  where both beat MLX's, the faster runs;
+- chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
+  a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
+  (MLX's cuDNN attention then builds a plan each time), against MLX's attention.
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `MAX_ERROR` (MLX's own 4-bit product
@@ -42,10 +45,12 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention", "attention_mma")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk")
 MARGIN = 0.05
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
+CHUNK_ROWS = 48  # the chunk attention is timed at this many queries (its largest: `decode_kernels.CHUNK_MAX_ROWS`)
+CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
 _REPEAT = 16  # block repetitions per timed evaluation of the linears
 
 Timings = dict[str, tuple[float, float]]
@@ -63,6 +68,8 @@ class DecodeKernels:
         timings: What the choice was made from.
         notes: Why a kernel was not chosen.
         attention_mma: `engine.cuda_attention_mma` (tensor cores) for that attention instead.
+        attention_chunk: `engine.cuda_chunk_attention` for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS`
+            tokens over a bf16 cache.
     """
 
     qmv: bool = False
@@ -71,11 +78,12 @@ class DecodeKernels:
     timings: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     attention_mma: bool = False
+    attention_chunk: bool = False
 
     @property
     def any(self) -> bool:
         """Whether any of our kernels runs."""
-        return self.qmv or self.attention or self.attention_mma
+        return self.qmv or self.attention or self.attention_mma or self.attention_chunk
 
     def identity(self) -> str:
         """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
@@ -86,13 +94,14 @@ class DecodeKernels:
         """The context a forward over `rows` rows runs in."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
         attention = (self.attention or self.attention_mma) and rows == 1
-        return decode_kernels.scope(qmv, attention, self.attention_mma) if qmv or attention \
+        chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk) if qmv or attention or chunk \
             else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
         return {"qmv": self.qmv, "attention": self.attention, "attention_mma": self.attention_mma,
-                "source": self.source,
+                "attention_chunk": self.attention_chunk, "source": self.source,
                 "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
                 "notes": list(self.notes)}
 
@@ -118,11 +127,11 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
         return DecodeKernels(notes=notes)
     if setting == "codectx":
-        return DecodeKernels(True, True, "setting")
+        return DecodeKernels(True, True, "setting", attention_chunk=True)
     linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
-                              "attention": _attention_shape(model)})
+                              "attention": _attention_shape(model), "chunk": [CHUNK_ROWS, CHUNK_CALLS]})
     timings, source = cache.get(key, parse=str), "cached"
     if timings is None:
         try:
@@ -133,7 +142,8 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         cache.put(key, timings)
     chosen, notes = choose_kernels(timings)
     logger.info("decode kernels: %s (%s)", chosen, source)
-    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes, chosen["attention_mma"])
+    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes, chosen["attention_mma"],
+                         chosen["attention_chunk"])
 
 
 def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str, bool], tuple[str, ...]]:
@@ -172,6 +182,7 @@ def _measure(model: Any) -> Timings:
         kernels = [k for k in ("cores", "mma") if cuda_attention.shape_problem(heads, kv_heads, dim, 8, 64, k) is None]
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
+        timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
     return timings
 
 
@@ -221,3 +232,37 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel
         except Exception as err:  # noqa: BLE001
             logger.warning("decode kernels: %s; not using it", err)
     return timings
+
+
+def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> Timings:
+    """"attention_chunk": `CHUNK_ROWS` queries over a bf16 cache, a forward's `CHUNK_CALLS` layers per
+    evaluation, each evaluation at a key count not seen before (as every chunk of a growing prompt
+    is: MLX's cuDNN attention then builds a plan). Left out where the shape is not the kernel's or
+    it fails its check (or to compile)."""
+    from engine import cuda_chunk_attention as chunk
+
+    if chunk.shape_problem(CHUNK_ROWS, heads // kv_heads, dim, dtype) is not None:
+        return {}
+    scale = dim ** -0.5
+    kv = [mx.random.normal((1, kv_heads, ATTENTION_KEYS + 512, dim), key=mx.random.key(3 + i)).astype(dtype)
+          for i in range(2)]
+    queries = mx.random.normal((1, heads, CHUNK_ROWS, dim), key=mx.random.key(5)).astype(dtype)
+    mx.eval(kv, queries)
+    counts = iter(range(ATTENTION_KEYS, ATTENTION_KEYS + 512))
+
+    def mlx() -> list[mx.array]:
+        n = next(counts)
+        return [mx.fast.scaled_dot_product_attention(queries, kv[0][..., :n, :], kv[1][..., :n, :], scale=scale,
+                                                     mask="causal") for _ in range(CHUNK_CALLS)]
+
+    def ours() -> list[mx.array]:
+        n = next(counts)
+        return [chunk.chunk_attention(queries, kv[0], kv[1], n, scale) for _ in range(CHUNK_CALLS)]
+
+    try:
+        _check("attention_chunk", chunk.chunk_attention(queries, kv[0], kv[1], ATTENTION_KEYS, scale),
+               chunk.reference(queries, kv[0], kv[1], ATTENTION_KEYS, scale))
+        return {"attention_chunk": (best_seconds(mlx) / CHUNK_CALLS, best_seconds(ours) / CHUNK_CALLS)}
+    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
+        logger.warning("decode kernels: %s; not using the chunk attention", err)
+        return {}

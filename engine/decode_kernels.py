@@ -14,7 +14,10 @@ and the layers ask `qmv_on()` / `attention_on()`:
   `attention_on()`; mlx-lm's attention hands them to
   ``mlx_lm.models.base.quantized_scaled_dot_product_attention``, which `install`
   replaces (once per process) by a function that sends `Q8Rows` to our kernel and
-  everything else to mlx-lm's own function, unchanged.
+  everything else to mlx-lm's own function, unchanged;
+- a short chunk's attention (`engine.cuda_chunk_attention`, forwards of 2..`CHUNK_MAX_ROWS`
+  tokens): the attention modules `engine.cpu_attention.wire` gave a wired call attend through
+  `attend_chunk` while `chunk_on()`.
 """
 from __future__ import annotations
 
@@ -28,21 +31,45 @@ from engine.switches import Switch
 _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
+_chunk = Switch("codectx_attention_chunk")
 _installed: list[Any] = []
+CHUNK_MAX_ROWS = 48
+"""Forwards of 2..CHUNK_MAX_ROWS tokens may take `engine.cuda_chunk_attention` (a question, a header,
+a verify forward); longer chunks keep MLX's attention (cuDNN), whose plan cost a long chunk amortizes."""
 qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 
 
+chunk_on = _chunk.on
+"""Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
+
+
 @contextlib.contextmanager
-def scope(qmv: bool, attention: bool, mma: bool = False) -> Iterator[None]:
+def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
-    `engine.cuda_attention_mma` (tensor cores) where the shape fits it."""
+    `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
+    wired by `engine.cpu_attention.wire` attend through `attend_chunk`."""
     if attention:
         install()
-    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma):
+    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk):
         yield
+
+
+def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:
+    """A chunk's attention: `engine.cuda_chunk_attention` for a dense causal chunk over a bf16 cache
+    (keys and values as the cache's fetch returned them), mlx-lm's attention for anything else
+    (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
+    from mlx_lm.models import base
+
+    from engine import cuda_chunk_attention
+
+    _, H, L, D = queries.shape
+    if (not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
+            and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
+        return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)
+    return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
 
 
 class Q8Rows(tuple):

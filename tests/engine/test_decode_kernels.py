@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import cuda_attention_mma, cuda_chunk_attention, decode_kernels
+from engine import cuda_attention_mma, cuda_chunk_attention, decode_choice, decode_kernels
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -19,7 +19,7 @@ from engine.generate import decode, prefill
 from engine.kv import cache_offset
 from engine.linear_mode_cache import LinearModeCache
 from engine.sampling import RepetitionPenalty, greedy
-from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache
+from engine.window import QuantizedWindowKVCache, WindowPolicy, make_window_cache, set_dense_from
 
 QMV_WINS = {"qmv": (2e-3, 1e-3), "attention": (1e-3, 1.2e-3)}
 
@@ -34,12 +34,14 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     timings = Timings(QMV_WINS)
     first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (first.qmv, first.attention, first.source) == (True, False, "measured")
-    assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here")
+    assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here",
+                           "kernels: attention_chunk not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
     # inside the margin is no win; a kernel the model could not run is not chosen
-    assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False}
+    assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
+                                            "attention_chunk": False}
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
@@ -158,6 +160,46 @@ def test_forcing_the_kernels_where_they_cannot_run_computes_what_mlx_computes(q4
 
 
 DENSE = WindowPolicy(False, 0, 1, 0, 0, "block")
+
+
+def test_short_chunks_reach_the_chunk_kernel_through_the_wired_attention_and_compute_what_mlx_computes(
+        q4_model, monkeypatch):
+    """The kernel needs CUDA; here a stand-in with its signature computes MLX's attention (the module's
+    `reference`), so this checks the routing (which forwards reach it, with which keys) and that the wired
+    call's own steps (projections, RoPE, the cache's update) give the model's output."""
+    calls = []
+
+    def stand_in(queries, keys, values, n, scale):
+        calls.append((queries.shape[2], n))
+        return cuda_chunk_attention.reference(queries, keys, values, n, scale).astype(queries.dtype)
+
+    monkeypatch.setattr(cuda_chunk_attention, "chunk_attention", stand_in)
+    monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *shape: None)  # the tiny model's heads
+    monkeypatch.setattr(decode_choice, "resolve", lambda model, setting: DecodeKernels(source="measured",
+                                                                                          attention_chunk=True))
+    path = choose(q4_model, ComputeOptions(attention="mlx", linear="quantized", compile=False))
+    assert path.kernels.attention_chunk and path.identity().endswith(" kernels=attention_chunk")
+    seen = []
+    for rows in (1, 2, decode_kernels.CHUNK_MAX_ROWS, decode_kernels.CHUNK_MAX_ROWS + 1):  # a longer chunk: cuDNN
+        with path.kernels.scope(rows):
+            seen.append(decode_kernels.chunk_on())
+    assert seen == [False, True, True, False]
+    ids = [(7 * i + 3) % 500 for i in range(40)]
+    layers = len(q4_model.layers)
+    results = []
+    for compute in (exact(q4_model), path):
+        cache = make_window_cache(q4_model, DENSE)
+        logits = prefill(compute, cache, ids, chunk_size=16)
+        results.append((logits.astype(mx.float32), list(decode(compute, cache, logits, greedy, 4))))
+    assert calls == [(16, 16)] * layers + [(16, 32)] * layers + [(8, 40)] * layers  # decode steps: not chunks
+    assert mx.allclose(results[0][0], results[1][0], atol=1e-4).item() and results[0][1] == results[1][1]
+    calls.clear()
+    prefill(path, make_window_cache(q4_model, DENSE, kv_bits=8), ids, chunk_size=16)
+    assert calls == []  # 8-bit rows fetched for mlx-lm's quantized attention stay there
+    windowed = make_window_cache(q4_model, WindowPolicy(True, 8, 8, 0, 0, "query"))
+    set_dense_from(windowed, len(ids))
+    prefill(path, windowed, ids, chunk_size=16)
+    assert calls == [(16, 16)] * layers  # the first chunk is dense; the others keep their window's mask
 
 
 def unpipelined(model, ids: list[int], n: int, penalty: RepetitionPenalty | None = None) -> list[int]:
