@@ -65,8 +65,8 @@ def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: f
 
     from engine import cuda_chunk_attention
 
-    _, H, L, D = queries.shape
-    if (not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
+    B, H, L, D = queries.shape
+    if (B == 1 and not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
             and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)
     return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
