@@ -53,8 +53,10 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def median_ms(fn: Callable[[], Any], repeats: int = 5) -> float:
-    timed(fn)
+def median_ms(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
+    """Median milliseconds of `repeats` evaluations after `warmup` untimed ones (compilation)."""
+    for _ in range(warmup):
+        timed(fn)
     times = sorted(timed(fn) for _ in range(repeats))
     return times[len(times) // 2] * 1e3
 

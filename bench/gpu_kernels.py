@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,23 +41,14 @@ import mlx.nn as nn  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
-from bench.gpu_attention import rel_err, section_decode  # noqa: E402
+from bench.gpu_attention import median_ms, rel_err, section_decode  # noqa: E402
 from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
 
 
 def best_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
     """Median of `repeats` timed evaluations after two untimed ones (compilation)."""
-    times = []
-    for attempt in range(repeats + 2):
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        if attempt >= 2:
-            times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+    return median_ms(fn, repeats, warmup=2)
 
 
 def block_linears(hidden: int = 5120, inter: int = 25600, heads: int = 64, kv_heads: int = 8, dim: int = 128,

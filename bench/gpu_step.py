@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
-              "mlx_env": {k: os.environ.get(k) for k in mlx_env.DEFAULTS},
+              "mlx_env": mlx_env.apply(),
               "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))

@@ -9,7 +9,8 @@ the bytes go to the file array by array instead of through one buffer of the who
   gigabytes at 128k tokens (the buffer, then its ``getvalue()``);
 - between arrays the writer can wait (`between`): the archive's background writer pauses there
   while a request runs, so a write under way delays a request by one array, not by a whole file
-  (reading an array of the GPU's memory to the host also synchronizes with the GPU's stream);
+  (on MLX's CUDA backend, a host read of an array's buffer is a blocking copy: its `raw_ptr` moves
+  the buffer to unified memory with `cudaMemcpy`);
 - the checksum is fed as the bytes go, over exactly the bytes written.
 """
 from __future__ import annotations

@@ -249,7 +249,7 @@ def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int, ker
         return cuda_attention_mma.shape_problem(H // kv_heads, D, group_size)
     if D not in (128, 256) or group_size % 16 or D % group_size:
         return f"head dim {D}, group {group_size}"
-    if H % kv_heads or (H // kv_heads) * D > 1024:  # shared memory and registers hold G x D floats
+    if (H // kv_heads) * D > 1024:  # shared memory and registers hold G x D floats
         return f"{H} query heads over {kv_heads} KV heads of dim {D}"
     return None
 

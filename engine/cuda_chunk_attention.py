@@ -34,6 +34,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_attention_mma
 from engine.cuda_attention_mma import HEADER, merge
 
 WARPS = 8  # per block; each warp holds 16 query rows
@@ -225,9 +226,7 @@ def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
 def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: int = 256) -> int:
     """Keys per split: a multiple of the tile giving about `target_blocks` blocks in all (four per SM of
     the H200's 132), at least `least` (each split's partial outputs are read back by the merge)."""
-    splits = max(1, target_blocks // max(1, blocks_per_split))
-    size = -(-n // splits)
-    return max(least, -(-size // TILE) * TILE)
+    return cuda_attention_mma.split_size(n, blocks_per_split, target_blocks, least, TILE)
 
 
 def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:

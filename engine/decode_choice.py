@@ -49,7 +49,7 @@ KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk")
 MARGIN = 0.05
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
-CHUNK_ROWS = 48  # the chunk attention is timed at this many queries (its largest: `decode_kernels.CHUNK_MAX_ROWS`)
+CHUNK_ROWS = decode_kernels.CHUNK_MAX_ROWS  # the chunk attention is timed at the most queries it takes
 CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
 _REPEAT = 16  # block repetitions per timed evaluation of the linears
 
@@ -142,8 +142,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         cache.put(key, timings)
     chosen, notes = choose_kernels(timings)
     logger.info("decode kernels: %s (%s)", chosen, source)
-    return DecodeKernels(chosen["qmv"], chosen["attention"], source, dict(timings), notes, chosen["attention_mma"],
-                         chosen["attention_chunk"])
+    return DecodeKernels(source=source, timings=dict(timings), notes=notes, **chosen)
 
 
 def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str, bool], tuple[str, ...]]:

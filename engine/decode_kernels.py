@@ -25,7 +25,9 @@ import contextlib
 from typing import Any, Iterator
 
 import mlx.core as mx
+from mlx_lm.models import base
 
+from engine import cuda_chunk_attention
 from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
@@ -40,8 +42,6 @@ qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
-
-
 chunk_on = _chunk.on
 """Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
 
@@ -61,10 +61,6 @@ def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: f
     """A chunk's attention: `engine.cuda_chunk_attention` for a dense causal chunk over a bf16 cache
     (keys and values as the cache's fetch returned them), mlx-lm's attention for anything else
     (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
-    from mlx_lm.models import base
-
-    from engine import cuda_chunk_attention
-
     B, H, L, D = queries.shape
     if (B == 1 and not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
             and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
@@ -87,8 +83,6 @@ def install() -> None:
     """Route `Q8Rows` through our kernel in mlx-lm's quantized attention (idempotent)."""
     if _installed:  # mlx-lm's own function, once replaced
         return
-    from mlx_lm.models import base
-
     from engine import cuda_attention
 
     original = base.quantized_scaled_dot_product_attention
