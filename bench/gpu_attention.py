@@ -159,12 +159,13 @@ def section_plans(result: dict, context: int) -> None:
                   flush=True)
 
 
-def section_chunk(result: dict, context: int, copy_gbs: float) -> None:
+def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int]) -> None:
     """Short chunks (2-45 queries) over `context` bf16 keys: `engine.cuda_chunk_attention` against MLX's
     attention (cuDNN), each at two key counts: the first evaluation (our kernel's first includes its
-    compilation; MLX's, a new plan) and warm."""
+    compilation; MLX's, a new plan) and warm; ours at each block size in `warps`."""
     from engine import cuda_chunk_attention as chunk
 
+    default_warps = chunk.WARPS
     scale = DIM ** -0.5
     cap = -(-(context + 64) // 256) * 256
     k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(1)).astype(mx.bfloat16)
@@ -182,30 +183,32 @@ def section_chunk(result: dict, context: int, copy_gbs: float) -> None:
                 return [mx.fast.scaled_dot_product_attention(q, k[..., :n, :], v[..., :n, :], scale=scale,
                                                              mask="causal") for _ in range(CALLS)]
 
-            row: dict[str, Any] = {"rows": rows, "keys": n, "calls": CALLS}
-            row["ours_first_ms"] = timed(ours) * 1e3
-            row["ours_warm_ms"] = median_ms(ours, 3)
+            nbytes = 2 * k[..., :n, :].nbytes
+            ref = chunk.reference(q, k, v, n, scale)
+            row: dict[str, Any] = {"rows": rows, "keys": n, "calls": CALLS, "copy_gbs": copy_gbs, "ours": {}}
+            for w in warps:
+                chunk.WARPS = w
+                first, warm = timed(ours) * 1e3, median_ms(ours, 3)
+                row["ours"][w] = {"first_ms": first, "warm_ms": warm, "gbs": nbytes * CALLS / warm / 1e6,
+                                  "err": rel_err(chunk.chunk_attention(q, k, v, n, scale), ref)}
+            chunk.WARPS = default_warps
             row["mlx_first_ms"] = timed(mlx) * 1e3
             row["mlx_warm_ms"] = median_ms(mlx, 3)
-            ref = chunk.reference(q, k, v, n, scale)
-            row["err_ours"] = rel_err(chunk.chunk_attention(q, k, v, n, scale), ref)
             row["err_mlx"] = rel_err(mlx()[0], ref)
-            nbytes = 2 * k[..., :n, :].nbytes
-            row["ours_gbs"] = nbytes * CALLS / row["ours_warm_ms"] / 1e6
             row["mlx_gbs"] = nbytes * CALLS / row["mlx_warm_ms"] / 1e6
-            row["copy_gbs"] = copy_gbs
             result.setdefault("chunk", []).append(row)
-            print(f"chunk attention, {rows} rows over {n} keys ({CALLS} calls): ours first {row['ours_first_ms']:.1f} "
-                  f"ms, warm {row['ours_warm_ms']:.1f} ({row['ours_gbs']:.0f} GB/s); MLX first "
-                  f"{row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s); rel err "
-                  f"ours {row['err_ours']:.1e}, MLX {row['err_mlx']:.1e}", flush=True)
-
+            print(f"chunk attention, {rows} rows over {n} keys ({CALLS} calls): " + "; ".join(
+                f"ours ({w} warps) first {o['first_ms']:.1f} ms, warm {o['warm_ms']:.1f} ({o['gbs']:.0f} GB/s), "
+                f"rel err {o['err']:.1e}" for w, o in row["ours"].items()) +
+                f"; MLX first {row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s), "
+                f"rel err {row['err_mlx']:.1e}", flush=True)
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--sections", default="decode,plans,chunk")
+    ap.add_argument("--chunk-warps", default="12", help="block sizes of the chunk attention to measure (warps)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_attention.json"))
     a = ap.parse_args(argv)
     result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.apply()}
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["copy_gbs"] = copy_gbs
     runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
                "plans": lambda: section_plans(result, a.context),
-               "chunk": lambda: section_chunk(result, a.context, copy_gbs)}
+               "chunk": lambda: section_chunk(result, a.context, copy_gbs, [int(w) for w in a.chunk_warps.split(",")])}
     run_sections(runners, a.sections.split(","), result, a.out)
     return result
 

@@ -142,11 +142,13 @@ class Run:
 
 
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
-    """One request; its metrics, decoded ids and MLX's peak memory while it ran."""
+    """One request; its metrics, its prefill forwards (`request_profile.ForwardLog`), decoded ids and MLX's
+    peak memory while it ran."""
     mx.reset_peak_memory()
-    handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
-    ids = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
-    done = handle.result()
+    with request_profile.ForwardLog() as log:
+        handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
+        ids = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+        done = handle.result()
     if done.finish_reason == "error":
         raise RuntimeError(f"request failed: {done.error}") from done.error
     m = done.metrics
@@ -154,7 +156,7 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                ids=ids)
+                restore_s=log.restore_s, forwards=log.forwards, ids=ids)
 
 
 def close(eng: Engine) -> float:

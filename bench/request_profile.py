@@ -8,11 +8,15 @@ read of a device array) is charged to the Python function that waited.
     with request_profile.profiled() as profiles:
         ask(...)
     top = request_profile.top(profiles[-1])
+
+`ForwardLog` collects the engine's own debug lines instead: each prefill forward's tokens and
+seconds, and the restore's, with no profiler's overhead.
 """
 from __future__ import annotations
 
 import contextlib
 import cProfile
+import logging
 import pstats
 from typing import Any, Iterator
 
@@ -53,3 +57,42 @@ def top(profile: cProfile.Profile, count: int = 25) -> list[dict[str, Any]]:
                      "calls": calls, "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)})
     rows.sort(key=lambda r: r["own_s"], reverse=True)
     return rows[:count]
+
+
+class ForwardLog(logging.Handler):
+    """The engine's debug lines for the requests served while attached: each prefill forward as
+    [tokens, keys after it, seconds including the wait for its evaluation], and the restore's seconds.
+
+        with request_profile.ForwardLog() as log:
+            ask(...)
+        log.forwards, log.restore_s
+    """
+
+    LOGGERS = ("engine.generate", "engine.prefix_cache")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.forwards: list[list[float]] = []
+        self.restore_s: float | None = None
+        self._levels: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("prefill forward:"):
+            tokens, keys, seconds = record.args
+            self.forwards.append([tokens, keys, round(seconds, 4)])
+        elif record.msg.startswith("restore:"):
+            self.restore_s = round(record.args[1], 4)
+
+    def __enter__(self) -> "ForwardLog":
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            self._levels.append(logger.level)
+            logger.setLevel(logging.DEBUG)
+            logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, level in zip(self.LOGGERS, self._levels):
+            logger = logging.getLogger(name)
+            logger.removeHandler(self)
+            logger.setLevel(level)

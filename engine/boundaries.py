@@ -45,6 +45,10 @@ class Boundary:
     protected: bool
 
 
+JOIN_TOKENS = 64
+"""The longest segment the response header joins (`cut_points`)."""
+
+
 def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> list[int]:
     """Where checkpoints go (and prefill chunks restart): a function of the layout only.
 
@@ -55,20 +59,36 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
     Repository files therefore cost no extra forward calls however many there
     are, an edit (a hot copy at the tail) keeps the whole stable prefix, and a
     follow-up question keeps the whole prefix.
+
+    The response header joins a short segment before it (a question, a turn
+    of at most `JOIN_TOKENS`): no cut between them unless that segment is part
+    of the repository prefix or asks for protection with its own flag (beyond
+    its kind's). The header is a few tokens that always follow, so the pair is
+    one forward call instead of two (every forward reads all the weights and,
+    at a long context, attends over all of it). What that gives up: a
+    regenerate of the same prompt recomputes the short question with the
+    header instead of the header alone (at 128k tokens on the H200, one
+    forward of 45 tokens: 0.16 s; docs/benchmarks.md, *GPU engine*). A long
+    segment (a file pasted as the message) keeps its cut, so a repeat
+    restores it.
     """
     ends, pos = [], 0
     for seg in segments:
         pos += len(seg.token_ids)
         ends.append(pos)
     total = pos
-    if interval is None:
-        return sorted({e for e in ends if e > 0})
     kinds = [segment_kind(seg) for seg in segments]
+    joined = {ends[i] for i, seg in enumerate(segments[:-1]) if kinds[i + 1] is SegmentKind.HEADER
+              and len(seg.token_ids) <= JOIN_TOKENS and not kinds[i].stable
+              and not (seg.protected and not kinds[i].protected)}
+    if interval is None:
+        return sorted({e for e in ends if e > 0} - joined)
     anchors = set()
     for i, seg in enumerate(segments):
         next_anchor = i + 1 < len(segments) and kinds[i + 1].anchor
         if seg.protected or kinds[i].protected or kinds[i].anchor or next_anchor:
             anchors.add(ends[i])
+    anchors -= joined
     anchors.add(total)
     cuts, start = [], 0
     for anchor in sorted(a for a in anchors if a > 0):

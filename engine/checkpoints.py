@@ -152,19 +152,26 @@ class CheckpointStore:
         first_miss: Boundary | None = None
         with self._lock:
             for b in bounds:
-                if b.end >= limit:
-                    break
                 cp = self._by_key.get(b.key)
-                if not archived and cp is not None and cp.matches(b):
+                in_memory = cp is not None and cp.matches(b)
+                if b.end >= limit:  # never restored, but a new question is still named as the miss
+                    first_miss = None if in_memory or self._archived(b) is not None else b
+                    break
+                if not archived and in_memory:
                     path.append(cp)
                     continue
-                entry = self.archive.get(b.key) if self.archive else None
-                if entry is not None and entry.matches(b):
+                entry = self._archived(b)
+                if entry is not None:
                     archived.append(entry)
                     continue
                 first_miss = b
                 break
         return Plan(path, archived, self._miss(first_miss) if first_miss else None)
+
+    def _archived(self, b: Boundary) -> Any:
+        """The archive's entry for `b` when it holds one that matches, else None."""
+        entry = self.archive.get(b.key) if self.archive else None
+        return entry if entry is not None and entry.matches(b) else None
 
     def _miss(self, b: Boundary) -> Miss:
         with self._lock:

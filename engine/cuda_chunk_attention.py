@@ -8,22 +8,25 @@ layer, about 610 GB/s; docs/benchmarks.md, *GPU engine*, fifth session). Here th
 split across blocks, as the decode kernels split them, and nothing depends on the key count
 but a runtime argument, so no shape is new:
 
-- a block takes one run of keys of one KV head for up to 128 query rows (row = query position x
-  query head of the group, 16 rows a warp, eight warps); more rows take more blocks side by side
+- a block takes one run of keys of one KV head for up to 192 query rows (row = query position x
+  query head of the group, 16 rows a warp, twelve warps); more rows take more blocks side by side
   in the grid's fastest dimension, so their reads of the same keys meet in the L2;
-- each 32-key tile goes through shared memory once for the block's warps: keys as they lie
-  (row = key), values transposed (row = dimension), so every operand fragment is one 32-bit
-  read without bank conflicts (rows padded to 136 and 40 halves);
+- each 32-key tile goes through shared memory once for the block's warps, keys and values as
+  they lie (row = key, padded to 136 halves so no read conflicts), copied in by `cp.async`
+  into two stages: the next tile is in flight while this one computes. Key fragments are
+  32-bit reads; value fragments come transposed by `ldmatrix.trans`. (The first version
+  transposed the values through registers into shared memory: its 16-bit stores met 16-way
+  bank conflicts, and the kernel ran at 1 TB/s for a few rows and 0.3 TB/s for 45.);
 - scores and the value product are bf16 `mma.sync` m16n8k16 with float32 accumulation; the score
   accumulators are the probabilities' operand layout (nothing crosses lanes); online softmax in
   base 2; a query at position p0 + i sees keys up to p0 + i (causal within the chunk);
 - the splits' partial outputs are folded by `engine.cuda_attention_mma.merge`.
 
 bf16 keys and values of head dim 128 (the cache's buffers as the store holds them: any stride
-between heads and between positions, rows 16-byte aligned). Not yet run on a GPU: checked here
-by a NumPy emulation of its fragments and an sm_90 compile; `bench/gpu_attention.py`'s `chunk`
-section measures it against MLX's attention, and `engine.decode_choice` at load (the engine runs it
-for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS` tokens where it wins: `decode_kernels.attend_chunk`).
+between heads and between positions, rows 16-byte aligned). `bench/gpu_attention.py`'s `chunk`
+section measures it against MLX's attention (docs/benchmarks.md, *GPU engine*), and
+`engine.decode_choice` at load (the engine runs it for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS`
+tokens where it wins: `decode_kernels.attend_chunk`).
 """
 from __future__ import annotations
 
@@ -37,25 +40,44 @@ import mlx.core as mx
 from engine import cuda_attention_mma
 from engine.cuda_attention_mma import HEADER, merge
 
-WARPS = 8  # per block; each warp holds 16 query rows
-ROWS = 16 * WARPS
+WARPS = 12  # per block; each warp holds 16 query rows (164 registers a thread: twelve warps fill an SM's 64k)
 TILE = 32  # keys per shared-memory tile
 DIM = 128
+
+CHUNK_HEADER = HEADER + r"""
+namespace codectx {
+// 16 bytes from global to shared memory without a register (sm_80+), kept in L2 only.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" : :); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" : : "n"(N)); }
+// Four transposed 8x8 b16 matrices from shared memory; lanes 8m..8m+7 give matrix m's row addresses.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&d)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(s));
+}
+}  // namespace codectx
+"""
 
 SOURCE = r"""
   // lane = 4 r + c. Query rows of this block: row0 + 16 warp + r (and + 8); row = l * G + g (position l of
   // the chunk, query head g of the KV head). Score fragment e of key n-tile nt: row r + 8 (e >> 1), key
   // 8 nt + 2c + (e & 1) of the tile.
-  constexpr int D = 128, TK = 32, KP = 136, VP = 40;
-  __shared__ __align__(16) unsigned short ks[TK][KP];
-  __shared__ __align__(16) unsigned short vt[D][VP];
+  constexpr int D = 128, TK = 32, KP = 136;
+  __shared__ __align__(16) unsigned short ks[2][TK][KP];  // two stages: keys and values as they lie (row = key)
+  __shared__ __align__(16) unsigned short vs[2][TK][KP];
   const int kvh = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane >> 2, c = lane & 3;
   const int n = meta[0], L = meta[1], cs = meta[2];
   const int p0 = n - L, rows = L * G;
   const int begin = split * cs, end = min(n, begin + cs);
   const float qscale = qscale_in[0];
-  const int base = blockIdx.x * 128 + warp * 16;
+  const int base = blockIdx.x * (blockDim.x >> 1) + warp * 16;  // 16 rows a warp
   const bool active = base < rows;
 
   // Queries: A fragments of the 8 k-steps (dims 16 ks + 2c, +1 and + 8, + 9), rows r and r + 8.
@@ -76,28 +98,14 @@ SOURCE = r"""
   }
 
   const size_t k0 = kvh * k_strides[1], v0 = kvh * v_strides[1];
-  // Staging: 32 keys x 16 chunks of 8 halves, for keys and values: two of each per thread (256 threads).
-  uint4 kn[2], vn[2];
-  auto fetch = [&](int tile) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int idx = tid + 256 * i, key = idx >> 4, part = idx & 15;
+  // A tile: 32 keys x 16 chunks of 8 halves, for keys and values, spread over the block's threads and
+  // copied straight into the stage (keys past the split's end repeat its last key; no row sees them).
+  auto fetch = [&](int st, int tile) {
+    for (int idx = tid; idx < TK * 16; idx += blockDim.x) {
+      const int key = idx >> 4, part = idx & 15;
       const size_t at = (size_t)min(tile + key, end - 1);
-      kn[i] = reinterpret_cast<const uint4*>(k + k0 + at * k_strides[2])[part];
-      vn[i] = reinterpret_cast<const uint4*>(v + v0 + at * v_strides[2])[part];
-    }
-  };
-  auto stage = [&]() {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int idx = tid + 256 * i, key = idx >> 4, part = idx & 15;
-      *reinterpret_cast<uint4*>(&ks[key][part * 8]) = kn[i];
-      const uint32_t w[4] = {vn[i].x, vn[i].y, vn[i].z, vn[i].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        vt[part * 8 + 2 * e][key] = (unsigned short)(w[e] & 0xFFFFu);
-        vt[part * 8 + 2 * e + 1][key] = (unsigned short)(w[e] >> 16);
-      }
+      codectx::cp_async16(&ks[st][key][part * 8], k + k0 + at * k_strides[2] + part * 8);
+      codectx::cp_async16(&vs[st][key][part * 8], v + v0 + at * v_strides[2] + part * 8);
     }
   };
 
@@ -108,75 +116,84 @@ SOURCE = r"""
 #pragma unroll
     for (int e = 0; e < 4; ++e) oacc[i][e] = 0.f;
 
-  if (begin < end) fetch(begin);
-  for (int tile = begin; tile < end; tile += TK) {
-    __syncthreads();  // the previous tile's reads are done
-    stage();
+  if (begin < end) fetch(0, begin);
+  codectx::cp_async_commit();
+  int st = 0;
+  for (int tile = begin; tile < end; tile += TK, st ^= 1) {
+    if (tile + TK < end) fetch(st ^ 1, tile + TK);  // in flight while this tile computes
+    codectx::cp_async_commit();
+    codectx::cp_async_wait<1>();  // this tile has landed
     __syncthreads();
-    if (tile + TK < end) fetch(tile + TK);  // in flight while this tile computes
-    if (!active) continue;
+    if (active) {
+      float sacc[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+        const uint32_t* krow = reinterpret_cast<const uint32_t*>(&ks[st][nt * 8 + r][0]);
+#pragma unroll
+        for (int s = 0; s < 8; ++s)
+          codectx::mma16816(sacc[nt], qa[s][0], qa[s][1], qa[s][2], qa[s][3], krow[8 * s + c], krow[8 * s + 4 + c]);
+      }
 
-    float sacc[4][4];
+      // Online softmax per row half; a row that sees no key of this tile keeps its state.
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+      for (int hf = 0; hf < 2; ++hf) {
+        float mt = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
-      const uint32_t* krow = reinterpret_cast<const uint32_t*>(&ks[nt * 8 + r][0]);
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int s = 0; s < 8; ++s)
-        codectx::mma16816(sacc[nt], qa[s][0], qa[s][1], qa[s][2], qa[s][3], krow[8 * s + c], krow[8 * s + 4 + c]);
-    }
+          for (int j = 0; j < 2; ++j) {
+            const int key = tile + nt * 8 + 2 * c + j;
+            const float s = (key < end && key <= limit[hf]) ? sacc[nt][2 * hf + j] * qscale : -INFINITY;
+            sacc[nt][2 * hf + j] = s;
+            mt = fmaxf(mt, s);
+          }
+        mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
+        const float m_new = fmaxf(m_run[hf], mt);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = exp2f(m_run[hf] - m_use);
+        m_run[hf] = m_new;
+        float psum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float e = exp2f(sacc[nt][2 * hf + j] - m_use);
+            sacc[nt][2 * hf + j] = e;
+            psum += e;
+          }
+        l_run[hf] = fmaf(l_run[hf], alpha, psum);
+        if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // once the running maxima settle, most tiles skip this
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            oacc[i][2 * hf] *= alpha;
+            oacc[i][2 * hf + 1] *= alpha;
+          }
+        }
+      }
 
-    // Online softmax per row half; a row that sees no key of this tile keeps its state.
-    float p[4][4];
+      // Values: A = the probabilities of keys 16 kk .. 16 kk + 15; B from the stage by transposed
+      // ldmatrix: matrix m of lane 8m + j is keys 16 kk + j + 8 (m & 1), dims 16 d + 8 (m >> 1), so d[0], d[1]
+      // are dims 16 d .. + 7 and d[2], d[3] dims 16 d + 8 .. + 15.
+      const int vkey = (lane & 7) + 8 * ((lane >> 3) & 1), vdim = 8 * (lane >> 4);
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mt = -INFINITY;
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t a0 = codectx::bf2(sacc[2 * kk][0], sacc[2 * kk][1]);
+        const uint32_t a1 = codectx::bf2(sacc[2 * kk][2], sacc[2 * kk][3]);
+        const uint32_t a2 = codectx::bf2(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+        const uint32_t a3 = codectx::bf2(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int key = tile + nt * 8 + 2 * c + j;
-          const float s = (key < end && key <= limit[hf]) ? sacc[nt][2 * hf + j] * qscale : -INFINITY;
-          p[nt][2 * hf + j] = s;
-          mt = fmaxf(mt, s);
+        for (int d = 0; d < 8; ++d) {
+          uint32_t b[4];
+          codectx::ldsm_x4_t(b, &vs[st][16 * kk + vkey][16 * d + vdim]);
+          codectx::mma16816(oacc[2 * d], a0, a1, a2, a3, b[0], b[1]);
+          codectx::mma16816(oacc[2 * d + 1], a0, a1, a2, a3, b[2], b[3]);
         }
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
-      const float m_new = fmaxf(m_run[hf], mt);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_run[hf] - m_use);
-      m_run[hf] = m_new;
-      float psum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float e = exp2f(p[nt][2 * hf + j] - m_use);
-          p[nt][2 * hf + j] = e;
-          psum += e;
-        }
-      l_run[hf] = fmaf(l_run[hf], alpha, psum);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        oacc[i][2 * hf] *= alpha;
-        oacc[i][2 * hf + 1] *= alpha;
       }
     }
-
-    // Values: A = p (keys 16 kk .. 16 kk + 15), B = values of dims 8 i + r from the transposed tile.
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t a0 = codectx::bf2(p[2 * kk][0], p[2 * kk][1]);
-      const uint32_t a1 = codectx::bf2(p[2 * kk][2], p[2 * kk][3]);
-      const uint32_t a2 = codectx::bf2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-      const uint32_t a3 = codectx::bf2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const uint32_t* vrow = reinterpret_cast<const uint32_t*>(&vt[8 * i + r][0]);
-        codectx::mma16816(oacc[i], a0, a1, a2, a3, vrow[8 * kk + c], vrow[8 * kk + 4 + c]);
-      }
-    }
+    __syncthreads();  // every warp is done with this stage before the next fetch refills it
   }
   if (!active) return;
 
@@ -207,10 +224,10 @@ SOURCE = r"""
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
-    digest = hashlib.sha1((HEADER + SOURCE).encode()).hexdigest()[:10]
+    digest = hashlib.sha1((CHUNK_HEADER + SOURCE).encode()).hexdigest()[:10]
     return mx.fast.cuda_kernel(
         name=f"codectx_chunk_attention_{digest}", input_names=["q", "k", "v", "meta", "qscale_in"],
-        output_names=["part_out", "part_ml"], source=SOURCE, header=HEADER, ensure_row_contiguous=False)
+        output_names=["part_out", "part_ml"], source=SOURCE, header=CHUNK_HEADER, ensure_row_contiguous=False)
 
 
 def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
@@ -242,7 +259,7 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     problem = shape_problem(L, G, D, keys.dtype)
     if problem is not None or n < L or keys.shape[2] < n or values.shape[2] < n:
         raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
-    row_blocks = -(-(L * G) // ROWS)
+    row_blocks = -(-(L * G) // (16 * WARPS))
     cs = split_size(n, row_blocks * kv_heads)
     splits = -(-n // cs)
     q = mx.contiguous(queries.reshape(H, L, D).astype(mx.bfloat16))

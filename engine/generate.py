@@ -10,18 +10,22 @@
   built from the lazy token n and queued (``mx.async_eval``) before token n is read, so
   the host builds a step's graph while the device runs the previous one (on the H200, a
   64-layer model's step at 128k tokens went from 34.4 to 20.0 ms; docs/benchmarks.md,
-  *GPU engine*). Tokens are those of the unpipelined loop. A caller that stops early, or
-  an EOS, leaves the queued step's token in the cache. With a repetition penalty (counted
-  on the host) each step waits for the token it counts.
+  *GPU engine*). The first token is read before the second step is built: it is the
+  time to first token. Tokens are those of the unpipelined loop. A caller that stops
+  early, or an EOS, leaves the queued step's token in the cache. With a repetition
+  penalty (counted on the host) each step waits for the token it counts.
 - `StopStrings` turns text deltas into emitted text, holding back any tail
   that could still become a stop string.
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
+from . import state
 from .compute import ComputePath, path_of
 from .errors import RequestCancelled
 from .sampling import RepetitionPenalty, Sampler
@@ -32,6 +36,8 @@ DEFAULT_PREFILL_CHUNK = 256
 CancelCheck = Callable[[], bool]
 ChunkCallback = Callable[[int, int], None]
 """Called after each prefill chunk with (tokens done, tokens total)."""
+
+log = logging.getLogger(__name__)
 
 
 def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
@@ -106,6 +112,7 @@ def prefill(
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
         last = end == len(token_ids)
+        began = time.perf_counter()
         out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
         if last:
             logits = out[:, -1, :]
@@ -116,6 +123,9 @@ def prefill(
             # buffer in place only when no queued work still reads it; on the H200, queuing
             # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*.)
             mx.eval(_cache_state(cache))
+        if log.isEnabledFor(logging.DEBUG):  # benchmarks read these lines (bench/request_profile.ForwardLog)
+            log.debug("prefill forward: %d tokens, %d keys, %.4f s", end - start, state.attention_offset(cache),
+                      time.perf_counter() - began)
         if on_chunk is not None:
             on_chunk(end, len(token_ids))
     return logits
@@ -169,17 +179,18 @@ def decode(
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during decode at token {step}")
         more = step + 1 < max_tokens
-        # Without a penalty the next step needs nothing from the host: queue it from the lazy token
-        # before waiting for that token, so the host builds step n + 1 while the device runs step n.
-        nxt = step_after(token) if more and penalty is None else None
+        # Without a penalty the next step needs nothing from the host: queue it from the lazy token before
+        # waiting for that token, so the host builds step n + 1 while the device runs step n. Not for the
+        # first token, what the user waits for: building a step at a new length can take the host longer.
+        ahead = more and penalty is None and step > 0
+        nxt = step_after(token) if ahead else None
         token_id = int(token.item())
         if token_id in eos_token_ids:
             return
         if penalty is not None:
             penalty.observe((token_id,))
-            nxt = step_after(token) if more else None
         yield token_id
-        token = nxt
+        token = nxt if ahead else step_after(token) if more else None
 
 
 class StopStrings:

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -205,7 +206,10 @@ class PrefixCache:
         self._decoding = (segments, len(ids), layout_key)
         bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, len(ids))
+        began = time.perf_counter()
         offset, miss = self.store.restore(self.cache, plan)
+        log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset,
+                  time.perf_counter() - began)
         miss = self._name_policy_switch(miss, bounds, offset)
         metrics.cached_tokens = offset
         metrics.recomputed_tokens = 0

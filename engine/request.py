@@ -99,7 +99,8 @@ class SegmentKind(StrEnum):
       it, and the checkpoint grid restarts there: an edit (a hot copy) or a new
       question recomputes only the tail, never a grid step of the files before it.
     - protected: checkpoints at its end are evicted last. The input boundary (the
-      end of the question and of the response header) is what a regenerate, a
+      end of the question and of the response header; one boundary when the
+      question is short, `engine.boundaries.cut_points`) is what a regenerate, a
       follow-up turn and a continuation restore. Both carry it because eviction
       drops a checkpoint together with everything chained after it, so a
       protected header after an unprotected question would go with the question.

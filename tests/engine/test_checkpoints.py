@@ -59,8 +59,8 @@ def test_boundary_keys_chain_over_policy_and_all_previous_tokens():
     assert grid[-1].key != ba[-1].key and grid[0].parent == ""
     tail = a + [PromptSegment("question", "q", (6, 7, 8)), PromptSegment("header", "h", (9,))]
     cuts = [(x.end, x.protected) for x in boundaries("p1", tail, interval=2)]
-    # Anchors: the end of the prefix (5), the question (8) and the header (9); both protected.
-    assert cuts == [(2, False), (4, False), (5, False), (7, False), (8, True), (9, True)]
+    # Anchors: the end of the prefix (5) and the header (9), protected; the short question joins the header.
+    assert cuts == [(2, False), (4, False), (5, False), (7, False), (9, True)]
     assert ba[1].parent == ba[0].key
     assert ba[1].tokens == bb[1].tokens and ba[1].key != bb[1].key  # same tail, other prefix
     other = boundaries("p2", a)
@@ -125,12 +125,14 @@ def test_restored_logits_equal_cold_logits(tiny_loaded, repo, kind):
     assert mx.array_equal(warm, cold_logits)
 
 
-def test_repeated_request_restores_all_but_the_last_segment(engine, tiny_loaded, repo):
+def test_repeated_request_restores_all_but_the_question_and_header(engine, tiny_loaded, repo):
     segments = ask(tiny_loaded.tokenizer, repo, "Same?")
     first, _ = run(engine, segments)
     again, done = run(engine, segments)
     assert again == first
-    assert done.metrics.cached_tokens == prefix_len(segments, len(segments) - 1)
+    # The short question and the header are one forward, the last, always recomputed.
+    assert done.metrics.cached_tokens == prefix_len(segments, len(segments) - 2)
+    assert done.metrics.recomputed_tokens == len(segments[-2].token_ids) + len(segments[-1].token_ids)
     assert done.metrics.miss_reason is None
 
 
@@ -178,17 +180,20 @@ def test_cancel_during_decode_rolls_back_to_confirmed_state(engine, tiny_loaded,
 def test_branches_from_one_prefix_keep_their_tails(tiny_loaded, repo):
     tok = tiny_loaded.tokenizer
     hover, question = ask(tok, repo, "hover: f3"), ask(tok, repo, "ask: why?")
-    continued = ask(tok, repo, "more", turns=("ask: why?",))
     with Engine(tiny_loaded, prefill_chunk=16) as eng:
         run(eng, question)
         run(eng, hover)
-        # Back to the question's branch: its tail (a detached copy) is restored.
+        # Back to the question's branch: the prefix is restored; the short question with its header is
+        # the last forward, always recomputed.
         tokens, done = run(eng, question)
-        assert done.metrics.cached_tokens == prefix_len(question, len(question) - 1)
+        assert done.metrics.cached_tokens == prefix_len(question, len(question) - 2)
         assert tokens == cold(tiny_loaded, question)
         branches = [c for c in eng.prefix.store.checkpoints() if c.kv is not None]
-        assert {c.boundary.kind for c in branches} == {"question", "header"}  # the hover's tail
-        tokens, _ = run(eng, continued)
+        assert {c.boundary.kind for c in branches} == {"header"}  # the hover's tail: its question and header
+        # A continuation of the hover's answer restores that tail from its detached copy.
+        continued = [*hover, PromptSegment("answer", "a", tuple(tok.encode(" It returns")))]
+        tokens, done = run(eng, continued)
+        assert done.metrics.cached_tokens == prefix_len(hover, len(hover))
         assert tokens == cold(tiny_loaded, continued)
 
 
@@ -217,7 +222,7 @@ def test_nbytes_matches_the_arrays(tiny_loaded, repo):
         prefix.prefill(Request(segments=ask(tok, repo, q)), 16, lambda: False, Metrics())
     cps = prefix.store.checkpoints()
     branches = [c for c in cps if c.kv is not None]
-    assert len(branches) == 4  # question + header of "a?" and "b?"
+    assert len(branches) == 2  # the question and header of "a?" and of "b?" (one boundary each)
     args = model.args
     per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * (args.hidden_size // args.num_attention_heads) * 4
     expected = sum((c.boundary.end - c.boundary.start) * per_token for c in branches)

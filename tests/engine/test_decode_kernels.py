@@ -220,7 +220,9 @@ def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what
     ids = [(11 * i + 5) % 500 for i in range(30)]
     cache = make_window_cache(model, DENSE)
     stream = decode(model, cache, prefill(model, cache, ids), greedy, 8)
-    first_three = [next(stream) for _ in range(3)]
+    first = next(stream)
+    assert cache_offset(cache) == len(ids)  # the first token comes before the second step is built
+    first_three = [first, next(stream), next(stream)]
     assert cache_offset(cache) == len(ids) + 3  # the step after the third token is already queued
     assert first_three + list(stream) == unpipelined(model, ids, 8)
     assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache

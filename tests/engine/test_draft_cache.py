@@ -147,7 +147,7 @@ def test_unrelated_history_leaves_the_line_and_the_prefix_stays_restorable():
     assert draft.draft(unrelated) == plain_greedy(model, unrelated, 4)
     metrics = Metrics()
     draft.prefill_request(request, lambda: False, metrics)
-    assert metrics.draft_cached_tokens == 60  # the detached prefix came back as a branch
+    assert metrics.draft_cached_tokens == 50  # the detached file came back as a branch (the question joins the header)
     assert draft.draft(ids) == plain_greedy(model, ids, 4)
 
 

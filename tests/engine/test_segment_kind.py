@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -15,7 +16,7 @@ import pytest
 from checkpoint_helpers import run
 from context.workspace import Workspace
 from engine.archive_entry import ArchiveEntry
-from engine.boundaries import boundaries, cut_points
+from engine.boundaries import JOIN_TOKENS, boundaries, cut_points
 from engine.engine import Engine
 from engine.request import PromptSegment, Request, SegmentKind
 from engine.window import WindowPolicy
@@ -70,9 +71,18 @@ def test_request_refuses_a_segment_of_an_unknown_kind():
 def test_anchors_and_protection_follow_the_kind():
     layout = [PromptSegment(kind, kind.value, (1, 2, 3)) for kind in
               (K.SYSTEM, K.FILE, K.FILE, K.HOT, K.TURN, K.HEADER, K.ANSWER, K.QUESTION, K.HEADER)]
-    # A grid of 2 restarting at every anchor: the file before the hot copy (9), then every tail segment.
-    assert cut_points(layout, interval=2) == [2, 4, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 23, 24, 26, 27]
-    assert [b.end for b in boundaries("p", layout) if b.protected] == [18, 24, 27]  # headers and the question
+    # A grid of 2 restarting at every anchor: the file before the hot copy (9), then every tail segment
+    # but the two a header follows (the turn ending at 15, the question at 24): a header joins them.
+    assert cut_points(layout, interval=2) == [2, 4, 6, 8, 9, 11, 12, 14, 16, 18, 20, 21, 23, 25, 27]
+    assert [b.end for b in boundaries("p", layout) if b.protected] == [18, 27]  # the headers
+    assert cut_points(layout) == [3, 6, 9, 12, 18, 21, 27]  # without a grid too
+    shared_turn = [*layout[:4], PromptSegment(K.TURN, "t", (1, 2, 3), protected=True), *layout[5:]]
+    assert 15 in cut_points(shared_turn, interval=2)  # a segment's own protection keeps its cut
+    assert cut_points(layout[:3] + layout[-1:]) == [3, 6, 9, 12]  # and so does the repository prefix's end
+    long = [*layout[:7], PromptSegment(K.QUESTION, "q", tuple(range(JOIN_TOKENS + 1))), layout[8]]
+    assert 21 + JOIN_TOKENS + 1 in cut_points(long)  # a long question (a pasted file) keeps its cut
+    assert 21 + JOIN_TOKENS not in cut_points([*long[:7], replace(long[7], token_ids=tuple(range(JOIN_TOKENS))),
+                                                long[8]])
     shared = [PromptSegment(K.SYSTEM, "s", (1, 2, 3), protected=True), PromptSegment(K.FILE, "a", (4, 5, 6))]
     assert cut_points(shared, interval=2) == [2, 3, 5, 6]  # a protected segment's end is an anchor too
     assert [b.protected for b in boundaries("p", shared)] == [True, False]
@@ -118,7 +128,8 @@ def test_context_segments_go_into_the_engine_as_they_are(tiny_loaded, workspace)
         events = list(engine.submit(request))
         assert request.segments is segments and events[-1].finish_reason in ("stop", "length")
         kinds = {c["end"]: c["kind"] for c in engine.stats()["cache"]["checkpoint_list"]}
-        assert [kinds.get(end) for end in ends[-5:]] == ["turn", "header", "answer", "question", "header"]
+        # The turn and the question are prefilled with the header after them: no checkpoint at their ends.
+        assert [kinds.get(end) for end in ends[-5:]] == [None, "header", "answer", None, "header"]
         _, warm = run(engine, follow_up, max_tokens=6)
     assert warm.metrics.cached_tokens == ends[-3]  # everything before the new question was restored
 
