@@ -79,7 +79,7 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
     total = pos
     kinds = [segment_kind(seg) for seg in segments]
     joined = {ends[i] for i, seg in enumerate(segments[:-1]) if kinds[i + 1] is SegmentKind.HEADER
-              and len(seg.token_ids) <= JOIN_TOKENS and not kinds[i].stable
+              and 0 < len(seg.token_ids) <= JOIN_TOKENS and segments[i + 1].token_ids and not kinds[i].stable
               and not (seg.protected and not kinds[i].protected)}
     if interval is None:
         return sorted({e for e in ends if e > 0} - joined)

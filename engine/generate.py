@@ -143,9 +143,9 @@ def decode(
 ) -> Iterator[int]:
     """Sample tokens one by one from the prefill's last logits, pipelined one step ahead (module docstring).
 
-    The EOS token is not yielded; it ends the loop. The cancel check runs before every
-    step. The cache receives every yielded token, except the last when `max_tokens`
-    ends the loop (rollbacks go by checkpoints, not by count).
+    The EOS token is not yielded; it ends the loop. The cancel check runs before every step.
+    The cache receives every yielded token, except the last when `max_tokens` ends the loop
+    and the first until the second is asked for (rollbacks go by checkpoints, not by count).
 
     Args:
         compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
@@ -179,18 +179,18 @@ def decode(
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during decode at token {step}")
         more = step + 1 < max_tokens
-        # Without a penalty the next step needs nothing from the host: queue it from the lazy token before
-        # waiting for that token, so the host builds step n + 1 while the device runs step n. Not for the
-        # first token, what the user waits for: building a step at a new length can take the host longer.
-        ahead = more and penalty is None and step > 0
-        nxt = step_after(token) if ahead else None
+        # Without a penalty step n + 1 needs nothing from the host: queued from the lazy token before that
+        # token is read. The first token (what the user waits for) is yielded before any step is built.
+        first = step == 0
+        nxt = step_after(token) if more and penalty is None and not first else None
         token_id = int(token.item())
         if token_id in eos_token_ids:
             return
         if penalty is not None:
             penalty.observe((token_id,))
+            nxt = step_after(token) if more and not first else None
         yield token_id
-        token = nxt if ahead else step_after(token) if more else None
+        token = step_after(token) if more and first else nxt
 
 
 class StopStrings:

@@ -108,7 +108,8 @@ class SegmentKind(StrEnum):
       many conversations share; the engine's checkpoints inside a long answer).
     - archived: its checkpoints go to the disk archive. The question, header and
       answer of one request are not worth a disk write; turns are (a follow-up
-      conversation restores them after a restart).
+      conversation restores them after a restart; a short turn the header joins
+      ends in the header's boundary, so it is recomputed).
     """
 
     SYSTEM = "system"

@@ -81,6 +81,9 @@ def test_anchors_and_protection_follow_the_kind():
     assert cut_points(layout[:3] + layout[-1:]) == [3, 6, 9, 12]  # and so does the repository prefix's end
     long = [*layout[:7], PromptSegment(K.QUESTION, "q", tuple(range(JOIN_TOKENS + 1))), layout[8]]
     assert 21 + JOIN_TOKENS + 1 in cut_points(long)  # a long question (a pasted file) keeps its cut
+    empty = [*layout[:3], PromptSegment(K.QUESTION, "q", ()), layout[8]]
+    assert 9 in cut_points(empty, interval=2)  # an empty question joins nothing to the header
+    assert cut_points([*layout[:7], PromptSegment(K.HEADER, "h", ())])[-1] == 21  # nor does an empty header
     assert 21 + JOIN_TOKENS not in cut_points([*long[:7], replace(long[7], token_ids=tuple(range(JOIN_TOKENS))),
                                                 long[8]])
     shared = [PromptSegment(K.SYSTEM, "s", (1, 2, 3), protected=True), PromptSegment(K.FILE, "a", (4, 5, 6))]
