@@ -160,6 +160,13 @@ def run_sections(runners: Mapping[str, Callable[[], None]], names: Sequence[str]
             import traceback
             traceback.print_exc()
             result.setdefault("errors", {})[name] = repr(err)
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
+        save_json(result, out, quiet=True)
     print(f"wrote {out}")
+
+
+def save_json(result: dict, out: str, quiet: bool = False) -> None:
+    """Write `result` as indented JSON to `out` (its folder made)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1))
+    if not quiet:
+        print(f"wrote {out}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,25 +39,15 @@ import mlx.core as mx  # noqa: E402
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from engine import cuda_attention  # noqa: E402
+from engine.timing import median_seconds  # noqa: E402
+from engine.timing import seconds as timed  # noqa: E402
 
 HEADS, KV_HEADS, DIM, CALLS, DISTINCT = 64, 8, 128, 64, 16
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds for one evaluation of fn()'s arrays."""
-    mx.synchronize()
-    start = time.perf_counter()
-    mx.eval(fn())
-    mx.synchronize()
-    return time.perf_counter() - start
-
-
 def median_ms(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
-    """Median milliseconds of `repeats` evaluations after `warmup` untimed ones (compilation)."""
-    for _ in range(warmup):
-        timed(fn)
-    times = sorted(timed(fn) for _ in range(repeats))
-    return times[len(times) // 2] * 1e3
+    """`engine.timing.median_seconds` in milliseconds."""
+    return median_seconds(fn, repeats, warmup) * 1e3
 
 
 def rel_err(a: mx.array, ref: mx.array) -> float:
@@ -80,7 +69,7 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
             mx.eval(k, v, kq, vq)
             caches.append((k, v, kq, vq))
         q = mx.random.normal((1, HEADS, 1, DIM), key=mx.random.key(3)).astype(mx.bfloat16) * 3
-        k, v, kq, vq = caches[0]
+        k, _, kq, vq = caches[0]
         ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
         row: dict[str, Any] = {"keys": n, "calls": CALLS}
         for kernel in ("cores", "mma"):
@@ -125,15 +114,20 @@ def _padded(padding: tuple, k: mx.array, v: mx.array, rows: int, scale: float) -
                                                 mask=mask)[..., :rows, :]
 
 
-def section_plans(result: dict, context: int) -> None:
-    scale = DIM ** -0.5
-    cap = context + 16384
+def random_kv(cap: int) -> tuple[mx.array, mx.array]:
+    """Random bf16 keys and values of `cap` positions (evaluated)."""
     k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(1)).astype(mx.bfloat16)
     v = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(2)).astype(mx.bfloat16)
     mx.eval(k, v)
+    return k, v
+
+
+def section_plans(result: dict, context: int) -> None:
+    scale = DIM ** -0.5
+    k, v = random_kv(context + 16384)
     for rows in (45, 1037):
         q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
-        for step, offset in enumerate((context, context + 7, context + 1301)):
+        for offset in (context, context + 7, context + 1301):
             def plain():
                 return [mx.fast.scaled_dot_product_attention(q, k[..., :offset + rows, :], v[..., :offset + rows, :],
                                                              scale=scale, mask="causal") for _ in range(CALLS)]
@@ -167,10 +161,7 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
 
     default_warps = chunk.WARPS
     scale = DIM ** -0.5
-    cap = -(-(context + 64) // 256) * 256
-    k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(1)).astype(mx.bfloat16)
-    v = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(2)).astype(mx.bfloat16)
-    mx.eval(k, v)
+    k, v = random_kv(-(-(context + 64) // 256) * 256)
     for rows in (2, 5, 16, 45):
         q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
         for offset in (context, context + 7):
@@ -186,12 +177,14 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
             nbytes = 2 * k[..., :n, :].nbytes
             ref = chunk.reference(q, k, v, n, scale)
             row: dict[str, Any] = {"rows": rows, "keys": n, "calls": CALLS, "copy_gbs": copy_gbs, "ours": {}}
-            for w in warps:
-                chunk.WARPS = w
-                first, warm = timed(ours) * 1e3, median_ms(ours, 3)
-                row["ours"][w] = {"first_ms": first, "warm_ms": warm, "gbs": nbytes * CALLS / warm / 1e6,
-                                  "err": rel_err(chunk.chunk_attention(q, k, v, n, scale), ref)}
-            chunk.WARPS = default_warps
+            try:
+                for w in warps:
+                    chunk.WARPS = w
+                    first, warm = timed(ours) * 1e3, median_ms(ours, 3)
+                    row["ours"][w] = {"first_ms": first, "warm_ms": warm, "gbs": nbytes * CALLS / warm / 1e6,
+                                      "err": rel_err(chunk.chunk_attention(q, k, v, n, scale), ref)}
+            finally:
+                chunk.WARPS = default_warps
             row["mlx_first_ms"] = timed(mlx) * 1e3
             row["mlx_warm_ms"] = median_ms(mlx, 3)
             row["err_mlx"] = rel_err(mlx()[0], ref)
@@ -203,6 +196,7 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
                 f"; MLX first {row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s), "
                 f"rel err {row['err_mlx']:.1e}", flush=True)
 
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="32768,131072")
@@ -211,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--chunk-warps", default="12", help="block sizes of the chunk attention to measure (warps)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_attention.json"))
     a = ap.parse_args(argv)
-    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.apply()}
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.current()}
     copy_gbs = gpu_bounds.copy_bandwidth()
     result["copy_gbs"] = copy_gbs
     runners = {"decode": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),

@@ -117,7 +117,7 @@ class Run:
         self.out = Path(a.out or f"bench/results/gpu_engine-{self.shape_name}-{a.lengths.replace(',', '-')}.json")
         self.result: dict[str, Any] = dict(
             shape=self.shape_name, device=a.device, chunk=a.chunk, decode=a.decode, window=self.window.__dict__,
-            archive=a.archive, mlx_env=mlx_env.apply(),
+            archive=a.archive, mlx_env=mlx_env.current(),
             layers=self.model.args.num_hidden_layers, build_s=round(self.build_s, 1), mlx=mx.__version__,
             platform=platform.platform(), device_info=mx.device_info(), rows=[])
 

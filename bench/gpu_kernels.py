@@ -46,7 +46,7 @@ from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
 
 
-def best_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
+def warm_median_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
     """Median of `repeats` timed evaluations after two untimed ones (compilation)."""
     return median_ms(fn, repeats, warmup=2)
 
@@ -83,8 +83,8 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
                 ref = x.astype(mx.float32) @ w.T
                 errs_ours.append(rel_err(cuda_qmv.linear_product(m, x), ref))
                 errs_mlx.append(rel_err(nn.QuantizedLinear.__call__(m, x), ref))
-            t_mlx = best_ms(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in zip(linears, xs)])
-            t_ours = best_ms(lambda: [cuda_qmv.linear_product(m, x) for m, x in zip(linears, xs)])
+            t_mlx = warm_median_ms(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in zip(linears, xs)])
+            t_ours = warm_median_ms(lambda: [cuda_qmv.linear_product(m, x) for m, x in zip(linears, xs)])
             row = {"bits": bits, "rows": rows, "block_bytes": nbytes, "mlx_ms": t_mlx, "ours_ms": t_ours,
                    "mlx_gbs": nbytes / t_mlx / 1e6, "ours_gbs": nbytes / t_ours / 1e6, "copy_gbs": copy_gbs,
                    "err_ours": max(errs_ours), "err_mlx": max(errs_mlx)}
@@ -130,8 +130,8 @@ def section_dequant(result: dict, copy_gbs: float) -> None:
                                for a, o in zip(mlx, ours))}
         row["values"] = sum(a.size for a in mlx)
         nbytes = sum(a.nbytes for a in mlx) + sum(linear_bytes(m) for m in linears)
-        row["mlx_ms"] = best_ms(lambda: [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args])
-        row["ours_ms"] = best_ms(lambda: [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g,
+        row["mlx_ms"] = warm_median_ms(lambda: [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args])
+        row["ours_ms"] = warm_median_ms(lambda: [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g,
                                                                   dtype=mx.bfloat16) for w, s, b, g in args])
         row["mlx_gbs"], row["ours_gbs"] = nbytes / row["mlx_ms"] / 1e6, nbytes / row["ours_ms"] / 1e6
         row["copy_gbs"] = copy_gbs
@@ -148,23 +148,12 @@ def _product_mlx(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
 
 def section_tail(result: dict, context: int) -> None:
     """The forwards of an edit + ask at `context` keys (bf16 KV, dense): where their time goes."""
-    from bench.prefill import SHAPES, build_model
     from engine import linear_mode
-    from engine.compute import ComputeOptions, choose
-    from engine.window import WindowPolicy, make_window_cache, set_dense_from
+    from engine.window import set_dense_from
 
-    shape = SHAPES["qwen3-32b"]
-    model = build_model(shape, None)
-    linear_mode.wire(model)
-    policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
-    cache = make_window_cache(model, policy, kv_bits=16)
-    for i, c in enumerate(cache):
-        k = mx.random.normal((1, 8, context, 128), key=mx.random.key(10 + i)).astype(mx.bfloat16)
-        c.store.write(0, k, k)
-        c.offset = context
-        mx.eval(c.state)
+    model, policy, path = step_model()
+    cache = filled_cache(model, policy, 16, context)
     set_dense_from(cache, context)
-    path = choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
     original = linear_mode.dequantized_product
 
     def forward(rows: int, offset: int, variant: str) -> float:
@@ -181,7 +170,7 @@ def section_tail(result: dict, context: int) -> None:
                     return path.forward(ids, cache, logits="last")
             finally:
                 linear_mode.dequantized_product = original
-        return best_ms(once, repeats=3)
+        return warm_median_ms(once, repeats=3)
 
     for rows in (45, 1037, 1082):
         for offset in (context, 0):
@@ -191,7 +180,7 @@ def section_tail(result: dict, context: int) -> None:
                 print(f"tail forward {rows} rows at {offset}: {variant} {ms:.1f} ms", flush=True)
         q = mx.random.normal((1, 64, rows, 128), key=mx.random.key(5)).astype(mx.bfloat16)
         k = cache[0].store.keys[..., :context + rows, :]
-        ms = best_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
+        ms = warm_median_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
                               for _ in range(64)], repeats=3)
         result.setdefault("tail_attention", []).append({"rows": rows, "keys": context + rows, "ms_64": ms})
         print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
@@ -207,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sections", default="qmv,attention,step")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_kernels.json"))
     a = ap.parse_args(argv)
-    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.apply()}
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "mlx_env": mlx_env.current()}
     try:
         result["device_info"] = {k: str(v) for k, v in mx.device_info().items()}
     except Exception:  # noqa: BLE001

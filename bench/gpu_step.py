@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ mlx_env.apply()  # as the engine's start-up step does, before MLX starts
 
 import mlx.core as mx  # noqa: E402
 
+from bench._common import save_json  # noqa: E402
 from engine import decode_kernels, qkv  # noqa: E402
 
 MODES = ("pipelined", "wait", "sync")
@@ -148,11 +148,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
-              "mlx_env": mlx_env.apply(),
+              "mlx_env": mlx_env.current(),
               "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape)}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {a.out}")
+    save_json(result, a.out)
     return result
 
 

@@ -77,11 +77,13 @@ class ForwardLog(logging.Handler):
         self._levels: list[int] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("prefill forward:"):
-            tokens, keys, seconds = record.args
+        forward = getattr(record, "forward", None)  # the fields the engine attaches to these lines
+        if forward is not None:
+            tokens, keys, seconds = forward
             self.forwards.append([tokens, keys, round(seconds, 4)])
-        elif record.msg.startswith("restore:"):
-            self.restore_s = round(record.args[1], 4)
+        restore_s = getattr(record, "restore_s", None)
+        if restore_s is not None:
+            self.restore_s = round(restore_s, 4)
 
     def __enter__(self) -> "ForwardLog":
         for name in self.LOGGERS:

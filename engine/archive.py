@@ -166,7 +166,11 @@ class CheckpointArchive:
         """Queue a checkpoint for writing (call on the MLX thread: its arrays are made ready here)."""
         if self.off_reason is not None:
             return
-        entries = archive_format.prepare({**kv, **recurrent})
+        try:
+            entries = archive_format.prepare({**kv, **recurrent})
+        except ValueError as err:  # an array safetensors cannot name: this checkpoint stays in memory only
+            log.warning("not archiving the checkpoint at %d: %s", boundary.end, err)
+            return
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive", daemon=True)
             self._writer.start()
@@ -174,7 +178,7 @@ class CheckpointArchive:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Queued writes wait while this block runs (a request); a write under way finishes."""
+        """Queued writes wait while this block runs (a request); a write under way stops before its next array."""
         if not self._draining:
             self._may_write.clear()
         try:

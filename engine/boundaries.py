@@ -68,7 +68,7 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
     at a long context, attends over all of it). What that gives up: a
     regenerate of the same prompt recomputes the short question with the
     header instead of the header alone (at 128k tokens on the H200, one
-    forward of 45 tokens: 0.16 s; docs/benchmarks.md, *GPU engine*). A long
+    forward of 45 tokens: 0.15-0.17 s; docs/benchmarks.md, *GPU engine*). A long
     segment (a file pasted as the message) keeps its cut, so a repeat
     restores it.
     """
@@ -78,9 +78,7 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
         ends.append(pos)
     total = pos
     kinds = [segment_kind(seg) for seg in segments]
-    joined = {ends[i] for i, seg in enumerate(segments[:-1]) if kinds[i + 1] is SegmentKind.HEADER
-              and 0 < len(seg.token_ids) <= JOIN_TOKENS and segments[i + 1].token_ids and not kinds[i].stable
-              and not (seg.protected and not kinds[i].protected)}
+    joined = {ends[i] for i in range(len(segments) - 1) if _header_joins(segments[i], segments[i + 1])}
     if interval is None:
         return sorted({e for e in ends if e > 0} - joined)
     anchors = set()
@@ -96,6 +94,16 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
         cuts.append(anchor)
         start = anchor
     return cuts
+
+
+def _header_joins(seg: SegmentLike, nxt: SegmentLike) -> bool:
+    """Whether `nxt` is a response header that joins `seg` (no cut between them: `cut_points`)."""
+    kind = segment_kind(seg)
+    return (segment_kind(nxt) is SegmentKind.HEADER
+            and len(nxt.token_ids) > 0
+            and 0 < len(seg.token_ids) <= JOIN_TOKENS
+            and not kind.stable
+            and not (seg.protected and not kind.protected))  # a protection of its own keeps the cut
 
 
 def boundaries(policy_fingerprint: str, segments: Sequence[SegmentLike],

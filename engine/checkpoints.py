@@ -32,6 +32,7 @@ from engine.request import SegmentLike
 
 if TYPE_CHECKING:
     from engine.archive import CheckpointArchive
+    from engine.archive_entry import ArchiveEntry
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +156,12 @@ class CheckpointStore:
                 cp = self._by_key.get(b.key)
                 in_memory = cp is not None and cp.matches(b)
                 if b.end >= limit:  # never restored, but a new question is still named as the miss
-                    first_miss = None if in_memory or self._archived(b) is not None else b
+                    first_miss = None if in_memory or self._archive_entry(b) is not None else b
                     break
                 if not archived and in_memory:
                     path.append(cp)
                     continue
-                entry = self._archived(b)
+                entry = self._archive_entry(b)
                 if entry is not None:
                     archived.append(entry)
                     continue
@@ -168,7 +169,7 @@ class CheckpointStore:
                 break
         return Plan(path, archived, self._miss(first_miss) if first_miss else None)
 
-    def _archived(self, b: Boundary) -> Any:
+    def _archive_entry(self, b: Boundary) -> ArchiveEntry | None:
         """The archive's entry for `b` when it holds one that matches, else None."""
         entry = self.archive.get(b.key) if self.archive else None
         return entry if entry is not None and entry.matches(b) else None

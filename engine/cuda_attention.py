@@ -26,11 +26,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_attention_mma
+from engine import cuda_attention_mma, cuda_backend
 from engine.cuda_backend import PRMT_HEADER, cuda_available
 
 THREADS = 128
-_LOG2E = 1.4426950408889634
 
 _SOURCE = r"""
   constexpr int NT = 128;
@@ -214,19 +213,16 @@ _MERGE = r"""
 
 @functools.lru_cache(maxsize=1)
 def _kernels() -> tuple[Any, Any]:
-    partial = mx.fast.cuda_kernel(
-        name="codectx_q8_attention", input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta"],
-        output_names=["part_out", "part_ml"], source=_SOURCE, header=_HEADER, ensure_row_contiguous=False)
-    merge = mx.fast.cuda_kernel(name="codectx_q8_merge", input_names=["part_out", "part_ml"], output_names=["out"],
-                                source=_MERGE)
+    partial = cuda_backend.kernel(
+        "codectx_q8_attention", _SOURCE, _HEADER, input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta"],
+        output_names=["part_out", "part_ml"], ensure_row_contiguous=False)
+    merge = cuda_backend.kernel("codectx_q8_merge", _MERGE, input_names=["part_out", "part_ml"], output_names=["out"])
     return partial, merge
 
 
 def split_size(n: int, kv_heads: int, target_blocks: int = 2048) -> int:
     """Keys per block: a multiple of `THREADS` giving about `target_blocks` blocks, at most 4096."""
-    per_head = max(1, target_blocks // max(1, kv_heads))
-    size = -(-n // per_head)
-    return min(4096, max(THREADS, -(-size // THREADS) * THREADS))
+    return min(4096, cuda_backend.split_size(n, kv_heads, target_blocks, THREADS, THREADS))
 
 
 def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int, kernel: str = "cores") -> str | None:
@@ -277,12 +273,12 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     if n < 1:
         raise ValueError("decode attention needs at least one key")
     if kernel == "mma":
-        part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, _LOG2E)
+        part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype).reshape(1, H, 1, D)
     partial, merge = _kernels()
     cs = split_size(n, kv_heads)
     splits = -(-n // cs)
-    q = (queries.reshape(H, D).astype(mx.float32) * (scale * _LOG2E))
+    q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
     meta = mx.array([n, cs], dtype=mx.int32)
     part_out, part_ml = partial(
         inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],

@@ -29,11 +29,11 @@ While one tile computes, the next one's bytes are loaded.
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_backend
 from engine.cuda_backend import PRMT_HEADER
 
 WARPS = 4  # per block; each warp is one split of the keys
@@ -324,19 +324,16 @@ MERGE = r"""
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
-    # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
-    digest = hashlib.sha1((HEADER + SOURCE).encode()).hexdigest()[:10]
-    return mx.fast.cuda_kernel(
-        name=f"codectx_q8_attention_mma_{digest}",
+    return cuda_backend.kernel(
+        "codectx_q8_attention_mma", SOURCE, HEADER,
         input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in"],
-        output_names=["part_out", "part_ml"], source=SOURCE, header=HEADER, ensure_row_contiguous=False)
+        output_names=["part_out", "part_ml"], ensure_row_contiguous=False)
 
 
 @functools.lru_cache(maxsize=1)
 def _merge_kernel() -> Any:
-    digest = hashlib.sha1(MERGE.encode()).hexdigest()[:10]
-    return mx.fast.cuda_kernel(name=f"codectx_q8_merge_splits_{digest}", input_names=["part_out", "part_ml"],
-                               output_names=["out"], source=MERGE)
+    return cuda_backend.kernel("codectx_q8_merge_splits", MERGE, input_names=["part_out", "part_ml"],
+                               output_names=["out"])
 
 
 def merge(part_out: mx.array, part_ml: mx.array, dtype: mx.Dtype) -> mx.array:
@@ -360,13 +357,10 @@ def shape_problem(G: int, D: int, group_size: int) -> str | None:
 def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128, tile: int = TILE) -> int:
     """Keys per warp: a multiple of the tile giving about `target_warps` warps in all (about as many
     as the H200 holds at once), at least `least` (each split's partial output is read back by the merge)."""
-    per_head = max(1, target_warps // max(1, kv_heads))
-    size = -(-n // per_head)
-    return max(least, -(-size // tile) * tile)
+    return cuda_backend.split_size(n, kv_heads, target_warps, least, tile)
 
 
-def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
-                      log2e: float) -> tuple[mx.array, mx.array]:
+def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float) -> tuple[mx.array, mx.array]:
     """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2."""
     _, H, _, D = queries.shape
     kv_heads = keys[0].shape[1]
@@ -375,8 +369,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
     splits = blocks * WARPS
     q = mx.contiguous(queries.reshape(H, D).astype(mx.bfloat16))
     meta = mx.array([n, cs], dtype=mx.int32)
-    qscale = mx.array([scale * log2e], dtype=mx.float32)
     return tuple(_kernel()(
-        inputs=[q, *keys, *values, meta, qscale], template=[("T", keys[1].dtype), ("G", H // kv_heads)],
+        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale)], template=[("T", keys[1].dtype), ("G", H // kv_heads)],
         grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))

@@ -1,13 +1,20 @@
 """MLX's CUDA backend: whether it runs here, and device code our kernels share.
 
-Our kernels (`engine.cuda_qmv`, `engine.cuda_attention`) are compiled by MLX at first use
-through `mx.fast.cuda_kernel`; they exist only where MLX runs on CUDA.
+Our kernels (`engine.cuda_qmv`, `engine.cuda_dequant`, `engine.cuda_attention`,
+`engine.cuda_attention_mma`, `engine.cuda_chunk_attention`) are compiled by MLX at first use
+through `kernel` (`mx.fast.cuda_kernel`); they exist only where MLX runs on CUDA.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
+from typing import Any
 
 import mlx.core as mx
+
+LOG2E = math.log2(math.e)
+"""Our attention kernels work in base 2 (`exp2f`): the softmax scale is multiplied by this."""
 
 PRMT_HEADER = r"""
 namespace codectx {
@@ -54,3 +61,25 @@ def affine_problem(mode: str, bits: int, dtype: mx.Dtype, has_biases: bool) -> s
 def cuda_available() -> bool:
     """Whether MLX runs on its CUDA backend here (the default device is a CUDA GPU)."""
     return _cuda_backend(str(mx.default_device()))
+
+
+def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:
+    """`mx.fast.cuda_kernel` under `name` plus a hash of its source: some MLX builds cache compiled
+    kernels on disk by name alone, so a changed source must get a new name."""
+    digest = hashlib.sha1((header + source).encode()).hexdigest()[:10]
+    return mx.fast.cuda_kernel(name=f"{name}_{digest}", source=source, header=header, **options)
+
+
+@functools.lru_cache(maxsize=16)
+def base2_scale(scale: float) -> mx.array:
+    """`scale` in base 2 as the one-element float32 array our attention kernels read: made once per
+    scale (one per model), not for every layer of every step."""
+    return mx.array([scale * LOG2E], dtype=mx.float32)
+
+
+def split_size(n: int, parts: int, target: int, least: int, multiple: int) -> int:
+    """Keys per split of a split-key kernel: about `target` splits over `parts` (KV heads, or KV heads
+    x row blocks), a multiple of `multiple` (the kernel's tile), at least `least`."""
+    per_part = max(1, target // max(1, parts))
+    size = -(-n // per_part)
+    return max(least, -(-size // multiple) * multiple)

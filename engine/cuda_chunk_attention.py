@@ -31,13 +31,11 @@ tokens where it wins: `decode_kernels.attend_chunk`).
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
 from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_attention_mma
+from engine import cuda_backend
 from engine.cuda_attention_mma import HEADER, merge
 
 WARPS = 12  # per block; each warp holds 16 query rows (164 registers a thread: twelve warps fill an SM's 64k)
@@ -165,7 +163,7 @@ SOURCE = r"""
             psum += e;
           }
         l_run[hf] = fmaf(l_run[hf], alpha, psum);
-        if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // once the running maxima settle, most tiles skip this
+        if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // skipped when no row's maximum moved in this tile
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             oacc[i][2 * hf] *= alpha;
@@ -223,11 +221,9 @@ SOURCE = r"""
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
-    # The source's hash in the name: some MLX builds cache compiled kernels on disk by name alone.
-    digest = hashlib.sha1((CHUNK_HEADER + SOURCE).encode()).hexdigest()[:10]
-    return mx.fast.cuda_kernel(
-        name=f"codectx_chunk_attention_{digest}", input_names=["q", "k", "v", "meta", "qscale_in"],
-        output_names=["part_out", "part_ml"], source=SOURCE, header=CHUNK_HEADER, ensure_row_contiguous=False)
+    return cuda_backend.kernel("codectx_chunk_attention", SOURCE, CHUNK_HEADER,
+                               input_names=["q", "k", "v", "meta", "qscale_in"], output_names=["part_out", "part_ml"],
+                               ensure_row_contiguous=False)
 
 
 def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
@@ -243,7 +239,7 @@ def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
 def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: int = 256) -> int:
     """Keys per split: a multiple of the tile giving about `target_blocks` blocks in all (four per SM of
     the H200's 132), at least `least` (each split's partial outputs are read back by the merge)."""
-    return cuda_attention_mma.split_size(n, blocks_per_split, target_blocks, least, TILE)
+    return cuda_backend.split_size(n, blocks_per_split, target_blocks, least, TILE)
 
 
 def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:
@@ -264,9 +260,8 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     splits = -(-n // cs)
     q = mx.contiguous(queries.reshape(H, L, D).astype(mx.bfloat16))
     meta = mx.array([n, L, cs], dtype=mx.int32)
-    qscale = mx.array([scale * math.log2(math.e)], dtype=mx.float32)
     part_out, part_ml = _kernel()(
-        inputs=[q, keys, values, meta, qscale], template=[("G", G)],
+        inputs=[q, keys, values, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
         grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H * L, splits, D), (H * L, splits, 2)], output_dtypes=[mx.float32, mx.float32])
     return merge(part_out, part_ml, queries.dtype).reshape(1, H, L, D)

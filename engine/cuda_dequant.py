@@ -25,6 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_backend
 from engine.cuda_backend import PRMT_HEADER, affine_problem
 
 VALUES_PER_THREAD = 8
@@ -81,8 +82,8 @@ THREADS = 256
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
-    return mx.fast.cuda_kernel(name="codectx_dequantize", input_names=["w", "scales", "biases"],
-                               output_names=["out"], source=_SOURCE, header=_HEADER)
+    return cuda_backend.kernel("codectx_dequantize", _SOURCE, _HEADER, input_names=["w", "scales", "biases"],
+                               output_names=["out"])
 
 
 def unsupported(bits: int, group_size: int, k: int, dtype: mx.Dtype, biases: bool = True,

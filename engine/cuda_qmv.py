@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_backend
 from engine.cuda_backend import PRMT_HEADER, affine_problem
 
 MAX_ROWS = 8
@@ -155,8 +156,8 @@ WARPS = 8
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
-    return mx.fast.cuda_kernel(name="codectx_qmv", input_names=["x", "w", "scales", "biases"], output_names=["y"],
-                               source=_SOURCE, header=_HEADER)
+    return cuda_backend.kernel("codectx_qmv", _SOURCE, _HEADER, input_names=["x", "w", "scales", "biases"],
+                               output_names=["y"])
 
 
 def rows_per_warp(n: int) -> int:

@@ -123,9 +123,9 @@ def prefill(
             # buffer in place only when no queued work still reads it; on the H200, queuing
             # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*.)
             mx.eval(_cache_state(cache))
-        if log.isEnabledFor(logging.DEBUG):  # benchmarks read these lines (bench/request_profile.ForwardLog)
-            log.debug("prefill forward: %d tokens, %d keys, %.4f s", end - start, state.attention_offset(cache),
-                      time.perf_counter() - began)
+        if log.isEnabledFor(logging.DEBUG):  # benchmarks read `forward` (bench/request_profile.ForwardLog)
+            forward = (end - start, state.attention_offset(cache), time.perf_counter() - began)
+            log.debug("prefill forward: %d tokens, %d keys, %.4f s", *forward, extra={"forward": forward})
         if on_chunk is not None:
             on_chunk(end, len(token_ids))
     return logits
@@ -181,16 +181,16 @@ def decode(
         more = step + 1 < max_tokens
         # Without a penalty step n + 1 needs nothing from the host: queued from the lazy token before that
         # token is read. The first token (what the user waits for) is yielded before any step is built.
-        first = step == 0
-        nxt = step_after(token) if more and penalty is None and not first else None
+        ahead = more and step > 0
+        nxt = step_after(token) if ahead and penalty is None else None
         token_id = int(token.item())
         if token_id in eos_token_ids:
             return
         if penalty is not None:
             penalty.observe((token_id,))
-            nxt = step_after(token) if more and not first else None
+            nxt = step_after(token) if ahead else None
         yield token_id
-        token = step_after(token) if more and first else nxt
+        token = nxt if ahead or not more else step_after(token)
 
 
 class StopStrings:

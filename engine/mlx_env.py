@@ -11,7 +11,8 @@ model takes before importing `mlx.core`. A value the user set is kept.
   the H200 at 131k tokens, in one process that had first run the same steps at 32k, the decode
   step took 39.2 ms with the 8-bit cache and 27.1 ms with bf16 under the default, 20.3 and
   18.2 ms with 1,000 (docs/benchmarks.md, *GPU engine*, fifth session: the decode step's
-  floor). The setting is inert on other backends.
+  floor). Through the engine, and in `bench/gpu_step.py` with one fresh process per size, the
+  difference has not shown (same section, runs g and h). The setting is inert on other backends.
 """
 from __future__ import annotations
 
@@ -24,4 +25,9 @@ def apply() -> dict[str, str]:
     """Set each of `DEFAULTS` the environment does not already set; the values now in force."""
     for name, value in DEFAULTS.items():
         os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in DEFAULTS}
+    return current()
+
+
+def current() -> dict[str, str]:
+    """The values MLX runs with once `apply` has run (the user's, else ours), changing nothing."""
+    return {name: os.environ.get(name, value) for name, value in DEFAULTS.items()}

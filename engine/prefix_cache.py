@@ -208,8 +208,9 @@ class PrefixCache:
         plan = self.store.plan(bounds, len(ids))
         began = time.perf_counter()
         offset, miss = self.store.restore(self.cache, plan)
-        log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset,
-                  time.perf_counter() - began)
+        restore_s = time.perf_counter() - began
+        log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset, restore_s,
+                  extra={"restore_s": restore_s})
         miss = self._name_policy_switch(miss, bounds, offset)
         metrics.cached_tokens = offset
         metrics.recomputed_tokens = 0

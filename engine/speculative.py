@@ -108,7 +108,8 @@ class BreakEvenGuard:
     step, each round capped at twice the larger of the model's estimate and the
     window's (low) median measured cost: a one-off trace or a burst of load does not
     count as the price of drafting, while rounds that are all dear (verifying
-    several rows over a long cache on a GPU costs many plain steps) count in
+    several rows over 128k keys on the H200: prompt lookup 2.3 tok/s against 31
+    plain, docs/benchmarks.md, *GPU engine*) count in
     full, whatever the prior said. Until then it comes from
     the cost model: `1 + (cost_per_token + draft_cost) * drafted`. Over the last
     `window` drafting rounds, if emitted / cost falls below `margin`, drafting

@@ -53,7 +53,7 @@ def check_mlx() -> Check:
 
     backends = [name for name in ("metal", "cuda") if _available(mx, name)]
     backend = "+".join(backends) or "cpu"
-    settings = ", ".join(f"{name}={value}" for name, value in mlx_env.apply().items())
+    settings = ", ".join(f"{name}={value}" for name, value in mlx_env.current().items())
     return Check("mlx", True, f"{mx.__version__}, backend {backend}, device {mx.default_device()}, {settings}")
 
 

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_fill_only_what_the_user_left_unset(monkeypatch):
-    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE", raising=False)
+    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "")  # recorded, so the test's end restores the variable
+    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE")
+    assert mlx_env.current() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "1000"} and "MLX_CUDA_GRAPH_CACHE_SIZE" not in os.environ
     assert mlx_env.apply() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "1000"}
     monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "7")
     assert mlx_env.apply() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "7"}

@@ -19,12 +19,18 @@ def play(guard: BreakEvenGuard, clock: FakeClock, seconds: float, drafted: int =
     guard.record(drafted, accepted)
 
 
-def test_measured_cost_pauses_drafting_the_cost_model_would_keep():
+def after_plain_steps(cost_per_token: float) -> tuple[BreakEvenGuard, FakeClock]:
+    """A guard (four rounds to judge) that has timed three plain steps of 1 s."""
     clock = FakeClock()
-    # The prior says verifying is free, so by the model 1 token per round breaks even.
-    guard = BreakEvenGuard(cost_per_token=0.0, min_rounds=4, clock=clock)
+    guard = BreakEvenGuard(cost_per_token=cost_per_token, min_rounds=4, clock=clock)
     for _ in range(3):
         play(guard, clock, 1.0)
+    return guard, clock
+
+
+def test_measured_cost_pauses_drafting_the_cost_model_would_keep():
+    # The prior says verifying is free, so by the model 1 token per round breaks even.
+    guard, clock = after_plain_steps(0.0)
     assert guard.plain_step_s == 1.0
     for _ in range(4):
         play(guard, clock, 1.6, drafted=4, accepted=0)  # 1 token for 1.6 plain steps
@@ -33,11 +39,8 @@ def test_measured_cost_pauses_drafting_the_cost_model_would_keep():
 
 
 def test_measured_cost_keeps_drafting_the_cost_model_would_pause():
-    clock = FakeClock()
     # The prior says each verified token costs a whole step: 3 tokens for 5 steps.
-    guard = BreakEvenGuard(cost_per_token=1.0, min_rounds=4, clock=clock)
-    for _ in range(3):
-        play(guard, clock, 1.0)
+    guard, clock = after_plain_steps(1.0)
     for _ in range(8):
         play(guard, clock, 1.5, drafted=4, accepted=2)
     assert guard.pauses == 0 and guard.active
@@ -53,10 +56,7 @@ def test_without_timed_plain_steps_the_cost_model_judges():
 
 
 def test_one_slow_round_counts_at_most_twice_its_model_cost():
-    clock = FakeClock()
-    guard = BreakEvenGuard(cost_per_token=0.25, min_rounds=4, clock=clock)
-    for _ in range(3):
-        play(guard, clock, 1.0)
+    guard, clock = after_plain_steps(0.25)
     play(guard, clock, 50.0, drafted=4, accepted=4)  # a trace or a burst of load
     for _ in range(3):
         play(guard, clock, 1.25, drafted=4, accepted=4)
@@ -65,12 +65,9 @@ def test_one_slow_round_counts_at_most_twice_its_model_cost():
 
 
 def test_rounds_that_are_all_dear_count_in_full():
-    clock = FakeClock()
     # Verifying 5 rows over a long cache on a GPU: every round costs 10 plain steps, far
     # above the prior's 2; capping each at twice the prior would keep a 2x loss drafting.
-    guard = BreakEvenGuard(cost_per_token=0.25, min_rounds=4, clock=clock)
-    for _ in range(3):
-        play(guard, clock, 1.0)
+    guard, clock = after_plain_steps(0.25)
     for _ in range(4):
         play(guard, clock, 10.0, drafted=4, accepted=4)
     assert guard.pauses == 1 and not guard.active
@@ -78,11 +75,8 @@ def test_rounds_that_are_all_dear_count_in_full():
 
 
 def test_two_warm_up_spikes_in_the_first_four_rounds_stay_spikes():
-    clock = FakeClock()
     # The first verify of each new width can build a plan or compile: 20 plain steps, twice.
-    guard = BreakEvenGuard(cost_per_token=0.25, min_rounds=4, clock=clock)
-    for _ in range(3):
-        play(guard, clock, 1.0)
+    guard, clock = after_plain_steps(0.25)
     for seconds in (1.5, 20.0, 1.5, 20.0):
         play(guard, clock, seconds, drafted=4, accepted=4)
     assert guard.pauses == 0 and guard.active

@@ -16,7 +16,8 @@ def _doctor() -> tuple[int, list[str]]:
 
 def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
     monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE", raising=False)
+    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "")  # recorded, so the test's end restores the variable
+    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE")
     code, lines = _doctor()
     assert code == 0
     assert lines[-1] == "ready: true"
