@@ -3,10 +3,14 @@
 The Qwen3-32B-shaped random model (bench/prefill.py) with the engine's decode kernels on
 (`engine.decode_kernels`: our quantized linears; for the 8-bit cache our tensor-core attention),
 its windowed cache filled to each ``--lengths`` with bf16 or 8-bit KV. Each step is timed three
-ways: ``pipelined`` (the engine's loop: step n + 1 queued before token n is read),
+ways: ``pipelined`` (the engine's loop: step n + 1 queued before token n is read; ``pipelined_host``:
+the host's share of it, building the step and submitting it: a step whose host share is its whole
+time is host-bound),
 ``wait`` (step n + 1 built while step n runs, queued once token n is read) and ``sync`` (one step
 evaluated at a time); the first two again with the cache's one-row writes skipped (the step then
-attends over rows that do not change: the timing of everything but the write). MLX's CUDA
+attends over rows that do not change: the timing of everything but the write); on CUDA the 8-bit
+configuration twice, the cache written by MLX's slice updates and by our in-place kernel
+(`engine.cuda_kv_write`). A process's history matters (``--bits`` orders the widths). MLX's CUDA
 graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
 process each.
 
@@ -39,14 +43,18 @@ from engine import decode_kernels, qkv  # noqa: E402
 MODES = ("pipelined", "wait", "sync")
 
 
-def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], mode: str,
-                 attempts: int = 2) -> float:
+def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, ...], mode: str,
+                 attempts: int = 2, host: list[float] | None = None) -> float:
     """Seconds per decode step (the last of `attempts` runs of steps + 1), the cache reset to its offset
-    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits)."""
+    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits[, our
+    in-place cache write]).
+    `host`, when given, receives the last run's host seconds per step: building the step's graph
+    and submitting it (`mx.async_eval`), not waiting for a token; then building it alone (Python)."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     seconds = 0.0
-    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2]):
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2],
+                              kv_write=len(kernels) > 3 and kernels[3]):
         for _ in range(attempts):
             for c in cache:
                 c.offset = start_offset
@@ -54,12 +62,17 @@ def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, 
             start = time.perf_counter()
             y = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
             mx.async_eval(y)
+            building = python = 0.0
             for _ in range(steps):
+                built = time.perf_counter()
                 nxt = mx.argmax(path.forward(y.reshape(1, 1), cache, logits="last")[:, -1, :], axis=-1)
                 if mode == "pipelined":
+                    python += time.perf_counter() - built
                     mx.async_eval(nxt)
+                    building += time.perf_counter() - built
                     y.item()
                 elif mode == "wait":
+                    building += time.perf_counter() - built
                     y.item()
                     mx.async_eval(nxt)
                 else:
@@ -68,6 +81,8 @@ def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, 
             y.item()
             mx.synchronize()
             seconds = (time.perf_counter() - start) / (steps + 1)
+            if host is not None:
+                host[:] = [building / steps, python / steps]
     for c in cache:
         c.offset = start_offset
     return seconds
@@ -119,22 +134,31 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
     return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
 
 
-def measure(lengths: list[int], steps: int, shape_name: str) -> list[dict[str, Any]]:
+def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8)) -> list[dict[str, Any]]:
     model, policy, path = step_model(shape_name)
     ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
     rows = []
     for context in lengths:
-        for bits, kernels in ((16, (ours, False, False)), (8, (ours, ours, ours))):
+        for bits in widths:
+            kernels = (ours, False, False) if bits == 16 else (ours, ours, ours)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
-            row: dict[str, Any] = {"context": context, "kv_bits": bits}
-            for mode in MODES:
-                row[f"{mode}_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3) * 1e3
-            with writes_skipped(qkv.QuantizedKVStore if bits == 8 else qkv.DenseKVStore):
-                for mode in MODES[:2]:
-                    row[f"{mode}_no_write_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3) * 1e3
-            rows.append(row)
-            print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            for write in ("mlx", "ours") if ours and bits == 8 else ("mlx",):
+                row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
+                with_write = (*kernels, write == "ours")
+                for mode in MODES:
+                    host: list[float] = []
+                    row[f"{mode}_ms"] = decode_steps(path, cache, steps, with_write, mode, attempts=3, host=host) * 1e3
+                    if mode == "pipelined":
+                        row["pipelined_host_ms"], row["pipelined_python_ms"] = host[0] * 1e3, host[1] * 1e3
+                if write == "mlx":
+                    with writes_skipped(qkv.QuantizedKVStore if bits == 8 else qkv.DenseKVStore):
+                        for mode in MODES[:2]:
+                            row[f"{mode}_no_write_ms"] = decode_steps(path, cache, steps, kernels, mode,
+                                                                      attempts=3) * 1e3
+                rows.append(row)
+                print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                      flush=True)
             del cache
             mx.clear_cache()
     return rows
@@ -145,11 +169,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--lengths", default="32768,131072")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
+    ap.add_argument("--bits", default="16,8", help="cache widths, in the order measured (a process's history matters)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
               "mlx_env": mlx_env.current(),
-              "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape)}
+              "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape,
+                              tuple(int(b) for b in a.bits.split(",")))}
     save_json(result, a.out)
     return result
 

@@ -214,7 +214,8 @@ _MERGE = r"""
 @functools.lru_cache(maxsize=1)
 def _kernels() -> tuple[Any, Any]:
     partial = cuda_backend.kernel(
-        "codectx_q8_attention", _SOURCE, _HEADER, input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta"],
+        "codectx_q8_attention", _SOURCE, _HEADER,
+        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "after"],
         output_names=["part_out", "part_ml"], ensure_row_contiguous=False)
     merge = cuda_backend.kernel("codectx_q8_merge", _MERGE, input_names=["part_out", "part_ml"], output_names=["out"])
     return partial, merge
@@ -251,7 +252,7 @@ def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int, ker
 
 
 def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
-                     group_size: int, kernel: str = "cores") -> mx.array:
+                     group_size: int, kernel: str = "cores", after: mx.array | None = None) -> mx.array:
     """Softmax attention of one query per head over the first `n` 8-bit keys and values.
 
     Args:
@@ -263,6 +264,8 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
         scale: Multiplies the scores.
         kernel: "cores" (this module's) or "mma" (`engine.cuda_attention_mma`, tensor cores);
             `shape_problem` says which takes the shape, `engine.decode_choice` measures both.
+        after: An array the kernel must run after (an in-place write of the last row,
+            `engine.cuda_kv_write`): passed as an input, unread.
 
     Returns:
         (1, H, 1, D) in the queries' dtype.
@@ -273,7 +276,7 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     if n < 1:
         raise ValueError("decode attention needs at least one key")
     if kernel == "mma":
-        part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale)
+        part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, after)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype).reshape(1, H, 1, D)
     partial, merge = _kernels()
     cs = split_size(n, kv_heads)
@@ -281,7 +284,8 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
     meta = mx.array([n, cs], dtype=mx.int32)
     part_out, part_ml = partial(
-        inputs=[q, *keys, *values, meta], template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
+        inputs=[q, *keys, *values, meta, meta if after is None else after],
+        template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],
         grid=(splits * THREADS, kv_heads, 1), threadgroup=(THREADS, 1, 1),
         output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32])
     threads = min(D, 128)

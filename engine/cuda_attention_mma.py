@@ -326,7 +326,7 @@ MERGE = r"""
 def _kernel() -> Any:
     return cuda_backend.kernel(
         "codectx_q8_attention_mma", SOURCE, HEADER,
-        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in"],
+        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
         output_names=["part_out", "part_ml"], ensure_row_contiguous=False)
 
 
@@ -360,8 +360,10 @@ def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128
     return cuda_backend.split_size(n, kv_heads, target_warps, least, tile)
 
 
-def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float) -> tuple[mx.array, mx.array]:
-    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2."""
+def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
+                      after: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2;
+    `after`: an array the kernel must run after (`engine.cuda_attention.decode_attention`), unread."""
     _, H, _, D = queries.shape
     kv_heads = keys[0].shape[1]
     cs = split_size(n, kv_heads)
@@ -370,6 +372,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
     q = mx.contiguous(queries.reshape(H, D).astype(mx.bfloat16))
     meta = mx.array([n, cs], dtype=mx.int32)
     return tuple(_kernel()(
-        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale)], template=[("T", keys[1].dtype), ("G", H // kv_heads)],
+        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
+        template=[("T", keys[1].dtype), ("G", H // kv_heads)],
         grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))

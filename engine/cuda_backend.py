@@ -1,7 +1,7 @@
 """MLX's CUDA backend: whether it runs here, and device code our kernels share.
 
 Our kernels (`engine.cuda_qmv`, `engine.cuda_dequant`, `engine.cuda_attention`,
-`engine.cuda_attention_mma`, `engine.cuda_chunk_attention`) are compiled by MLX at first use
+`engine.cuda_attention_mma`, `engine.cuda_chunk_attention`, `engine.cuda_kv_write`) are compiled by MLX at first use
 through `kernel` (`mx.fast.cuda_kernel`); they exist only where MLX runs on CUDA.
 """
 from __future__ import annotations
@@ -64,9 +64,11 @@ def cuda_available() -> bool:
 
 
 def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:
-    """`mx.fast.cuda_kernel` under `name` plus a hash of its source: some MLX builds cache compiled
-    kernels on disk by name alone, so a changed source must get a new name."""
-    digest = hashlib.sha1((header + source).encode()).hexdigest()[:10]
+    """`mx.fast.cuda_kernel` under `name` plus a hash of its source and signature: some MLX builds
+    cache compiled kernels on disk by name alone, so a changed source, or a changed list of inputs
+    or outputs (MLX writes the signature from them), must get a new name."""
+    signature = repr((options.get("input_names"), options.get("output_names")))
+    digest = hashlib.sha1((header + source + signature).encode()).hexdigest()[:10]
     return mx.fast.cuda_kernel(name=f"{name}_{digest}", source=source, header=header, **options)
 
 

@@ -17,7 +17,10 @@ the same thing:
   where both beat MLX's, the faster runs;
 - chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
   a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
-  (MLX's cuDNN attention then builds a plan each time), against MLX's attention.
+  (MLX's cuDNN attention then builds a plan each time), against MLX's attention;
+- the 8-bit cache write (``kv_write``, `engine.cuda_kv_write`): a decode step's rows written in place,
+  with our attention reading them, queued as decode queues its steps, against MLX's slice updates;
+  only where one of our attention kernels runs (the one reader it orders after itself).
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `MAX_ERROR` (MLX's own 4-bit product
@@ -45,7 +48,7 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write")
 MARGIN = 0.05
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
@@ -70,6 +73,8 @@ class DecodeKernels:
         attention_mma: `engine.cuda_attention_mma` (tensor cores) for that attention instead.
         attention_chunk: `engine.cuda_chunk_attention` for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS`
             tokens over a bf16 cache.
+        kv_write: `engine.cuda_kv_write` for a one-token forward's 8-bit cache writes (only with our
+            attention: the one reader it orders after itself).
     """
 
     qmv: bool = False
@@ -79,11 +84,12 @@ class DecodeKernels:
     notes: tuple[str, ...] = ()
     attention_mma: bool = False
     attention_chunk: bool = False
+    kv_write: bool = False
 
     @property
     def any(self) -> bool:
         """Whether any of our kernels runs."""
-        return self.qmv or self.attention or self.attention_mma or self.attention_chunk
+        return self.qmv or self.attention or self.attention_mma or self.attention_chunk or self.kv_write
 
     def identity(self) -> str:
         """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
@@ -95,13 +101,14 @@ class DecodeKernels:
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
         attention = (self.attention or self.attention_mma) and rows == 1
         chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
-        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk) if qmv or attention or chunk \
-            else contextlib.nullcontext()
+        kv_write = self.kv_write and attention  # its one reader in the step is our attention
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write) \
+            if qmv or attention or chunk or kv_write else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
         return {"qmv": self.qmv, "attention": self.attention, "attention_mma": self.attention_mma,
-                "attention_chunk": self.attention_chunk, "source": self.source,
+                "attention_chunk": self.attention_chunk, "kv_write": self.kv_write, "source": self.source,
                 "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
                 "notes": list(self.notes)}
 
@@ -127,7 +134,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
         return DecodeKernels(notes=notes)
     if setting == "codectx":
-        return DecodeKernels(True, True, "setting", attention_chunk=True)
+        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=True)
     linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
@@ -154,6 +161,9 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
         slower, faster = sorted(("attention", "attention_mma"), key=lambda name: timings[name][1], reverse=True)
         chosen[slower] = False
         notes.append(f"kernels: {slower} slower than {faster}")
+    if chosen["kv_write"] and not (chosen["attention"] or chosen["attention_mma"]):
+        chosen["kv_write"] = False
+        notes.append("kernels: kv_write needs our attention")
     return chosen, tuple(notes)
 
 
@@ -182,6 +192,9 @@ def _measure(model: Any) -> Timings:
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
         timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
+        attention = [k for name, k in (("attention_mma", "mma"), ("attention", "cores")) if name in timings]
+        if attention:
+            timings.update(_time_kv_write(heads, kv_heads, dim, dtype, attention[0]))
     return timings
 
 
@@ -267,3 +280,93 @@ def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) 
     except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
         logger.warning("decode kernels: %s; not using the chunk attention", err)
         return {}
+
+
+def _time_kv_write(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel: str, steps: int = 8,
+                   layers: int = 16) -> Timings:
+    """"kv_write": a decode step's 8-bit cache write and attention (our `kernel`) in `layers` layers of
+    `ATTENTION_KEYS` rows, `steps` steps queued as the engine queues them (step n + 1 before step n
+    is read), the write by MLX's slice updates against ours in place (a slice update copies a buffer
+    that a queued step still holds). Checked first (`_check_kv_write`). Left out where it fails (or
+    fails to compile)."""
+    from engine import cuda_kv_write
+
+    rows = [mx.random.normal((1, kv_heads, 1, dim), key=mx.random.key(20 + i)).astype(dtype) for i in range(steps)]
+    per_kv_head = mx.random.normal((1, kv_heads, 1, dim), key=mx.random.key(29)).astype(dtype)
+    query = mx.repeat(per_kv_head, heads // kv_heads, axis=1)  # the query heads of a KV head alike
+    fill = mx.random.normal((1, kv_heads, ATTENTION_KEYS - 300, dim), key=mx.random.key(30)).astype(dtype)
+    if cuda_kv_write.shape_problem(rows[0], 8) is not None:
+        return {}
+    at = fill.shape[2]  # the buffers have room for `steps` more rows: the write is ours, not a regrowth
+
+    def timed(in_place: bool) -> Callable[[], list[mx.array]]:
+        made = _filled_stores(fill, layers)
+
+        def queued_steps() -> list[mx.array]:
+            outs: list[mx.array] = []
+            with decode_kernels.scope(False, True, kernel == "mma", kv_write=in_place):
+                for i, row in enumerate(rows):
+                    step = []
+                    for store in made:
+                        store.write(at + i, row, row)
+                        step.append(_attend_rows(store, query, at + i + 1, kernel))
+                    mx.async_eval(step)
+                    outs += step
+            return outs
+        return queued_steps
+
+    try:
+        _check_kv_write(query, kv_heads, fill, rows[1], kernel)
+        return {"kv_write": (best_seconds(timed(False)) / steps, best_seconds(timed(True)) / steps)}
+    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
+        logger.warning("decode kernels: %s; not using the in-place cache write", err)
+        return {}
+
+
+def _filled_stores(fill: mx.array, count: int) -> list[Any]:
+    """`count` 8-bit stores holding `fill`, written by a slice update (so the buffers are the store's alone)."""
+    from engine.qkv import QuantizedKVStore
+
+    made = [QuantizedKVStore() for _ in range(count)]
+    for store in made:
+        store.write(0, fill, fill)
+    mx.eval([store.keys for store in made])
+    return made
+
+
+def _attend_rows(store: Any, query: mx.array, n: int, kernel: str) -> mx.array:
+    """Our decode attention over the store's first `n` rows, after the store's last in-place write."""
+    from engine import cuda_attention
+
+    keys, values = store.rows(n)
+    return cuda_attention.decode_attention(query, keys, values, n, query.shape[-1] ** -0.5, 64, kernel,
+                                           after=keys.after)
+
+
+def _check_kv_write(query: mx.array, kv_heads: int, fill: mx.array, value: mx.array, kernel: str) -> None:
+    """A row written in place after `fill`: against `mx.quantize` (`_check_quantized_row`) and our attention
+    over it against MLX's. The new key is the query's direction, three times over: the attention is nearly
+    its value alone, so a read that ran before the write (the old row) could not pass."""
+    from engine import cuda_attention
+
+    at, heads = fill.shape[2], query.shape[1]
+    store, key = _filled_stores(fill, 1)[0], 3 * query[:, ::heads // kv_heads]
+    with decode_kernels.scope(False, True, kernel == "mma", kv_write=True):
+        store.write(at, key, value)
+        ours = _attend_rows(store, query, at + 1, kernel)
+    _check_quantized_row(store, key, at)
+    _check("kv_write", ours, cuda_attention.reference(query.astype(mx.float32), store.keys, store.values, at + 1,
+                                                       query.shape[-1] ** -0.5, 64))
+
+
+def _check_quantized_row(store: Any, row: mx.array, at: int) -> None:
+    """The 8-bit store's row `at` against `mx.quantize(row)`: at most one quantization step apart."""
+    mx.eval(store.keys)  # the write first (its reads below are MLX's, which it is not ordered before)
+    ours = mx.dequantize(*(a[..., at:at + 1, :] for a in store.keys), group_size=store.group_size, bits=8)
+    theirs_q = mx.quantize(row, group_size=store.group_size, bits=8)
+    theirs = mx.dequantize(*theirs_q, group_size=store.group_size, bits=8)
+    step = float(mx.max(mx.abs(theirs_q[1])).astype(mx.float32).item())
+    diff = float(mx.max(mx.abs(ours.astype(mx.float32) - theirs.astype(mx.float32))).item())
+    if not diff <= step * 1.01 + 1e-6:
+        raise RuntimeError(f"our in-place 8-bit cache write differs from mx.quantize by {diff:.3g} "
+                           f"(a step: {step:.3g})")

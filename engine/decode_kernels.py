@@ -17,7 +17,9 @@ and the layers ask `qmv_on()` / `attention_on()`:
   everything else to mlx-lm's own function, unchanged;
 - a short chunk's attention (`engine.cuda_chunk_attention`, forwards of 2..`CHUNK_MAX_ROWS`
   tokens): the attention modules `engine.cpu_attention.wire` gave a wired call attend through
-  `attend_chunk` while `chunk_on()`.
+  `attend_chunk` while `chunk_on()`;
+- a decode step's cache write (`engine.cuda_kv_write`): the stores of `engine.qkv` write the row
+  in place while `kv_write_on()`.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
 _chunk = Switch("codectx_attention_chunk")
+_kv_write = Switch("codectx_kv_write")
 _installed: list[Any] = []
 CHUNK_MAX_ROWS = 48
 """Forwards of 2..CHUNK_MAX_ROWS tokens may take `engine.cuda_chunk_attention` (a question, a header,
@@ -44,16 +47,21 @@ attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
 """Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
+kv_write_on = _kv_write.on
+"""Whether a one-row cache write goes through `engine.cuda_kv_write` (in place) on this thread now."""
 
 
 @contextlib.contextmanager
-def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False) -> Iterator[None]:
+def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
+          kv_write: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
-    wired by `engine.cpu_attention.wire` attend through `attend_chunk`."""
+    wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
+    stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`."""
     if attention:
         install()
-    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk):
+    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk), \
+            _kv_write.scope(kv_write):
         yield
 
 
@@ -69,13 +77,16 @@ def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: f
 
 
 class Q8Rows(tuple):
-    """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values."""
+    """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values;
+    `after`: the output of the in-place write of the last row (`engine.cuda_kv_write`) when it was one:
+    whatever reads the buffers in the same step must take it as an input (MLX orders by inputs)."""
 
     n: int
+    after: mx.array | None
 
-    def __new__(cls, arrays: tuple[mx.array, ...], n: int) -> "Q8Rows":
+    def __new__(cls, arrays: tuple[mx.array, ...], n: int, after: mx.array | None = None) -> "Q8Rows":
         rows = super().__new__(cls, arrays)
-        rows.n = n
+        rows.n, rows.after = n, after
         return rows
 
 
@@ -93,8 +104,12 @@ def install() -> None:
             return original(queries, q_keys, q_values, scale, mask, group_size, bits)
         for kernel in ("mma", "cores") if _mma.on() else ("cores",):
             if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size, kernel) is None:
-                return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel)
-        # A shape the kernel does not take: the rows dequantized, MLX's fused attention.
+                return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel,
+                                                       after=q_keys.after)
+        # A shape the kernel does not take: the rows dequantized, MLX's fused attention (whose reads an
+        # in-place write is not ordered before: that write is evaluated first).
+        if q_keys.after is not None:
+            mx.eval(q_keys.after)
         return cuda_attention.reference(queries, q_keys, q_values, q_keys.n, scale, group_size, mask, bits)
 
     base.quantized_scaled_dot_product_attention = quantized_attention

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from engine import decode_kernels
 from engine.decode_kernels import Q8Rows
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,9 @@ class QuantizedKVStore:
     """Keys and values quantized on write (affine, `bits` bits, groups of `group_size`).
 
     Each tensor is a triple (packed uint32, scales, biases), scales and biases
-    in the model's dtype, as `mx.quantize` returns them.
+    in the model's dtype, as `mx.quantize` returns them. On MLX's CUDA backend a decode
+    step's row may instead be quantized and written where it lies by `engine.cuda_kv_write`
+    (`_in_place` says when).
     """
 
     quantized = True
@@ -147,6 +150,24 @@ class QuantizedKVStore:
         self.group_size = group_size
         self.keys: tuple[mx.array, mx.array, mx.array] | None = None
         self.values: tuple[mx.array, mx.array, mx.array] | None = None
+        self._exclusive = False  # see `_in_place`
+        self._written: mx.array | None = None  # the last in-place write's output (`engine.cuda_kv_write`)
+
+    def _in_place(self, keys: mx.array) -> bool:
+        """Whether this write goes through `engine.cuda_kv_write` (the row written where it lies).
+
+        Only while the compute path turns the kernel on (`decode_kernels.kv_write_on`: with our
+        attention, the one reader it orders), for rows it takes, and only into buffers nothing but
+        the store holds (`_exclusive`): a slice update's output is the store's alone (MLX copied
+        the buffer or reused memory nobody else held); `state` hands out views (a checkpoint's
+        copy, an evaluation) and `load` takes arrays from outside, so after either the next write
+        is a slice update again.
+        """
+        if not (self._exclusive and decode_kernels.kv_write_on() and keys.dtype == self.keys[1].dtype):
+            return False
+        from engine import cuda_kv_write
+
+        return cuda_kv_write.shape_problem(keys, self.bits, self.group_size) is None
 
     def _quantize(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         if x.shape[-1] % self.group_size:
@@ -161,6 +182,15 @@ class QuantizedKVStore:
 
     def write(self, start: int, keys: mx.array, values: mx.array) -> None:
         end = start + keys.shape[2]
+        if self.keys is not None and end <= self.keys[0].shape[2] and self._in_place(keys):
+            from engine import cuda_kv_write
+
+            done = cuda_kv_write.write_q8(self.keys, self.values, keys, values, start, self.group_size)
+            arrays = mx.depends([*self.keys, *self.values], [done])
+            self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
+            self._written = done
+            return
+        self._written = None
         qk, qv = self._quantize(keys), self._quantize(values)
         if self.keys is None or end > self.keys[0].shape[2]:
             cap = _capacity(end)
@@ -170,6 +200,7 @@ class QuantizedKVStore:
             self.values = tuple(_grow(o, start, cap, n) for o, n in zip(old_v, qv))
         for buf, new in zip((*self.keys, *self.values), (*qk, *qv)):
             buf[..., start:end, :] = new
+        self._exclusive = True
 
     def read(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         return self._dequantize(self.keys, start, end), self._dequantize(self.values, start, end)
@@ -180,15 +211,18 @@ class QuantizedKVStore:
         return cut(self.keys), cut(self.values)
 
     def rows(self, end: int) -> tuple[Q8Rows, Q8Rows]:
-        """The 8-bit buffers unsliced, marked as holding `end` rows (for `engine.cuda_attention`)."""
-        return Q8Rows(self.keys, end), Q8Rows(self.values, end)
+        """The 8-bit buffers unsliced, marked as holding `end` rows (for `engine.cuda_attention`), with
+        the last in-place write's output when the last write was one (the kernel must run after it)."""
+        return Q8Rows(self.keys, end, self._written), Q8Rows(self.values, end, self._written)
 
     def state(self, end: int) -> tuple[mx.array, ...]:
         if self.keys is None:
             return ()
+        self._exclusive = False
         return tuple(a[..., :end, :] for a in (*self.keys, *self.values))
 
     def load(self, arrays: tuple[mx.array, ...]) -> int:
+        self._exclusive, self._written = False, None
         if not arrays:
             self.keys = self.values = None
             return 0

@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import cuda_attention_mma, cuda_chunk_attention, decode_choice, decode_kernels
+from engine import cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, decode_choice, decode_kernels
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -35,13 +35,13 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (first.qmv, first.attention, first.source) == (True, False, "measured")
     assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here",
-                           "kernels: attention_chunk not measured here")
+                           "kernels: attention_chunk not measured here", "kernels: kv_write not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
     # inside the margin is no win; a kernel the model could not run is not chosen
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
-                                            "attention_chunk": False}
+                                            "attention_chunk": False, "kv_write": False}
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
@@ -63,6 +63,34 @@ def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_for
         with kernels.scope(rows=2):  # a prefill chunk: neither
             seen.append((decode_kernels.attention_on(), decode_kernels._mma.on()))
     assert seen == [(True, True), (False, False), (True, False), (False, False)]
+
+
+def test_the_in_place_cache_write_is_measured_asked_for_by_one_token_forwards_and_named_in_the_identity(
+        q4_model, tmp_path, monkeypatch):
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    both = {"attention_mma": (1e-3, 0.3e-3), "kv_write": (1e-3, 0.2e-3)}
+    wins = resolve(q4_model, "auto", measure=Timings(both), cache=store, cuda=True)
+    assert wins.kv_write and wins.describe()["kv_write"] is True
+    assert ComputePath(q4_model, kernels=wins).identity().endswith(" kernels=attention_mma+kv_write")
+    seen = []
+    for rows in (1, 2, 40):
+        with wins.scope(rows):
+            seen.append(decode_kernels.kv_write_on())
+    assert seen == [True, False, False]  # a prefill chunk or a verify forward keeps MLX's slice updates
+    loses = resolve(q4_model, "auto", measure=Timings({**both, "kv_write": (1e-3, 0.99e-3)}),
+                    cache=LinearModeCache(tmp_path / "other.json"), cuda=True)
+    assert not loses.kv_write and "kernels: kv_write slower than MLX" in loses.notes
+    # its one reader in a step is our attention (which takes the write's output): never without it
+    alone = resolve(q4_model, "auto", measure=Timings({"kv_write": (1e-3, 0.2e-3)}),
+                    cache=LinearModeCache(tmp_path / "third.json"), cuda=True)
+    assert not alone.kv_write and "kernels: kv_write needs our attention" in alone.notes
+    row = mx.zeros((1, 8, 1, 128), dtype=mx.bfloat16)
+    assert cuda_kv_write.shape_problem(row, 8) == "not MLX's CUDA backend"  # this machine
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
+    assert cuda_kv_write.shape_problem(row, 8) is None and cuda_kv_write.shape_problem(row, 16) == "16-bit cache"
+    assert cuda_kv_write.shape_problem(mx.zeros((1, 8, 2, 128)), 8) == "1 x 2 rows"
+    assert cuda_kv_write.shape_problem(mx.zeros((1, 8, 1, 48)), 8) == "head dim 48, group 64"
+    assert cuda_kv_write.shape_problem(row, 4) == "4-bit cache"
 
 
 def test_the_tensor_core_attention_takes_its_shapes_and_splits_the_keys_in_whole_tiles():
@@ -144,13 +172,14 @@ def test_a_one_query_fetch_hands_the_kernel_the_8bit_rows_where_they_lie():
 
 
 def test_forcing_the_kernels_where_they_cannot_run_computes_what_mlx_computes(q4_model):
-    """On the CPU every call falls back: the 8-bit rows dequantized for MLX's attention, MLX's linears."""
+    """On the CPU every call falls back: the 8-bit rows dequantized for MLX's attention, MLX's linears,
+    MLX's slice updates for the cache write."""
     policy = WindowPolicy(True, 32, 32, 16, 0, "block")
     ids = [(7 * i + 3) % 500 for i in range(40)]
     runs = []
     for forced in (False, True):
         cache = make_window_cache(q4_model, policy, kv_bits=8)
-        path = ComputePath(q4_model, kernels=DecodeKernels(forced, forced, "setting"))
+        path = ComputePath(q4_model, kernels=DecodeKernels(forced, forced, "setting", kv_write=forced))
         logits = prefill(path, cache, ids, chunk_size=16)
         tokens = list(decode(path, cache, logits, greedy, 6))
         last = path.forward(mx.array([[tokens[-1]]]), cache, logits="last")
@@ -234,3 +263,15 @@ def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_
     cache = make_window_cache(model, DENSE)
     got = list(decode(model, cache, prefill(model, cache, ids), greedy, 10, penalty=RepetitionPenalty(1.5)))
     assert got == unpipelined(model, ids, 10, RepetitionPenalty(1.5)) and len(set(got)) > 1
+
+
+def test_a_kernel_gets_a_new_name_when_its_source_or_its_signature_changes(monkeypatch):
+    """Some MLX builds cache compiled kernels on disk by name; MLX writes the signature from the input
+    and output names. (MLX's `cuda_kernel` has no CPU build: a stand-in records the names it is given.)"""
+    names = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda name, **options: names.append(name))
+    cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a"], output_names=["out"])
+    cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a"], output_names=["out"])
+    cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a", "after"], output_names=["out"])
+    cuda_backend.kernel("k", "out[0] = 2 * a[0];", input_names=["a"], output_names=["out"])
+    assert names[0] == names[1] and len(set(names)) == 3 and all(n.startswith("k_") for n in names)
