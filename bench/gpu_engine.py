@@ -142,12 +142,16 @@ class Run:
 
 
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
-    """One request; its metrics, its prefill forwards (`request_profile.ForwardLog`), decoded ids and MLX's
-    peak memory while it ran."""
+    """One request; its metrics, its prefill forwards (`request_profile.ForwardLog`), decoded ids, the
+    spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran."""
     mx.reset_peak_memory()
     with request_profile.ForwardLog() as log:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
-        ids = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+        ids, arrivals = [], []
+        for e in handle:
+            if isinstance(e, TokenEvent):
+                ids += e.token_ids
+                arrivals.append((time.perf_counter(), len(e.token_ids)))
         done = handle.result()
     if done.finish_reason == "error":
         raise RuntimeError(f"request failed: {done.error}") from done.error
@@ -156,7 +160,21 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                restore_s=log.restore_s, forwards=log.forwards, ids=ids)
+                restore_s=log.restore_s, forwards=log.forwards, token_gaps=token_gaps(arrivals), ids=ids)
+
+
+def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
+    """Milliseconds per token between token events (an event's gap shared by the tokens it carries): the
+    first three, the median, the 90th percentile and the largest. Whether the decode rate is an even
+    pace or a few stalls (a step's first graphs, a checkpoint, another thread)."""
+    gaps: list[float] = []
+    for (before, _), (after, count) in zip(arrivals, arrivals[1:]):
+        gaps += [(after - before) * 1e3 / count] * count
+    if not gaps:
+        return None
+    sorted_gaps = sorted(gaps)
+    return {"first": [round(g, 2) for g in gaps[:3]], "p50": round(sorted_gaps[len(gaps) // 2], 2),
+            "p90": round(sorted_gaps[int(len(gaps) * 0.9)], 2), "max": round(sorted_gaps[-1], 2)}
 
 
 def close(eng: Engine) -> float:

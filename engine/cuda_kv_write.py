@@ -16,15 +16,17 @@ changed). Two rules keep that correct:
 
 - *Ordering.* MLX's CUDA backend records a step's kernels in CUDA graphs whose edges come from
   the buffers each kernel declares it reads and writes; a reader of these buffers is therefore not
-  ordered after this write unless it takes the write's output as an input. The only reader in
-  the step that writes in place is our decode attention (`engine.cuda_attention`, given the output
-  as ``after``: `engine.decode_kernels.Q8Rows`); the compute path turns this write on only
-  together with it (`engine.decode_choice.DecodeKernels.scope`). The store's arrays are then made
-  to depend on the output (`mx.depends`), so anything evaluated later evaluates the write first;
-  later evaluations run after it on the stream.
-- *Ownership.* The buffers must be the store's alone: the written row lies past every position a
-  live array of the store's was read for (a decode step writes at the cache's offset), and the
-  store writes in place only into buffers its own slice updates made (`engine.qkv`).
+  ordered after this write unless it takes the write's output as an input. A row is written in
+  place only where its one reader in the step is our decode attention (`engine.cuda_attention`,
+  given the output as ``after``: `engine.decode_kernels.Q8Rows`): the cache asks for it on that
+  fetch alone (`engine.window.WindowKVCache.update_and_fetch`), and the compute path turns it on
+  only together with that kernel (`engine.decode_choice`). The store's arrays are then made to
+  depend on the output (`mx.depends`), so anything evaluated later evaluates the write first, and
+  later evaluations run after it on the stream (which also orders a write after a rollback behind
+  the reads of the rows it overwrites).
+- *Ownership.* The store writes in place only into buffers its own slice updates made, which
+  nothing else holds (`engine.qkv.QuantizedKVStore._in_place`); those are row-contiguous, as the
+  kernel assumes for the packed bytes.
 
 The row is quantized as MLX's affine quantization does (groups of `group_size`, per group
 ``scale = (max - min) / 255`` with the larger-magnitude edge kept exact, scales and biases stored

@@ -22,7 +22,6 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from engine import decode_kernels
 from engine.decode_kernels import Q8Rows
 
 logger = logging.getLogger(__name__)
@@ -153,17 +152,17 @@ class QuantizedKVStore:
         self._exclusive = False  # see `_in_place`
         self._written: mx.array | None = None  # the last in-place write's output (`engine.cuda_kv_write`)
 
-    def _in_place(self, keys: mx.array) -> bool:
-        """Whether this write goes through `engine.cuda_kv_write` (the row written where it lies).
+    def _in_place(self, keys: mx.array, values: mx.array) -> bool:
+        """Whether a write asked for in place (`write`'s `in_place`) may go through `engine.cuda_kv_write`.
 
-        Only while the compute path turns the kernel on (`decode_kernels.kv_write_on`: with our
-        attention, the one reader it orders), for rows it takes, and only into buffers nothing but
-        the store holds (`_exclusive`): a slice update's output is the store's alone (MLX copied
-        the buffer or reused memory nobody else held); `state` hands out views (a checkpoint's
-        copy, an evaluation) and `load` takes arrays from outside, so after either the next write
-        is a slice update again.
+        For rows the kernel takes (keys and values alike, in the buffers' dtype), and only into
+        buffers nothing but the store holds (`_exclusive`): a slice update's output is the store's
+        alone (MLX copied the buffer or reused memory nobody else held); `state` hands out views (a
+        checkpoint's copy, an evaluation) and `load` takes arrays from outside, so after either the
+        next write is a slice update again. The views `read`, `read_quantized` and `rows` hand out
+        are used up inside the forward that asked for them.
         """
-        if not (self._exclusive and decode_kernels.kv_write_on() and keys.dtype == self.keys[1].dtype):
+        if not (self._exclusive and keys.shape == values.shape and keys.dtype == values.dtype == self.keys[1].dtype):
             return False
         from engine import cuda_kv_write
 
@@ -180,9 +179,12 @@ class QuantizedKVStore:
         parts = [a[..., start:end, :] for a in q]
         return mx.dequantize(*parts, group_size=self.group_size, bits=self.bits)
 
-    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
+    def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
+        """Quantize and store the rows; `in_place`: the caller's one reader of them in this step takes
+        `rows()`' ``after`` as an input (`engine.window.WindowKVCache` asks it for our attention only),
+        so a decode row may be written by `engine.cuda_kv_write` where that applies (`_in_place`)."""
         end = start + keys.shape[2]
-        if self.keys is not None and end <= self.keys[0].shape[2] and self._in_place(keys):
+        if in_place and self.keys is not None and end <= self.keys[0].shape[2] and self._in_place(keys, values):
             from engine import cuda_kv_write
 
             done = cuda_kv_write.write_q8(self.keys, self.values, keys, values, start, self.group_size)

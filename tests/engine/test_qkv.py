@@ -119,28 +119,6 @@ def test_stores_overwrite_after_trim_semantics():
         assert k[0, 0, :4].min().item() > 0.99 and k[0, 0, 4:].max().item() < -0.99
 
 
-def test_only_buffers_the_8bit_store_alone_holds_may_be_written_in_place():
-    """`engine.cuda_kv_write` writes where the row lies, so the store allows it only into buffers its own
-    slice updates made; views it handed out (`state`) or arrays it was given (`load`) end that until
-    the next slice update. On the CPU there is no such kernel: writes asked for in place stay MLX's."""
-    from engine import decode_kernels
-
-    row, store = mx.random.normal((1, 2, 1, 64)), QuantizedKVStore()
-    assert not store._exclusive
-    store.write(0, mx.ones((1, 2, 8, 64)), mx.ones((1, 2, 8, 64)))
-    assert store._exclusive
-    views = store.state(8)
-    assert not store._exclusive
-    with decode_kernels.scope(False, False, kv_write=True):
-        store.write(8, row, row)
-    assert store._exclusive and store.rows(9)[0].after is None  # a slice update: MLX copied what the views hold
-    assert mx.array_equal(views[0], store.state(8)[0]).item()
-    store.load(store.state(9))
-    assert not store._exclusive
-    k, _ = store.read(8, 9)
-    assert (mx.abs(k - row) <= 2e-2).all().item()
-
-
 def test_head_dim_not_a_multiple_of_the_group_is_an_error():
     with pytest.raises(ValueError, match="group size"):
         QuantizedKVStore().write(0, mx.zeros((1, 1, 4, 48)), mx.zeros((1, 1, 4, 48)))
