@@ -167,6 +167,6 @@ def run_sections(runners: Mapping[str, Callable[[], None]], names: Sequence[str]
 def save_json(result: dict, out: str, quiet: bool = False) -> None:
     """Write `result` as indented JSON to `out` (its folder made)."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=1))
+    Path(out).write_text(json.dumps(result, indent=1, default=str))
     if not quiet:
         print(f"wrote {out}")

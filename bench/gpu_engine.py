@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import blas_arguments, preload_blas  # noqa: E402
+from bench._common import blas_arguments, preload_blas, save_json  # noqa: E402
 
 preload_blas()  # before MLX is imported
 
@@ -122,8 +122,7 @@ class Run:
             platform=platform.platform(), device_info=mx.device_info(), rows=[])
 
     def save(self) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(json.dumps(self.result, indent=1, default=str))
+        save_json(self.result, str(self.out), quiet=True)
 
     def add(self, row: dict[str, Any]) -> None:
         self.result["rows"].append(row)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     mlx_seconds, ours_seconds = decode_choice._time_kv_write(64, 8, 128, mx.bfloat16, "mma").get("kv_write",
                                                                                                (None, None))
-    result = {"mlx": mx.__version__, "device": str(mx.default_device()),
+    result = {"mlx": mx.__version__, "device": str(mx.default_device()), "mlx_env": mlx_env.current(),
               "load_time_measure_ms": {"mlx": mlx_seconds and mlx_seconds * 1e3,
                                        "ours": ours_seconds and ours_seconds * 1e3},
               "greedy": greedy_runs()}

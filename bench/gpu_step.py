@@ -43,18 +43,17 @@ from engine import decode_kernels, qkv  # noqa: E402
 MODES = ("pipelined", "wait", "sync")
 
 
-def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, ...], mode: str,
-                 attempts: int = 2, host: list[float] | None = None) -> float:
+def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], mode: str,
+                 attempts: int = 2, kv_write: bool = False, host: list[float] | None = None) -> float:
     """Seconds per decode step (the last of `attempts` runs of steps + 1), the cache reset to its offset
-    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits[, our
-    in-place cache write]).
-    `host`, when given, receives the last run's host seconds per step: building the step's graph
-    and submitting it (`mx.async_eval`), not waiting for a token; then building it alone (Python)."""
+    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits);
+    `kv_write`: our in-place cache write. `host`, when given (pipelined), receives the last run's host
+    seconds per step: building the step's graph and submitting it (`mx.async_eval`), not waiting for a
+    token; then building it alone (Python)."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     seconds = 0.0
-    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2],
-                              kv_write=len(kernels) > 3 and kernels[3]):
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2], kv_write=kv_write):
         for _ in range(attempts):
             for c in cache:
                 c.offset = start_offset
@@ -72,7 +71,6 @@ def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, ...], 
                     building += time.perf_counter() - built
                     y.item()
                 elif mode == "wait":
-                    building += time.perf_counter() - built
                     y.item()
                     mx.async_eval(nxt)
                 else:
@@ -93,10 +91,10 @@ def writes_skipped(store_class: type) -> Iterator[None]:
     """One-row writes into `store_class` stores do nothing inside this block."""
     write = store_class.write
 
-    def skip_rows(self, start, keys, values):
+    def skip_rows(self, start, keys, values, **options):
         if keys.shape[2] == 1 and self.keys is not None:
             return None
-        return write(self, start, keys, values)
+        return write(self, start, keys, values, **options)
 
     store_class.write = skip_rows
     try:
@@ -145,10 +143,10 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
             for write in ("mlx", "ours") if ours and bits == 8 else ("mlx",):
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
-                with_write = (*kernels, write == "ours")
                 for mode in MODES:
                     host: list[float] = []
-                    row[f"{mode}_ms"] = decode_steps(path, cache, steps, with_write, mode, attempts=3, host=host) * 1e3
+                    row[f"{mode}_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3,
+                                                     kv_write=write == "ours", host=host) * 1e3
                     if mode == "pipelined":
                         row["pipelined_host_ms"], row["pipelined_python_ms"] = host[0] * 1e3, host[1] * 1e3
                 if write == "mlx":

@@ -6,8 +6,8 @@ metadata under ``__metadata__``, padded with spaces to 8 bytes; then the arrays'
 the bytes go to the file array by array instead of through one buffer of the whole file:
 
 - the bytes go from each array's own buffer to the file: no buffer of the whole file and no
-  ``getvalue()`` copy of it (a cold 128k prompt's checkpoints are 32 GiB in the GPU engine
-  benchmark, docs/benchmarks.md, *GPU engine*);
+  ``getvalue()`` copy of it (a cold 128k prompt's checkpoints are 32.25 GiB in the GPU engine
+  benchmark: docs/benchmarks.md, *GPU engine*, fifth session, runs f and g);
 - between arrays the writer can wait (`between`): the archive's background writer pauses there
   while a request runs, so a write under way holds a request up by at most one array (on MLX's
   CUDA backend, a host read of an array's buffer is a blocking copy: its `raw_ptr` moves the
@@ -97,5 +97,4 @@ def write(handle: BinaryIO, entries: Sequence[Entry], metadata: Mapping[str, str
         handle.write(data)
         feed(data)
         size += data.nbytes
-        del data
     return size

@@ -67,8 +67,9 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
     one forward call instead of two (every forward reads all the weights and,
     at a long context, attends over all of it). What that gives up: a
     regenerate of the same prompt recomputes the short question with the
-    header instead of the header alone (at 128k tokens on the H200, one
-    forward of 45 tokens: 0.15-0.17 s; docs/benchmarks.md, *GPU engine*). A long
+    header instead of the header alone (the joined forward of 45 tokens at 128k
+    tokens on the H200 took 0.146-0.167 s in runs j-l; docs/benchmarks.md,
+    *GPU engine*, sixth session). A long
     segment (a file pasted as the message) keeps its cut, so a repeat
     restores it.
     """
@@ -78,7 +79,8 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
         ends.append(pos)
     total = pos
     kinds = [segment_kind(seg) for seg in segments]
-    joined = {ends[i] for i in range(len(segments) - 1) if _header_joins(segments[i], segments[i + 1])}
+    joined = {ends[i] for i in range(len(segments) - 1)
+              if _header_joins(segments[i], kinds[i], segments[i + 1], kinds[i + 1])}
     if interval is None:
         return sorted({e for e in ends if e > 0} - joined)
     anchors = set()
@@ -96,10 +98,10 @@ def cut_points(segments: Sequence[SegmentLike], interval: int | None = None) -> 
     return cuts
 
 
-def _header_joins(seg: SegmentLike, nxt: SegmentLike) -> bool:
-    """Whether `nxt` is a response header that joins `seg` (no cut between them: `cut_points`)."""
-    kind = segment_kind(seg)
-    return (segment_kind(nxt) is SegmentKind.HEADER
+def _header_joins(seg: SegmentLike, kind: SegmentKind, nxt: SegmentLike, next_kind: SegmentKind) -> bool:
+    """Whether `nxt` (of `next_kind`) is a response header that joins `seg` (of `kind`): no cut between
+    them (`cut_points`)."""
+    return (next_kind is SegmentKind.HEADER
             and len(nxt.token_ids) > 0
             and 0 < len(seg.token_ids) <= JOIN_TOKENS
             and not kind.stable

@@ -282,7 +282,7 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     cs = split_size(n, kv_heads)
     splits = -(-n // cs)
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
-    meta = mx.array([n, cs], dtype=mx.int32)
+    meta = cuda_backend.int32s(n, cs)
     part_out, part_ml = partial(
         inputs=[q, *keys, *values, meta, meta if after is None else after],
         template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],

@@ -354,10 +354,10 @@ def shape_problem(G: int, D: int, group_size: int) -> str | None:
     return None
 
 
-def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128, tile: int = TILE) -> int:
+def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128) -> int:
     """Keys per warp: a multiple of the tile giving about `target_warps` warps in all (about as many
     as the H200 holds at once), at least `least` (each split's partial output is read back by the merge)."""
-    return cuda_backend.split_size(n, kv_heads, target_warps, least, tile)
+    return cuda_backend.split_size(n, kv_heads, target_warps, least, TILE)
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
@@ -370,7 +370,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
     blocks = -(-(-(-n // cs)) // WARPS)
     splits = blocks * WARPS
     q = mx.contiguous(queries.reshape(H, D).astype(mx.bfloat16))
-    meta = mx.array([n, cs], dtype=mx.int32)
+    meta = cuda_backend.int32s(n, cs)
     return tuple(_kernel()(
         inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
         template=[("T", keys[1].dtype), ("G", H // kv_heads)],

@@ -79,6 +79,14 @@ def base2_scale(scale: float) -> mx.array:
     return mx.array([scale * LOG2E], dtype=mx.float32)
 
 
+@functools.lru_cache(maxsize=16)
+def int32s(*values: int) -> mx.array:
+    """`values` as the small int32 array our kernels read their sizes from (a key count, a split, a row):
+    made once for the layers of a step or forward that share them, not once per layer (each array from
+    the host is an operation of its own: docs/benchmarks.md, *GPU engine*, seventh session, run n)."""
+    return mx.array(values, dtype=mx.int32)
+
+
 def split_size(n: int, parts: int, target: int, least: int, multiple: int) -> int:
     """Keys per split of a split-key kernel: about `target` splits over `parts` (KV heads, or KV heads
     x row blocks), a multiple of `multiple` (the kernel's tile), at least `least`."""

@@ -2,7 +2,7 @@
 tensor cores with the keys split (MLX's CUDA backend).
 
 For a chunk of more than one query, MLX's CUDA attention is cuDNN's, which costs a new plan for
-every new query or key count (55-68 ms at 131k keys on the H200) and, for a few rows, gives
+every new query or key count (51-68 ms at 131k keys on the H200) and, for a few rows, gives
 each of the 64 query heads one block that walks all the keys (45 rows over 131k keys: 0.88 ms a
 layer, about 610 GB/s; docs/benchmarks.md, *GPU engine*, fifth session). Here the keys are
 split across blocks, as the decode kernels split them, and nothing depends on the key count
@@ -16,7 +16,8 @@ but a runtime argument, so no shape is new:
   into two stages: the next tile is in flight while this one computes. Key fragments are
   32-bit reads; value fragments come transposed by `ldmatrix.trans`. (The first version
   transposed the values through registers into shared memory: its 16-bit stores met 16-way
-  bank conflicts, and the kernel ran at 1 TB/s for a few rows and 0.3 TB/s for 45.);
+  bank conflicts, and the kernel ran at 977 GB/s for 2 rows and 297 GB/s for 45: sixth session,
+  run h.);
 - scores and the value product are bf16 `mma.sync` m16n8k16 with float32 accumulation; the score
   accumulators are the probabilities' operand layout (nothing crosses lanes); online softmax in
   base 2; a query at position p0 + i sees keys up to p0 + i (causal within the chunk);
@@ -259,7 +260,7 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     cs = split_size(n, row_blocks * kv_heads)
     splits = -(-n // cs)
     q = mx.contiguous(queries.reshape(H, L, D).astype(mx.bfloat16))
-    meta = mx.array([n, L, cs], dtype=mx.int32)
+    meta = cuda_backend.int32s(n, L, cs)
     part_out, part_ml = _kernel()(
         inputs=[q, keys, values, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
         grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),

@@ -6,10 +6,13 @@ A decode step is queued while the previous one still runs (`engine.generate.deco
 previous step's kernels hold the buffers until they finish; then the update copies the whole
 buffer (at 131,072 tokens 134 MB per 8-bit tensor and layer) and frees the old one, every step.
 Measured on the H200 (docs/benchmarks.md, *GPU engine*, seventh session): a one-row write
-followed by a reader took 80-87 µs per step over a 131,072-row buffer, with three buffers'
-worth of memory in flight; a Qwen3-32B-shaped 8-bit decode step at 131k took 38.5 ms in a process
-that had run other shapes before (23.8 ms in a fresh one), 23.1 ms with this kernel. An 8-bit
-write is also eight operations per layer (two `mx.quantize`, six slice updates); this is one.
+followed by a reader took 80 µs (read through a view) and 87 µs (read by our kernel) per step over
+a 131,072-row buffer, with three buffers' worth of memory in flight (run o); a Qwen3-32B-shaped
+8-bit decode step at 131k took 38.5 ms in a process that had run bf16 steps before (23.8 ms in a
+fresh one) and 23.1 ms with this kernel's first version (run p, printed only); where a process
+did not fall into the copies, the kernel gained nothing (24.7 ms with MLX's write, 25.4 with ours,
+run q). An 8-bit write is also eight operations per layer (two `mx.quantize`, six slice updates);
+this is one.
 
 The kernel writes the row where it lies (the buffers are its inputs: MLX does not know they
 changed). Two rules keep that correct:
@@ -101,12 +104,6 @@ def _q8_kernel() -> Any:
                                output_names=["done"], ensure_row_contiguous=False)
 
 
-@functools.lru_cache(maxsize=8)
-def _row(start: int) -> mx.array:
-    """The row index as the kernels read it: one array per position, shared by a step's layers."""
-    return mx.array([start], dtype=mx.int32)
-
-
 def shape_problem(keys: mx.array, bits: int, group_size: int = 64) -> str | None:
     """Why the new rows `keys` (1, heads, 1, D) cannot be written by this kernel (None: they can)."""
     if not cuda_backend.cuda_available():
@@ -118,7 +115,7 @@ def shape_problem(keys: mx.array, bits: int, group_size: int = 64) -> str | None
         return f"{bits}-bit cache"
     if keys.dtype not in (mx.bfloat16, mx.float16, mx.float32):
         return f"{keys.dtype} rows"
-    if D % 32 or group_size % (D // 32) or group_size > D or D % group_size:
+    if D % 32 or group_size % (D // 32) or D % group_size:
         return f"head dim {D}, group {group_size}"
     return None
 
@@ -129,7 +126,7 @@ def write_q8(kbufs: tuple[mx.array, ...], vbufs: tuple[mx.array, ...], keys: mx.
     store's (packed, scales, biases) buffers, in place. Returns what readers must depend on."""
     H, D = keys.shape[1], keys.shape[3]
     threads = 2 * H * 32
-    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, _row(start)],
+    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, cuda_backend.int32s(start)],
                         template=[("T", kbufs[1].dtype), ("D", D), ("GS", group_size)],
                         grid=(-(-threads // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
                         output_shapes=[(1,)], output_dtypes=[mx.int32])[0]

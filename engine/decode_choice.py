@@ -89,7 +89,7 @@ class DecodeKernels:
     @property
     def any(self) -> bool:
         """Whether any of our kernels runs."""
-        return self.qmv or self.attention or self.attention_mma or self.attention_chunk or self.kv_write
+        return any(getattr(self, name) for name in KERNEL_NAMES)
 
     def identity(self) -> str:
         """The part of `ComputePath.identity()` naming our kernels ("" when none runs)."""
@@ -103,12 +103,11 @@ class DecodeKernels:
         chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write) \
-            if qmv or attention or chunk or kv_write else contextlib.nullcontext()
+            if qmv or attention or chunk else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
-        return {"qmv": self.qmv, "attention": self.attention, "attention_mma": self.attention_mma,
-                "attention_chunk": self.attention_chunk, "kv_write": self.kv_write, "source": self.source,
+        return {**{name: getattr(self, name) for name in KERNEL_NAMES}, "source": self.source,
                 "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
                 "notes": list(self.notes)}
 
@@ -158,13 +157,21 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
     notes = [f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
              for name in KERNEL_NAMES if not chosen[name]]
     if chosen["attention"] and chosen["attention_mma"]:  # two kernels for one call
-        slower, faster = sorted(("attention", "attention_mma"), key=lambda name: timings[name][1], reverse=True)
+        faster = _faster_attention(timings)
+        slower = "attention" if faster == "attention_mma" else "attention_mma"
         chosen[slower] = False
         notes.append(f"kernels: {slower} slower than {faster}")
     if chosen["kv_write"] and not (chosen["attention"] or chosen["attention_mma"]):
         chosen["kv_write"] = False
         notes.append("kernels: kv_write needs our attention")
     return chosen, tuple(notes)
+
+
+def _faster_attention(timings: Mapping[str, tuple[float, float]]) -> str | None:
+    """Of our two attention kernels measured (``attention``, ``attention_mma``), the faster (the tensor-core
+    one on a tie); None: neither."""
+    measured = [name for name in ("attention_mma", "attention") if name in timings]
+    return min(measured, key=lambda name: timings[name][1]) if measured else None
 
 
 def _attention_shape(model: Any) -> tuple[int, int, int] | None:
@@ -192,11 +199,9 @@ def _measure(model: Any) -> Timings:
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
         timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
-        measured = [name for name in ("attention", "attention_mma") if name in timings]
-        if measured:  # with the attention kernel that would run beside it: the faster of ours
-            fastest = min(measured, key=lambda name: timings[name][1])
-            kernel = "mma" if fastest == "attention_mma" else "cores"
-            timings.update(_time_kv_write(heads, kv_heads, dim, dtype, kernel))
+        faster = _faster_attention(timings)
+        if faster is not None:  # with the attention kernel that would run beside it
+            timings.update(_time_kv_write(heads, kv_heads, dim, dtype, "mma" if faster == "attention_mma" else "cores"))
     return timings
 
 
@@ -358,16 +363,15 @@ def _check_kv_write(query: mx.array, kv_heads: int, fill: mx.array, value: mx.ar
     store.write(at, key, value, in_place=True)
     ours = _attend_rows(store, query, at + 1, kernel)
     mx.eval(ours)  # one evaluation holding the write and the attention: only `after` orders them
-    for written, row in ((store.keys, key), (store.values, value)):
-        _check_quantized_row(written, row, at, store.group_size)
+    for written, row in zip(store.read(at, at + 1), (key, value)):
+        _check_quantized_row(written, row, store.group_size)
     _check("kv_write", ours, cuda_attention.reference(query.astype(mx.float32), store.keys, store.values, at + 1,
                                                        query.shape[-1] ** -0.5, store.group_size))
 
 
-def _check_quantized_row(written: tuple[mx.array, ...], row: mx.array, at: int, group_size: int) -> None:
-    """Row `at` of an 8-bit store's (packed, scales, biases) against `mx.quantize(row)`: each value within one
+def _check_quantized_row(ours: mx.array, row: mx.array, group_size: int) -> None:
+    """A row as an 8-bit store holds it (dequantized) against `mx.quantize(row)`: each value within one
     quantization step of its group."""
-    ours = mx.dequantize(*(a[..., at:at + 1, :] for a in written), group_size=group_size, bits=8)
     theirs_q = mx.quantize(row, group_size=group_size, bits=8)
     theirs = mx.dequantize(*theirs_q, group_size=group_size, bits=8)
     step = mx.repeat(mx.abs(theirs_q[1]).astype(mx.float32), group_size, axis=-1)

@@ -190,7 +190,7 @@ def decode(
             penalty.observe((token_id,))
             nxt = step_after(token) if ahead else None
         yield token_id
-        token = nxt if ahead or not more else step_after(token)
+        token = step_after(token) if more and step == 0 else nxt
 
 
 class StopStrings:

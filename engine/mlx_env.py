@@ -11,8 +11,12 @@ model takes before importing `mlx.core`. A value the user set is kept.
   the H200 at 131k tokens, in one process that had first run the same steps at 32k, the decode
   step took 39.2 ms with the 8-bit cache and 27.1 ms with bf16 under the default, 20.3 and
   18.2 ms with 1,000 (docs/benchmarks.md, *GPU engine*, fifth session: the decode step's
-  floor). Through the engine, and in `bench/gpu_step.py` with one fresh process per size, the
-  difference has not shown (same section, runs g and h). The setting is inert on other backends.
+  floor; scratch probes). In `bench/gpu_step.py`, one fresh process per size, each running the
+  32k steps before the 131k ones (sixth session, run h: bench/results/gpu_step-20261204h.json
+  and gpu_step-100-20261204h.json), the 131k step took 35.15 ms (bf16) and 40.39 ms (8-bit)
+  under the default against 24.65 and 37.88 ms with 1,000; at 32k the two sizes did not differ
+  (19.17 / 19.91, 37.43 / 35.92). Through the engine the difference has not shown (fifth
+  session, run g against run f; one run each). The setting is inert on other backends.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from engine import cuda_kv_write
 from engine.decode_kernels import Q8Rows
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class KVStore(Protocol):
 
     quantized: bool
 
-    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
-        """Store `keys`/`values` (B, heads, n, dim) at positions [start, start + n)."""
+    def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
+        """Store `keys`/`values` (B, heads, n, dim) at positions [start, start + n); `in_place`: the
+        caller's one reader of them in this step orders itself after `rows()`' ``after``
+        (`QuantizedKVStore.write`; a store without an in-place write ignores it)."""
 
     def read(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """Keys and values of positions [start, end) in the model's dtype."""
@@ -102,7 +105,7 @@ class DenseKVStore:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
 
-    def write(self, start: int, keys: mx.array, values: mx.array) -> None:
+    def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
         end = start + keys.shape[2]
         if self.keys is None or end > self.keys.shape[2]:
             cap = _capacity(end)
@@ -151,22 +154,25 @@ class QuantizedKVStore:
         self.values: tuple[mx.array, mx.array, mx.array] | None = None
         self._exclusive = False  # see `_in_place`
         self._written: mx.array | None = None  # the last in-place write's output (`engine.cuda_kv_write`)
+        self._kernel_takes: tuple[tuple, bool] | None = None  # (row shape and dtype, the kernel takes it)
 
-    def _in_place(self, keys: mx.array, values: mx.array) -> bool:
+    def _in_place(self, keys: mx.array, values: mx.array, end: int) -> bool:
         """Whether a write asked for in place (`write`'s `in_place`) may go through `engine.cuda_kv_write`.
 
-        For rows the kernel takes (keys and values alike, in the buffers' dtype), and only into
-        buffers nothing but the store holds (`_exclusive`): a slice update's output is the store's
-        alone (MLX copied the buffer or reused memory nobody else held); `state` hands out views (a
-        checkpoint's copy, an evaluation) and `load` takes arrays from outside, so after either the
-        next write is a slice update again. The views `read`, `read_quantized` and `rows` hand out
-        are used up inside the forward that asked for them.
+        For rows the kernel takes (keys and values alike, in the buffers' dtype) that fit the buffers,
+        and only into buffers nothing but the store holds (`_exclusive`, which also means they exist):
+        a slice update's output is the store's alone (MLX copied the buffer or reused memory nobody
+        else held); `state` hands out views (a checkpoint's copy, an evaluation) and `load` takes
+        arrays from outside, so after either the next write is a slice update again. The views `read`,
+        `read_quantized` and `rows` hand out are used up inside the forward that asked for them.
         """
-        if not (self._exclusive and keys.shape == values.shape and keys.dtype == values.dtype == self.keys[1].dtype):
+        if not (self._exclusive and end <= self.keys[0].shape[2] and keys.shape == values.shape
+                and keys.dtype == values.dtype == self.keys[1].dtype):
             return False
-        from engine import cuda_kv_write
-
-        return cuda_kv_write.shape_problem(keys, self.bits, self.group_size) is None
+        row = (tuple(keys.shape), keys.dtype)
+        if self._kernel_takes is None or self._kernel_takes[0] != row:  # asked once per row shape, not per step
+            self._kernel_takes = (row, cuda_kv_write.shape_problem(keys, self.bits, self.group_size) is None)
+        return self._kernel_takes[1]
 
     def _quantize(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         if x.shape[-1] % self.group_size:
@@ -184,9 +190,7 @@ class QuantizedKVStore:
         `rows()`' ``after`` as an input (`engine.window.WindowKVCache` asks it for our attention only),
         so a decode row may be written by `engine.cuda_kv_write` where that applies (`_in_place`)."""
         end = start + keys.shape[2]
-        if in_place and self.keys is not None and end <= self.keys[0].shape[2] and self._in_place(keys, values):
-            from engine import cuda_kv_write
-
+        if in_place and self._in_place(keys, values, end):
             done = cuda_kv_write.write_q8(self.keys, self.values, keys, values, start, self.group_size)
             arrays = mx.depends([*self.keys, *self.values], [done])
             self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])

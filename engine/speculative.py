@@ -109,7 +109,7 @@ class BreakEvenGuard:
     window's (low) median measured cost: a one-off trace or a burst of load does not
     count as the price of drafting, while rounds that are all dear (verifying
     several rows over 128k keys on the H200: prompt lookup 2.3 tok/s against 31
-    plain, docs/benchmarks.md, *GPU engine*) count in
+    plain, docs/benchmarks.md, *GPU engine*, fifth session, run f) count in
     full, whatever the prior said. Until then it comes from
     the cost model: `1 + (cost_per_token + draft_cost) * drafted`. Over the last
     `window` drafting rounds, if emitted / cost falls below `margin`, drafting

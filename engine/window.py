@@ -201,15 +201,14 @@ class WindowKVCache:
         """Store a chunk's keys/values and return the keys/values it attends to."""
         start, n = self.offset, keys.shape[2]
         plan = self.plan(start, n)
-        if self.store.quantized and plan.dense and n == 1 and decode_kernels.attention_on():
-            # Our kernel reads the 8-bit rows where they lie (engine.decode_kernels); the row may be written
-            # in place only here, where that kernel is the one reader (engine.cuda_kv_write).
-            self.store.write(start, keys, values, in_place=decode_kernels.kv_write_on())
-            self.offset = start + n
+        # Our kernel reads the 8-bit rows where they lie (engine.decode_kernels); the row may be written in
+        # place only on this fetch, where that kernel is the one reader (engine.cuda_kv_write).
+        ours = self.store.quantized and plan.dense and n == 1 and decode_kernels.attention_on()
+        self.store.write(start, keys, values, in_place=ours and decode_kernels.kv_write_on())
+        self.offset = start + n
+        if ours:
             self._direct = True
             return self.store.rows(self.offset)
-        self.store.write(start, keys, values)
-        self.offset = start + n
         self._direct = (self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
                         and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
                                                    self.store.group_size, str(mx.default_device())))

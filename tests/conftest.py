@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterable
 
 import pytest
 
 from engine import blas
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _HOME_PREFIX = "codectx-test-home-"
 _HOME = tempfile.mkdtemp(prefix=_HOME_PREFIX)
 os.environ["CODECTX_HOME"] = _HOME
@@ -64,3 +68,32 @@ def default_model_path(tmp_path_factory) -> Path:
     if not own.exists():
         shutil.copytree(shared, own, copy_function=os.link)
     return ensure_default_model(progress=False, fetch=False).directory
+
+
+def _run_python(code: str, home: Path, *, unset: Iterable[str] = (), **env: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter from the repository root, with `home` as its `CODECTX_HOME`.
+
+    The child inherits this process's environment less the variables named in `unset`, plus `env`.
+    It must exit 0 within 120 s (`CalledProcessError`, `TimeoutExpired` otherwise).
+    """
+    dropped = set(unset)
+    full_env = {k: v for k, v in os.environ.items() if k not in dropped} | {"CODECTX_HOME": str(home), **env}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=120, check=True)
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """`_run_python`: for what must happen in a process of its own (before `mlx.core` is imported, say)."""
+    return _run_python
+
+
+@pytest.fixture
+def graph_cache_unset(monkeypatch) -> None:
+    """`MLX_CUDA_GRAPH_CACHE_SIZE` unset, as for a user who set nothing (`engine.mlx_env`).
+
+    This file's `blas.preload()` has set it already. The `setenv` records the variable's state first, so
+    the test's end restores it even where the test (`mlx_env.apply()`) sets it again behind monkeypatch.
+    """
+    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "")
+    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE")

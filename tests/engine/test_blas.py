@@ -8,8 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,13 +38,6 @@ print(json.dumps(report))
 """
 
 
-def _python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "CODECTX_HOME": str(tmp_path), **env}
-    return subprocess.run(
-        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120, check=True
-    )
-
-
 def _sgemm_binding(stderr: str) -> str:
     """The library that libmlx.so's cblas_sgemm was bound to, from LD_DEBUG=bindings."""
     lines = [line for line in stderr.splitlines() if "libmlx.so" in line and "`cblas_sgemm'" in line]
@@ -58,22 +49,22 @@ def _mlx_cpu_libs() -> Path:
     return Path(importlib.metadata.distribution("mlx-cpu").locate_file("mlx_cpu.libs"))
 
 
-def test_mlx_sgemm_binds_to_preloaded_openblas(tmp_path):
-    run = _python(_BINDING_PROBE.format(choice="auto"), tmp_path, LD_DEBUG="bindings")
+def test_mlx_sgemm_binds_to_preloaded_openblas(tmp_path, run_python):
+    run = run_python(_BINDING_PROBE.format(choice="auto"), tmp_path, LD_DEBUG="bindings")
     assert Path(_sgemm_binding(run.stderr)).name == "libopenblas.so.0"
     assert list((tmp_path / "blas").glob("*/libgfortran.so.5")) or "system" in run.stderr
 
 
-def test_off_keeps_the_bundled_reference_blas(tmp_path):
-    run = _python(_BINDING_PROBE.format(choice="off"), tmp_path, LD_DEBUG="bindings")
+def test_off_keeps_the_bundled_reference_blas(tmp_path, run_python):
+    run = run_python(_BINDING_PROBE.format(choice="off"), tmp_path, LD_DEBUG="bindings")
     assert Path(_sgemm_binding(run.stderr)).name.startswith("libblas-")
 
 
-def test_optimized_blas_needs_much_less_cpu_than_reference(tmp_path):
+def test_optimized_blas_needs_much_less_cpu_than_reference(tmp_path, run_python):
     # One BLAS thread and CPU time (not wall time): the work a matmul costs, which other
     # processes on a shared CI machine do not change. Wall-clock speed belongs to bench/engine.py.
-    fast = json.loads(_python(_DESCRIBE_PROBE.format(choice="auto"), tmp_path).stdout)
-    slow = json.loads(_python(_DESCRIBE_PROBE.format(choice="off"), tmp_path).stdout)
+    fast = json.loads(run_python(_DESCRIBE_PROBE.format(choice="auto"), tmp_path).stdout)
+    slow = json.loads(run_python(_DESCRIBE_PROBE.format(choice="off"), tmp_path).stdout)
     assert fast["interposed"] is True and fast["source"] == "cmeel-openblas (PyPI)"
     assert fast["threads"] == 1 and fast["in_use"] == "libopenblas.so.0"
     assert slow["library"] is None and "disabled" in slow["source"] and slow["in_use"] == "reference"
@@ -81,10 +72,10 @@ def test_optimized_blas_needs_much_less_cpu_than_reference(tmp_path):
     assert slow["sgemm_cpu_seconds"] > 4 * fast["sgemm_cpu_seconds"], (fast, slow)
 
 
-def test_a_missing_library_falls_back_without_raising(tmp_path):
+def test_a_missing_library_falls_back_without_raising(tmp_path, run_python):
     code = (f"import json, engine.blas; loaded = engine.blas.preload({str(tmp_path / 'nope.so')!r}); "
             "print(json.dumps([loaded, engine.blas.describe()]))")
-    loaded, report = json.loads(_python(code, tmp_path).stdout)
+    loaded, report = json.loads(run_python(code, tmp_path).stdout)
     assert loaded is None and report["interposed"] is False
     assert any("preload failed" in note for note in report["notes"])
 
@@ -106,17 +97,17 @@ def test_soname_rewrite_rejects_longer_names_and_non_elf(tmp_path):
         elf.with_soname(b"#!/bin/sh\n" * 10, "libgfortran.so.5")
 
 
-def test_thread_setting_is_applied_and_zero_means_the_usable_cores(tmp_path):
+def test_thread_setting_is_applied_and_zero_means_the_usable_cores(tmp_path, run_python):
     code = "import json, engine.blas; engine.blas.preload(threads={}); print(json.dumps(engine.blas.describe()))"
-    one = json.loads(_python(code.format(1), tmp_path).stdout)
-    default = json.loads(_python(code.format(0), tmp_path).stdout)
+    one = json.loads(run_python(code.format(1), tmp_path).stdout)
+    default = json.loads(run_python(code.format(0), tmp_path).stdout)
     assert one["threads"] == 1 and one["interposed"] is True
     assert default["threads"] == min(len(os.sched_getaffinity(0)), 8) and default["interposed"] is True
 
 
-def test_importing_engine_has_no_side_effect(tmp_path):
+def test_importing_engine_has_no_side_effect(tmp_path, run_python):
     code = ("import json, sys, engine, engine.request, engine.blas; "
             "print(json.dumps([engine.blas.describe()['source'], 'mlx.core' in sys.modules, engine.blas.in_use()]))")
-    source, mlx_imported, in_use = json.loads(_python(code, tmp_path).stdout)
+    source, mlx_imported, in_use = json.loads(run_python(code, tmp_path).stdout)
     assert (source, mlx_imported, in_use) == ("not attempted", False, "reference")
     assert not (tmp_path / "blas").exists()  # nothing was loaded or copied

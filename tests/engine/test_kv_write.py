@@ -110,9 +110,10 @@ def test_the_load_time_check_passes_rows_as_mlx_quantizes_them_and_fails_a_row_n
     store, row = QuantizedKVStore(), rows(1, 10, dim=128)
     store.write(0, rows(20, 11, dim=128), rows(20, 11, dim=128))
     store.write(20, row, row)
-    decode_choice._check_quantized_row(store.keys, row, 20, 64)
+    written = store.read(20, 21)[0]
+    decode_choice._check_quantized_row(written, row, 64)
     with pytest.raises(RuntimeError, match="more than a quantization step"):
-        decode_choice._check_quantized_row(store.keys, 2 * row, 20, 64)
+        decode_choice._check_quantized_row(written, 2 * row, 64)
 
     def mlx_attention(queries, keys, values, n, scale, group_size, kernel="cores", after=None):
         return cuda_attention.reference(queries, keys, values, n, scale, group_size)

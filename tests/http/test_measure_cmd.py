@@ -4,9 +4,11 @@ from __future__ import annotations
 import hashlib
 import json
 
-from engine.boundaries import JOIN_TOKENS
+from engine.boundaries import JOIN_TOKENS, cut_points
 from server.cli import main as cli_main
+from server.http.chat_prompt import message_segments
 from server.measure_cmd import main as measure_main
+from server.measure_cmd import messages_for
 
 FILE_TEXT = 'def fib(n):\n    """Fibonacci, slowly."""\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n' * 6
 
@@ -28,11 +30,15 @@ def test_fresh_is_cold_and_a_repeat_restores(api, tmp_path, capsys):
     assert 0 < cold["ttft_s"] <= cold["total_s"] and cold["client_ttft_s"] is not None
     _run(capsys, *common)
     warm = _run(capsys, *common)
-    header = len(api.source.current().tokenizer.encode("<|im_start|>assistant\n"))
+    served = api.source.current()
+    header = len(served.tokenizer.encode("<|im_start|>assistant\n"))
     assert warm["prompt_tokens"] < cold["prompt_tokens"]  # no "Run <nonce>" line
     # A repeat restores all but the last forward: the header, with the question before it when that is
     # short (engine.boundaries.JOIN_TOKENS), from the last checkpoint-grid cut on.
-    assert warm["cached_tokens"] + warm["recomputed_tokens"] == warm["prompt_tokens"]
+    segments = message_segments(served.tokenizer, messages_for(FILE_TEXT, fresh=False))
+    cuts = cut_points(segments, served.backend.stats()["prefill_chunk"])
+    assert warm["prompt_tokens"] == cuts[-1] == sum(len(s.token_ids) for s in segments)
+    assert (warm["cached_tokens"], warm["recomputed_tokens"]) == (cuts[-2], cuts[-1] - cuts[-2])
     assert 0 < warm["recomputed_tokens"] <= header + JOIN_TOKENS
 
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
+from engine import mlx_env
 from engine.default_model import GGUF_NAME, GGUF_SHA256, default_model_dir
-from server.doctor import run_doctor
+from server.doctor import check_mlx, run_doctor
 
 
 def _doctor() -> tuple[int, list[str]]:
@@ -14,16 +16,20 @@ def _doctor() -> tuple[int, list[str]]:
     return code, out.getvalue().splitlines()
 
 
-def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch):
+def test_fresh_home_is_ready_and_reports_every_check(tmp_path, monkeypatch, graph_cache_unset):
     monkeypatch.setenv("CODECTX_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "")  # recorded, so the test's end restores the variable
-    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE")
     code, lines = _doctor()
     assert code == 0
     assert lines[-1] == "ready: true"
     names = [line[6:].split(":", 1)[0] for line in lines[:-1]]
     assert names == ["python", "mlx", "blas", "default model", "model choice", "cache dir", "archive", "linear mode"]
-    assert lines[1].endswith(", MLX_CUDA_GRAPH_CACHE_SIZE=1000")  # MLX's start-up settings, as the engine sets them
+    # MLX's start-up settings, as the engine's start-up step (engine.mlx_env.apply) then sets them; the doctor
+    # itself sets nothing
+    assert "MLX_CUDA_GRAPH_CACHE_SIZE" not in os.environ
+    assert mlx_env.apply() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "1000"}
+    assert lines[1].endswith(", MLX_CUDA_GRAPH_CACHE_SIZE=" + os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"])
+    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "7")  # a user's own value is the one reported
+    assert check_mlx().detail.endswith(", MLX_CUDA_GRAPH_CACHE_SIZE=7")
     # the CPU build dequantizes weights at load: compute.linear has nothing to choose, and says so
     assert lines[-2] == ("ok    linear mode: weights are dequantized to float32 at load on this device: "
                          "no quantized layers to choose for")
