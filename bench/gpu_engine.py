@@ -51,6 +51,7 @@ preload_blas()  # before MLX is imported
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds, request_profile  # noqa: E402
+from bench.stack_sampler import StackSampler  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
@@ -88,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the follow-up and edit asks on the engine's worker (top functions in each row)")
+    ap.add_argument("--raw-step", action="store_true",
+                    help="after each configuration, its decode step outside the engine (`raw_steps` in the JSON)")
+    ap.add_argument("--sample", action="store_true",
+                    help="sample the worker's stack during the follow-up and edit asks (bench/stack_sampler.py: "
+                         "no per-call overhead; `samples` in each row)")
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
@@ -140,11 +146,13 @@ class Run:
         shutil.rmtree(self.home / "archive", ignore_errors=True)
 
 
-def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
+def ask(eng: Engine, segments: list, max_tokens: int, sample: bool = False) -> dict[str, Any]:
     """One request; its metrics, its prefill forwards (`request_profile.ForwardLog`), decoded ids, the
-    spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran."""
+    spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran; with
+    `sample`, where the engine's worker spent it (`bench.stack_sampler`)."""
     mx.reset_peak_memory()
-    with request_profile.ForwardLog() as log:
+    sampler = StackSampler("codectx-engine") if sample else contextlib.nullcontext()
+    with request_profile.ForwardLog() as log, sampler:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
         ids, arrivals = [], []
         for e in handle:
@@ -159,7 +167,9 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                restore_s=log.restore_s, forwards=log.forwards, token_gaps=token_gaps(arrivals), ids=ids)
+                restore_s=log.restore_s, forwards=log.forwards, token_gaps=token_gaps(arrivals), ids=ids,
+                decode_host_ms=decode_host(log.decode_steps),
+                **({"samples": sampler.top()} if sample else {}))
 
 
 def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
@@ -174,6 +184,38 @@ def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
     sorted_gaps = sorted(gaps)
     return {"first": [round(g, 2) for g in gaps[:3]], "p50": round(sorted_gaps[len(gaps) // 2], 2),
             "p90": round(sorted_gaps[int(len(gaps) * 0.9)], 2), "max": round(sorted_gaps[-1], 2)}
+
+
+def decode_host(steps: list[list[float]]) -> dict[str, float] | None:
+    """Medians over an ask's decode steps (the first two left out: the first token, a new step's graphs) of
+    the engine's host milliseconds per step: building the next step's graph, submitting it (`mx.async_eval`,
+    which also waits while MLX has too much queued), waiting for the token."""
+    steps = steps[2:]
+    if not steps:
+        return None
+    return {name: round(sorted(s[i] for s in steps)[len(steps) // 2], 3)
+            for i, name in enumerate(("build", "submit", "wait"))}
+
+
+def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
+    """The same decode step outside the engine (bench/gpu_step.py's pipelined loop over a cache of random rows,
+    the path an engine of `config` chose), in this process after its asks: what the engine adds to a step."""
+    from bench.gpu_step import decode_steps, filled_cache
+
+    eng = run.engine(config, archive=False)
+    path = eng.compute
+    close(eng)
+    del eng
+    cache = filled_cache(run.model, run.window, CONFIGS[config][1], length)
+    decode_steps(path, cache, 2, (False, False, False), "sync", attempts=1)  # the buffers grow once, untimed
+    host: list[float] = []
+    seconds = decode_steps(path, cache, steps, (False, False, False), "pipelined", attempts=3, host=host)
+    run.result.setdefault("raw_steps", []).append(dict(
+        length=length, config=config, step_ms=round(seconds * 1e3, 2), host_ms=round(host[0] * 1e3, 2),
+        python_ms=round(host[1] * 1e3, 2), bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))
+    print(f"raw step {config} at {length}: {run.result['raw_steps'][-1]}", flush=True)
+    del cache
+    free()
 
 
 def close(eng: Engine) -> float:
@@ -238,8 +280,8 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     cold = ask(eng, cold_prompt, run.a.decode)
     record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, cold_prompt, True))
     with request_profile.profiled() if run.a.profile else contextlib.nullcontext([]) as profiles:
-        follow_up = ask(eng, repo.prompt(2), run.a.decode)
-        edit = ask(eng, edited.prompt(3), run.a.decode)
+        follow_up = ask(eng, repo.prompt(2), run.a.decode, run.a.sample)
+        edit = ask(eng, edited.prompt(3), run.a.decode, run.a.sample)
     tops = [{"profile": request_profile.top(p)} for p in profiles] + [{}, {}]  # none when not profiled
     record(run, length, config, "follow-up", follow_up, **tops[0])
     record(run, length, config, "edit + ask", edit, edited_file=key,
@@ -356,6 +398,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 warm_up(run, config, length)
                 (whole_loop if CONFIGS[config][2] else cold_only)(run, length, config)
+                if a.raw_step:
+                    raw_steps(run, length, config)
             except Exception as err:  # noqa: BLE001 - one configuration's failure must not lose the others
                 run.result.setdefault("errors", []).append(dict(length=length, config=config, error=repr(err)))
                 print(f"{length} {config} failed: {err!r}", file=sys.stderr, flush=True)

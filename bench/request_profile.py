@@ -61,11 +61,13 @@ def top(profile: cProfile.Profile, count: int = 25) -> list[dict[str, Any]]:
 
 class ForwardLog(logging.Handler):
     """The engine's debug lines for the requests served while attached: each prefill forward as
-    [tokens, keys after it, seconds including the wait for its evaluation], and the restore's seconds.
+    [tokens, keys after it, seconds including the wait for its evaluation], the restore's seconds, and
+    each decode step's host seconds [building the next step's graph, submitting it, waiting for this
+    step's token] (milliseconds in `decode_steps`).
 
         with request_profile.ForwardLog() as log:
             ask(...)
-        log.forwards, log.restore_s
+        log.forwards, log.restore_s, log.decode_steps
     """
 
     LOGGERS = ("engine.generate", "engine.prefix_cache")
@@ -74,6 +76,7 @@ class ForwardLog(logging.Handler):
         super().__init__(logging.DEBUG)
         self.forwards: list[list[float]] = []
         self.restore_s: float | None = None
+        self.decode_steps: list[list[float]] = []
         self._levels: list[int] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -81,6 +84,9 @@ class ForwardLog(logging.Handler):
         if forward is not None:
             tokens, keys, seconds = forward
             self.forwards.append([tokens, keys, round(seconds, 4)])
+        step = getattr(record, "decode_step", None)
+        if step is not None:
+            self.decode_steps.append([round(s * 1e3, 3) for s in step])
         restore_s = getattr(record, "restore_s", None)
         if restore_s is not None:
             self.restore_s = round(restore_s, 4)

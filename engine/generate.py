@@ -166,11 +166,16 @@ def decode(
     path = path_of(compute)
     if max_tokens < 1:
         return
+    timed = log.isEnabledFor(logging.DEBUG)  # benchmarks read `decode_step` (bench/request_profile.ForwardLog)
+    host = [0.0, 0.0]  # the last step's seconds: building its graph, submitting it
 
     def step_after(token: mx.array) -> mx.array:
+        began = time.perf_counter()
         logits = path.forward(token.reshape(1, 1), cache, logits="last")[:, -1, :]
         nxt = sampler(logits if penalty is None else penalty.apply(logits))
+        built = time.perf_counter()
         mx.async_eval(nxt)
+        host[:] = built - began, time.perf_counter() - built
         return nxt
 
     token = sampler(logits if penalty is None else penalty.apply(logits))
@@ -183,7 +188,11 @@ def decode(
         # token is read. The first token (what the user waits for) is yielded before any step is built.
         ahead = more and step > 0
         nxt = step_after(token) if ahead and penalty is None else None
+        waited = time.perf_counter()
         token_id = int(token.item())
+        if timed:
+            timing = (*host, time.perf_counter() - waited)  # the last step built, and this token's wait
+            log.debug("decode step: build %.4f s, submit %.4f s, wait %.4f s", *timing, extra={"decode_step": timing})
         if token_id in eos_token_ids:
             return
         if penalty is not None:
