@@ -12,7 +12,11 @@ through `engine.Engine` with checkpoints and the disk archive on. Per length, in
   archive, page cache dropped where allowed) then ask with prompt-lookup speculation;
 - ``dense-16`` / ``dense-8``: cold ask (exact attention); ``window-16-q``: cold ask with the
   quantized kernel forced (``--compare-linear``);
-- every ask decodes ``--decode`` tokens: decode tok/s at that context;
+- every ask decodes ``--decode`` tokens: decode tok/s at that context, the spacing of its tokens
+  (``token_gaps``) and the engine's host milliseconds per step (``decode_host_ms``: building the step's
+  graph, submitting it, waiting for its token);
+- ``--raw-step``: after each configuration, the same decode step outside the engine in the same process
+  (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose);
 - ``--archive off``: the same asks with no disk archive and no restart row, for what the archive's
   background writes cost the asks beside them;
 - bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy
@@ -51,7 +55,6 @@ preload_blas()  # before MLX is imported
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds, request_profile  # noqa: E402
-from bench.stack_sampler import StackSampler  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
@@ -91,9 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cProfile the follow-up and edit asks on the engine's worker (top functions in each row)")
     ap.add_argument("--raw-step", action="store_true",
                     help="after each configuration, its decode step outside the engine (`raw_steps` in the JSON)")
-    ap.add_argument("--sample", action="store_true",
-                    help="sample the worker's stack during the follow-up and edit asks (bench/stack_sampler.py: "
-                         "no per-call overhead; `samples` in each row)")
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
@@ -146,13 +146,11 @@ class Run:
         shutil.rmtree(self.home / "archive", ignore_errors=True)
 
 
-def ask(eng: Engine, segments: list, max_tokens: int, sample: bool = False) -> dict[str, Any]:
-    """One request; its metrics, its prefill forwards (`request_profile.ForwardLog`), decoded ids, the
-    spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran; with
-    `sample`, where the engine's worker spent it (`bench.stack_sampler`)."""
+def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
+    """One request; its metrics, its prefill forwards and decode steps (`request_profile.ForwardLog`), decoded
+    ids, the spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran."""
     mx.reset_peak_memory()
-    sampler = StackSampler("codectx-engine") if sample else contextlib.nullcontext()
-    with request_profile.ForwardLog() as log, sampler:
+    with request_profile.ForwardLog() as log:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
         ids, arrivals = [], []
         for e in handle:
@@ -167,34 +165,8 @@ def ask(eng: Engine, segments: list, max_tokens: int, sample: bool = False) -> d
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                restore_s=log.restore_s, forwards=log.forwards, token_gaps=token_gaps(arrivals), ids=ids,
-                decode_host_ms=decode_host(log.decode_steps),
-                **({"samples": sampler.top()} if sample else {}))
-
-
-def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
-    """Milliseconds per token between token events (an event's gap shared by the tokens it carries): the
-    first three, the median, the 90th percentile and the largest. Whether the decode rate is an even
-    pace or a few stalls (a step's first graphs, a checkpoint, another thread)."""
-    gaps: list[float] = []
-    for (before, _), (after, count) in zip(arrivals, arrivals[1:]):
-        gaps += [(after - before) * 1e3 / count] * count
-    if not gaps:
-        return None
-    sorted_gaps = sorted(gaps)
-    return {"first": [round(g, 2) for g in gaps[:3]], "p50": round(sorted_gaps[len(gaps) // 2], 2),
-            "p90": round(sorted_gaps[int(len(gaps) * 0.9)], 2), "max": round(sorted_gaps[-1], 2)}
-
-
-def decode_host(steps: list[list[float]]) -> dict[str, float] | None:
-    """Medians over an ask's decode steps (the first two left out: the first token, a new step's graphs) of
-    the engine's host milliseconds per step: building the next step's graph, submitting it (`mx.async_eval`,
-    which also waits while MLX has too much queued), waiting for the token."""
-    steps = steps[2:]
-    if not steps:
-        return None
-    return {name: round(sorted(s[i] for s in steps)[len(steps) // 2], 3)
-            for i, name in enumerate(("build", "submit", "wait"))}
+                restore_s=log.restore_s, forwards=log.forwards, token_gaps=request_profile.token_gaps(arrivals), ids=ids,
+                decode_host_ms=request_profile.decode_host(log.decode_steps))
 
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
@@ -280,8 +252,8 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     cold = ask(eng, cold_prompt, run.a.decode)
     record(run, length, config, "cold ask", cold, tflops=prefill_tflops(run, cold, cold_prompt, True))
     with request_profile.profiled() if run.a.profile else contextlib.nullcontext([]) as profiles:
-        follow_up = ask(eng, repo.prompt(2), run.a.decode, run.a.sample)
-        edit = ask(eng, edited.prompt(3), run.a.decode, run.a.sample)
+        follow_up = ask(eng, repo.prompt(2), run.a.decode)
+        edit = ask(eng, edited.prompt(3), run.a.decode)
     tops = [{"profile": request_profile.top(p)} for p in profiles] + [{}, {}]  # none when not profiled
     record(run, length, config, "follow-up", follow_up, **tops[0])
     record(run, length, config, "edit + ask", edit, edited_file=key,

@@ -7,10 +7,6 @@ Sections (each prints a table row; JSON has every number):
   product of the dequantized weights (MLX's own error beside it), time per block, and the
   bytes read per second (packed weights + scales + biases, the bound being the copy bandwidth
   measured in the same run);
-- ``qmm``: `engine.cuda_qmm` against MLX's quantized product and against the weights dequantized
-  (our dequantize kernel) and multiplied, for the same block at 9, 16, 45 and 64 rows (a verify
-  forward, a question): error against float32, time per block (eight blocks per evaluation), the
-  weights' bytes per second;
 - ``attention``: `bench/gpu_attention.py`'s ``decode`` section (our 8-bit decode attentions and
   MLX's bf16 one, 64 calls per evaluation; until the fourth session this section timed one call
   per evaluation, each with an evaluation's fixed cost);
@@ -47,7 +43,7 @@ from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err, section_decode  # noqa: E402
 from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
-from engine import cuda_qmm, cuda_qmv  # noqa: E402
+from engine import cuda_qmv  # noqa: E402
 
 
 def warm_median_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
@@ -96,33 +92,6 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
             print(f"qmv {bits}-bit rows {rows}: MLX {t_mlx:.3f} ms ({row['mlx_gbs']:.0f} GB/s), ours {t_ours:.3f} ms "
                   f"({row['ours_gbs']:.0f} GB/s) of {copy_gbs:.0f}; rel err ours {row['err_ours']:.2e} "
                   f"MLX {row['err_mlx']:.2e}", flush=True)
-
-
-def section_qmm(result: dict, copy_gbs: float, per_evaluation: int = 8) -> None:
-    from engine.linear_mode import dequantized_product
-
-    for bits in (4, 8):
-        linears = block_linears(bits=bits)
-        nbytes = sum(linear_bytes(m) for m in linears)
-        for rows in (9, 16, 45, 64):
-            xs = [mx.random.normal((rows, m.weight.shape[1] * 32 // bits), key=mx.random.key(200 + i))
-                  .astype(mx.bfloat16) for i, m in enumerate(linears)]
-            mx.eval(xs)
-            products = {"quantized": lambda m, x: nn.QuantizedLinear.__call__(m, x),
-                        "dequantized": dequantized_product, "ours": cuda_qmm.linear_product}
-            row: dict[str, Any] = {"bits": bits, "rows": rows, "block_bytes": nbytes, "copy_gbs": copy_gbs}
-            for name, product in products.items():
-                errs = []
-                for m, x in zip(linears, xs):
-                    w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits, dtype=mx.float32)
-                    errs.append(rel_err(product(m, x), x.astype(mx.float32) @ w.T))
-                pairs = list(zip(linears, xs)) * per_evaluation
-                ms = warm_median_ms(lambda: [product(m, x) for m, x in pairs]) / per_evaluation
-                row.update({f"{name}_ms": ms, f"{name}_gbs": nbytes / ms / 1e6, f"{name}_err": max(errs)})
-            result.setdefault("qmm", []).append(row)
-            print(f"qmm {bits}-bit rows {rows}: " + ", ".join(
-                f"{name} {row[f'{name}_ms']:.3f} ms ({row[f'{name}_gbs']:.0f} GB/s, err {row[f'{name}_err']:.1e})"
-                for name in products) + f" of {copy_gbs:.0f} GB/s", flush=True)
 
 
 def section_step(result: dict, context: int, steps: int) -> None:
@@ -236,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["copy_gbs"] = copy_gbs
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     sections = a.sections.split(",")
-    runners = {"qmv": lambda: section_qmv(result, copy_gbs), "qmm": lambda: section_qmm(result, copy_gbs),
+    runners = {"qmv": lambda: section_qmv(result, copy_gbs),
                "attention": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
                "step": lambda: section_step(result, a.context, a.steps),
                "dequant": lambda: section_dequant(result, copy_gbs),

@@ -10,7 +10,9 @@ read of a device array) is charged to the Python function that waited.
     top = request_profile.top(profiles[-1])
 
 `ForwardLog` collects the engine's own debug lines instead: each prefill forward's tokens and
-seconds, and the restore's, with no profiler's overhead.
+seconds, the restore's, and each decode step's host seconds, with no profiler's overhead;
+`decode_host` sums the decode steps up, and `token_gaps` the pace of the tokens as the caller
+received them.
 """
 from __future__ import annotations
 
@@ -104,3 +106,28 @@ class ForwardLog(logging.Handler):
             logger = logging.getLogger(name)
             logger.removeHandler(self)
             logger.setLevel(level)
+
+
+def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
+    """Milliseconds per token between token events (an event's gap shared by the tokens it carries): the
+    first three, the median, the 90th percentile and the largest. Whether the decode rate is an even
+    pace or a few stalls (a step's first graphs, a checkpoint, another thread)."""
+    gaps: list[float] = []
+    for (before, _), (after, count) in zip(arrivals, arrivals[1:]):
+        gaps += [(after - before) * 1e3 / count] * count
+    if not gaps:
+        return None
+    sorted_gaps = sorted(gaps)
+    return {"first": [round(g, 2) for g in gaps[:3]], "p50": round(sorted_gaps[len(gaps) // 2], 2),
+            "p90": round(sorted_gaps[int(len(gaps) * 0.9)], 2), "max": round(sorted_gaps[-1], 2)}
+
+
+def decode_host(steps: list[list[float]]) -> dict[str, float] | None:
+    """Medians over an ask's decode steps (the first two left out: the first token, a new step's graphs) of
+    the engine's host milliseconds per step: building the next step's graph, submitting it (`mx.async_eval`,
+    which also waits while MLX has too much queued), waiting for the token."""
+    steps = steps[2:]
+    if not steps:
+        return None
+    return {name: round(sorted(s[i] for s in steps)[len(steps) // 2], 3)
+            for i, name in enumerate(("build", "submit", "wait"))}

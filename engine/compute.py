@@ -64,7 +64,7 @@ class ComputePath:
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
         self.kernels = kernels or DecodeKernels()
-        if self.kernels.qmv or self.kernels.qmm:
+        if self.kernels.qmv:
             linear_mode.wire(model)  # the linears' class that can call our kernel
         self.numpy_forward = numpy_forward
         self.compiled = compiled

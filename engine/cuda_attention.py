@@ -277,7 +277,7 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
         raise ValueError("decode attention needs at least one key")
     if kernel == "mma":
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, after)
-        return cuda_attention_mma.merge(part_out, part_ml, queries.dtype).reshape(1, H, 1, D)
+        return cuda_attention_mma.merge(part_out, part_ml, queries.dtype, (1, H, 1, D))
     partial, merge = _kernels()
     cs = split_size(n, kv_heads)
     splits = -(-n // cs)

@@ -336,13 +336,14 @@ def _merge_kernel() -> Any:
                                output_names=["out"])
 
 
-def merge(part_out: mx.array, part_ml: mx.array, dtype: mx.Dtype) -> mx.array:
-    """The attention output (H, D) from `partial_attention`'s splits: a block per head and 32
-    dimensions, eight warps folding the splits side by side (the splits of one head are about
-    128 at long contexts: one thread walking them all was a chain of 128 dependent steps)."""
+def merge(part_out: mx.array, part_ml: mx.array, dtype: mx.Dtype, shape: tuple[int, ...] | None = None) -> mx.array:
+    """The attention output from `partial_attention`'s splits, (H, D) or `shape` (the same values, as the
+    caller wants them: no reshape after): a block per head and 32 dimensions, eight warps folding the
+    splits side by side (the splits of one head are about 128 at long contexts: one thread walking them
+    all was a chain of 128 dependent steps)."""
     H, _, D = part_out.shape
     return _merge_kernel()(inputs=[part_out, part_ml], template=[("T", dtype), ("D", D)], grid=(H * 256, D // 32, 1),
-                           threadgroup=(256, 1, 1), output_shapes=[(H, D)], output_dtypes=[dtype])[0]
+                           threadgroup=(256, 1, 1), output_shapes=[shape or (H, D)], output_dtypes=[dtype])[0]
 
 
 def shape_problem(G: int, D: int, group_size: int) -> str | None:
@@ -369,7 +370,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
     cs = split_size(n, kv_heads)
     blocks = -(-(-(-n // cs)) // WARPS)
     splits = blocks * WARPS
-    q = mx.contiguous(queries.reshape(H, D).astype(mx.bfloat16))
+    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
     meta = cuda_backend.int32s(n, cs)
     return tuple(_kernel()(
         inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],

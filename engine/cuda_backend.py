@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -61,6 +62,18 @@ def affine_problem(mode: str, bits: int, dtype: mx.Dtype, has_biases: bool) -> s
 def cuda_available() -> bool:
     """Whether MLX runs on its CUDA backend here (the default device is a CUDA GPU)."""
     return _cuda_backend(str(mx.default_device()))
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A hash of our CUDA kernels' modules (their device code and the Python that calls it): what
+    `engine.decode_choice` measured and checked under one version is measured and checked again under
+    another, so a changed call is never run unchecked from a cached verdict."""
+    here = Path(__file__).parent
+    digest = hashlib.sha1()
+    for path in [*sorted(here.glob("cuda_*.py")), here / "decode_kernels.py", here / "decode_choice.py"]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:

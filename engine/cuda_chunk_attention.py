@@ -259,13 +259,13 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     row_blocks = -(-(L * G) // (16 * WARPS))
     cs = split_size(n, row_blocks * kv_heads)
     splits = -(-n // cs)
-    q = mx.contiguous(queries.reshape(H, L, D).astype(mx.bfloat16))
+    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H x L rows of D (flat): no reshape
     meta = cuda_backend.int32s(n, L, cs)
     part_out, part_ml = _kernel()(
         inputs=[q, keys, values, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
         grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H * L, splits, D), (H * L, splits, 2)], output_dtypes=[mx.float32, mx.float32])
-    return merge(part_out, part_ml, queries.dtype).reshape(1, H, L, D)
+    return merge(part_out, part_ml, queries.dtype, (1, H, L, D))
 
 
 def reference(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:

@@ -174,8 +174,13 @@ def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
 
 
 def takes(linear: Any, dtype: mx.Dtype) -> bool:
-    """`unsupported(linear, dtype) is None`, asked on every decode-sized call (the answer is cached per shape)."""
-    return unsupported(linear, dtype) is None
+    """`unsupported(linear, dtype) is None`, asked on every decode-sized call (about 450 a step of a 64-layer
+    model): the answer is kept on the linear for the last activation dtype asked (a module's shape and bits do
+    not change, and the compute path that turns the kernel on runs where it measured it)."""
+    known = linear.__dict__.get("_codectx_qmv")  # the instance's own attribute, outside the module's parameters
+    if known is None or known[0] != dtype:
+        known = linear.__dict__["_codectx_qmv"] = (dtype, unsupported(linear, dtype) is None)
+    return known[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,20 +206,28 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
     k = x.shape[-1]
     n = weight.shape[0]
     rows = x.size // k
-    if rows > MAX_ROWS:
-        raise ValueError(f"qmv takes at most {MAX_ROWS} rows, got {rows}")
+    bucket = _bucket(rows)  # raises for more than MAX_ROWS
     r = rows_per_warp(n)
     warps = n // r
-    bucket = next(b for b in ROW_BUCKETS if b >= rows)
-    x2 = x.reshape(rows, k)
-    if bucket > rows:  # zero rows up to the bucket: one compiled kernel per bucket, not per row count
-        x2 = mx.concatenate([x2, mx.zeros((bucket - rows, k), dtype=x.dtype)])
+    if bucket == rows:  # the kernel reads x and writes y as flat rows: no reshape either side (decode's case)
+        x2, shape = x, (*x.shape[:-1], n)
+    else:  # zero rows up to the bucket: one compiled kernel per bucket, not per row count
+        x2 = mx.concatenate([x.reshape(rows, k), mx.zeros((bucket - rows, k), dtype=x.dtype)])
+        shape = (bucket, n)
     out = _kernel()(
         inputs=[x2, weight, scales, biases],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
-        output_shapes=[(bucket, n)], output_dtypes=[x.dtype])[0]
-    return (out[:rows] if bucket > rows else out).reshape(*x.shape[:-1], n)
+        output_shapes=[shape], output_dtypes=[x.dtype])[0]
+    return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n)
+
+
+def _bucket(rows: int) -> int:
+    """The smallest of `ROW_BUCKETS` that holds `rows` (a loop, not a generator: asked for every linear of a step)."""
+    for bucket in ROW_BUCKETS:
+        if bucket >= rows:
+            return bucket
+    raise ValueError(f"qmv takes at most {MAX_ROWS} rows, got {rows}")
 
 
 def linear_product(linear: Any, x: mx.array) -> mx.array:

@@ -1,7 +1,7 @@
 """Whether our CUDA decode kernels run, chosen by measurement per device and model shape.
 
-`engine.cuda_qmv` (quantized linears of a few rows), `engine.cuda_qmm` (of a few dozen) and
-`engine.cuda_attention` (one query over an 8-bit cache) exist only on MLX's CUDA backend. When a model
+`engine.cuda_qmv` (quantized linears of a few rows) and `engine.cuda_attention`
+(one query over an 8-bit cache) exist only on MLX's CUDA backend. When a model
 loads there with ``compute.kernels: auto``, `measure` times each against the MLX
 call it would replace, on the model's own shapes, and checks that it computes
 the same thing:
@@ -9,9 +9,6 @@ the same thing:
 - linears: one transformer block's quantized linears on one input row, ours
   against `mx.quantized_matmul`, the block repeated `_REPEAT` times so that one
   evaluation holds many products, as a decode step does (112 for a 7-linear block);
-- linears of a few dozen rows (``qmm``): the same block on `CHUNK_ROWS` rows (a question's forward),
-  ours against the faster of MLX's quantized product and its weights dequantized for the product
-  (what the linear mode would run there);
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
   engine's path for an 8-bit cache on CUDA without this kernel); ours are two:
@@ -28,7 +25,8 @@ the same thing:
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `MAX_ERROR` (MLX's own 4-bit product
 measured 8e-3 there). Timings are cached with the linear mode's
-(``CODECTX_HOME/compute/linear-modes.json``). ``mlx`` keeps MLX's kernels;
+(``CODECTX_HOME/compute/linear-modes.json``), under a hash of our kernels' code
+(`cuda_backend.code_version`): changed code is measured and checked again. ``mlx`` keeps MLX's kernels;
 ``codectx`` uses ours wherever they apply on CUDA. On any other backend there is
 nothing to choose. What runs is part of `engine.compute.ComputePath.identity()`,
 hence of the checkpoint policy fingerprint.
@@ -43,15 +41,15 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_qmm, cuda_qmv, decode_kernels
-from engine.cuda_backend import cuda_available
+from engine import cuda_qmv, decode_kernels
+from engine.cuda_backend import code_version, cuda_available
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "qmm")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write")
 MARGIN = 0.05
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
@@ -78,7 +76,6 @@ class DecodeKernels:
             tokens over a bf16 cache.
         kv_write: `engine.cuda_kv_write` for a one-token forward's 8-bit cache writes (only with our
             attention: the one reader it orders after itself).
-        qmm: `engine.cuda_qmm` for quantized linears of `cuda_qmv.MAX_ROWS` + 1 .. `cuda_qmm.MAX_ROWS` rows.
     """
 
     qmv: bool = False
@@ -89,7 +86,6 @@ class DecodeKernels:
     attention_mma: bool = False
     attention_chunk: bool = False
     kv_write: bool = False
-    qmm: bool = False
 
     @property
     def any(self) -> bool:
@@ -104,12 +100,11 @@ class DecodeKernels:
     def scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
         """The context a forward over `rows` rows runs in."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
-        qmm = self.qmm and cuda_qmv.MAX_ROWS < rows <= cuda_qmm.MAX_ROWS
         attention = (self.attention or self.attention_mma) and rows == 1
         chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
-        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, qmm) \
-            if qmv or qmm or attention or chunk else contextlib.nullcontext()
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write) \
+            if qmv or attention or chunk else contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
@@ -139,11 +134,12 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
         return DecodeKernels(notes=notes)
     if setting == "codectx":
-        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=True, qmm=True)
+        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=True)
     linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
-                              "attention": _attention_shape(model), "chunk": [CHUNK_ROWS, CHUNK_CALLS]})
+                              "attention": _attention_shape(model), "chunk": [CHUNK_ROWS, CHUNK_CALLS],
+                              "code": code_version()})
     timings, source = cache.get(key, parse=str), "cached"
     if timings is None:
         try:
@@ -196,8 +192,6 @@ def _measure(model: Any) -> Timings:
     dtype = linears[0]["scales"].dtype if linears else mx.float32
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
         timings["qmv"] = _time_linears(linears, dtype)
-    if linears and all(cuda_qmm.unsupported(m, dtype) is None for m in linears):
-        timings.update(_time_few_rows(linears, dtype))
     shape = _attention_shape(model)
     if shape is not None:
         from engine import cuda_attention
@@ -229,27 +223,6 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[f
     pairs = list(zip(linears, xs)) * _REPEAT
     return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
             best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
-
-
-def _time_few_rows(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> Timings:
-    """"qmm": the block's linears on `CHUNK_ROWS` rows, ours against the faster of MLX's quantized product
-    and the dequantized weights' (what the linear mode runs there), four blocks per evaluation. Left out
-    where it fails its check (or to compile)."""
-    from engine.linear_mode import dequantized_product
-
-    xs = [mx.random.normal((CHUNK_ROWS, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(40 + i)).astype(dtype)
-          for i, m in enumerate(linears)]
-    pairs = list(zip(linears, xs)) * 4
-    try:
-        for m, x in zip(linears, xs):
-            weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
-            _check("qmm", cuda_qmm.linear_product(m, x), x.astype(mx.float32) @ weight.T)
-        mlx = min(best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
-                  best_seconds(lambda: [dequantized_product(m, x) for m, x in pairs]))
-        return {"qmm": (mlx, best_seconds(lambda: [cuda_qmm.linear_product(m, x) for m, x in pairs]))}
-    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
-        logger.warning("decode kernels: %s; not using the few-row linears", err)
-        return {}
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:

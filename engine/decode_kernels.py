@@ -1,16 +1,14 @@
 """Our CUDA decode kernels in the forward: the switches, and the one hook into mlx-lm's attention.
 
-Our kernels replace MLX's for decode-sized inputs on MLX's CUDA backend
+Two kernels replace MLX's for decode-sized inputs on MLX's CUDA backend
 (`engine.cuda_qmv`: quantized linears of at most `cuda_qmv.MAX_ROWS` rows;
-`engine.cuda_qmm`: those of a few dozen rows, up to `cuda_qmm.MAX_ROWS`;
 `engine.cuda_attention`: one query over an 8-bit KV cache). Whether they run is the
 compute path's decision (`engine.compute`, measured per device and model shape
 by `engine.decode_choice`); the path turns them on for its forward with `scope`,
 and the layers ask `qmv_on()` / `attention_on()`:
 
 - quantized linears: `engine.linear_mode.DequantizingLinear` (the class the path
-  wires into the model's blocks) multiplies through `cuda_qmv` while `qmv_on()` and through
-  `cuda_qmm` while `qmm_on()`;
+  wires into the model's blocks) multiplies through `cuda_qmv` while `qmv_on()`;
 - attention: `engine.window.QuantizedWindowKVCache` returns `Q8Rows` (the store's
   8-bit buffers and the key count, unsliced) for a one-query fetch while
   `attention_on()`; mlx-lm's attention hands them to
@@ -35,7 +33,6 @@ from engine import cuda_chunk_attention
 from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
-_qmm = Switch("codectx_qmm_kernel")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
 _chunk = Switch("codectx_attention_chunk")
@@ -46,8 +43,6 @@ CHUNK_MAX_ROWS = 48
 a verify forward); longer chunks keep MLX's attention (cuDNN), whose plan cost a long chunk amortizes."""
 qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
-qmm_on = _qmm.on
-"""Whether quantized linears of up to `engine.cuda_qmm.MAX_ROWS` rows use `engine.cuda_qmm` on this thread now."""
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
@@ -58,16 +53,15 @@ kv_write_on = _kv_write.on
 
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
-          kv_write: bool = False, qmm: bool = False) -> Iterator[None]:
+          kv_write: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
-    stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `qmm`: wired linears
-    multiply through `engine.cuda_qmm`."""
+    stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`."""
     if attention:
         install()
-    with _qmv.scope(qmv), _qmm.scope(qmm), _attention.scope(attention), _mma.scope(attention and mma), \
-            _chunk.scope(chunk), _kv_write.scope(kv_write):
+    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk), \
+            _kv_write.scope(kv_write):
         yield
 
 

@@ -163,22 +163,10 @@ def decode(
     Raises:
         RequestCancelled: When `should_cancel` returned True.
     """
-    path = path_of(compute)
+    steps = _Steps(path_of(compute), cache, sampler, penalty)
     if max_tokens < 1:
         return
-    timed = log.isEnabledFor(logging.DEBUG)  # benchmarks read `decode_step` (bench/request_profile.ForwardLog)
-    host = [0.0, 0.0]  # the last step's seconds: building its graph, submitting it
-
-    def step_after(token: mx.array) -> mx.array:
-        began = time.perf_counter()
-        logits = path.forward(token.reshape(1, 1), cache, logits="last")[:, -1, :]
-        nxt = sampler(logits if penalty is None else penalty.apply(logits))
-        built = time.perf_counter()
-        mx.async_eval(nxt)
-        host[:] = built - began, time.perf_counter() - built
-        return nxt
-
-    token = sampler(logits if penalty is None else penalty.apply(logits))
+    token = steps.sample(logits)
     mx.async_eval(token)
     for step in range(max_tokens):
         if should_cancel is not None and should_cancel():
@@ -187,19 +175,48 @@ def decode(
         # Without a penalty step n + 1 needs nothing from the host: queued from the lazy token before that
         # token is read. The first token (what the user waits for) is yielded before any step is built.
         ahead = more and step > 0
-        nxt = step_after(token) if ahead and penalty is None else None
-        waited = time.perf_counter()
-        token_id = int(token.item())
-        if timed:
-            timing = (*host, time.perf_counter() - waited)  # the last step built, and this token's wait
-            log.debug("decode step: build %.4f s, submit %.4f s, wait %.4f s", *timing, extra={"decode_step": timing})
+        nxt = steps.after(token) if ahead and penalty is None else None
+        token_id = steps.read(token)
         if token_id in eos_token_ids:
             return
         if penalty is not None:
             penalty.observe((token_id,))
-            nxt = step_after(token) if ahead else None
+            nxt = steps.after(token) if ahead else None
         yield token_id
-        token = step_after(token) if more and step == 0 else nxt
+        token = steps.after(token) if more and step == 0 else nxt
+
+
+class _Steps:
+    """`decode`'s steps: building and queuing one, reading a token. With DEBUG logging on, each token read
+    logs the host's seconds (`decode_step`: building the last step queued, submitting it with
+    `mx.async_eval`, waiting for the token), which the benchmarks read (bench/request_profile.ForwardLog)."""
+
+    def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None):
+        self.path, self.cache, self.sampler, self.penalty = path, cache, sampler, penalty
+        self.timed = log.isEnabledFor(logging.DEBUG)
+        self.host = (0.0, 0.0)
+
+    def sample(self, logits: mx.array) -> mx.array:
+        """The next token (lazy) from `logits`, with the request's penalty."""
+        return self.sampler(logits if self.penalty is None else self.penalty.apply(logits))
+
+    def after(self, token: mx.array) -> mx.array:
+        """Build and queue the step that follows `token` (its forward and sampling); its token, lazy."""
+        began = time.perf_counter()
+        nxt = self.sample(self.path.forward(token.reshape(1, 1), self.cache, logits="last")[:, -1, :])
+        built = time.perf_counter()
+        mx.async_eval(nxt)
+        self.host = (built - began, time.perf_counter() - built)
+        return nxt
+
+    def read(self, token: mx.array) -> int:
+        """The token's id, once the device has it."""
+        waited = time.perf_counter()
+        token_id = int(token.item())
+        if self.timed:
+            timing = (*self.host, time.perf_counter() - waited)
+            log.debug("decode step: build %.4f s, submit %.4f s, wait %.4f s", *timing, extra={"decode_step": timing})
+        return token_id
 
 
 class StopStrings:

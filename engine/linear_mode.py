@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_dequant, cuda_qmm, cuda_qmv, decode_kernels
+from engine import cuda_dequant, cuda_qmv, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
 from engine.timing import best_seconds
@@ -72,14 +72,10 @@ class DequantizingLinear(nn.QuantizedLinear):
 
     Assigned to existing modules as their class (`wire`), so parameters, names
     and `isinstance` checks stay as they are; outside the context (decode, a
-    compiled step, any caller that did not ask) it is the quantized kernel. Our
-    kernels of a few rows (`engine.decode_kernels`: `cuda_qmm`, `cuda_qmv`) go first
-    where the compute path switched them on.
+    compiled step, any caller that did not ask) it is the quantized kernel.
     """
 
     def __call__(self, x: mx.array) -> mx.array:
-        if decode_kernels.qmm_on() and x.size // x.shape[-1] <= cuda_qmm.MAX_ROWS and cuda_qmm.takes(self, x.dtype):
-            return cuda_qmm.linear_product(self, x)
         if _dequantize.on():
             return dequantized_product(self, x)
         if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(self, x.dtype):

@@ -7,11 +7,10 @@ from __future__ import annotations
 import logging
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import (cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmm, decode_choice,
+from engine import (cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmv, decode_choice,
                     decode_kernels)
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
@@ -31,20 +30,24 @@ def q4_model(tiny_model_dir):
     return quantized_model(tiny_model_dir)
 
 
-def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_shape(q4_model, tmp_path):
+def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_shape(q4_model, tmp_path,
+                                                                                      monkeypatch):
     store = LinearModeCache(tmp_path / "linear-modes.json")
     timings = Timings(QMV_WINS)
     first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (first.qmv, first.attention, first.source) == (True, False, "measured")
     assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here",
-                           "kernels: attention_chunk not measured here", "kernels: kv_write not measured here",
-                           "kernels: qmm not measured here")
+                           "kernels: attention_chunk not measured here", "kernels: kv_write not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
+    # changed kernel code (or the Python that calls it) is measured and checked again, not trusted from the cache
+    monkeypatch.setattr(decode_choice, "code_version", lambda: "another version")
+    assert resolve(q4_model, "auto", measure=timings, cache=store, cuda=True).source == "measured"
+    assert timings.calls == 2
     # inside the margin is no win; a kernel the model could not run is not chosen
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
-                                            "attention_chunk": False, "kv_write": False, "qmm": False}
+                                            "attention_chunk": False, "kv_write": False}
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
@@ -95,64 +98,6 @@ def test_the_in_place_cache_write_is_measured_asked_for_by_one_token_forwards_an
     assert cuda_kv_write.shape_problem(mx.zeros((1, 8, 2, 128)), 8) == "1 x 2 rows"
     assert cuda_kv_write.shape_problem(mx.zeros((1, 8, 1, 48)), 8) == "head dim 48, group 64"
     assert cuda_kv_write.shape_problem(row, 4) == "4-bit cache"
-
-
-def test_few_row_linears_are_measured_routed_by_row_count_and_named_in_the_identity(q4_model, tmp_path):
-    wins = resolve(q4_model, "auto", measure=Timings({"qmm": (2e-3, 0.4e-3)}),
-                   cache=LinearModeCache(tmp_path / "linear-modes.json"), cuda=True)
-    assert wins.qmm and not wins.qmv and wins.describe()["qmm"] is True
-    assert ComputePath(q4_model, kernels=wins).identity().endswith(" kernels=qmm")
-    seen = {}
-    for rows in (1, 8, 9, 45, 64, 65, 2048):
-        with wins.scope(rows):
-            seen[rows] = (decode_kernels.qmm_on(), decode_kernels.qmv_on())
-    # decode and short verify forwards stay on the vector kernel's side; prefill chunks on MLX's products
-    assert seen == {1: (False, False), 8: (False, False), 9: (True, False), 45: (True, False), 64: (True, False),
-                    65: (False, False), 2048: (False, False)}
-    loses = resolve(q4_model, "auto", measure=Timings({"qmm": (1e-3, 0.99e-3)}),
-                    cache=LinearModeCache(tmp_path / "other.json"), cuda=True)
-    assert not loses.qmm and "kernels: qmm slower than MLX" in loses.notes
-
-
-def test_few_row_forwards_reach_the_kernel_through_the_wired_linears_and_compute_what_mlx_computes(
-        q4_model, monkeypatch):
-    """The kernel needs CUDA; here a stand-in with its signature computes MLX's quantized product, so this
-    checks which forwards reach it (a 16-row chunk does, an 8-row one and decode do not) and that the
-    wired linears give the model's output."""
-    rows = []
-
-    def stand_in(linear, x):
-        rows.append(x.size // x.shape[-1])
-        return nn.QuantizedLinear.__call__(linear, x)
-
-    monkeypatch.setattr(cuda_qmm, "takes", lambda linear, dtype: True)
-    monkeypatch.setattr(cuda_qmm, "linear_product", stand_in)
-    ids = [(5 * i + 1) % 500 for i in range(40)]
-    outputs = []
-    for path in (exact(q4_model), ComputePath(q4_model, kernels=DecodeKernels(qmm=True, source="setting"))):
-        cache = make_window_cache(q4_model, DENSE)
-        logits = prefill(path, cache, ids, chunk_size=16)  # chunks of 16, 16 and 8 rows
-        outputs.append((logits, list(decode(path, cache, logits, greedy, 4))))
-    per_chunk = len(decode_choice.first_block_linears(q4_model)) * len(q4_model.layers)
-    assert rows == [16] * 2 * per_chunk
-    assert outputs[0][1] == outputs[1][1] and mx.array_equal(outputs[0][0], outputs[1][0]).item()
-
-
-def test_the_few_row_kernel_takes_its_shapes_and_splits_k_only_where_blocks_are_few():
-    assert cuda_qmm.shape_problem(8192, 5120, 4, 64) is None  # Qwen3-32B's q_proj
-    assert cuda_qmm.shape_problem(1024, 64, 8, 64) is None
-    assert cuda_qmm.shape_problem(1000, 5120, 4, 64) == "N=1000 is not a multiple of 32"
-    assert cuda_qmm.shape_problem(1024, 5000, 4, 40) == "K=5000 is not a multiple of 128"
-    assert cuda_qmm.shape_problem(1024, 5120, 4, 16) == "group size 16 over K=5120"
-    assert cuda_qmm.shape_problem(1024, 5120, 3, 64) == "3-bit weights"
-    # Qwen3-32B's seven shapes: (N, K) -> splits; blocks x splits near the target unless K has too few chunks
-    shapes = {(8192, 5120): 8, (1024, 5120): 40, (5120, 8192): 13, (25600, 5120): 3, (5120, 25600): 13}
-    assert {shape: cuda_qmm.splits(*shape, 4) for shape in shapes} == shapes
-    assert cuda_qmm.splits(1024, 256, 4) == 2  # two chunks of K: at most two parts
-    assert cuda_qmm.splits(1 << 17, 5120, 4) == 1
-    with pytest.raises(ValueError, match="1..64 rows, got 65"):
-        cuda_qmm.qmm(mx.zeros((65, 128), dtype=mx.bfloat16), mx.zeros((32, 16), dtype=mx.uint32),
-                     mx.zeros((32, 2)), mx.zeros((32, 2)), bits=4, group_size=64)
 
 
 def test_the_tensor_core_attention_takes_its_shapes_and_splits_the_keys_in_whole_tiles():
@@ -337,3 +282,35 @@ def test_a_kernel_gets_a_new_name_when_its_source_or_its_signature_changes(monke
     cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a", "after"], output_names=["out"])
     cuda_backend.kernel("k", "out[0] = 2 * a[0];", input_names=["a"], output_names=["out"])
     assert names[0] == names[1] and len(set(names)) == 3 and all(n.startswith("k_") for n in names)
+
+
+def test_a_decode_row_reaches_the_vector_kernel_as_it_lies_and_its_verdict_is_asked_once(q4_model, monkeypatch):
+    """A step's ~450 linears each cost the host an operation per reshape: one row (or a whole bucket of rows)
+    goes to the kernel and comes back in the caller's shape with none; a row count between buckets is padded.
+    (MLX's `cuda_kernel` has no CPU build: a stand-in records what the kernel is given.)"""
+    calls = []
+
+    def kernel(inputs, output_shapes, output_dtypes, template, **launch):
+        calls.append((inputs[0], dict(template)["M"], output_shapes[0]))
+        return [mx.zeros(output_shapes[0], dtype=output_dtypes[0])]
+
+    monkeypatch.setattr(cuda_qmv, "_kernel", lambda: kernel)
+    weight, scales = mx.zeros((96, 16), dtype=mx.uint32), mx.zeros((96, 2), dtype=mx.bfloat16)
+    for shape in ((1, 1, 128), (1, 4, 128), (1, 3, 128)):
+        x = mx.ones(shape, dtype=mx.bfloat16)
+        y = cuda_qmv.qmv(x, weight, scales, scales, bits=4, group_size=64)
+        assert y.shape == (*shape[:-1], 96)
+    (one, m1, out1), (four, m4, out4), (three, m3, out3) = calls
+    assert one.shape == (1, 1, 128) and (m1, out1) == (1, (1, 1, 96))  # the step's row as it lies
+    assert four.shape == (1, 4, 128) and (m4, out4) == (4, (1, 4, 96))
+    assert three.shape == (4, 128) and (m3, out3) == (4, (4, 96))  # three rows padded to the 4-row kernel
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        cuda_qmv.qmv(mx.ones((9, 128), dtype=mx.bfloat16), weight, scales, scales, bits=4, group_size=64)
+    asked = []
+    monkeypatch.setattr(cuda_qmv, "unsupported", lambda linear, dtype: asked.append(dtype))
+    linear = decode_choice.first_block_linears(q4_model)[0]
+    linear.__dict__.pop("_codectx_qmv", None)
+    verdicts = [cuda_qmv.takes(linear, dtype) for dtype in (mx.bfloat16, mx.bfloat16, mx.float16, mx.float16)]
+    assert verdicts == [True] * 4 and asked == [mx.bfloat16, mx.float16]  # once per activation dtype
+    assert "_codectx_qmv" not in linear.parameters() and "_codectx_qmv" not in linear
+    linear.__dict__.pop("_codectx_qmv")
