@@ -171,14 +171,17 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     """The same decode step outside the engine (bench/gpu_step.py's pipelined loop over a cache of random rows,
-    the path an engine of `config` chose), in this process after its asks: what the engine adds to a step."""
+    the path an engine of `config` chose), in this process after its asks: what the engine adds to a step.
+    The cache is a window cache (disabled for the dense configurations, whose engine uses mlx-lm's caches:
+    decode attends densely either way)."""
     from bench.gpu_step import decode_steps, filled_cache
 
     eng = run.engine(config, archive=False)
     path = eng.compute
     close(eng)
     del eng
-    cache = filled_cache(run.model, run.window, CONFIGS[config][1], length)
+    policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
+    cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
     decode_steps(path, cache, 2, (False, False, False), "sync", attempts=1)  # the buffers grow once, untimed
     host: list[float] = []
     seconds = decode_steps(path, cache, steps, (False, False, False), "pipelined", attempts=3, host=host)

@@ -64,8 +64,9 @@ def top(profile: cProfile.Profile, count: int = 25) -> list[dict[str, Any]]:
 class ForwardLog(logging.Handler):
     """The engine's debug lines for the requests served while attached: each prefill forward as
     [tokens, keys after it, seconds including the wait for its evaluation], the restore's seconds, and
-    each decode step's host seconds [building the next step's graph, submitting it, waiting for this
-    step's token] (milliseconds in `decode_steps`).
+    each decode step's host milliseconds in `decode_steps`: [building the step last queued, submitting
+    it, waiting for the token then read] (`engine.generate.decode`: one record per token read after a
+    step was built).
 
         with request_profile.ForwardLog() as log:
             ask(...)
@@ -123,10 +124,10 @@ def token_gaps(arrivals: list[tuple[float, int]]) -> dict[str, Any] | None:
 
 
 def decode_host(steps: list[list[float]]) -> dict[str, float] | None:
-    """Medians over an ask's decode steps (the first two left out: the first token, a new step's graphs) of
-    the engine's host milliseconds per step: building the next step's graph, submitting it (`mx.async_eval`,
-    which also waits while MLX has too much queued), waiting for the token."""
-    steps = steps[2:]
+    """Medians over an ask's decode steps (the first left out: the first step at a new length builds new
+    graphs) of the engine's host milliseconds per step: building a step's graph, submitting it
+    (`mx.async_eval`, which also waits while MLX has too much queued), waiting for a token."""
+    steps = steps[1:]
     if not steps:
         return None
     return {name: round(sorted(s[i] for s in steps)[len(steps) // 2], 3)

@@ -365,7 +365,9 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int, sca
                       after: mx.array | None = None) -> tuple[mx.array, mx.array]:
     """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2;
     `after`: an array the kernel must run after (`engine.cuda_attention.decode_attention`), unread."""
-    _, H, _, D = queries.shape
+    B, H, L, D = queries.shape
+    if B != 1 or L != 1:
+        raise ValueError(f"one query of one sequence, got {B} x {L}")
     kv_heads = keys[0].shape[1]
     cs = split_size(n, kv_heads)
     blocks = -(-(-(-n // cs)) // WARPS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +65,25 @@ def cuda_available() -> bool:
     return _cuda_backend(str(mx.default_device()))
 
 
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """A hash of our CUDA kernels' modules (their device code and the Python that calls it): what
-    `engine.decode_choice` measured and checked under one version is measured and checked again under
-    another, so a changed call is never run unchecked from a cached verdict."""
+def _hash_kernel_modules() -> str:
     here = Path(__file__).parent
     digest = hashlib.sha1()
-    for path in [*sorted(here.glob("cuda_*.py")), here / "decode_kernels.py", here / "decode_choice.py"]:
-        digest.update(path.read_bytes())
+    try:
+        for path in [*sorted(here.glob("cuda_*.py")), here / "decode_kernels.py", here / "decode_choice.py"]:
+            digest.update(path.read_bytes())
+    except OSError:  # no sources to hash (an install without them): nothing cached can be trusted
+        return f"unhashed-{os.getpid()}-{id(digest):x}"
     return digest.hexdigest()[:12]
+
+
+_CODE_VERSION = _hash_kernel_modules()  # at import: the code this process runs, not the files as they are later
+
+
+def code_version() -> str:
+    """A hash of our CUDA kernels' modules (their device code and the Python that calls it), taken when this
+    module was imported: what `engine.decode_choice` measured and checked under one version is measured and
+    checked again under another, so a changed call is never run unchecked from a cached verdict."""
+    return _CODE_VERSION
 
 
 def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:

@@ -250,10 +250,10 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     Returns:
         (1, H, L, 128) in the queries' dtype.
     """
-    _, H, L, D = queries.shape
+    B, H, L, D = queries.shape
     kv_heads = keys.shape[1]
     G = H // kv_heads
-    problem = shape_problem(L, G, D, keys.dtype)
+    problem = shape_problem(L, G, D, keys.dtype) if B == 1 else f"{B} sequences"
     if problem is not None or n < L or keys.shape[2] < n or values.shape[2] < n:
         raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
     row_blocks = -(-(L * G) // (16 * WARPS))

@@ -175,11 +175,12 @@ def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
 
 def takes(linear: Any, dtype: mx.Dtype) -> bool:
     """`unsupported(linear, dtype) is None`, asked on every decode-sized call (about 450 a step of a 64-layer
-    model): the answer is kept on the linear for the last activation dtype asked (a module's shape and bits do
-    not change, and the compute path that turns the kernel on runs where it measured it)."""
+    model): the answer is kept on the linear for the last activation dtype and backend asked (a module's shape
+    and bits do not change)."""
+    key = (dtype, cuda_backend.cuda_available())
     known = linear.__dict__.get("_codectx_qmv")  # the instance's own attribute, outside the module's parameters
-    if known is None or known[0] != dtype:
-        known = linear.__dict__["_codectx_qmv"] = (dtype, unsupported(linear, dtype) is None)
+    if known is None or known[0] != key:
+        known = linear.__dict__["_codectx_qmv"] = (key, unsupported(linear, dtype) is None)
     return known[1]
 
 

@@ -133,8 +133,11 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if not (cuda_available() if cuda is None else cuda):
         notes = ("kernels: ours need MLX's CUDA backend",) if setting == "codectx" else ()
         return DecodeKernels(notes=notes)
-    if setting == "codectx":
-        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=True)
+    if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
+        ours = _our_attention_takes(model)
+        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours,
+                             notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
+                                                    "this model's heads",))
     linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": _REPEAT,
@@ -174,6 +177,16 @@ def _faster_attention(timings: Mapping[str, tuple[float, float]]) -> str | None:
     one on a tie); None: neither."""
     measured = [name for name in ("attention_mma", "attention") if name in timings]
     return min(measured, key=lambda name: timings[name][1]) if measured else None
+
+
+def _our_attention_takes(model: Any) -> bool:
+    """Whether one of our decode attention kernels takes `model`'s heads over an 8-bit cache (the one reader
+    an in-place cache write is ordered before: elsewhere each layer would evaluate the write first)."""
+    from engine import cuda_attention
+
+    shape = _attention_shape(model)
+    return shape is not None and any(cuda_attention.shape_problem(*shape, 8, 64, kernel) is None
+                                     for kernel in ("cores", "mma"))
 
 
 def _attention_shape(model: Any) -> tuple[int, int, int] | None:

@@ -187,14 +187,15 @@ def decode(
 
 
 class _Steps:
-    """`decode`'s steps: building and queuing one, reading a token. With DEBUG logging on, each token read
-    logs the host's seconds (`decode_step`: building the last step queued, submitting it with
-    `mx.async_eval`, waiting for the token), which the benchmarks read (bench/request_profile.ForwardLog)."""
+    """`decode`'s steps: building and queuing one, reading a token. With DEBUG logging on, a token read after
+    a step was built logs the host's seconds (`decode_step`: building the step last queued, submitting it
+    with `mx.async_eval`, waiting for the token), which the benchmarks read (bench/request_profile.ForwardLog).
+    Pipelined, the step last queued is the next token's; with a repetition penalty, this token's."""
 
     def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None):
         self.path, self.cache, self.sampler, self.penalty = path, cache, sampler, penalty
         self.timed = log.isEnabledFor(logging.DEBUG)
-        self.host = (0.0, 0.0)
+        self.host: tuple[float, float] | None = None  # the step built since the last token read
 
     def sample(self, logits: mx.array) -> mx.array:
         """The next token (lazy) from `logits`, with the request's penalty."""
@@ -213,9 +214,10 @@ class _Steps:
         """The token's id, once the device has it."""
         waited = time.perf_counter()
         token_id = int(token.item())
-        if self.timed:
+        if self.timed and self.host is not None:
             timing = (*self.host, time.perf_counter() - waited)
             log.debug("decode step: build %.4f s, submit %.4f s, wait %.4f s", *timing, extra={"decode_step": timing})
+        self.host = None
         return token_id
 
 

@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import (cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmv, decode_choice,
-                    decode_kernels)
+from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmv,
+                    decode_choice, decode_kernels)
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -136,6 +136,8 @@ def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog
     assert resolve(q4_model, "mlx", measure=never, cache=store, cuda=True) == DecodeKernels(source="setting")
     forced = resolve(q4_model, "codectx", measure=never, cache=store, cuda=True)
     assert (forced.qmv, forced.attention, forced.source) == (True, True, "setting")
+    # forced, the in-place write still needs our attention to read the rows: not for heads it does not take
+    assert not forced.kv_write and "kernels: kv_write needs our attention" in forced.notes[0]
     cpu = resolve(q4_model, "codectx", measure=never, cache=store)  # this machine: MLX's CPU backend
     assert (cpu.qmv, cpu.attention, cpu.notes) == (False, False, ("kernels: ours need MLX's CUDA backend",))
     assert resolve(q4_model, "auto", measure=never, cache=store).source == "not CUDA" and never.calls == 0
@@ -147,6 +149,14 @@ def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog
         fallback = resolve(q4_model, "auto", measure=broken, cache=store, cuda=True)
     assert (fallback.qmv, fallback.attention, fallback.source) == (False, False, "fallback")
     assert "disagrees" in fallback.notes[0] and "measuring failed" in caplog.text
+
+
+def test_forcing_our_kernels_writes_in_place_only_for_heads_our_attention_takes(q4_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_attention, "cuda_available", lambda: True)
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    for shape, written in (((64, 8, 128), True), ((64, 8, 64), False), ((128, 4, 128), False)):
+        monkeypatch.setattr(decode_choice, "_attention_shape", lambda model, shape=shape: shape)
+        assert resolve(q4_model, "codectx", cache=store, cuda=True).kv_write is written, shape
 
 
 def test_what_runs_is_in_the_path_identity_so_checkpoints_never_mix(q4_model):
@@ -264,6 +274,26 @@ def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what
     assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache
 
 
+def test_decode_logs_the_host_time_of_each_step_it_built_and_yields_the_same_tokens(tiny_loaded, caplog):
+    """`decode_step` records (the benchmarks' view of decode): one per token read after a step was built."""
+    model = tiny_loaded.model
+    ids = [(13 * i + 2) % 500 for i in range(20)]
+    runs = {}
+    for level, penalty in ((logging.INFO, None), (logging.DEBUG, None), (logging.DEBUG, RepetitionPenalty(1.3))):
+        caplog.clear()
+        cache = make_window_cache(model, DENSE)
+        with caplog.at_level(level, logger="engine.generate"):
+            tokens = list(decode(model, cache, prefill(model, cache, ids), greedy, 5, penalty=penalty))
+        steps = [r.decode_step for r in caplog.records if hasattr(r, "decode_step")]
+        assert all(len(s) == 3 and min(s) >= 0 for s in steps)
+        runs[(level, penalty is None)] = (tokens, len(steps))
+    # pipelined: the first token is read before any step and the last after none; with a penalty each
+    # token after the first is read after its own step
+    assert runs[(logging.INFO, True)][1] == 0 and runs[(logging.DEBUG, True)][1] == 3
+    assert runs[(logging.DEBUG, False)][1] == 4
+    assert runs[(logging.INFO, True)][0] == runs[(logging.DEBUG, True)][0]
+
+
 def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_loaded):
     model = tiny_loaded.model
     ids = [(13 * i + 2) % 500 for i in range(30)]
@@ -310,7 +340,39 @@ def test_a_decode_row_reaches_the_vector_kernel_as_it_lies_and_its_verdict_is_as
     monkeypatch.setattr(cuda_qmv, "unsupported", lambda linear, dtype: asked.append(dtype))
     linear = decode_choice.first_block_linears(q4_model)[0]
     linear.__dict__.pop("_codectx_qmv", None)
-    verdicts = [cuda_qmv.takes(linear, dtype) for dtype in (mx.bfloat16, mx.bfloat16, mx.float16, mx.float16)]
-    assert verdicts == [True] * 4 and asked == [mx.bfloat16, mx.float16]  # once per activation dtype
-    assert "_codectx_qmv" not in linear.parameters() and "_codectx_qmv" not in linear
-    linear.__dict__.pop("_codectx_qmv")
+    try:
+        verdicts = [cuda_qmv.takes(linear, dtype) for dtype in (mx.bfloat16, mx.bfloat16, mx.float16, mx.float16)]
+        assert verdicts == [True] * 4 and asked == [mx.bfloat16, mx.float16]  # once per activation dtype
+        assert "_codectx_qmv" not in linear.parameters() and "_codectx_qmv" not in linear
+        monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)  # another backend: asked again
+        assert cuda_qmv.takes(linear, mx.float16) and asked == [mx.bfloat16, mx.float16, mx.float16]
+    finally:
+        linear.__dict__.pop("_codectx_qmv", None)  # the module is shared by this file's tests
+
+
+def test_our_attentions_read_the_query_and_write_the_output_as_they_lie(monkeypatch):
+    """Their kernels read the query, and the merge writes the output, as flat rows: the caller's arrays go in
+    and come out with no reshape (one MLX operation each, every layer of every step). (MLX's `cuda_kernel`
+    has no CPU build: stand-ins record the shapes they are given.)"""
+    seen = []
+
+    def kernel(inputs, output_shapes, output_dtypes, **launch):
+        seen.append((inputs[0].shape, output_shapes[0]))
+        return [mx.zeros(shape, dtype=dtype) for shape, dtype in zip(output_shapes, output_dtypes)]
+
+    for module, name in ((cuda_attention_mma, "_kernel"), (cuda_attention_mma, "_merge_kernel"),
+                         (cuda_chunk_attention, "_kernel")):
+        monkeypatch.setattr(module, name, lambda: kernel)
+    eight_bit = tuple(mx.zeros((1, 8, 512, n), dtype=t) for n, t in ((32, mx.uint32), (2, mx.bfloat16),
+                                                                   (2, mx.bfloat16)))
+    query = mx.zeros((1, 64, 1, 128), dtype=mx.bfloat16)
+    out = cuda_attention.decode_attention(query, eight_bit, eight_bit, 300, 0.1, 64, "mma")
+    assert out.shape == (1, 64, 1, 128) and seen[0][0] == (1, 64, 1, 128) and seen[1][1] == (1, 64, 1, 128)
+    chunk = mx.zeros((1, 5, 64, 128), dtype=mx.bfloat16).transpose(0, 2, 1, 3)  # as mlx-lm's attention hands it
+    keys = mx.zeros((1, 8, 512, 128), dtype=mx.bfloat16)
+    assert cuda_chunk_attention.chunk_attention(chunk, keys, keys, 300, 0.1).shape == (1, 64, 5, 128)
+    assert seen[2][0] == (1, 64, 5, 128) and seen[3][1] == (1, 64, 5, 128)
+    with pytest.raises(ValueError, match="one query of one sequence, got 2 x 1"):
+        cuda_attention_mma.partial_attention(mx.concatenate([query, query]), eight_bit, eight_bit, 300, 0.1)
+    with pytest.raises(ValueError, match="2 sequences"):
+        cuda_chunk_attention.chunk_attention(mx.concatenate([chunk, chunk]), keys, keys, 300, 0.1)
