@@ -14,10 +14,9 @@ real kernel costs one, so only the Python around the kernels, and MLX's building
 operations, is measured. Variants, each against ``mlx`` (MLX's own kernels, the same model) in
 the same run:
 
-- ``ours``: the engine's path on CUDA;
-- ``ours+compiled-mlp``: an experiment, not the engine's path. Each block's MLP is wrapped in
-  `mx.compile`, so a step replays it without its Python. Whether MLX compiles our CUDA kernels is
-  not known here.
+- ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
+- ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
+  where it measured it faster at load; whether MLX traces our CUDA kernels is not known here).
 
     python bench/decode_build.py --out /tmp/decode_build.json
 """
@@ -42,7 +41,7 @@ VARIANTS = ("mlx", "ours", "ours+compiled-mlp")
 
 def emulate_cuda() -> None:
     """Force the CUDA checks on and replace MLX's kernel call by lazy zeros (see the module docstring)."""
-    from engine import cuda_attention, cuda_backend, cuda_kv_write, cuda_qmv  # noqa: F401
+    from engine import cuda_attention, cuda_backend
 
     cuda_backend._cuda_backend = lambda device: True
     for module in (cuda_backend, cuda_attention):
@@ -77,24 +76,17 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
     from engine.decode_choice import DecodeKernels
 
     ours = variant != "mlx"
-    kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8, source="setting")
+    kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
+                            mlp_compiled=variant == "ours+compiled-mlp", source="setting")
     path = ComputePath(model, kernels=kernels)
-    originals = [layer.mlp for layer in model.layers]
-    if variant == "ours+compiled-mlp":
-        for layer, mlp in zip(model.layers, originals):
-            layer.mlp = mx.compile(lambda x, mlp=mlp: mlp(x))
     start, token, times = cache[0].offset, mx.array([[7]], dtype=mx.uint32), []
-    try:
-        for i in range(steps + 3):
-            for c in cache:
-                c.offset = start
-            began = time.perf_counter()
-            mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
-            if i >= 3:
-                times.append((time.perf_counter() - began) * 1e3)
-    finally:
-        for layer, mlp in zip(model.layers, originals):
-            layer.mlp = mlp
+    for i in range(steps + 3):
+        for c in cache:
+            c.offset = start
+        began = time.perf_counter()
+        mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
+        if i >= 3:
+            times.append((time.perf_counter() - began) * 1e3)
     return times
 
 

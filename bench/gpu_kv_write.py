@@ -27,7 +27,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench._common import save_json  # noqa: E402
 from bench.prefill import Shape, build_model  # noqa: E402
-from engine import decode_choice, linear_mode  # noqa: E402
+from engine import decode_measure, linear_mode  # noqa: E402
 from engine.compute import ComputePath  # noqa: E402
 from engine.decode_choice import DecodeKernels  # noqa: E402
 from engine.generate import decode, prefill  # noqa: E402
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_kv_write.json"))
     a = ap.parse_args(argv)
-    mlx_seconds, ours_seconds = decode_choice._time_kv_write(64, 8, 128, mx.bfloat16, "mma").get("kv_write",
+    mlx_seconds, ours_seconds = decode_measure.time_kv_write(64, 8, 128, mx.bfloat16, "mma").get("kv_write",
                                                                                                (None, None))
     result = {"mlx": mx.__version__, "device": str(mx.default_device()), "mlx_env": mlx_env.current(),
               "load_time_measure_ms": {"mlx": mlx_seconds and mlx_seconds * 1e3,

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, decode_choice, linear_mode
+from engine import blas, compiled_mlp, cpu_attention, cpu_forward, decode_choice, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
@@ -66,6 +66,8 @@ class ComputePath:
         self.kernels = kernels or DecodeKernels()
         if self.kernels.qmv:
             linear_mode.wire(model)  # the linears' class that can call our kernel
+        if self.kernels.mlp_compiled:
+            compiled_mlp.wire(model)  # the MLPs' class that can replay its trace
         self.numpy_forward = numpy_forward
         self.compiled = compiled
         self.blas = blas.in_use()

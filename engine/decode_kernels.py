@@ -19,7 +19,8 @@ and the layers ask `qmv_on()` / `attention_on()`:
   tokens): the attention modules `engine.cpu_attention.wire` gave a wired call attend through
   `attend_chunk` while `chunk_on()`;
 - a decode step's cache write (`engine.cuda_kv_write`): the stores of `engine.qkv` write the row
-  in place while `kv_write_on()`.
+  in place while `kv_write_on()`;
+- a decode step's MLPs (`engine.compiled_mlp`): replayed from their trace while `compiled_mlp.on()`.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any, Iterator
 import mlx.core as mx
 from mlx_lm.models import base
 
-from engine import cuda_chunk_attention
+from engine import compiled_mlp, cuda_chunk_attention
 from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
@@ -53,15 +54,16 @@ kv_write_on = _kv_write.on
 
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
-          kv_write: bool = False) -> Iterator[None]:
+          kv_write: bool = False, mlp: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
-    stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`."""
+    stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
+    their trace for one row (`engine.compiled_mlp`)."""
     if attention:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk), \
-            _kv_write.scope(kv_write):
+            _kv_write.scope(kv_write), compiled_mlp.scope(mlp):
         yield
 
 

@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmv,
+from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write,
                     decode_choice, decode_kernels)
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
@@ -37,7 +37,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     first = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (first.qmv, first.attention, first.source) == (True, False, "measured")
     assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here",
-                           "kernels: attention_chunk not measured here", "kernels: kv_write not measured here")
+                           "kernels: attention_chunk not measured here", "kernels: kv_write not measured here",
+                           "kernels: mlp_compiled not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -47,7 +48,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     assert timings.calls == 2
     # inside the margin is no win; a kernel the model could not run is not chosen
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
-                                            "attention_chunk": False, "kv_write": False}
+                                            "attention_chunk": False, "kv_write": False, "mlp_compiled": False}
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
@@ -155,7 +156,7 @@ def test_forcing_our_kernels_writes_in_place_only_for_heads_our_attention_takes(
     monkeypatch.setattr(cuda_attention, "cuda_available", lambda: True)
     store = LinearModeCache(tmp_path / "linear-modes.json")
     for shape, written in (((64, 8, 128), True), ((64, 8, 64), False), ((128, 4, 128), False)):
-        monkeypatch.setattr(decode_choice, "_attention_shape", lambda model, shape=shape: shape)
+        monkeypatch.setattr(decode_choice, "attention_shape", lambda model, shape=shape: shape)
         assert resolve(q4_model, "codectx", cache=store, cuda=True).kv_write is written, shape
 
 
@@ -274,26 +275,6 @@ def test_decode_pipelined_yields_the_unpipelined_tokens_and_the_cache_holds_what
     assert cache_offset(cache) == len(ids) + 7  # max_tokens ended it: the last token is not in the cache
 
 
-def test_decode_logs_the_host_time_of_each_step_it_built_and_yields_the_same_tokens(tiny_loaded, caplog):
-    """`decode_step` records (the benchmarks' view of decode): one per token read after a step was built."""
-    model = tiny_loaded.model
-    ids = [(13 * i + 2) % 500 for i in range(20)]
-    runs = {}
-    for level, penalty in ((logging.INFO, None), (logging.DEBUG, None), (logging.DEBUG, RepetitionPenalty(1.3))):
-        caplog.clear()
-        cache = make_window_cache(model, DENSE)
-        with caplog.at_level(level, logger="engine.generate"):
-            tokens = list(decode(model, cache, prefill(model, cache, ids), greedy, 5, penalty=penalty))
-        steps = [r.decode_step for r in caplog.records if hasattr(r, "decode_step")]
-        assert all(len(s) == 3 and min(s) >= 0 for s in steps)
-        runs[(level, penalty is None)] = (tokens, len(steps))
-    # pipelined: the first token is read before any step and the last after none; with a penalty each
-    # token after the first is read after its own step
-    assert runs[(logging.INFO, True)][1] == 0 and runs[(logging.DEBUG, True)][1] == 3
-    assert runs[(logging.DEBUG, False)][1] == 4
-    assert runs[(logging.INFO, True)][0] == runs[(logging.DEBUG, True)][0]
-
-
 def test_with_a_repetition_penalty_each_step_waits_for_the_token_it_counts(tiny_loaded):
     model = tiny_loaded.model
     ids = [(13 * i + 2) % 500 for i in range(30)]
@@ -312,67 +293,3 @@ def test_a_kernel_gets_a_new_name_when_its_source_or_its_signature_changes(monke
     cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a", "after"], output_names=["out"])
     cuda_backend.kernel("k", "out[0] = 2 * a[0];", input_names=["a"], output_names=["out"])
     assert names[0] == names[1] and len(set(names)) == 3 and all(n.startswith("k_") for n in names)
-
-
-def test_a_decode_row_reaches_the_vector_kernel_as_it_lies_and_its_verdict_is_asked_once(q4_model, monkeypatch):
-    """A step's ~450 linears each cost the host an operation per reshape: one row (or a whole bucket of rows)
-    goes to the kernel and comes back in the caller's shape with none; a row count between buckets is padded.
-    (MLX's `cuda_kernel` has no CPU build: a stand-in records what the kernel is given.)"""
-    calls = []
-
-    def kernel(inputs, output_shapes, output_dtypes, template, **launch):
-        calls.append((inputs[0], dict(template)["M"], output_shapes[0]))
-        return [mx.zeros(output_shapes[0], dtype=output_dtypes[0])]
-
-    monkeypatch.setattr(cuda_qmv, "_kernel", lambda: kernel)
-    weight, scales = mx.zeros((96, 16), dtype=mx.uint32), mx.zeros((96, 2), dtype=mx.bfloat16)
-    for shape in ((1, 1, 128), (1, 4, 128), (1, 3, 128)):
-        x = mx.ones(shape, dtype=mx.bfloat16)
-        y = cuda_qmv.qmv(x, weight, scales, scales, bits=4, group_size=64)
-        assert y.shape == (*shape[:-1], 96)
-    (one, m1, out1), (four, m4, out4), (three, m3, out3) = calls
-    assert one.shape == (1, 1, 128) and (m1, out1) == (1, (1, 1, 96))  # the step's row as it lies
-    assert four.shape == (1, 4, 128) and (m4, out4) == (4, (1, 4, 96))
-    assert three.shape == (4, 128) and (m3, out3) == (4, (4, 96))  # three rows padded to the 4-row kernel
-    with pytest.raises(ValueError, match="at most 8 rows"):
-        cuda_qmv.qmv(mx.ones((9, 128), dtype=mx.bfloat16), weight, scales, scales, bits=4, group_size=64)
-    asked = []
-    monkeypatch.setattr(cuda_qmv, "unsupported", lambda linear, dtype: asked.append(dtype))
-    linear = decode_choice.first_block_linears(q4_model)[0]
-    linear.__dict__.pop("_codectx_qmv", None)
-    try:
-        verdicts = [cuda_qmv.takes(linear, dtype) for dtype in (mx.bfloat16, mx.bfloat16, mx.float16, mx.float16)]
-        assert verdicts == [True] * 4 and asked == [mx.bfloat16, mx.float16]  # once per activation dtype
-        assert "_codectx_qmv" not in linear.parameters() and "_codectx_qmv" not in linear
-        monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)  # another backend: asked again
-        assert cuda_qmv.takes(linear, mx.float16) and asked == [mx.bfloat16, mx.float16, mx.float16]
-    finally:
-        linear.__dict__.pop("_codectx_qmv", None)  # the module is shared by this file's tests
-
-
-def test_our_attentions_read_the_query_and_write_the_output_as_they_lie(monkeypatch):
-    """Their kernels read the query, and the merge writes the output, as flat rows: the caller's arrays go in
-    and come out with no reshape (one MLX operation each, every layer of every step). (MLX's `cuda_kernel`
-    has no CPU build: stand-ins record the shapes they are given.)"""
-    seen = []
-
-    def kernel(inputs, output_shapes, output_dtypes, **launch):
-        seen.append((inputs[0].shape, output_shapes[0]))
-        return [mx.zeros(shape, dtype=dtype) for shape, dtype in zip(output_shapes, output_dtypes)]
-
-    for module, name in ((cuda_attention_mma, "_kernel"), (cuda_attention_mma, "_merge_kernel"),
-                         (cuda_chunk_attention, "_kernel")):
-        monkeypatch.setattr(module, name, lambda: kernel)
-    eight_bit = tuple(mx.zeros((1, 8, 512, n), dtype=t) for n, t in ((32, mx.uint32), (2, mx.bfloat16),
-                                                                   (2, mx.bfloat16)))
-    query = mx.zeros((1, 64, 1, 128), dtype=mx.bfloat16)
-    out = cuda_attention.decode_attention(query, eight_bit, eight_bit, 300, 0.1, 64, "mma")
-    assert out.shape == (1, 64, 1, 128) and seen[0][0] == (1, 64, 1, 128) and seen[1][1] == (1, 64, 1, 128)
-    chunk = mx.zeros((1, 5, 64, 128), dtype=mx.bfloat16).transpose(0, 2, 1, 3)  # as mlx-lm's attention hands it
-    keys = mx.zeros((1, 8, 512, 128), dtype=mx.bfloat16)
-    assert cuda_chunk_attention.chunk_attention(chunk, keys, keys, 300, 0.1).shape == (1, 64, 5, 128)
-    assert seen[2][0] == (1, 64, 5, 128) and seen[3][1] == (1, 64, 5, 128)
-    with pytest.raises(ValueError, match="one query of one sequence, got 2 x 1"):
-        cuda_attention_mma.partial_attention(mx.concatenate([query, query]), eight_bit, eight_bit, 300, 0.1)
-    with pytest.raises(ValueError, match="2 sequences"):
-        cuda_chunk_attention.chunk_attention(mx.concatenate([chunk, chunk]), keys, keys, 300, 0.1)

@@ -102,18 +102,18 @@ def test_the_attention_is_handed_the_write_and_a_fallback_to_mlx_evaluates_it_fi
 
 
 def test_the_load_time_check_passes_rows_as_mlx_quantizes_them_and_fails_a_row_not_written(fake_kernel, monkeypatch):
-    """`engine.decode_choice`'s check of the write, its decisions on the CPU: a row MLX wrote passes the
+    """`engine.decode_measure`'s check of the write, its decisions on the CPU: a row MLX wrote passes the
     row check (each value within one step of its group); the stand-in writes nothing, so the check of an
     in-place write must fail: the row still holds what was there before (MLX's attention stands in for ours)."""
-    from engine import cuda_attention, decode_choice
+    from engine import cuda_attention, decode_measure
 
     store, row = QuantizedKVStore(), rows(1, 10, dim=128)
     store.write(0, rows(20, 11, dim=128), rows(20, 11, dim=128))
     store.write(20, row, row)
     written = store.read(20, 21)[0]
-    decode_choice._check_quantized_row(written, row, 64)
+    decode_measure.check_quantized_row(written, row, 64)
     with pytest.raises(RuntimeError, match="more than a quantization step"):
-        decode_choice._check_quantized_row(written, 2 * row, 64)
+        decode_measure.check_quantized_row(written, 2 * row, 64)
 
     def mlx_attention(queries, keys, values, n, scale, group_size, kernel="cores", after=None):
         return cuda_attention.reference(queries, keys, values, n, scale, group_size)
@@ -121,5 +121,5 @@ def test_the_load_time_check_passes_rows_as_mlx_quantizes_them_and_fails_a_row_n
     monkeypatch.setattr(cuda_attention, "decode_attention", mlx_attention)
     query = mx.repeat(rows(1, 12, dim=128), 4, axis=1)
     with pytest.raises(RuntimeError, match="more than a quantization step"):
-        decode_choice._check_kv_write(query, 2, rows(100, 13, dim=128), rows(1, 14, dim=128), "mma")
+        decode_measure.check_kv_write(query, 2, rows(100, 13, dim=128), rows(1, 14, dim=128), "mma")
     assert fake_kernel == [100]

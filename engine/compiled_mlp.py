@@ -1,0 +1,77 @@
+"""Decode's MLPs replayed from a trace (`mx.compile`), where `engine.decode_choice` measured it faster.
+
+On the H200 a decode step is the host's work: building its graph in Python, then submitting it
+(docs/benchmarks.md, *GPU engine*, eighth session). A block's MLP (three linears and the
+activation) is the same computation at every step, one row in and one row out, so it can be traced
+once and replayed: no Python runs for it during a step. Measured on the CPU with our kernels
+stubbed (`bench/decode_build.py`), this took 12-18% off the time to build a step.
+
+`wire` gives each block's MLP a call that, while `on()` (a one-token forward of a compute path
+that chose it) and for one row, runs its trace. The trace is made at the first such call on this
+thread's switches, so it holds the kernels the path runs for decode (`engine.cuda_qmv`). Any other
+call is the MLP's own. A trace that cannot be made or run is logged once, and that MLP stays on
+its own call from then on. The engine takes it only where it was measured at load (the first
+block, one row, traced against plain, checked equal); `ComputePath.identity()` names it.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import mlx.core as mx
+
+from engine.switches import Switch
+
+logger = logging.getLogger(__name__)
+
+_on = Switch("codectx_compiled_mlp")
+on = _on.on
+"""Whether one-row MLP calls on this thread replay their trace now."""
+scope = _on.scope
+"""Inside this block (`scope(True)`), wired MLPs replay their trace for one row."""
+_FAILED = object()
+
+
+class CompiledCall:
+    """Mixed into a block's MLP class by `wire`: one-row calls inside `scope` replay the MLP's trace."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not (_on.on() and x.size == x.shape[-1]):
+            return super().__call__(x)
+        traced = self.__dict__.get("_codectx_trace")  # the instance's own, outside the module's parameters
+        if traced is _FAILED:
+            return super().__call__(x)
+        if traced is None:
+            plain = super().__call__
+            traced = self.__dict__["_codectx_trace"] = mx.compile(lambda v: plain(v))
+        try:
+            return traced(x)
+        except Exception as err:  # noqa: BLE001 - an optimization: the MLP's own call is always right
+            logger.warning("compiled MLP unavailable, using its own call: %s", err)
+            self.__dict__["_codectx_trace"] = _FAILED
+            return super().__call__(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_class(cls: type) -> type:
+    return type(cls.__name__, (CompiledCall, cls), {"__doc__": cls.__doc__})
+
+
+def wire(model: Any) -> int:
+    """Give every block's MLP the compiled call (idempotent). Returns how many blocks have it."""
+    count = 0
+    for layer in getattr(model, "layers", []):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None or not callable(mlp):
+            continue
+        if not isinstance(mlp, CompiledCall):
+            mlp.__class__ = _compiled_class(type(mlp))
+        count += 1
+    return count
+
+
+def first_mlp(model: Any) -> Any | None:
+    """The first block's MLP (what `engine.decode_measure` times), or None."""
+    return next((layer.mlp for layer in getattr(model, "layers", []) if getattr(layer, "mlp", None) is not None),
+                None)

@@ -1,0 +1,262 @@
+"""The load-time measurements behind `engine.decode_choice`: each of our decode kernels timed against the
+MLX call it would replace, on the model's own shapes, and checked against a float32 reference (or, for
+the cache write, against `mx.quantize`). Only on MLX's CUDA backend; see `engine.decode_choice` for
+what is measured and how the results decide.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine import compiled_mlp, cuda_qmv, decode_kernels
+from engine.linear_mode import first_block_linears, wire
+from engine.timing import best_seconds
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR = 2e-2
+ATTENTION_KEYS = 16384
+CHUNK_ROWS = decode_kernels.CHUNK_MAX_ROWS  # the chunk attention is timed at the most queries it takes
+CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
+REPEAT = 16  # block repetitions per timed evaluation of the linears
+
+Timings = dict[str, tuple[float, float]]
+"""Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
+
+
+def faster_attention(timings: Mapping[str, tuple[float, float]]) -> str | None:
+    """Of our two attention kernels measured (``attention``, ``attention_mma``), the faster (the tensor-core
+    one on a tie); None: neither."""
+    measured = [name for name in ("attention_mma", "attention") if name in timings]
+    return min(measured, key=lambda name: timings[name][1]) if measured else None
+
+
+def attention_shape(model: Any) -> tuple[int, int, int] | None:
+    """(query heads, KV heads, head dim) of the model's first attention module, or None."""
+    for module in model.modules() if isinstance(model, nn.Module) else []:
+        heads, kv_heads = getattr(module, "n_heads", None), getattr(module, "n_kv_heads", None)
+        if heads and kv_heads and "q_proj" in module:
+            return heads, kv_heads, getattr(module, "head_dim", None) or module.q_proj.weight.shape[0] // heads
+    return None
+
+
+def measure(model: Any) -> Timings:
+    """Time and check both kernels on `model`'s shapes (see the module docstring)."""
+    timings: Timings = {}
+    linears = first_block_linears(model)
+    dtype = linears[0]["scales"].dtype if linears else mx.float32
+    if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
+        timings["qmv"] = _time_linears(linears, dtype)
+        timings.update(_time_compiled_mlp(model, dtype))
+    shape = attention_shape(model)
+    if shape is not None:
+        from engine import cuda_attention
+
+        heads, kv_heads, dim = shape
+        kernels = [k for k in ("cores", "mma") if cuda_attention.shape_problem(heads, kv_heads, dim, 8, 64, k) is None]
+        if kernels:
+            timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
+        timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
+        faster = faster_attention(timings)
+        if faster is not None:  # with the attention kernel that would run beside it
+            timings.update(time_kv_write(heads, kv_heads, dim, dtype, "mma" if faster == "attention_mma" else "cores"))
+    return timings
+
+
+def _check(name: str, ours: mx.array, ref: mx.array) -> None:
+    ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
+    err = float(mx.linalg.norm((ours - ref).flatten()) / mx.maximum(mx.linalg.norm(ref.flatten()), 1e-30))
+    if not err < MAX_ERROR:
+        raise RuntimeError(f"our {name} kernel disagrees with MLX's (relative error {err:.2e})")
+
+
+def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[float, float]:
+    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(i)).astype(dtype)
+          for i, m in enumerate(linears)]
+    for m, x in zip(linears, xs):
+        weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
+        _check("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+    pairs = list(zip(linears, xs)) * REPEAT
+    return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
+            best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
+
+
+def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
+    """"mlp_compiled": the first block's MLP on one row with our linears, `REPEAT` calls per evaluation,
+    its trace against its own call (checked first). Left out where it fails (or cannot be traced)."""
+    mlp = compiled_mlp.first_mlp(model)
+    width = getattr(getattr(model, "args", None), "hidden_size", None)
+    if mlp is None or width is None:
+        return {}
+    wire(model)  # the linears' class that takes our kernel (the compute path wires it for qmv anyway)
+    x = mx.random.normal((1, 1, width), key=mx.random.key(50)).astype(dtype)
+    traced = mx.compile(lambda v: mlp(v))
+    try:
+        with decode_kernels.scope(qmv=True, attention=False):
+            _check("mlp_compiled", traced(x), mlp(x))
+            return {"mlp_compiled": (best_seconds(lambda: [mlp(x) for _ in range(REPEAT)]),
+                                     best_seconds(lambda: [traced(x) for _ in range(REPEAT)]))}
+    except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
+        logger.warning("decode kernels: compiled MLP: %s; not using it", err)
+        return {}
+
+
+def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:
+    """"attention" for the CUDA-core kernel (it must compute the same), "attention_mma" for the
+    tensor-core one where it does (a failed check leaves it out)."""
+    from engine import cuda_attention
+
+    n, scale = ATTENTION_KEYS, dim ** -0.5
+    kv = [mx.random.normal((1, kv_heads, n + 256, dim), key=mx.random.key(7 + i)).astype(dtype) for i in range(2)]
+    keys, values = (tuple(mx.quantize(a, group_size=64, bits=8)) for a in kv)
+    queries = mx.random.normal((1, heads, 1, dim), key=mx.random.key(9)).astype(dtype)
+    mx.eval(keys, values, queries)
+    reference = cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64)
+
+    def once(kernel: str) -> mx.array:
+        return cuda_attention.decode_attention(queries, keys, values, n, scale, 64, kernel)
+
+    def ours(kernel: str) -> Callable[[], list[mx.array]]:
+        return lambda: [once(kernel) for _ in range(REPEAT)]
+
+    if "cores" in kernels:
+        _check("attention", once("cores"), reference)
+    mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64)
+                                        for _ in range(REPEAT)])
+    timings = {"attention": (mlx_seconds, best_seconds(ours("cores")))} if "cores" in kernels else {}
+    if "mma" in kernels:
+        try:  # the newer kernel: left out, not fatal, where it fails its check (or to compile)
+            _check("attention_mma", once("mma"), reference)
+            timings["attention_mma"] = (mlx_seconds, best_seconds(ours("mma")))
+        except Exception as err:  # noqa: BLE001
+            logger.warning("decode kernels: %s; not using it", err)
+    return timings
+
+
+def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> Timings:
+    """"attention_chunk": `CHUNK_ROWS` queries over a bf16 cache, a forward's `CHUNK_CALLS` layers per
+    evaluation, each evaluation at a key count not seen before (as every chunk of a growing prompt
+    is: MLX's cuDNN attention then builds a plan). Left out where the shape is not the kernel's or
+    it fails its check (or to compile)."""
+    from engine import cuda_chunk_attention as chunk
+
+    if chunk.shape_problem(CHUNK_ROWS, heads // kv_heads, dim, dtype) is not None:
+        return {}
+    scale = dim ** -0.5
+    kv = [mx.random.normal((1, kv_heads, ATTENTION_KEYS + 512, dim), key=mx.random.key(3 + i)).astype(dtype)
+          for i in range(2)]
+    queries = mx.random.normal((1, heads, CHUNK_ROWS, dim), key=mx.random.key(5)).astype(dtype)
+    mx.eval(kv, queries)
+    counts = iter(range(ATTENTION_KEYS, ATTENTION_KEYS + 512))
+
+    def mlx() -> list[mx.array]:
+        n = next(counts)
+        return [mx.fast.scaled_dot_product_attention(queries, kv[0][..., :n, :], kv[1][..., :n, :], scale=scale,
+                                                     mask="causal") for _ in range(CHUNK_CALLS)]
+
+    def ours() -> list[mx.array]:
+        n = next(counts)
+        return [chunk.chunk_attention(queries, kv[0], kv[1], n, scale) for _ in range(CHUNK_CALLS)]
+
+    try:
+        _check("attention_chunk", chunk.chunk_attention(queries, kv[0], kv[1], ATTENTION_KEYS, scale),
+               chunk.reference(queries, kv[0], kv[1], ATTENTION_KEYS, scale))
+        return {"attention_chunk": (best_seconds(mlx) / CHUNK_CALLS, best_seconds(ours) / CHUNK_CALLS)}
+    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
+        logger.warning("decode kernels: %s; not using the chunk attention", err)
+        return {}
+
+
+def time_kv_write(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel: str, steps: int = 8,
+                   layers: int = 16) -> Timings:
+    """"kv_write": a decode step's 8-bit cache write and attention (our `kernel`) in `layers` layers of
+    about `ATTENTION_KEYS` rows, `steps` steps queued as the engine queues them (step n + 1 before step
+    n is read), the write by MLX's slice updates against ours in place (a slice update copies a buffer
+    that a queued step still holds). Checked first (`check_kv_write`). Left out where it fails (or
+    fails to compile)."""
+    from engine import cuda_kv_write
+
+    rows = [mx.random.normal((1, kv_heads, 1, dim), key=mx.random.key(20 + i)).astype(dtype) for i in range(steps)]
+    per_kv_head = mx.random.normal((1, kv_heads, 1, dim), key=mx.random.key(29)).astype(dtype)
+    query = mx.repeat(per_kv_head, heads // kv_heads, axis=1)  # the query heads of a KV head alike
+    # The rows before the written ones end inside the buffer's last 256-row block, with room for the steps
+    # (the writes are ours, not a regrowth).
+    fill = mx.random.normal((1, kv_heads, ATTENTION_KEYS - 256 - 2 * steps, dim), key=mx.random.key(30)).astype(dtype)
+    if cuda_kv_write.shape_problem(rows[0], 8) is not None:
+        return {}
+    at = fill.shape[2]
+
+    def timed(in_place: bool) -> Callable[[], list[mx.array]]:
+        made = _filled_stores(fill, layers)
+
+        def queued_steps() -> list[mx.array]:
+            outs: list[mx.array] = []
+            for i, row in enumerate(rows):
+                step = []
+                for store in made:
+                    store.write(at + i, row, row, in_place=in_place)
+                    step.append(_attend_rows(store, query, at + i + 1, kernel))
+                mx.async_eval(step)
+                outs += step
+            return outs
+        return queued_steps
+
+    try:
+        check_kv_write(query, kv_heads, fill, rows[1], kernel)
+        return {"kv_write": (best_seconds(timed(False)) / steps, best_seconds(timed(True)) / steps)}
+    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
+        logger.warning("decode kernels: %s; not using the in-place cache write", err)
+        return {}
+
+
+def _filled_stores(fill: mx.array, count: int) -> list[Any]:
+    """`count` 8-bit stores holding `fill`, written by a slice update (so the buffers are the store's alone)."""
+    from engine.qkv import QuantizedKVStore
+
+    made = [QuantizedKVStore() for _ in range(count)]
+    for store in made:
+        store.write(0, fill, fill)
+    mx.eval([store.keys for store in made])
+    return made
+
+
+def _attend_rows(store: Any, query: mx.array, n: int, kernel: str) -> mx.array:
+    """Our decode attention over the store's first `n` rows, after the store's last in-place write."""
+    from engine import cuda_attention
+
+    keys, values = store.rows(n)
+    return cuda_attention.decode_attention(query, keys, values, n, query.shape[-1] ** -0.5, store.group_size,
+                                           kernel, after=keys.after)
+
+
+def check_kv_write(query: mx.array, kv_heads: int, fill: mx.array, value: mx.array, kernel: str) -> None:
+    """A row written in place after `fill`, and our attention over it, evaluated together as in a decode
+    step: the row against `mx.quantize` (`check_quantized_row`), the attention against MLX's. The new key
+    is the query's direction, three times over: the attention is nearly its value alone, so an attention
+    that ran before the write (the old row: an ordering edge missing) could not pass."""
+    from engine import cuda_attention
+
+    at, heads = fill.shape[2], query.shape[1]
+    store, key = _filled_stores(fill, 1)[0], 3 * query[:, ::heads // kv_heads]
+    store.write(at, key, value, in_place=True)
+    ours = _attend_rows(store, query, at + 1, kernel)
+    mx.eval(ours)  # one evaluation holding the write and the attention: only `after` orders them
+    for written, row in zip(store.read(at, at + 1), (key, value)):
+        check_quantized_row(written, row, store.group_size)
+    _check("kv_write", ours, cuda_attention.reference(query.astype(mx.float32), store.keys, store.values, at + 1,
+                                                       query.shape[-1] ** -0.5, store.group_size))
+
+
+def check_quantized_row(ours: mx.array, row: mx.array, group_size: int) -> None:
+    """A row as an 8-bit store holds it (dequantized) against `mx.quantize(row)`: each value within one
+    quantization step of its group."""
+    theirs_q = mx.quantize(row, group_size=group_size, bits=8)
+    theirs = mx.dequantize(*theirs_q, group_size=group_size, bits=8)
+    step = mx.repeat(mx.abs(theirs_q[1]).astype(mx.float32), group_size, axis=-1)
+    diff = mx.abs(ours.astype(mx.float32) - theirs.astype(mx.float32))
+    if not mx.all(diff <= step * 1.01 + 1e-6).item():
+        raise RuntimeError(f"our in-place 8-bit cache write differs from mx.quantize by up to "
+                           f"{float(mx.max(diff).item()):.3g}, more than a quantization step")
