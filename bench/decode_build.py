@@ -5,13 +5,15 @@ submitting it (docs/benchmarks.md, *GPU engine*, eighth session). Building it do
 the GPU. This script builds the step of a 64-layer Qwen3-32B-shaped model, 4-bit, with the
 widths cut down (the Python work per layer is the same). It uses the compute path the engine
 takes on CUDA: our quantized linears, and for an 8-bit cache our tensor-core attention and
-in-place write. It times the building only; nothing is evaluated.
+in-place write. It times the building only; each step is evaluated afterwards, untimed, so the next
+one builds on evaluated arrays as in decode.
 
 MLX's CUDA backend is not here, so its kernel call is replaced by a stand-in. This is a fake of a
-thing we do not own and cannot run here: `mx.fast.cuda_kernel` returns lazy zeros of the
-declared outputs. The CUDA checks are forced on. The stand-in costs one MLX operation where the
-real kernel costs one, so only the Python around the kernels, and MLX's building of the other
-operations, is measured. Variants, each against ``mlx`` (MLX's own kernels, the same model) in
+thing we do not own and cannot run here: `mx.fast.cuda_kernel` returns zeros of the declared
+outputs, made to depend on the kernel's inputs (`mx.depends`), so a trace keeps everything before
+them. The CUDA checks are forced on. The stand-in costs MLX two operations where the real kernel
+costs one, so only the Python around the kernels, and MLX's building of the other operations, is
+measured. Everything is put back when the measurement ends (`emulated_cuda`). Variants, each against ``mlx`` (MLX's own kernels, the same model) in
 the same run:
 
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
@@ -23,11 +25,12 @@ the same run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,19 +42,32 @@ from bench._common import machine, markdown_table, save_json  # noqa: E402
 VARIANTS = ("mlx", "ours", "ours+compiled-mlp")
 
 
-def emulate_cuda() -> None:
-    """Force the CUDA checks on and replace MLX's kernel call by lazy zeros (see the module docstring)."""
-    from engine import cuda_attention, cuda_backend
-
-    cuda_backend._cuda_backend = lambda device: True
-    for module in (cuda_backend, cuda_attention):
-        module.cuda_available = lambda: True
+@contextlib.contextmanager
+def emulated_cuda() -> Iterator[None]:
+    """Inside: the CUDA checks forced on, MLX's kernel call a stand-in (see the module docstring)."""
+    from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
+                        cuda_kv_write, cuda_qmv)
 
     def kernel(**_: Any) -> Any:
-        return lambda output_shapes, output_dtypes, **__: [mx.zeros(s, dtype=d)
-                                                             for s, d in zip(output_shapes, output_dtypes)]
+        def call(inputs: list, output_shapes: list, output_dtypes: list, **__: Any) -> list:
+            zeros = [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes)]
+            return mx.depends(zeros, list(inputs))
+        return call
 
-    mx.fast.cuda_kernel = kernel
+    patched = [(cuda_backend, "_cuda_backend", lambda device: True), (cuda_backend, "cuda_available", lambda: True),
+               (cuda_attention, "cuda_available", lambda: True), (mx.fast, "cuda_kernel", kernel)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+    factories = [cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
+                 cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel]
+    for owner, name, value in patched:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        for factory in factories:  # the stand-ins they kept
+            factory.cache_clear()
 
 
 def model_and_cache(bits: int, context: int) -> tuple[Any, list]:
@@ -84,9 +100,10 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
         for c in cache:
             c.offset = start
         began = time.perf_counter()
-        mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
+        step = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
         if i >= 3:
             times.append((time.perf_counter() - began) * 1e3)
+        mx.eval(step, [c.state for c in cache])  # untimed: the next step builds on evaluated arrays
     return times
 
 
@@ -97,15 +114,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=1000)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_build.json"))
     a = ap.parse_args(argv)
-    mx.set_default_device(mx.cpu)
-    emulate_cuda()
     result: dict[str, Any] = {"machine": machine(), "mlx": mx.__version__, "steps": a.steps, "rows": []}
-    for bits in (int(b) for b in a.bits.split(",")):
-        model, cache = model_and_cache(bits, a.context)
-        for variant in VARIANTS:
-            times = build_ms(model, cache, variant, bits, a.steps)
-            result["rows"].append({"bits": bits, "variant": variant, "median_ms": round(statistics.median(times), 3),
-                                   "min_ms": round(min(times), 3)})
+    with mx.stream(mx.cpu), emulated_cuda():
+        for bits in (int(b) for b in a.bits.split(",")):
+            model, cache = model_and_cache(bits, a.context)
+            for variant in VARIANTS:
+                times = build_ms(model, cache, variant, bits, a.steps)
+                result["rows"].append({"bits": bits, "variant": variant,
+                                       "median_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3)})
     base = {r["bits"]: r["median_ms"] for r in result["rows"] if r["variant"] == "mlx"}
     print(markdown_table(["KV bits", "variant", "build ms (median)", "min", "vs mlx"],
                          [[r["bits"], r["variant"], r["median_ms"], r["min_ms"], f"{r['median_ms'] / base[r['bits']]:.2f}x"]

@@ -3,15 +3,18 @@
 On the H200 a decode step is the host's work: building its graph in Python, then submitting it
 (docs/benchmarks.md, *GPU engine*, eighth session). A block's MLP (three linears and the
 activation) is the same computation at every step, one row in and one row out, so it can be traced
-once and replayed: no Python runs for it during a step. Measured on the CPU with our kernels
-stubbed (`bench/decode_build.py`), this took 12-18% off the time to build a step.
+once and replayed: no Python runs for it during a step (on the CPU with our kernels stubbed,
+`bench/decode_build.py` measures what that saves in building a step).
 
 `wire` gives each block's MLP a call that, while `on()` (a one-token forward of a compute path
 that chose it) and for one row, runs its trace. The trace is made at the first such call on this
-thread's switches, so it holds the kernels the path runs for decode (`engine.cuda_qmv`). Any other
-call is the MLP's own. A trace that cannot be made or run is logged once, and that MLP stays on
-its own call from then on. The engine takes it only where it was measured at load (the first
-block, one row, traced against plain, checked equal); `ComputePath.identity()` names it.
+thread's switches, so it holds the kernels the path runs for decode (`engine.cuda_qmv`: the
+switch is on only together with them). Any other call is the MLP's own. Each trace's first call is
+evaluated where it is made (MLX compiles a trace's kernels when it first evaluates them), so a trace
+that cannot be made or run is caught there: logged (once per process) and that MLP stays on its own
+call. The engine takes it only where it was measured at load (the first block, one row, traced
+against its own call and checked); `ComputePath.identity()` names it. A trace holds the weights it
+was made with: a model whose weights are replaced is wired again (`wire`, which drops the traces).
 """
 from __future__ import annotations
 
@@ -31,26 +34,33 @@ on = _on.on
 scope = _on.scope
 """Inside this block (`scope(True)`), wired MLPs replay their trace for one row."""
 _FAILED = object()
+_warned: list[str] = []
 
 
 class CompiledCall:
     """Mixed into a block's MLP class by `wire`: one-row calls inside `scope` replay the MLP's trace."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        if not (_on.on() and x.size == x.shape[-1]):
-            return super().__call__(x)
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if args or kwargs or not (_on.on() and x.size == x.shape[-1]):
+            return super().__call__(x, *args, **kwargs)
         traced = self.__dict__.get("_codectx_trace")  # the instance's own, outside the module's parameters
         if traced is _FAILED:
             return super().__call__(x)
-        if traced is None:
-            plain = super().__call__
-            traced = self.__dict__["_codectx_trace"] = mx.compile(lambda v: plain(v))
-        try:
+        if traced is not None:
             return traced(x)
+        plain = super().__call__
+        traced = mx.compile(lambda v: plain(v))
+        try:
+            out = traced(x)
+            mx.eval(out)  # its kernels are compiled here, once: a failure is caught now, not in a later step
         except Exception as err:  # noqa: BLE001 - an optimization: the MLP's own call is always right
-            logger.warning("compiled MLP unavailable, using its own call: %s", err)
+            if not _warned:
+                _warned.append(str(err))
+                logger.warning("compiled MLP unavailable, using its own call: %s", err)
             self.__dict__["_codectx_trace"] = _FAILED
             return super().__call__(x)
+        self.__dict__["_codectx_trace"] = traced
+        return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +69,8 @@ def _compiled_class(cls: type) -> type:
 
 
 def wire(model: Any) -> int:
-    """Give every block's MLP the compiled call (idempotent). Returns how many blocks have it."""
+    """Give every block's MLP the compiled call, dropping any trace made before (the weights may have
+    changed). Returns how many blocks have it."""
     count = 0
     for layer in getattr(model, "layers", []):
         mlp = getattr(layer, "mlp", None)
@@ -67,6 +78,7 @@ def wire(model: Any) -> int:
             continue
         if not isinstance(mlp, CompiledCall):
             mlp.__class__ = _compiled_class(type(mlp))
+        mlp.__dict__.pop("_codectx_trace", None)
         count += 1
     return count
 

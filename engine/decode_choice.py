@@ -99,7 +99,7 @@ class DecodeKernels:
         attention = (self.attention or self.attention_mma) and rows == 1
         chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
-        mlp = self.mlp_compiled and rows == 1
+        mlp = self.mlp_compiled and qmv and rows == 1  # the trace holds our linears: never without them
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp) \
             if qmv or attention or chunk or mlp else contextlib.nullcontext()
 

@@ -122,14 +122,14 @@ def test_decode_mlps_replay_their_trace_only_where_chosen_and_give_the_same_toke
                     cache=LinearModeCache(tmp_path / "other.json"), cuda=True)
     assert not alone.mlp_compiled and "kernels: mlp_compiled needs qmv" in alone.notes
     seen = []
-    for rows in (1, 2, 40):
-        with wins.scope(rows):
+    for kernels, rows in ((wins, 1), (wins, 2), (wins, 40), (DecodeKernels(mlp_compiled=True, source="setting"), 1)):
+        with kernels.scope(rows):
             seen.append(compiled_mlp.on())
-    assert seen == [True, False, False]
+    assert seen == [True, False, False, False]  # one-token forwards only, and never without our linears
     ids = [(3 * i + 4) % 500 for i in range(40)]
     runs, traces = [], []
     try:
-        for kernels in (DecodeKernels(source="setting"), DecodeKernels(mlp_compiled=True, source="setting")):
+        for kernels in (DecodeKernels(source="setting"), DecodeKernels(qmv=True, mlp_compiled=True, source="setting")):
             path = ComputePath(q4_model, kernels=kernels)
             cache = make_window_cache(q4_model, DENSE)
             logits = prefill(path, cache, ids, chunk_size=16)
@@ -144,22 +144,28 @@ def test_decode_mlps_replay_their_trace_only_where_chosen_and_give_the_same_toke
             layer.mlp.__dict__.pop("_codectx_trace", None)
 
 
-def test_an_mlp_whose_trace_fails_keeps_its_own_call(q4_model, monkeypatch, caplog):
+@pytest.mark.parametrize("fails", ["tracing", "evaluating"])
+def test_an_mlp_whose_trace_fails_keeps_its_own_call(q4_model, monkeypatch, caplog, fails):
+    """A trace that cannot be made, or whose kernels MLX cannot compile when it first evaluates them (caught
+    there by evaluating the first call, not in a later step), leaves the MLP on its own call, logged once."""
     compiled_mlp.wire(q4_model)
     mlp = q4_model.layers[0].mlp
-    mlp.__dict__.pop("_codectx_trace", None)
-
-    def broken(fn):
-        def call(*args):
-            raise RuntimeError("no compiler for this primitive")
-        return call
-
-    monkeypatch.setattr(mx, "compile", broken)
     x = mx.ones((1, 1, q4_model.args.hidden_size))
+    plain = mlp(x)  # outside the scope: its own call
+    monkeypatch.setattr(compiled_mlp, "_warned", [])
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no kernel for this primitive")
+
+    if fails == "tracing":
+        monkeypatch.setattr(mx, "compile", lambda fn: fail)
+    else:
+        monkeypatch.setattr(mx, "eval", fail)
     try:
         with compiled_mlp.scope(True), caplog.at_level(logging.WARNING, logger="engine.compiled_mlp"):
             first, again = mlp(x), mlp(x)
-        assert mx.array_equal(first, again).item() and mx.array_equal(first, mlp(x)).item()  # outside: its own
-        assert caplog.text.count("compiled MLP unavailable") == 1  # logged once, then its own call
+        assert mlp.__dict__["_codectx_trace"] is compiled_mlp._FAILED
+        assert mx.array_equal(first, plain).item() and mx.array_equal(again, plain).item()
+        assert caplog.text.count("compiled MLP unavailable") == 1
     finally:
         mlp.__dict__.pop("_codectx_trace", None)
