@@ -13,8 +13,8 @@ thing we do not own and cannot run here: `mx.fast.cuda_kernel` returns zeros of 
 outputs, made to depend on the kernel's inputs (`mx.depends`), so a trace keeps everything before
 them. The CUDA checks are forced on. The stand-in costs MLX two operations where the real kernel
 costs one, so only the Python around the kernels, and MLX's building of the other operations, is
-measured. Everything is put back when the measurement ends (`emulated_cuda`). Variants, each against ``mlx`` (MLX's own kernels, the same model) in
-the same run:
+measured. Everything is put back when the measurement ends (`emulated_cuda`). Variants, each
+against ``mlx`` (MLX's own kernels, the same model) in the same run:
 
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
 - ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
@@ -71,19 +71,14 @@ def emulated_cuda() -> Iterator[None]:
 
 
 def model_and_cache(bits: int, context: int) -> tuple[Any, list]:
+    from bench.gpu_step import filled_cache
     from bench.prefill import SHAPES, Shape, build_model
-    from engine.window import WindowPolicy, make_window_cache
+    from engine.window import WindowPolicy
 
     args = dict(SHAPES["qwen3-32b"].args, hidden_size=256, intermediate_size=512, num_attention_heads=16,
                 num_key_value_heads=2, head_dim=128, vocab_size=4096)
     model = build_model(Shape("qwen3", args, 4, "bfloat16", 512, 512, 256), None)
-    cache = make_window_cache(model, WindowPolicy(True, 512, 512, 256, 0, "block"), kv_bits=bits)
-    for c in cache:
-        rows = mx.random.normal((1, 2, context, 128)).astype(mx.bfloat16)
-        c.store.write(0, rows, rows)
-        c.offset = context
-    mx.eval([c.state for c in cache])
-    return model, cache
+    return model, filled_cache(model, WindowPolicy(True, 512, 512, 256, 0, "block"), bits, context)
 
 
 def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> list[float]:

@@ -135,12 +135,15 @@ class Run:
         print(json.dumps(row, default=str), file=sys.stderr, flush=True)
         self.save()
 
+    def options(self, config: str) -> ComputeOptions:
+        """The compute settings of `config`'s engines."""
+        return ComputeOptions(linear=CONFIGS[config][3] or self.a.linear, blas=self.a.blas)
+
     def engine(self, config: str, *, speculation: str = "off", archive: bool = True) -> Engine:
-        windowed, bits, _, linear = CONFIGS[config]
-        options = ComputeOptions(linear=linear or self.a.linear, blas=self.a.blas)
+        windowed, bits, _, _ = CONFIGS[config]
         return Engine(self.loaded, kv_bits=bits, prefill_chunk=self.a.chunk, speculation=speculation,
                       archive_bytes=(1 << 40) if archive else 0, window=self.window if windowed else None,
-                      compute=options)
+                      compute=self.options(config))
 
     def drop_archive(self) -> None:
         shutil.rmtree(self.home / "archive", ignore_errors=True)
@@ -165,8 +168,8 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                restore_s=log.restore_s, forwards=log.forwards, token_gaps=request_profile.token_gaps(arrivals), ids=ids,
-                decode_host_ms=request_profile.decode_host(log.decode_steps))
+                restore_s=log.restore_s, forwards=log.forwards, token_gaps=request_profile.token_gaps(arrivals),
+                decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids)
 
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
@@ -176,10 +179,7 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     decode attends densely either way)."""
     from bench.gpu_step import decode_steps, filled_cache
 
-    eng = run.engine(config, archive=False)
-    path = eng.compute
-    close(eng)
-    del eng
+    path = choose(run.model, run.options(config))  # as the engine chooses it
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
     decode_steps(path, cache, 2, (False, False, False), "sync", attempts=1)  # the buffers grow once, untimed

@@ -69,8 +69,8 @@ def _hash_kernel_modules() -> str:
     here = Path(__file__).parent
     digest = hashlib.sha1()
     try:
-        for path in [*sorted(here.glob("cuda_*.py")),
-                     *(here / f"{name}.py" for name in ("decode_kernels", "decode_choice", "decode_measure", "compiled_mlp"))]:
+        names = ("decode_kernels", "decode_choice", "decode_measure", "compiled_mlp")
+        for path in [*sorted(here.glob("cuda_*.py")), *(here / f"{name}.py" for name in names)]:
             digest.update(path.read_bytes())
     except OSError:  # no sources to hash (an install without them): nothing cached can be trusted
         return f"unhashed-{os.getpid()}-{id(digest):x}"

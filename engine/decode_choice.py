@@ -23,7 +23,7 @@ the same thing:
   only where one of our attention kernels runs (the one reader it orders after itself);
 - decode's MLPs replayed from a trace (``mlp_compiled``, `engine.compiled_mlp`): the first block's MLP
   on one row with our linears, `REPEAT` calls per evaluation, traced against its own call (checked
-  equal); only together with our linears (what the trace holds).
+  against it like the kernels); only together with our linears (what the trace holds).
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `decode_measure.MAX_ERROR` (MLX's own 4-bit product
@@ -43,8 +43,8 @@ from typing import Any, Callable, Mapping
 
 from engine import cuda_qmv, decode_kernels
 from engine.cuda_backend import code_version, cuda_available
-from engine.decode_measure import ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_shape
-from engine.decode_measure import faster_attention
+from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
+                                   attention_shape, faster_attention)
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
@@ -175,10 +175,7 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
 def _our_attention_takes(model: Any) -> bool:
     """Whether one of our decode attention kernels takes `model`'s heads over an 8-bit cache (the one reader
     an in-place cache write is ordered before: elsewhere each layer would evaluate the write first)."""
-    from engine import cuda_attention
-
     shape = attention_shape(model)
-    return shape is not None and any(cuda_attention.shape_problem(*shape, 8, 64, kernel) is None
-                                     for kernel in ("cores", "mma"))
+    return shape is not None and bool(attention_kernels(shape))
 
 

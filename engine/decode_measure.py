@@ -43,6 +43,14 @@ def attention_shape(model: Any) -> tuple[int, int, int] | None:
     return None
 
 
+def attention_kernels(shape: tuple[int, int, int]) -> list[str]:
+    """Which of our decode attention kernels ("cores", "mma") take one query of (query heads, KV heads, head
+    dim) over the engine's 8-bit cache (groups of 64)."""
+    from engine import cuda_attention
+
+    return [kernel for kernel in ("cores", "mma") if cuda_attention.shape_problem(*shape, 8, 64, kernel) is None]
+
+
 def measure(model: Any) -> Timings:
     """Time and check both kernels on `model`'s shapes (see the module docstring)."""
     timings: Timings = {}
@@ -53,10 +61,8 @@ def measure(model: Any) -> Timings:
         timings.update(_time_compiled_mlp(model, dtype))
     shape = attention_shape(model)
     if shape is not None:
-        from engine import cuda_attention
-
         heads, kv_heads, dim = shape
-        kernels = [k for k in ("cores", "mma") if cuda_attention.shape_problem(heads, kv_heads, dim, 8, 64, k) is None]
+        kernels = attention_kernels(shape)
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
         timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
@@ -227,7 +233,7 @@ def _filled_stores(fill: mx.array, count: int) -> list[Any]:
     made = [QuantizedKVStore() for _ in range(count)]
     for store in made:
         store.write(0, fill, fill)
-    mx.eval([store.keys for store in made])
+    mx.eval([(store.keys, store.values) for store in made])
     return made
 
 
