@@ -50,6 +50,11 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
     return median_seconds(fn, repeats, warmup) * 1e3
 
 
+def buffer_positions(n: int) -> int:
+    """The positions of a live cache's buffer holding `n`: it grows in steps of 256."""
+    return -(-n // 256) * 256
+
+
 def rel_err(a: mx.array, ref: mx.array) -> float:
     a, ref = a.astype(mx.float32), ref.astype(mx.float32)
     return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
@@ -58,9 +63,9 @@ def rel_err(a: mx.array, ref: mx.array) -> float:
 def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
     scale = DIM ** -0.5
     for n in lengths:
-        # As a live cache holds them: a buffer grown in steps of 256 positions. MLX's bf16 decode
-        # attention takes cuDNN's padded path only for such buffers (else its slower vector kernel).
-        cap = -(-(n + 1) // 256) * 256
+        # Buffers as a live cache holds them: MLX's bf16 decode attention takes cuDNN's padded path
+        # only for such buffers (else its slower vector kernel).
+        cap = buffer_positions(n + 1)
         caches = []
         for i in range(DISTINCT):
             k = mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(10 + i)).astype(mx.bfloat16)
@@ -161,7 +166,7 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
 
     default_warps = chunk.WARPS
     scale = DIM ** -0.5
-    k, v = random_kv(-(-(context + 64) // 256) * 256)
+    k, v = random_kv(buffer_positions(context + 64))
     for rows in (2, 5, 16, 45):
         q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
         for offset in (context, context + 7):

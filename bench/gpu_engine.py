@@ -183,11 +183,10 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
     decode_steps(path, cache, 2, (False, False, False), "sync", attempts=1)  # the buffers grow once, untimed
-    host: list[float] = []
-    seconds = decode_steps(path, cache, steps, (False, False, False), "pipelined", attempts=3, host=host)
+    times = decode_steps(path, cache, steps, (False, False, False), "pipelined", attempts=3)
     run.result.setdefault("raw_steps", []).append(dict(
-        length=length, config=config, step_ms=round(seconds * 1e3, 2), host_ms=round(host[0] * 1e3, 2),
-        python_ms=round(host[1] * 1e3, 2), bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))
+        length=length, config=config, step_ms=round(times.seconds * 1e3, 2), host_ms=round(times.host * 1e3, 2),
+        python_ms=round(times.python * 1e3, 2), bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))
     print(f"raw step {config} at {length}: {run.result['raw_steps'][-1]}", flush=True)
     del cache
     free()

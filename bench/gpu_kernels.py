@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,11 +44,6 @@ from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err, section_decode  # noqa: E402
 from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
-
-
-def warm_median_ms(fn: Callable[[], Any], repeats: int = 10) -> float:
-    """Median of `repeats` timed evaluations after two untimed ones (compilation)."""
-    return median_ms(fn, repeats, warmup=2)
 
 
 def block_linears(hidden: int = 5120, inter: int = 25600, heads: int = 64, kv_heads: int = 8, dim: int = 128,
@@ -83,8 +78,8 @@ def section_qmv(result: dict, copy_gbs: float) -> None:
                 ref = x.astype(mx.float32) @ w.T
                 errs_ours.append(rel_err(cuda_qmv.linear_product(m, x), ref))
                 errs_mlx.append(rel_err(nn.QuantizedLinear.__call__(m, x), ref))
-            t_mlx = warm_median_ms(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in zip(linears, xs)])
-            t_ours = warm_median_ms(lambda: [cuda_qmv.linear_product(m, x) for m, x in zip(linears, xs)])
+            t_mlx = median_ms(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in zip(linears, xs)], 10, warmup=2)
+            t_ours = median_ms(lambda: [cuda_qmv.linear_product(m, x) for m, x in zip(linears, xs)], 10, warmup=2)
             row = {"bits": bits, "rows": rows, "block_bytes": nbytes, "mlx_ms": t_mlx, "ours_ms": t_ours,
                    "mlx_gbs": nbytes / t_mlx / 1e6, "ours_gbs": nbytes / t_ours / 1e6, "copy_gbs": copy_gbs,
                    "err_ours": max(errs_ours), "err_mlx": max(errs_mlx)}
@@ -103,7 +98,7 @@ def section_step(result: dict, context: int, steps: int) -> None:
             kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
                        "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
             mode = "pipelined" if variant.endswith("pipelined") else "sync"
-            seconds = decode_steps(path, cache, steps, kernels, mode)
+            seconds = decode_steps(path, cache, steps, kernels, mode).seconds
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,
                    "tok_s": 1 / seconds}
             result.setdefault("step", []).append(row)
@@ -130,9 +125,10 @@ def section_dequant(result: dict, copy_gbs: float) -> None:
                                for a, o in zip(mlx, ours))}
         row["values"] = sum(a.size for a in mlx)
         nbytes = sum(a.nbytes for a in mlx) + sum(linear_bytes(m) for m in linears)
-        row["mlx_ms"] = warm_median_ms(lambda: [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args])
-        row["ours_ms"] = warm_median_ms(lambda: [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g,
-                                                                  dtype=mx.bfloat16) for w, s, b, g in args])
+        row["mlx_ms"] = median_ms(lambda: [mx.dequantize(w, s, b, g, bits, dtype=mx.bfloat16) for w, s, b, g in args],
+                                  10, warmup=2)
+        row["ours_ms"] = median_ms(lambda: [cuda_dequant.dequantize(w, s, b, bits=bits, group_size=g, dtype=mx.bfloat16)
+                                            for w, s, b, g in args], 10, warmup=2)
         row["mlx_gbs"], row["ours_gbs"] = nbytes / row["mlx_ms"] / 1e6, nbytes / row["ours_ms"] / 1e6
         row["copy_gbs"] = copy_gbs
         result.setdefault("dequant", []).append(row)
@@ -170,7 +166,7 @@ def section_tail(result: dict, context: int) -> None:
                     return path.forward(ids, cache, logits="last")
             finally:
                 linear_mode.dequantized_product = original
-        return warm_median_ms(once, repeats=3)
+        return median_ms(once, 3, warmup=2)
 
     for rows in (45, 1037, 1082):
         for offset in (context, 0):
@@ -180,8 +176,8 @@ def section_tail(result: dict, context: int) -> None:
                 print(f"tail forward {rows} rows at {offset}: {variant} {ms:.1f} ms", flush=True)
         q = mx.random.normal((1, 64, rows, 128), key=mx.random.key(5)).astype(mx.bfloat16)
         k = cache[0].store.keys[..., :context + rows, :]
-        ms = warm_median_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
-                              for _ in range(64)], repeats=3)
+        ms = median_ms(lambda: [mx.fast.scaled_dot_product_attention(q, k, k, scale=0.088, mask="causal")
+                                for _ in range(64)], 3, warmup=2)
         result.setdefault("tail_attention", []).append({"rows": rows, "keys": context + rows, "ms_64": ms})
         print(f"tail attention {rows} rows over {context + rows} keys x 64 layers: {ms:.1f} ms", flush=True)
     for c in cache:

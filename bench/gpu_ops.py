@@ -60,15 +60,14 @@ def kinds(capacity: int) -> dict[str, Callable[[int], Any]]:
     meta = mx.array([3], dtype=mx.int32)
     mx.eval(row, packed, dense, small, meta)
     words = mx.quantize(row, group_size=64, bits=8)[0]
-    buffers = {"packed": packed, "dense": dense}
 
     def write_packed(i: int) -> Any:
-        buffers["packed"][..., i:i + 1, :] = words
-        return buffers["packed"]
+        packed[..., i:i + 1, :] = words
+        return packed
 
     def write_dense(i: int) -> Any:
-        buffers["dense"][..., i:i + 1, :] = row
-        return buffers["dense"]
+        dense[..., i:i + 1, :] = row
+        return dense
 
     table = {
         "add": lambda i: small + 1.0,

@@ -26,7 +26,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,16 +43,22 @@ from engine import decode_kernels, qkv  # noqa: E402
 MODES = ("pipelined", "wait", "sync")
 
 
+class StepTimes(NamedTuple):
+    """Seconds per decode step of `decode_steps`' last run, and (pipelined only, else 0) the host's share."""
+
+    seconds: float
+    host: float  # building the step's graph and submitting it (`mx.async_eval`), not waiting for a token
+    python: float  # building it alone
+
+
 def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], mode: str,
-                 attempts: int = 2, kv_write: bool = False, host: list[float] | None = None) -> float:
-    """Seconds per decode step (the last of `attempts` runs of steps + 1), the cache reset to its offset
+                 attempts: int = 2, kv_write: bool = False) -> StepTimes:
+    """The times of the last of `attempts` runs of steps + 1 decode steps, the cache reset to its offset
     before each run. kernels: (quantized linears, our attention, on tensor cores where it fits);
-    `kv_write`: our in-place cache write. `host`, when given (pipelined), receives the last run's host
-    seconds per step: building the step's graph and submitting it (`mx.async_eval`), not waiting for a
-    token; then building it alone (Python)."""
+    `kv_write`: our in-place cache write."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
-    seconds = 0.0
+    times = StepTimes(0.0, 0.0, 0.0)
     with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2], kv_write=kv_write):
         for _ in range(attempts):
             for c in cache:
@@ -78,12 +84,10 @@ def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, 
                 y = nxt
             y.item()
             mx.synchronize()
-            seconds = (time.perf_counter() - start) / (steps + 1)
-            if host is not None:
-                host[:] = [building / steps, python / steps]
+            times = StepTimes((time.perf_counter() - start) / (steps + 1), building / steps, python / steps)
     for c in cache:
         c.offset = start_offset
-    return seconds
+    return times
 
 
 @contextlib.contextmanager
@@ -144,16 +148,15 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             for write in ("mlx", "ours") if ours and bits == 8 else ("mlx",):
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
                 for mode in MODES:
-                    host: list[float] = []
-                    row[f"{mode}_ms"] = decode_steps(path, cache, steps, kernels, mode, attempts=3,
-                                                     kv_write=write == "ours", host=host) * 1e3
+                    times = decode_steps(path, cache, steps, kernels, mode, attempts=3, kv_write=write == "ours")
+                    row[f"{mode}_ms"] = times.seconds * 1e3
                     if mode == "pipelined":
-                        row["pipelined_host_ms"], row["pipelined_python_ms"] = host[0] * 1e3, host[1] * 1e3
+                        row["pipelined_host_ms"], row["pipelined_python_ms"] = times.host * 1e3, times.python * 1e3
                 if write == "mlx":
                     with writes_skipped(qkv.QuantizedKVStore if bits == 8 else qkv.DenseKVStore):
                         for mode in MODES[:2]:
                             row[f"{mode}_no_write_ms"] = decode_steps(path, cache, steps, kernels, mode,
-                                                                      attempts=3) * 1e3
+                                                                      attempts=3).seconds * 1e3
                 rows.append(row)
                 print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)

@@ -66,6 +66,15 @@ def archive_root() -> Path:
     return codectx_home() / "archive"
 
 
+def _prepared(boundary: Boundary, kv: Arrays, recurrent: Arrays) -> list[archive_format.Entry] | None:
+    """The checkpoint's arrays made ready for its file, or None (one warning) when one cannot be archived."""
+    try:
+        return archive_format.prepare({**kv, **recurrent})
+    except ValueError as err:  # an array safetensors cannot name: this checkpoint stays in memory only
+        log.warning("not archiving the checkpoint %s at %d: %s", boundary.key, boundary.end, err)
+        return None
+
+
 class CheckpointArchive:
     """Archived checkpoints of one policy.
 
@@ -166,10 +175,8 @@ class CheckpointArchive:
         """Queue a checkpoint for writing (call on the MLX thread: its arrays are made ready here)."""
         if self.off_reason is not None:
             return
-        try:
-            entries = archive_format.prepare({**kv, **recurrent})
-        except ValueError as err:  # an array safetensors cannot name: this checkpoint stays in memory only
-            log.warning("not archiving the checkpoint at %d: %s", boundary.end, err)
+        entries = _prepared(boundary, kv, recurrent)
+        if entries is None:
             return
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="codectx-archive", daemon=True)
@@ -211,9 +218,11 @@ class CheckpointArchive:
         the size cap; on the MLX thread.
 
         Returns:
-            The entry, or None when the archive is off (or turned off by this write).
+            The entry, or None when the archive is off (or turned off by this write) or an array has
+            a dtype safetensors cannot name (logged; the checkpoint stays in memory only).
         """
-        return self._put(boundary, archive_format.prepare({**kv, **recurrent}))
+        entries = _prepared(boundary, kv, recurrent)
+        return None if entries is None else self._put(boundary, entries)
 
     def _put(self, boundary: Boundary, entries: list[archive_format.Entry],
              between: Callable[[], None] | None = None) -> ArchiveEntry | None:

@@ -24,13 +24,13 @@ from typing import Any, BinaryIO, Callable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-# safetensors' dtype names, and an unsigned type of the same width to read the bytes through
-_DTYPES: dict[Any, tuple[str, Any]] = {
-    mx.bool_: ("BOOL", mx.uint8), mx.uint8: ("U8", mx.uint8), mx.int8: ("I8", mx.uint8),
-    mx.uint16: ("U16", mx.uint16), mx.int16: ("I16", mx.uint16), mx.float16: ("F16", mx.uint16),
-    mx.bfloat16: ("BF16", mx.uint16), mx.uint32: ("U32", mx.uint32), mx.int32: ("I32", mx.uint32),
-    mx.float32: ("F32", mx.uint32), mx.uint64: ("U64", mx.uint64), mx.int64: ("I64", mx.uint64),
+# safetensors' dtype names
+_DTYPES: dict[Any, str] = {
+    mx.bool_: "BOOL", mx.uint8: "U8", mx.int8: "I8", mx.uint16: "U16", mx.int16: "I16", mx.float16: "F16",
+    mx.bfloat16: "BF16", mx.uint32: "U32", mx.int32: "I32", mx.float32: "F32", mx.uint64: "U64", mx.int64: "I64",
 }
+# the unsigned type of each width (bytes) to read an array's bytes through
+_UNSIGNED = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ def prepare(arrays: Mapping[str, mx.array]) -> list[Entry]:
     for name, a in arrays.items():
         if a.dtype not in _DTYPES:
             raise ValueError(f"cannot archive {name}: dtype {a.dtype}")
-        kind, unsigned = _DTYPES[a.dtype]
-        entries.append(Entry(name, kind, mx.contiguous(a).view(unsigned)))
+        entries.append(Entry(name, _DTYPES[a.dtype], mx.contiguous(a).view(_UNSIGNED[a.dtype.size])))
     mx.eval([e.words for e in entries])
     return entries
 

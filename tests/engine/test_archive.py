@@ -216,6 +216,22 @@ def test_folder_lost_while_writing_turns_the_archive_off_once(tmp_path, caplog):
     assert len(_off_warnings(caplog)) == 1
 
 
+def test_a_checkpoint_with_an_array_safetensors_cannot_name_is_skipped_with_one_warning(tmp_path, caplog):
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    first, second = _bound(5)
+    kv, rec = _arrays(1)
+    unnamed = {**kv, "1.kv.2": mx.zeros((2,), dtype=mx.complex64)}
+    assert archive.put(first, unnamed, rec) is None
+    archive.submit(second, unnamed, rec)
+    archive.flush()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "engine.archive"]
+    assert len(warnings) == 2 and all("complex64" in m for m in warnings)
+    assert first.key in warnings[0] and second.key in warnings[1]
+    assert len(archive) == 0 and not list((tmp_path / "pol").glob("*.safetensors"))
+    assert archive.state == "on" and archive.put(first, kv, rec) is not None  # the next checkpoint is archived
+    archive.close()
+
+
 def test_engine_with_an_unwritable_archive_answers_like_a_cold_engine(home, tiny_loaded, layout,
                                                                        caplog):
     (home / "archive").write_text("not a folder")
