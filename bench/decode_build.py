@@ -18,7 +18,10 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
 
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
 - ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
-  where it measured it faster at load; whether MLX traces our CUDA kernels is not known here).
+  where it measured it faster at load; whether MLX traces our CUDA kernels is not known here);
+- ``ours+traced-step`` (8-bit caches only): the whole step replayed from one trace (`engine.compiled`,
+  the engine's ``step_traced``, likewise taken where measured faster at load): building it is
+  replaying the trace (MLX makes the step's arrays from it, in C++) plus the Python around it.
 
     python bench/decode_build.py --out /tmp/decode_build.json
 """
@@ -39,7 +42,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench._common import machine, markdown_table, save_json  # noqa: E402
 
-VARIANTS = ("mlx", "ours", "ours+compiled-mlp")
+VARIANTS = ("mlx", "ours", "ours+compiled-mlp", "ours+traced-step")
 
 
 @contextlib.contextmanager
@@ -71,7 +74,7 @@ def emulated_cuda() -> Iterator[None]:
 
 
 def model_and_cache(bits: int, context: int) -> tuple[Any, list]:
-    from bench.gpu_step import filled_cache
+    from engine.step_measure import filled_cache
     from bench.prefill import SHAPES, Shape, build_model
     from engine.window import WindowPolicy
 
@@ -88,18 +91,23 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
 
     ours = variant != "mlx"
     kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
-                            mlp_compiled=variant == "ours+compiled-mlp", source="setting")
+                            mlp_compiled=variant == "ours+compiled-mlp", step_traced=variant == "ours+traced-step",
+                            source="setting")
     path = ComputePath(model, kernels=kernels)
-    start, token, times = cache[0].offset, mx.array([[7]], dtype=mx.uint32), []
+    start, token, built = cache[0].offset, mx.array([[7]], dtype=mx.uint32), []
     for i in range(steps + 3):
         for c in cache:
             c.offset = start
         began = time.perf_counter()
         step = mx.argmax(path.forward(token, cache, logits="last")[:, -1, :], axis=-1)
         if i >= 3:
-            times.append((time.perf_counter() - began) * 1e3)
-        mx.eval(step, [c.state for c in cache])  # untimed: the next step builds on evaluated arrays
-    return times
+            built.append((time.perf_counter() - began) * 1e3)
+        # untimed: the next step builds on evaluated arrays (the buffers, not `state`: its views would keep
+        # the next write from going in place, as a checkpoint does)
+        mx.eval(step, [c.store.buffers() for c in cache])
+    if variant == "ours+traced-step" and (path.decode_step.traces, path.decode_step.fallbacks) != (1, 0):
+        raise RuntimeError(f"the traced step was not replayed: {path.decode_step.__dict__}")
+    return built
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -113,10 +121,10 @@ def main(argv: list[str] | None = None) -> dict:
     with mx.stream(mx.cpu), emulated_cuda():
         for bits in (int(b) for b in a.bits.split(",")):
             model, cache = model_and_cache(bits, a.context)
-            for variant in VARIANTS:
-                times = build_ms(model, cache, variant, bits, a.steps)
-                result["rows"].append({"bits": bits, "variant": variant,
-                                       "median_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3)})
+            for variant in VARIANTS if bits == 8 else VARIANTS[:-1]:  # the traced step takes 8-bit caches
+                built = build_ms(model, cache, variant, bits, a.steps)
+                result["rows"].append({"bits": bits, "variant": variant, "median_ms": round(statistics.median(built), 3),
+                                       "min_ms": round(min(built), 3)})
     base = {r["bits"]: r["median_ms"] for r in result["rows"] if r["variant"] == "mlx"}
     print(markdown_table(["KV bits", "variant", "build ms (median)", "min", "vs mlx"],
                          [[r["bits"], r["variant"], r["median_ms"], r["min_ms"], f"{r['median_ms'] / base[r['bits']]:.2f}x"]

@@ -177,7 +177,8 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     the path an engine of `config` chose), in this process after its asks: what the engine adds to a step.
     The cache is a window cache (disabled for the dense configurations, whose engine uses mlx-lm's caches:
     decode attends densely either way)."""
-    from bench.gpu_step import decode_steps, filled_cache
+    from bench.gpu_step import decode_steps
+    from engine.step_measure import filled_cache
 
     path = choose(run.model, run.options(config))  # as the engine chooses it
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)

@@ -42,7 +42,8 @@ import mlx.nn as nn  # noqa: E402
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err, section_decode  # noqa: E402
-from bench.gpu_step import decode_steps, filled_cache, step_model  # noqa: E402
+from bench.gpu_step import decode_steps, step_model  # noqa: E402
+from engine.step_measure import filled_cache  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
 
 

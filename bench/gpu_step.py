@@ -39,6 +39,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench._common import save_json  # noqa: E402
 from engine import decode_kernels, qkv  # noqa: E402
+from engine.step_measure import filled_cache  # noqa: E402
 
 MODES = ("pipelined", "wait", "sync")
 
@@ -105,20 +106,6 @@ def writes_skipped(store_class: type) -> Iterator[None]:
         yield
     finally:
         store_class.write = write
-
-
-def filled_cache(model: Any, policy: Any, bits: int, context: int) -> list:
-    """The model's windowed cache (`bits` 16 or 8) holding `context` random positions."""
-    from engine.window import make_window_cache
-
-    cache = make_window_cache(model, policy, kv_bits=bits)
-    kv_heads, head_dim = model.args.num_key_value_heads, model.args.head_dim
-    for i, c in enumerate(cache):
-        k = mx.random.normal((1, kv_heads, context, head_dim), key=mx.random.key(10 + i)).astype(mx.bfloat16)
-        c.store.write(0, k, k)
-        c.offset = context
-        mx.eval(c.state)
-    return cache
 
 
 def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:

@@ -8,56 +8,39 @@ engine, when its path compiles.
 mlx-lm caches are Python objects whose ``offset`` is an int and whose
 ``update_and_fetch`` returns a slice that grows by one each step, so compiling
 ``model(token, cache)`` directly would retrace every step. Here the step is
-traced with stand-in caches that hold the *whole* preallocated key/value
-buffers of each `KVCache` and an ``offset`` that is an array: the new key and
-value are written with a dynamic ``slice_update`` and attention covers the
-buffer with a mask ``position <= offset``. Shapes then change only when the
-buffers grow (every 256 tokens, as `KVCache` allocates them), so the step is
-traced once per 256 tokens of context and replayed in between.
+traced with stand-in caches (`engine.trace_caches`) that hold the *whole*
+preallocated buffers of each layer and an ``offset`` that is an array: the new
+keys and values are written at that position inside the trace and attention
+covers the buffer with a mask ``position <= offset`` (or, on our CUDA kernels,
+takes the key count as an array). Shapes then change only when the buffers grow
+(every 256 tokens, as the caches allocate them), so the step is traced once per
+256 tokens of context and replayed in between.
 
-The model code is unchanged (any mlx-lm model whose layers only use
-``offset``, ``update_and_fetch`` and ``make_mask`` of their cache, like llama);
-caches of any other kind (quantized, windowed, recurrent) fall back to the
+The model code is unchanged (any mlx-lm model whose layers only use ``offset``,
+``update_and_fetch`` and ``make_mask`` of their cache, like llama). It applies to
+mlx-lm's `KVCache` and to the engine's window caches (`engine.window`: full
+precision or 8-bit) at positions the window policy attends densely (decode);
+anything else (a windowed position, a sliding or recurrent layer) takes the
 plain call. The ``compute.compile`` setting decides whether `engine.compute`
-builds the step at all; a first compiled step that fails (MLX's CPU backend
-builds fused kernels with the system C++ compiler) turns it off, logged once.
-After the step the real caches hold exactly what the plain call would have
-left: the same buffers with one more row and ``offset + 1``. The trace runs
-the model's own arithmetic (`engine.cpu_attention.numpy_attention(False)`:
-NumPy cannot run inside a trace).
+builds the step at all; with our CUDA decode kernels the path builds it only where
+`engine.decode_choice` measured it faster (``step_traced``: 8-bit caches, one
+token). A first compiled step that fails (MLX's CPU backend builds fused kernels
+with the system C++ compiler) turns it off, logged once. After the step the real
+caches hold exactly what the plain call would have left: the same buffers with
+the rows written and ``offset + n``. The trace runs the model's own arithmetic
+(`engine.cpu_attention.numpy_attention(False)`: NumPy cannot run inside a trace).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
-from engine import cpu_attention
+from engine import cpu_attention, trace_caches
 
 logger = logging.getLogger(__name__)
-
-_GROWTH = KVCache.step
-
-
-class _BufferCache:
-    """Stand-in cache used while tracing: full buffers, array offset."""
-
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
-        self.keys, self.values, self.offset = keys, values, offset
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
-        self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
-        return self.keys, self.values
-
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        if window_size is not None:
-            raise ValueError("the compiled step attends with full (causal) attention")
-        # Query i sits at position offset + i and sees every key up to it.
-        return mx.arange(self.keys.shape[2])[None] <= (self.offset + mx.arange(n))[:, None]
-
 
 VERIFY_MAX_TOKENS = 16
 """Longest input the verify step compiles (the last token plus 15 drafts)."""
@@ -72,14 +55,23 @@ class CompiledDecodeStep:
             Each length is traced once per buffer capacity.
         fallback: The plain call for inputs the step does not take,
             ``fallback(tokens, cache) -> logits``; ``model(tokens, cache=cache)`` when None.
+        scope: The context the model runs in while traced, given the token count (the compute path's
+            switches: they hold while the trace is made, and the trace replays what ran).
+        ours: The trace holds our CUDA kernels' in-place write and attention (`engine.trace_caches`):
+            one token into 8-bit window caches only.
     """
 
     def __init__(self, model: Any, max_tokens: int = 1,
-                 fallback: Callable[[mx.array, Sequence[Any]], mx.array] | None = None) -> None:
+                 fallback: Callable[[mx.array, Sequence[Any]], mx.array] | None = None,
+                 scope: Callable[[int], contextlib.AbstractContextManager[None]] | None = None,
+                 ours: bool = False) -> None:
         self.model = model
         self.max_tokens = max_tokens
+        self.ours = ours
         self._compiled = mx.compile(self._trace)
         self._fallback = fallback or (lambda tokens, cache: model(tokens, cache=cache))
+        self._scope = scope or (lambda n: contextlib.nullcontext())
+        self._quantization = (0, 0)
         self.enabled = True
         self.fallbacks = 0
         self.traces = 0
@@ -87,56 +79,49 @@ class CompiledDecodeStep:
 
     def __call__(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Logits of shape (1, n, vocab) for ``tokens`` of shape (1, n); updates ``cache``."""
-        if not (self.enabled and self.applies(tokens, cache, self.max_tokens)):
+        buffers = self._buffers(tokens, cache)
+        if buffers is None:
             self.fallbacks += 1
             return self._fallback(tokens, cache)
         n = tokens.shape[1]
-        for c in cache:
-            _ensure_room(c, n)
+        self._quantization = max(trace_caches.quantization_of(c) for c in cache)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
         try:
-            logits, keys, values = self._compiled(tokens, offset, [c.keys for c in cache],
-                                                  [c.values for c in cache])
+            logits, written = self._compiled(tokens, offset, buffers)
             if not self._probed:
-                mx.eval(logits, keys, values)
+                mx.eval(logits, written)
                 self._probed = True
         except Exception as err:  # no usable compiler: decode uncompiled from now on
             logger.warning("compiled decode step unavailable, decoding uncompiled: %s", err)
             self.enabled = False
             self.fallbacks += 1
             return self._fallback(tokens, cache)
-        for c, k, v in zip(cache, keys, values):
+        for c, b in zip(cache, written):
             # The old buffers are referenced by the graph only: slice_update reuses them.
-            c.keys, c.values = k, v
-            c.offset += n
+            trace_caches.put_back(c, b, n)
         return logits
 
-    @staticmethod
-    def applies(tokens: mx.array, cache: Sequence[Any], max_tokens: int = 1) -> bool:
-        """True for 1 .. max_tokens tokens, plain `KVCache` layers only, all at one offset."""
-        return (tokens.ndim == 2 and tokens.shape[0] == 1 and 1 <= tokens.shape[1] <= max_tokens
-                and len(cache) > 0
-                and all(type(c) is KVCache and c.keys is not None for c in cache)
+    def applies(self, tokens: mx.array, cache: Sequence[Any]) -> bool:
+        """True for 1 .. max_tokens tokens, all layers at one offset, each a cache the step takes there
+        (`engine.trace_caches.layer_buffers`)."""
+        n = tokens.shape[1] if tokens.ndim == 2 else 0
+        return (self.enabled and tokens.shape[0] == 1 and 1 <= n <= self.max_tokens and len(cache) > 0
+                and all(trace_caches.layer_buffers(c, n, self.ours) is not None for c in cache)
                 and len({c.offset for c in cache}) == 1)
 
-    def _trace(self, tokens: mx.array, offset: mx.array, keys: list[mx.array],
-               values: list[mx.array]) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+    def _buffers(self, tokens: mx.array, cache: Sequence[Any]) -> list[trace_caches.Buffers] | None:
+        """Each layer's buffers, with room for the tokens; None: the plain call."""
+        if not self.applies(tokens, cache):
+            return None
+        n = tokens.shape[1]
+        for c in cache:
+            trace_caches.make_room(c, n)
+        return [trace_caches.layer_buffers(c, n, self.ours) for c in cache]
+
+    def _trace(self, tokens: mx.array, offset: mx.array,
+               buffers: list[trace_caches.Buffers]) -> tuple[mx.array, list[trace_caches.Buffers]]:
         self.traces += 1
-        stand_ins = [_BufferCache(k, v, offset) for k, v in zip(keys, values)]
-        with cpu_attention.numpy_attention(False):  # NumPy cannot run inside a trace
+        stand_ins = [trace_caches.stand_in(b, offset, self.ours, self._quantization) for b in buffers]
+        with cpu_attention.numpy_attention(False), self._scope(tokens.shape[1]):  # NumPy cannot run in a trace
             logits = self.model(tokens, cache=stand_ins)
-        return logits, [c.keys for c in stand_ins], [c.values for c in stand_ins]
-
-
-def _ensure_room(cache: KVCache, n: int = 1) -> None:
-    """Grow the buffers (as `KVCache` would) so that `n` more rows fit."""
-    capacity = cache.keys.shape[2]
-    if cache.offset + n <= capacity:
-        return
-    extra = _GROWTH * ((n + _GROWTH - 1) // _GROWTH)
-
-    def grown(buffer: mx.array) -> mx.array:
-        pad = mx.zeros((*buffer.shape[:2], extra, buffer.shape[3]), dtype=buffer.dtype)
-        return mx.concatenate([buffer[..., : cache.offset, :], pad], axis=2)
-
-    cache.keys, cache.values = grown(cache.keys), grown(cache.values)
+        return logits, [c.buffers() for c in stand_ins]

@@ -25,13 +25,14 @@ never restored under another.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, compiled_mlp, cpu_attention, cpu_forward, decode_choice, linear_mode
+from engine import blas, cpu_attention, cpu_forward, decode_choice, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
@@ -64,16 +65,17 @@ class ComputePath:
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
         self.kernels = kernels or DecodeKernels()
-        if self.kernels.qmv:
-            linear_mode.wire(model)  # the linears' class that can call our kernel
-        if self.kernels.mlp_compiled:
-            compiled_mlp.wire(model)  # the MLPs' class that can replay its trace
+        self.kernels.wire(model)  # the classes our kernels are called through
         self.numpy_forward = numpy_forward
         self.compiled = compiled
         self.blas = blas.in_use()
         self.notes = tuple(notes)
-        self._decode = CompiledDecodeStep(model, 1, fallback=self.call) if compiled else None
-        self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call) if compiled else None
+        # With our kernels, decode is traced only where it was measured faster (their 8-bit step), verify never.
+        traced = self.kernels.step_traced if self.kernels.any else compiled
+        self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
+                                          ours=self.kernels.any) if traced else None
+        self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call) \
+            if compiled and not self.kernels.any else None
 
     @property
     def kind(self) -> str:
@@ -103,6 +105,13 @@ class ComputePath:
             with cpu_attention.numpy_attention():
                 return self.model(tokens, cache=cache)
 
+    def _traced_scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """The switches a traced step runs under (the trace holds what they chose; no trace inside it)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.linear.scope(rows))
+        stack.enter_context(self.kernels.scope(rows, traced=True))
+        return stack
+
     def forward(self, tokens: mx.array, cache: Sequence[Any], logits: str = "all") -> mx.array | None:
         """One forward: ids (1, n) -> logits (1, n, vocab), filling `cache`.
 
@@ -113,14 +122,14 @@ class ComputePath:
         """
         if self.numpy_forward is not None and cpu_forward.applies(tokens, cache):
             return self.numpy_forward(tokens, cache, logits)
-        if self._decode is not None and tokens.shape == (1, 1) and not self.kernels.any:
-            return self._decode(tokens, cache)  # (traced with MLX's kernels: not where ours run)
+        if self._decode is not None and tokens.shape == (1, 1):
+            return self._decode(tokens, cache)
         out = self.call(tokens, cache)
         return out[:, -1:, :] if logits == "last" else out
 
     def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Speculative verification: the last token and the drafts in one forward (all logits)."""
-        if tokens.shape[1] == 1 or self._verify is None or self.kernels.any:
+        if tokens.shape[1] == 1 or self._verify is None:
             return self.forward(tokens, cache)
         return self._verify(tokens, cache)
 

@@ -251,16 +251,20 @@ def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int, ker
     return None
 
 
-def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scale: float,
+def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                      group_size: int, kernel: str = "cores", after: mx.array | None = None) -> mx.array:
     """Softmax attention of one query per head over the first `n` 8-bit keys and values.
+
+    The keys are split over the buffers' capacity, not over `n` (splits past `n` are empty and
+    weigh nothing in the merge), so a step's launch does not change with `n`: a traced step
+    (`engine.compiled`) passes `n` as an array and replays one launch until the buffers grow.
 
     Args:
         queries: (1, H, 1, D).
         keys, values: (packed uint32, scales, biases), each (1, H_kv, capacity >= n, ...)
             as `engine.qkv.QuantizedKVStore` holds them (not sliced: the kernel reads rows
             [0, n) through the arrays' strides).
-        n: Keys to attend over.
+        n: Keys to attend over: an int, or an int32 array of one element.
         scale: Multiplies the scores.
         kernel: "cores" (this module's) or "mma" (`engine.cuda_attention_mma`, tensor cores);
             `shape_problem` says which takes the shape, `engine.decode_choice` measures both.
@@ -273,16 +277,17 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int, scal
     _, H, _, D = queries.shape
     kv_heads = keys[0].shape[1]
     G = H // kv_heads
-    if n < 1:
+    if isinstance(n, int) and n < 1:
         raise ValueError("decode attention needs at least one key")
     if kernel == "mma":
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, after)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype, (1, H, 1, D))
     partial, merge = _kernels()
-    cs = split_size(n, kv_heads)
-    splits = -(-n // cs)
+    capacity = keys[0].shape[2]
+    cs = split_size(capacity, kv_heads)
+    splits = -(-capacity // cs)
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
-    meta = cuda_backend.int32s(n, cs)
+    meta = cuda_backend.count_and_split(n, cs)
     part_out, part_ml = partial(
         inputs=[q, *keys, *values, meta, meta if after is None else after],
         template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],

@@ -69,7 +69,8 @@ def _hash_kernel_modules() -> str:
     here = Path(__file__).parent
     digest = hashlib.sha1()
     try:
-        names = ("decode_kernels", "decode_choice", "decode_measure", "compiled_mlp")
+        names = ("decode_kernels", "decode_choice", "decode_measure", "compiled_mlp", "compiled", "trace_caches",
+                 "step_measure")
         for path in [*sorted(here.glob("cuda_*.py")), *(here / f"{name}.py" for name in names)]:
             digest.update(path.read_bytes())
     except OSError:  # no sources to hash (an install without them): nothing cached can be trusted
@@ -109,6 +110,14 @@ def int32s(*values: int) -> mx.array:
     made once for the layers of a step or forward that share them, not once per layer (each array from
     the host is an operation of its own: docs/benchmarks.md, *GPU engine*, seventh session, run n)."""
     return mx.array(values, dtype=mx.int32)
+
+
+def count_and_split(n: int | mx.array, split: int) -> mx.array:
+    """A key count and keys per split as our attention kernels read them (int32, two elements); `n` may be
+    an int32 array of one element (a traced step's count, `engine.compiled`)."""
+    if isinstance(n, mx.array):
+        return mx.concatenate([n.reshape(1).astype(mx.int32), mx.array([split], dtype=mx.int32)])
+    return int32s(n, split)
 
 
 def split_size(n: int, parts: int, target: int, least: int, multiple: int) -> int:

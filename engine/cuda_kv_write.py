@@ -121,12 +121,23 @@ def shape_problem(keys: mx.array, bits: int, group_size: int = 64) -> str | None
 
 
 def write_q8(kbufs: tuple[mx.array, ...], vbufs: tuple[mx.array, ...], keys: mx.array, values: mx.array,
-             start: int, group_size: int) -> mx.array:
-    """Quantize one row of keys/values (1, H, 1, D) to 8 bits and write it at `start` into an 8-bit
-    store's (packed, scales, biases) buffers, in place. Returns what readers must depend on."""
+             start: int | mx.array, group_size: int) -> mx.array:
+    """Quantize one row of keys/values (1, H, 1, D) to 8 bits and write it at `start` (an int, or an int32
+    array of one element: a traced step's position, `engine.compiled`) into an 8-bit store's
+    (packed, scales, biases) buffers, in place. Returns what readers must depend on."""
     H, D = keys.shape[1], keys.shape[3]
     threads = 2 * H * 32
-    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, cuda_backend.int32s(start)],
+    row = start.reshape(1).astype(mx.int32) if isinstance(start, mx.array) else cuda_backend.int32s(start)
+    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, row],
                         template=[("T", kbufs[1].dtype), ("D", D), ("GS", group_size)],
                         grid=(-(-threads // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
                         output_shapes=[(1,)], output_dtypes=[mx.int32])[0]
+
+
+def write_q8_ordered(kbufs: tuple[mx.array, ...], vbufs: tuple[mx.array, ...], keys: mx.array, values: mx.array,
+                     start: int | mx.array, group_size: int) -> tuple[tuple, tuple, mx.array]:
+    """`write_q8`, and the buffers as arrays that depend on it (whatever reads them through these is
+    ordered after the write): (keys' buffers, values' buffers, the write's output)."""
+    done = write_q8(kbufs, vbufs, keys, values, start, group_size)
+    arrays = mx.depends([*kbufs, *vbufs], [done])
+    return tuple(arrays[:3]), tuple(arrays[3:]), done

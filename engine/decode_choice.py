@@ -23,7 +23,10 @@ the same thing:
   only where one of our attention kernels runs (the one reader it orders after itself);
 - decode's MLPs replayed from a trace (``mlp_compiled``, `engine.compiled_mlp`): the first block's MLP
   on one row with our linears, `REPEAT` calls per evaluation, traced against its own call (checked
-  against it like the kernels); only together with our linears (what the trace holds).
+  against it like the kernels); only together with our linears (what the trace holds);
+- the whole one-token step over 8-bit caches replayed from its trace (``step_traced``, `engine.compiled`),
+  measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued
+  steps over a short 8-bit cache, traced against plain, checked first; only with the in-place write.
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `decode_measure.MAX_ERROR` (MLX's own 4-bit product
@@ -41,17 +44,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from engine import cuda_qmv, decode_kernels
+from engine import compiled_mlp, cuda_qmv, decode_kernels, linear_mode
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
                                    attention_shape, faster_attention)
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
+from engine.step_measure import STEPS, TRACE_KEYS, time_traced_step
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced")
 MARGIN = 0.05
 
 
@@ -71,6 +75,9 @@ class DecodeKernels:
         kv_write: `engine.cuda_kv_write` for a one-token forward's 8-bit cache writes (only with our
             attention: the one reader it orders after itself).
         mlp_compiled: `engine.compiled_mlp` for a one-token forward's MLPs (only with `qmv`).
+        step_traced: a one-token forward over 8-bit caches replayed whole from its trace (`engine.compiled`,
+            our kernels in it; only with `kv_write`, whose in-place write and our attention take the
+            position and key count as arrays).
     """
 
     qmv: bool = False
@@ -82,6 +89,7 @@ class DecodeKernels:
     attention_chunk: bool = False
     kv_write: bool = False
     mlp_compiled: bool = False
+    step_traced: bool = False
 
     @property
     def any(self) -> bool:
@@ -93,15 +101,24 @@ class DecodeKernels:
         on = [name for name in KERNEL_NAMES if getattr(self, name)]
         return f"kernels={'+'.join(on)}" if on else ""
 
-    def scope(self, rows: int) -> contextlib.AbstractContextManager[None]:
-        """The context a forward over `rows` rows runs in."""
+    def scope(self, rows: int, traced: bool = False) -> contextlib.AbstractContextManager[None]:
+        """The context a forward over `rows` rows runs in; `traced`: inside a traced step (`engine.compiled`),
+        which holds the MLPs itself."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
         attention = (self.attention or self.attention_mma) and rows == 1
         chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
-        mlp = self.mlp_compiled and qmv and rows == 1  # the trace holds our linears: never without them
+        mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp) \
             if qmv or attention or chunk or mlp else contextlib.nullcontext()
+
+    def wire(self, model: Any) -> None:
+        """Give the model's layers the classes the chosen kernels are called through (our linears, the MLPs
+        that replay a trace); the compute path does it once when built."""
+        if self.qmv:
+            linear_mode.wire(model)
+        if self.mlp_compiled:
+            compiled_mlp.wire(model)
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
@@ -133,17 +150,19 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
+                             step_traced=ours,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": REPEAT,
                               "attention": attention_shape(model), "chunk": [CHUNK_ROWS, CHUNK_CALLS],
+                              "step": [TRACE_KEYS, STEPS],
                               "code": code_version()})
     timings, source = cache.get(key, parse=str), "cached"
     if timings is None:
         try:
-            timings, source = (measure or measure_kernels)(model), "measured"
+            timings, source = (measure or measure_all)(model), "measured"
         except Exception as err:  # noqa: BLE001 - the kernels are an optimization: keep MLX's
             logger.warning("decode kernels: measuring failed (%s); using MLX's", err)
             return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",))
@@ -151,6 +170,14 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     chosen, notes = choose_kernels(timings)
     logger.info("decode kernels: %s (%s)", chosen, source)
     return DecodeKernels(source=source, timings=dict(timings), notes=notes, **chosen)
+
+
+def measure_all(model: Any) -> Timings:
+    """Each kernel timed (`engine.decode_measure.measure`), then the step traced with those that would run
+    (`engine.step_measure.time_traced_step`)."""
+    timings = measure_kernels(model)
+    chosen, _ = choose_kernels(timings)
+    return {**timings, **time_traced_step(model, DecodeKernels(source="measured", **chosen))}
 
 
 def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str, bool], tuple[str, ...]]:
@@ -169,6 +196,9 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
     if chosen["mlp_compiled"] and not chosen["qmv"]:
         chosen["mlp_compiled"] = False
         notes.append("kernels: mlp_compiled needs qmv")
+    if chosen["step_traced"] and not chosen["kv_write"]:
+        chosen["step_traced"] = False
+        notes.append("kernels: step_traced needs kv_write")
     return chosen, tuple(notes)
 
 

@@ -72,7 +72,7 @@ def measure(model: Any) -> Timings:
     return timings
 
 
-def _check(name: str, ours: mx.array, ref: mx.array) -> None:
+def check_close(name: str, ours: mx.array, ref: mx.array) -> None:
     ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
     err = float(mx.linalg.norm((ours - ref).flatten()) / mx.maximum(mx.linalg.norm(ref.flatten()), 1e-30))
     if not err < MAX_ERROR:
@@ -84,7 +84,7 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[f
           for i, m in enumerate(linears)]
     for m, x in zip(linears, xs):
         weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
-        _check("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+        check_close("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
     pairs = list(zip(linears, xs)) * REPEAT
     return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
             best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
@@ -107,7 +107,7 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
     traced = mx.compile(lambda v: mlp(v))
     try:
         with decode_kernels.scope(qmv=True, attention=False):
-            _check("mlp_compiled", traced(x), mlp(x))
+            check_close("mlp_compiled", traced(x), mlp(x))
             return {"mlp_compiled": (best_seconds(lambda: [mlp(x) for _ in range(REPEAT)]),
                                      best_seconds(lambda: [traced(x) for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
@@ -137,13 +137,13 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel
         return lambda: [once(kernel) for _ in range(REPEAT)]
 
     if "cores" in kernels:
-        _check("attention", once("cores"), reference)
+        check_close("attention", once("cores"), reference)
     mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64)
                                         for _ in range(REPEAT)])
     timings = {"attention": (mlx_seconds, best_seconds(ours("cores")))} if "cores" in kernels else {}
     if "mma" in kernels:
         try:  # the newer kernel: left out, not fatal, where it fails its check (or to compile)
-            _check("attention_mma", once("mma"), reference)
+            check_close("attention_mma", once("mma"), reference)
             timings["attention_mma"] = (mlx_seconds, best_seconds(ours("mma")))
         except Exception as err:  # noqa: BLE001
             logger.warning("decode kernels: %s; not using it", err)
@@ -176,7 +176,7 @@ def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) 
         return [chunk.chunk_attention(queries, kv[0], kv[1], n, scale) for _ in range(CHUNK_CALLS)]
 
     try:
-        _check("attention_chunk", chunk.chunk_attention(queries, kv[0], kv[1], ATTENTION_KEYS, scale),
+        check_close("attention_chunk", chunk.chunk_attention(queries, kv[0], kv[1], ATTENTION_KEYS, scale),
                chunk.reference(queries, kv[0], kv[1], ATTENTION_KEYS, scale))
         return {"attention_chunk": (best_seconds(mlx) / CHUNK_CALLS, best_seconds(ours) / CHUNK_CALLS)}
     except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
@@ -260,7 +260,7 @@ def check_kv_write(query: mx.array, kv_heads: int, fill: mx.array, value: mx.arr
     mx.eval(ours)  # one evaluation holding the write and the attention: only `after` orders them
     for written, row in zip(store.read(at, at + 1), (key, value)):
         check_quantized_row(written, row, store.group_size)
-    _check("kv_write", ours, cuda_attention.reference(query.astype(mx.float32), store.keys, store.values, at + 1,
+    check_close("kv_write", ours, cuda_attention.reference(query.astype(mx.float32), store.keys, store.values, at + 1,
                                                        query.shape[-1] ** -0.5, store.group_size))
 
 

@@ -129,6 +129,20 @@ class DenseKVStore:
         self.keys, self.values = arrays
         return self.keys.shape[2]
 
+    def reserve(self, end: int) -> None:
+        """Room for positions up to `end` (the buffers grow as a write would grow them); needs buffers."""
+        if end > self.keys.shape[2]:
+            cap = _capacity(end)
+            self.keys, self.values = (_grow(a, a.shape[2], cap, a) for a in (self.keys, self.values))
+
+    def buffers(self) -> tuple[mx.array, mx.array]:
+        """The whole key and value buffers (a traced step's inputs, `engine.compiled`)."""
+        return self.keys, self.values
+
+    def replace(self, keys: mx.array, values: mx.array) -> None:
+        """Take the buffers a traced step returned (`buffers()` with its rows written)."""
+        self.keys, self.values = keys, values
+
     @property
     def nbytes(self) -> int:
         if self.keys is None:
@@ -191,10 +205,8 @@ class QuantizedKVStore:
         so a decode row may be written by `engine.cuda_kv_write` where that applies (`_in_place`)."""
         end = start + keys.shape[2]
         if in_place and self._in_place(keys, values, end):
-            done = cuda_kv_write.write_q8(self.keys, self.values, keys, values, start, self.group_size)
-            arrays = mx.depends([*self.keys, *self.values], [done])
-            self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
-            self._written = done
+            self.keys, self.values, self._written = cuda_kv_write.write_q8_ordered(
+                self.keys, self.values, keys, values, start, self.group_size)
             return
         self._written = None
         qk, qv = self._quantize(keys), self._quantize(values)
@@ -217,9 +229,9 @@ class QuantizedKVStore:
         return cut(self.keys), cut(self.values)
 
     def rows(self, end: int) -> tuple[Q8Rows, Q8Rows]:
-        """The 8-bit buffers unsliced, marked as holding `end` rows (for `engine.cuda_attention`), with
-        the last in-place write's output when the last write was one (the kernel must run after it)."""
-        return Q8Rows(self.keys, end, self._written), Q8Rows(self.values, end, self._written)
+        """The 8-bit buffers unsliced, marked as holding `end` rows (for `engine.cuda_attention`), the keys'
+        with the last in-place write's output when the last write was one (the kernel must run after it)."""
+        return Q8Rows(self.keys, end, self._written), Q8Rows(self.values, end)
 
     def state(self, end: int) -> tuple[mx.array, ...]:
         if self.keys is None:
@@ -234,6 +246,28 @@ class QuantizedKVStore:
             return 0
         self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
         return self.keys[0].shape[2]
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether the buffers are the store's alone (a row may be written into them in place)."""
+        return self._exclusive
+
+    def reserve(self, end: int) -> None:
+        """Room for positions up to `end` (the buffers grow as a write would grow them); needs buffers."""
+        if end > self.keys[0].shape[2]:
+            cap = _capacity(end)
+            self.keys, self.values = (tuple(_grow(a, a.shape[2], cap, a) for a in q) for q in (self.keys, self.values))
+            self._exclusive, self._written = True, None
+
+    def buffers(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """The whole (packed, scales, biases) buffers of keys and values (a traced step's inputs)."""
+        return self.keys, self.values
+
+    def replace(self, keys: tuple[mx.array, ...], values: tuple[mx.array, ...]) -> None:
+        """Take the buffers a traced step returned (`engine.compiled`: its slice updates' outputs, or the
+        same buffers written in place): the store's alone."""
+        self.keys, self.values = tuple(keys), tuple(values)
+        self._exclusive, self._written = True, None
 
     @property
     def nbytes(self) -> int:

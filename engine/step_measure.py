@@ -1,0 +1,113 @@
+"""The load-time measurement of a whole decode step replayed from its trace (`engine.decode_choice`'s
+``step_traced``), and the filled caches it runs on.
+
+On the H200 a decode step is the host's work: building its graph in Python, then submitting it
+(docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit caches
+from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for the model during
+a step. Whether that is faster is measured here, on the model itself, with the kernels already
+chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache, queued as
+decode queues them (each step built from the previous step's lazy token), the plain forward against
+the traced one. The traced step is checked first: same logits as the plain one from the same cache
+(within `decode_measure.MAX_ERROR`), the same row written, and traced once, not falling back.
+Few keys on purpose: what a trace can save is the host's part, which does not grow with the context.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine.compiled import CompiledDecodeStep
+from engine.decode_measure import Timings, attention_shape, check_close
+from engine.timing import best_seconds
+
+logger = logging.getLogger(__name__)
+
+TRACE_KEYS = 1024
+STEPS = 8
+Forward = Callable[[mx.array, list], mx.array]
+"""A one-token forward: (tokens (1, 1), cache) -> logits (1, 1, vocab)."""
+
+
+def filled_cache(model: Any, policy: Any, bits: int, rows: int, dtype: mx.Dtype = mx.bfloat16) -> list:
+    """The model's window caches (`bits` 16 or 8) holding `rows` random positions, evaluated, the buffers
+    the caches' alone (their first one-row write may go in place)."""
+    from engine.window import make_window_cache
+
+    _, kv_heads, dim = attention_shape(model)
+    cache = make_window_cache(model, policy, kv_bits=bits)
+    for i, c in enumerate(cache):
+        k = mx.random.normal((1, kv_heads, rows, dim), key=mx.random.key(10 + i)).astype(dtype)
+        c.store.write(0, k, k)
+        c.offset = rows
+        mx.eval(c.store.buffers())
+    return cache
+
+
+def time_traced_step(model: Any, kernels: Any) -> Timings:
+    """"step_traced": seconds per one-token step, plain against traced (module docstring), with `kernels`
+    (an `engine.decode_choice.DecodeKernels`) as chosen; empty where they hold no in-place write (the
+    trace's write) or the traced step fails its check."""
+    from engine.window import WindowPolicy
+
+    if not kernels.kv_write or attention_shape(model) is None:
+        return {}
+    kernels.wire(model)
+
+    def plain(tokens: mx.array, cache: list) -> mx.array:
+        with kernels.scope(tokens.size):
+            return model(tokens, cache=cache)
+
+    traced = CompiledDecodeStep(model, 1, fallback=plain, scope=lambda rows: kernels.scope(rows, traced=True),
+                                ours=True)
+    try:
+        # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
+        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 2 * STEPS, _model_dtype(model))
+                  for _ in range(2)]
+        check_traced_step(plain, traced, *caches)
+        return {"step_traced": (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
+    except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
+        logger.warning("decode kernels: traced step: %s; not using it", err)
+        return {}
+
+
+def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: list, traced_cache: list) -> None:
+    """One step of each from caches of equal contents: the traced one replayed from a trace (made for it, not
+    fallen back), its logits and its written row the plain step's. Raises RuntimeError otherwise."""
+    token = mx.array([[1]], dtype=mx.uint32)
+    at, before = plain_cache[0].offset, (traced.traces, traced.fallbacks)
+    expected, got = plain(token, plain_cache), traced(token, traced_cache)
+    mx.eval(expected, got)
+    if traced.fallbacks != before[1] or traced.traces > before[0] + 1:
+        raise RuntimeError("the step was not replayed from its trace")
+    check_close("step_traced", got, expected)
+    for ours, theirs in zip(traced_cache[0].store.read(at, at + 1), plain_cache[0].store.read(at, at + 1)):
+        if not mx.array_equal(ours, theirs).item():
+            raise RuntimeError("the traced step wrote another row than the plain step")
+
+
+def _seconds_per_step(forward: Forward, cache: list, steps: int = STEPS) -> float:
+    """Seconds per step of `steps` one-token steps queued as decode queues them, from the cache's offset."""
+    start = cache[0].offset
+
+    def queued() -> mx.array:
+        for c in cache:
+            c.offset = start
+        token = mx.array([[1]], dtype=mx.uint32)
+        for _ in range(steps):
+            token = mx.argmax(forward(token, cache)[:, -1, :], axis=-1).reshape(1, 1)
+            mx.async_eval(token)
+        return token
+
+    return best_seconds(queued) / steps
+
+
+def _model_dtype(model: Any) -> mx.Dtype:
+    """The dtype the model computes in (its first quantized layer's scales, else its first parameter's)."""
+    from mlx.utils import tree_flatten
+
+    from engine.linear_mode import first_block_linears
+
+    linears = first_block_linears(model)
+    return linears[0]["scales"].dtype if linears else tree_flatten(model.parameters())[0][1].dtype

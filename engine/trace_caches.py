@@ -1,0 +1,140 @@
+"""What a traced decode step (`engine.compiled`) sees of each layer's cache, and how it is put back.
+
+A trace must not depend on the step: its inputs are the layer's *whole* buffers and the
+position as an array, and the rows are written at that position inside the trace. The
+stand-in caches below are what the model's layers call while the step is traced:
+
+- `BufferCache`: full-precision buffers (mlx-lm's `KVCache`, or a `engine.window.WindowKVCache`
+  over a `engine.qkv.DenseKVStore`): the rows written with a dynamic slice update, attention over
+  the whole buffer with a mask ``position <= offset``;
+- `Q8BufferCache`: the (packed, scales, biases) buffers of a `engine.qkv.QuantizedKVStore`. With
+  MLX's kernels the rows are quantized and written with slice updates and attended by mlx-lm's
+  quantized attention over the buffers, masked; with ours (`ours`: a one-token step on MLX's CUDA
+  backend, `engine.decode_choice`'s ``step_traced``) the row is written in place
+  (`engine.cuda_kv_write`) and attended by `engine.cuda_attention` with the key count as an array.
+
+`layer_buffers`, `make_room` and `put_back` are the only places that know where each kind of cache
+keeps its buffers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from engine import cuda_kv_write
+from engine.decode_kernels import Q8Rows
+from engine.window import QuantizedWindowKVCache, WindowKVCache
+
+Buffers = tuple[Any, Any]
+"""A layer's keys and values: two arrays (full precision) or two (packed, scales, biases) triples."""
+
+_GROWTH = KVCache.step
+
+
+class BufferCache:
+    """Stand-in for a full-precision cache while tracing: whole buffers, array offset."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
+        self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        return _causal_over_buffer(n, self.keys.shape[2], self.offset, window_size)
+
+    def buffers(self) -> Buffers:
+        return self.keys, self.values
+
+
+class Q8BufferCache:
+    """Stand-in for an 8-bit store's cache while tracing (see the module docstring for `ours`)."""
+
+    def __init__(self, keys: tuple, values: tuple, offset: mx.array, group_size: int, bits: int, ours: bool) -> None:
+        self.keys, self.values, self.offset = tuple(keys), tuple(values), offset
+        self.group_size, self.bits, self.ours = group_size, bits, ours
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[tuple, tuple]:
+        if self.ours:
+            self.keys, self.values, done = cuda_kv_write.write_q8_ordered(
+                self.keys, self.values, keys, values, self.offset, self.group_size)
+            count = self.offset + keys.shape[2]
+            return Q8Rows(self.keys, count, done), Q8Rows(self.values, count)
+        new_keys, new_values = (mx.quantize(a, group_size=self.group_size, bits=self.bits) for a in (keys, values))
+        self.keys = tuple(mx.slice_update(b, r, self.offset, axes=(2,)) for b, r in zip(self.keys, new_keys))
+        self.values = tuple(mx.slice_update(b, r, self.offset, axes=(2,)) for b, r in zip(self.values, new_values))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array | None:
+        if self.ours:
+            return None  # our kernel attends over the first `count` rows it is given
+        return _causal_over_buffer(n, self.keys[0].shape[2], self.offset, window_size)
+
+    def buffers(self) -> Buffers:
+        return self.keys, self.values
+
+
+def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: int | None) -> mx.array:
+    if window_size is not None:
+        raise ValueError("a traced step attends with full (causal) attention")
+    # Query i sits at position offset + i and sees every key up to it.
+    return mx.arange(capacity)[None] <= (offset + mx.arange(n))[:, None]
+
+
+def layer_buffers(cache: Any, n: int, ours: bool) -> Buffers | None:
+    """The layer's buffers as a traced step of `n` tokens takes them, or None where it cannot: a cache of
+    another kind, no buffers yet, positions the window policy does not attend densely, and with `ours`
+    anything but one token into an 8-bit store whose buffers are its alone (the in-place write's rule)."""
+    if type(cache) is KVCache:
+        return None if ours or cache.keys is None else (cache.keys, cache.values)
+    if type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or cache.store.keys is None:
+        return None
+    if not cache.plan(cache.offset, n).dense:
+        return None
+    if ours and not (cache.store.quantized and n == 1 and cache.store.exclusive):
+        return None
+    return cache.store.buffers()
+
+
+def stand_in(buffers: Buffers, offset: mx.array, ours: bool, quantization: tuple[int, int]) -> Any:
+    """The stand-in cache for one layer's `buffers` (`quantization`: the 8-bit stores' group size and bits)."""
+    keys, values = buffers
+    if isinstance(keys, tuple):
+        return Q8BufferCache(keys, values, offset, *quantization, ours=ours)
+    return BufferCache(keys, values, offset)
+
+
+def quantization_of(cache: Any) -> tuple[int, int]:
+    """(group size, bits) of the layer's 8-bit store; (0, 0) for full precision."""
+    store = getattr(cache, "store", None)
+    return (store.group_size, store.bits) if store is not None and store.quantized else (0, 0)
+
+
+def make_room(cache: Any, n: int) -> None:
+    """Grow the layer's buffers (as its own write would) so that `n` more rows fit."""
+    if type(cache) is not KVCache:
+        cache.store.reserve(cache.offset + n)
+        return
+    if cache.offset + n <= cache.keys.shape[2]:
+        return
+    extra = _GROWTH * ((n + _GROWTH - 1) // _GROWTH)
+
+    def grown(buffer: mx.array) -> mx.array:
+        pad = mx.zeros((*buffer.shape[:2], extra, buffer.shape[3]), dtype=buffer.dtype)
+        return mx.concatenate([buffer[..., : cache.offset, :], pad], axis=2)
+
+    cache.keys, cache.values = grown(cache.keys), grown(cache.values)
+
+
+def put_back(cache: Any, buffers: Buffers, n: int) -> None:
+    """The traced step's buffers into the layer's cache, `n` positions further: what its own call would have
+    left (the same buffers with the rows written)."""
+    if type(cache) is KVCache:
+        cache.keys, cache.values = buffers
+    else:
+        cache.store.replace(*buffers)
+    cache.offset += n
