@@ -93,7 +93,7 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
     kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
                             mlp_compiled=variant == "ours+compiled-mlp", step_traced=variant == "ours+traced-step",
                             source="setting")
-    path = ComputePath(model, kernels=kernels)
+    path = ComputePath(model, kernels=kernels, compiled=kernels.step_traced)  # (compiled: MLX's step traced too)
     start, token, built = cache[0].offset, mx.array([[7]], dtype=mx.uint32), []
     for i in range(steps + 3):
         for c in cache:

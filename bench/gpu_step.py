@@ -9,8 +9,9 @@ time is host-bound),
 ``wait`` (step n + 1 built while step n runs, queued once token n is read) and ``sync`` (one step
 evaluated at a time); the first two again with the cache's one-row writes skipped (the step then
 attends over rows that do not change: the timing of everything but the write); on CUDA the 8-bit
-configuration twice, the cache written by MLX's slice updates and by our in-place kernel
-(`engine.cuda_kv_write`). A process's history matters (``--bits`` orders the widths). MLX's CUDA
+configuration three times, the cache written by MLX's slice updates, by our in-place kernel
+(`engine.cuda_kv_write`), and by it in the whole step replayed from its trace (``ours+traced``,
+`engine.compiled`: the engine's ``step_traced``). A process's history matters (``--bits`` orders the widths). MLX's CUDA
 graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
 process each.
 
@@ -124,18 +125,25 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
 
 
 def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8)) -> list[dict[str, Any]]:
+    from engine.compute import ComputePath
+    from engine.decode_choice import DecodeKernels
+
     model, policy, path = step_model(shape_name)
     ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
+    # The whole step replayed from its trace, our kernels in it (`engine.compiled`; its switches are its own).
+    traced = ComputePath(model, kernels=DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True,
+                                                      source="setting"), compiled=True)
     rows = []
     for context in lengths:
         for bits in widths:
             kernels = (ours, False, False) if bits == 16 else (ours, ours, ours)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
-            for write in ("mlx", "ours") if ours and bits == 8 else ("mlx",):
+            for write in ("mlx", "ours", "ours+traced") if ours and bits == 8 else ("mlx",):
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
                 for mode in MODES:
-                    times = decode_steps(path, cache, steps, kernels, mode, attempts=3, kv_write=write == "ours")
+                    times = decode_steps(traced if write == "ours+traced" else path, cache, steps, kernels, mode,
+                                         attempts=3, kv_write=write != "mlx")
                     row[f"{mode}_ms"] = times.seconds * 1e3
                     if mode == "pipelined":
                         row["pipelined_host_ms"], row["pipelined_python_ms"] = times.host * 1e3, times.python * 1e3

@@ -71,7 +71,6 @@ class CompiledDecodeStep:
         self._compiled = mx.compile(self._trace)
         self._fallback = fallback or (lambda tokens, cache: model(tokens, cache=cache))
         self._scope = scope or (lambda n: contextlib.nullcontext())
-        self._quantization = (0, 0)
         self.enabled = True
         self.fallbacks = 0
         self.traces = 0
@@ -84,7 +83,6 @@ class CompiledDecodeStep:
             self.fallbacks += 1
             return self._fallback(tokens, cache)
         n = tokens.shape[1]
-        self._quantization = max(trace_caches.quantization_of(c) for c in cache)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
         try:
             logits, written = self._compiled(tokens, offset, buffers)
@@ -119,9 +117,9 @@ class CompiledDecodeStep:
         return [trace_caches.layer_buffers(c, n, self.ours) for c in cache]
 
     def _trace(self, tokens: mx.array, offset: mx.array,
-               buffers: list[trace_caches.Buffers]) -> tuple[mx.array, list[trace_caches.Buffers]]:
+               buffers: list[trace_caches.Buffers]) -> tuple[mx.array, list[tuple[Any, Any]]]:
         self.traces += 1
-        stand_ins = [trace_caches.stand_in(b, offset, self.ours, self._quantization) for b in buffers]
+        stand_ins = [trace_caches.stand_in(b, offset, self.ours) for b in buffers]
         with cpu_attention.numpy_attention(False), self._scope(tokens.shape[1]):  # NumPy cannot run in a trace
             logits = self.model(tokens, cache=stand_ins)
         return logits, [c.buffers() for c in stand_ins]

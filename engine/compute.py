@@ -70,10 +70,10 @@ class ComputePath:
         self.compiled = compiled
         self.blas = blas.in_use()
         self.notes = tuple(notes)
-        # With our kernels, decode is traced only where it was measured faster (their 8-bit step), verify never.
-        traced = self.kernels.step_traced if self.kernels.any else compiled
+        # With our kernels, decode is traced only where they hold the traced step (their 8-bit one), verify never.
+        traced = compiled and (self.kernels.step_traced or not self.kernels.any)
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
-                                          ours=self.kernels.any) if traced else None
+                                          ours=self.kernels.step_traced) if traced else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call) \
             if compiled and not self.kernels.any else None
 
@@ -137,6 +137,11 @@ class ComputePath:
     def decode_step(self) -> CompiledDecodeStep | None:
         """The compiled one-token step (None when this path does not compile)."""
         return self._decode
+
+    @property
+    def verify_step(self) -> CompiledDecodeStep | None:
+        """The compiled verify step (None when this path does not compile it)."""
+        return self._verify
 
 
 def exact(model: Any) -> ComputePath:

@@ -73,6 +73,11 @@ def wire(model: Any) -> int:
     return wired
 
 
+def wirable(model: Any) -> bool:
+    """Whether `wire` would wire any of `model`'s attention modules (nothing is changed)."""
+    return bool(_attention_modules(model))
+
+
 def _attention_modules(model: Any) -> list[nn.Module]:
     modules = model.modules() if isinstance(model, nn.Module) else []
     return [m for m in modules if (type(m).__module__, type(m).__name__) in SUPPORTED

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import compiled_mlp, cuda_qmv, decode_kernels
+from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels
 from engine.linear_mode import DequantizingLinear, first_block_linears
 from engine.timing import best_seconds
 
@@ -65,7 +65,8 @@ def measure(model: Any) -> Timings:
         kernels = attention_kernels(shape)
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
-        timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
+        if cpu_attention.wirable(model):  # the wired call is where the chunk kernel runs (`engine.compute`)
+            timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
         faster = faster_attention(timings)
         if faster is not None:  # with the attention kernel that would run beside it
             timings.update(time_kv_write(heads, kv_heads, dim, dtype, "mma" if faster == "attention_mma" else "cores"))

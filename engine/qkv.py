@@ -171,21 +171,31 @@ class QuantizedKVStore:
         self._kernel_takes: tuple[tuple, bool] | None = None  # (row shape and dtype, the kernel takes it)
 
     def _in_place(self, keys: mx.array, values: mx.array, end: int) -> bool:
-        """Whether a write asked for in place (`write`'s `in_place`) may go through `engine.cuda_kv_write`.
+        """Whether a write asked for in place (`write`'s `in_place`) may go through `engine.cuda_kv_write`:
+        keys and values alike, and `in_place_ready` for their rows."""
+        return keys.shape == values.shape and keys.dtype == values.dtype and \
+            self.in_place_ready(end, tuple(keys.shape), keys.dtype)
 
-        For rows the kernel takes (keys and values alike, in the buffers' dtype) that fit the buffers,
-        and only into buffers nothing but the store holds (`_exclusive`, which also means they exist):
-        a slice update's output is the store's alone (MLX copied the buffer or reused memory nobody
-        else held); `state` hands out views (a checkpoint's copy, an evaluation) and `load` takes
-        arrays from outside, so after either the next write is a slice update again. The views `read`,
-        `read_quantized` and `rows` hand out are used up inside the forward that asked for them.
+    def in_place_ready(self, end: int, row: tuple[int, ...] | None = None, dtype: mx.Dtype | None = None) -> bool:
+        """Whether rows of shape `row` in `dtype` ending at `end` may be written in place by `engine.cuda_kv_write`
+        (default: one row of the buffers' heads and dim in their dtype, as a decode step writes it).
+
+        For rows the kernel takes, in the buffers' dtype, that fit the buffers, and only into buffers nothing
+        but the store holds (`_exclusive`, which also means they exist): a slice update's output is the
+        store's alone (MLX copied the buffer or reused memory nobody else held); `state` hands out views (a
+        checkpoint's copy, an evaluation) and `load` takes arrays from outside, so after either the next
+        write is a slice update again. The views `read`, `read_quantized` and `rows`, and the buffers
+        `buffers` hands out, are used up inside the forward that asked for them.
         """
-        if not (self._exclusive and end <= self.keys[0].shape[2] and keys.shape == values.shape
-                and keys.dtype == values.dtype == self.keys[1].dtype):
+        if not (self._exclusive and end <= self.keys[0].shape[2]):
             return False
-        row = (tuple(keys.shape), keys.dtype)
+        packed = self.keys[0].shape
+        row = row or (1, packed[1], 1, packed[3] * 32 // self.bits)
+        if (dtype or self.keys[1].dtype) != self.keys[1].dtype:
+            return False
         if self._kernel_takes is None or self._kernel_takes[0] != row:  # asked once per row shape, not per step
-            self._kernel_takes = (row, cuda_kv_write.shape_problem(keys, self.bits, self.group_size) is None)
+            rows = mx.zeros(row, dtype=self.keys[1].dtype)  # (never evaluated: the kernel's check reads its shape)
+            self._kernel_takes = (row, cuda_kv_write.shape_problem(rows, self.bits, self.group_size) is None)
         return self._kernel_takes[1]
 
     def _quantize(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -260,14 +270,19 @@ class QuantizedKVStore:
             self._exclusive, self._written = True, None
 
     def buffers(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
-        """The whole (packed, scales, biases) buffers of keys and values (a traced step's inputs)."""
+        """The whole (packed, scales, biases) buffers of keys and values (a traced step's inputs; like the
+        views `read` hands out, used up inside that step, so the buffers stay the store's alone)."""
         return self.keys, self.values
 
     def replace(self, keys: tuple[mx.array, ...], values: tuple[mx.array, ...]) -> None:
-        """Take the buffers a traced step returned (`engine.compiled`: its slice updates' outputs, or the
-        same buffers written in place): the store's alone."""
-        self.keys, self.values = tuple(keys), tuple(values)
-        self._exclusive, self._written = True, None
+        """Take the buffers a traced step returned (`engine.compiled`). Buffers other than the store's own are
+        its slice updates' outputs, or aliases of buffers written in place, which a traced step does only into
+        buffers that were the store's alone (`engine.trace_caches.layer_buffers`): the store's alone. The
+        store's own buffers handed back unwritten keep what they were."""
+        keys, values = tuple(keys), tuple(values)
+        if any(new is not old for new, old in zip((*keys, *values), (*self.keys, *self.values))):
+            self._exclusive = True
+        self.keys, self.values, self._written = keys, values, None
 
     @property
     def nbytes(self) -> int:

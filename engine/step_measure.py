@@ -7,8 +7,9 @@ from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for
 a step. Whether that is faster is measured here, on the model itself, with the kernels already
 chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache, queued as
 decode queues them (each step built from the previous step's lazy token), the plain forward against
-the traced one. The traced step is checked first: same logits as the plain one from the same cache
-(within `decode_measure.MAX_ERROR`), the same row written, and traced once, not falling back.
+the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
+trace (not falling back), and at every step the plain step's logits (within `decode_measure.MAX_ERROR`)
+and every layer's written row.
 Few keys on purpose: what a trace can save is the host's part, which does not grow with the context.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def time_traced_step(model: Any, kernels: Any) -> Timings:
                                 ours=True)
     try:
         # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
-        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 2 * STEPS, _model_dtype(model))
+        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 4 * STEPS, _model_dtype(model))
                   for _ in range(2)]
         check_traced_step(plain, traced, *caches)
         return {"step_traced": (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
@@ -72,19 +73,28 @@ def time_traced_step(model: Any, kernels: Any) -> Timings:
         return {}
 
 
-def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: list, traced_cache: list) -> None:
-    """One step of each from caches of equal contents: the traced one replayed from a trace (made for it, not
-    fallen back), its logits and its written row the plain step's. Raises RuntimeError otherwise."""
+def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: list, traced_cache: list,
+                      steps: int = 3) -> None:
+    """`steps` one-token steps of each from caches of equal contents, each step's token the plain step's
+    last: the traced steps replayed from one trace (the first may make it; none falls back), and at every
+    step the traced logits and every layer's written row those of the plain step. Raises RuntimeError
+    otherwise."""
     token = mx.array([[1]], dtype=mx.uint32)
-    at, before = plain_cache[0].offset, (traced.traces, traced.fallbacks)
-    expected, got = plain(token, plain_cache), traced(token, traced_cache)
-    mx.eval(expected, got)
-    if traced.fallbacks != before[1] or traced.traces > before[0] + 1:
-        raise RuntimeError("the step was not replayed from its trace")
-    check_close("step_traced", got, expected)
-    for ours, theirs in zip(traced_cache[0].store.read(at, at + 1), plain_cache[0].store.read(at, at + 1)):
-        if not mx.array_equal(ours, theirs).item():
-            raise RuntimeError("the traced step wrote another row than the plain step")
+    fallbacks = traced.fallbacks
+    for step in range(steps):
+        at = plain_cache[0].offset
+        expected, got = plain(token, plain_cache), traced(token, traced_cache)
+        mx.eval(expected, got)
+        if step == 0:
+            traces = traced.traces
+        if traced.fallbacks != fallbacks or traced.traces != traces:
+            raise RuntimeError("the step was not replayed from its trace")
+        check_close("step_traced", got, expected)
+        for ours, theirs in zip(traced_cache, plain_cache):
+            if not all(mx.array_equal(a, b).item() for a, b in zip(ours.store.read(at, at + 1),
+                                                                   theirs.store.read(at, at + 1))):
+                raise RuntimeError("the traced step wrote another row than the plain step")
+        token = mx.argmax(expected[:, -1, :], axis=-1).reshape(1, 1)
 
 
 def _seconds_per_step(forward: Forward, cache: list, steps: int = STEPS) -> float:

@@ -25,10 +25,12 @@ from mlx_lm.models.cache import KVCache
 
 from engine import cuda_kv_write
 from engine.decode_kernels import Q8Rows
+from engine.qkv import direct_attention_works
 from engine.window import QuantizedWindowKVCache, WindowKVCache
 
-Buffers = tuple[Any, Any]
-"""A layer's keys and values: two arrays (full precision) or two (packed, scales, biases) triples."""
+Buffers = tuple[Any, ...]
+"""A layer's keys and values: two arrays (full precision), or two (packed, scales, biases) triples and the
+store's group size and bits (8-bit)."""
 
 _GROWTH = KVCache.step
 
@@ -54,7 +56,7 @@ class BufferCache:
 class Q8BufferCache:
     """Stand-in for an 8-bit store's cache while tracing (see the module docstring for `ours`)."""
 
-    def __init__(self, keys: tuple, values: tuple, offset: mx.array, group_size: int, bits: int, ours: bool) -> None:
+    def __init__(self, keys: tuple, values: tuple, group_size: int, bits: int, offset: mx.array, ours: bool) -> None:
         self.keys, self.values, self.offset = tuple(keys), tuple(values), offset
         self.group_size, self.bits, self.ours = group_size, bits, ours
 
@@ -86,32 +88,36 @@ def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: in
 
 
 def layer_buffers(cache: Any, n: int, ours: bool) -> Buffers | None:
-    """The layer's buffers as a traced step of `n` tokens takes them, or None where it cannot: a cache of
-    another kind, no buffers yet, positions the window policy does not attend densely, and with `ours`
-    anything but one token into an 8-bit store whose buffers are its alone (the in-place write's rule)."""
+    """The layer's buffers as a traced step of `n` tokens takes them (an 8-bit store's with its group size
+    and bits: constants of the trace), or None where it cannot: a cache of another kind, no buffers yet,
+    positions the window policy does not attend densely; with `ours`, anything but one row the store may
+    write in place (`engine.qkv.QuantizedKVStore.in_place_ready`: the buffers its alone, room, a row the
+    kernel takes); without, an 8-bit store whose query count MLX's quantized attention cannot take here
+    (`engine.qkv.direct_attention_works`, as the layer's own fetch asks)."""
     if type(cache) is KVCache:
         return None if ours or cache.keys is None else (cache.keys, cache.values)
-    if type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or cache.store.keys is None:
+    store = getattr(cache, "store", None)
+    if type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or store.keys is None:
         return None
     if not cache.plan(cache.offset, n).dense:
         return None
-    if ours and not (cache.store.quantized and n == 1 and cache.store.exclusive):
+    if ours:
+        return (*store.buffers(), store.group_size, store.bits) \
+            if store.quantized and n == 1 and store.in_place_ready(cache.offset + 1) else None
+    if not store.quantized:
+        return store.buffers()
+    packed, scales = store.keys[0], store.keys[1]
+    if not direct_attention_works(n, packed.shape[1], packed.shape[3] * 32 // store.bits, scales.dtype, store.bits,
+                                  store.group_size, str(mx.default_device())):
         return None
-    return cache.store.buffers()
+    return (*store.buffers(), store.group_size, store.bits)
 
 
-def stand_in(buffers: Buffers, offset: mx.array, ours: bool, quantization: tuple[int, int]) -> Any:
-    """The stand-in cache for one layer's `buffers` (`quantization`: the 8-bit stores' group size and bits)."""
-    keys, values = buffers
-    if isinstance(keys, tuple):
-        return Q8BufferCache(keys, values, offset, *quantization, ours=ours)
-    return BufferCache(keys, values, offset)
-
-
-def quantization_of(cache: Any) -> tuple[int, int]:
-    """(group size, bits) of the layer's 8-bit store; (0, 0) for full precision."""
-    store = getattr(cache, "store", None)
-    return (store.group_size, store.bits) if store is not None and store.quantized else (0, 0)
+def stand_in(buffers: Buffers, offset: mx.array, ours: bool) -> Any:
+    """The stand-in cache for one layer's `buffers` (as `layer_buffers` gave them)."""
+    if len(buffers) == 4:
+        return Q8BufferCache(*buffers, offset, ours=ours)
+    return BufferCache(*buffers, offset)
 
 
 def make_room(cache: Any, n: int) -> None:
@@ -130,7 +136,7 @@ def make_room(cache: Any, n: int) -> None:
     cache.keys, cache.values = grown(cache.keys), grown(cache.values)
 
 
-def put_back(cache: Any, buffers: Buffers, n: int) -> None:
+def put_back(cache: Any, buffers: tuple[Any, Any], n: int) -> None:
     """The traced step's buffers into the layer's cache, `n` positions further: what its own call would have
     left (the same buffers with the rows written)."""
     if type(cache) is KVCache:

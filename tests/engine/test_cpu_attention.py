@@ -90,6 +90,8 @@ def mlx_sdpa_calls(monkeypatch):
 def test_a_wired_model_attends_in_numpy_only_when_asked(mlx_sdpa_calls):
     model, reference = _llama(), _llama()
     own = _run(reference, numpy=False)
+    classes = [type(layer.self_attn) for layer in model.layers]
+    assert cpu_attention.wirable(model) and [type(layer.self_attn) for layer in model.layers] == classes  # asked only
     assert cpu_attention.wire(model) == 2 and cpu_attention.wire(model) == 2  # idempotent
     del mlx_sdpa_calls[:]
     assert mx.array_equal(_run(model, numpy=False), own).item()  # not asked: the model's own arithmetic
@@ -162,6 +164,6 @@ def test_other_attention_is_not_wired():
     from engine.compute import ComputeOptions, choose
 
     hybrid = tiny_hybrid(seed=1)
-    assert cpu_attention.wire(hybrid) == 0
+    assert not cpu_attention.wirable(hybrid) and cpu_attention.wire(hybrid) == 0
     path = choose(hybrid, ComputeOptions(attention="numpy"))
     assert path.kind == "mlx" and "llama/qwen-style" in path.notes[0]

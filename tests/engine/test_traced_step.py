@@ -69,17 +69,19 @@ def test_windowed_positions_take_the_plain_call(tiny_loaded):
 def test_the_path_verifies_drafts_over_window_caches_from_a_trace(tiny_loaded):
     model = tiny_loaded.model
     path = choose(model, ComputeOptions(attention="mlx"))
-    plain, cache = prefilled(model, 8, 120), prefilled(model, 8, 120)
+    plain, cache = prefilled(model, 8, 120, dense_from=0), prefilled(model, 8, 120, dense_from=0)
     drafts = mx.array([[5, 9, 11, 13]], dtype=mx.uint32)
     assert mx.allclose(path.verify(drafts, cache), model(drafts, cache=plain), atol=1e-4).item()
     assert cache[0].offset == plain[0].offset == 124
+    assert (path.verify_step.traces, path.verify_step.fallbacks) == (1, 0)
 
 
 @pytest.fixture
 def semantic_kernels(monkeypatch):
     """Stand-ins for our CUDA kernels (no CPU build): the linears compute MLX's quantized product; the write
-    writes nothing; the attention returns a pattern of its key count (sin(0.05 n + d) for dim d of every
-    head). Records the calls made (a replayed trace makes none)."""
+    writes nothing and returns its row's position; the attention returns a pattern of its key count n and
+    of what it is ordered after (the write's position p; without a write, n again): sin(0.05 n + d) +
+    cos(0.3 p) for dim d of every head. Records the calls made (a replayed trace makes none)."""
     calls = []
 
     def qmv(inputs, template, output_shapes, output_dtypes, **_):
@@ -95,8 +97,8 @@ def semantic_kernels(monkeypatch):
 
     def partial(inputs, output_shapes, **_):
         calls.append("attention")
-        n = inputs[-2][0].astype(mx.float32)
-        value = mx.sin(0.05 * n + mx.arange(output_shapes[0][-1], dtype=mx.float32))
+        n, p = inputs[-2][0].astype(mx.float32), inputs[-1][0].astype(mx.float32)
+        value = mx.sin(0.05 * n + mx.arange(output_shapes[0][-1], dtype=mx.float32)) + mx.cos(0.3 * p)
         return [mx.broadcast_to(value, output_shapes[0]), mx.zeros(output_shapes[1], dtype=mx.float32)]
 
     def merge(inputs, output_shapes, template, **_):
@@ -113,29 +115,32 @@ def semantic_kernels(monkeypatch):
 
 
 OURS = DecodeKernels(qmv=True, attention=True, kv_write=True, source="setting")
+TRACED = DecodeKernels(qmv=True, attention=True, kv_write=True, step_traced=True, source="setting")
 
 
 def test_our_kernels_in_a_trace_take_each_steps_position_and_key_count(tiny_model_dir, semantic_kernels):
     model = quantized_model(tiny_model_dir)
     plain = ComputePath(model, kernels=OURS)
-    traced = ComputePath(model, kernels=DecodeKernels(**{**OURS.__dict__, "step_traced": True}))
+    traced = ComputePath(model, kernels=TRACED, compiled=True)
     assert traced.identity().endswith("kernels=qmv+attention+kv_write+step_traced")
-    caches = [filled_cache(model, DENSE, 8, 250, mx.float32) for _ in range(2)]
+    caches = [filled_cache(model, DENSE, 8, 200, mx.float32) for _ in range(2)]
     check_traced_step(lambda t, c: plain.forward(t, c), traced.decode_step, *caches)  # the load-time check passes
     expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 12)
     before = len(semantic_kernels)
-    got = greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 12)  # 251 + 12 crosses 256 rows
-    made = semantic_kernels[before:]  # only the second trace (at the new capacity) calls the kernels
+    got = greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 12)
+    assert semantic_kernels[before:] == []  # replayed: no kernel call made in Python
     assert got[0] == expected[0]
     assert max(mx.abs(a - b).max().item() for a, b in zip(expected[1], got[1])) < 1e-5
-    # each step saw another key count: the logits move far more between steps than the two paths differ
+    # each step saw another key count and position: the logits move far more between steps than the paths differ
     assert min(mx.abs(a - b).max().item() for a, b in zip(got[1], got[1][1:])) > 1e-3
     step = traced.decode_step
-    assert (step.traces, step.fallbacks) == (2, 0)
-    assert made.count("write") == made.count("attention") == len(caches[1])
+    assert (step.traces, step.fallbacks) == (1, 0)
+    greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 50)  # 215 + 50 crosses the buffers' 256 rows
+    assert (step.traces, step.fallbacks) == (2, 1)  # the plain call grows them; then a trace at the new size
     caches[1][0].state  # a checkpoint's views: the next write may not go in place, so no trace for it
     greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 2)
-    assert (step.traces, step.fallbacks) == (2, 1)
+    assert (step.traces, step.fallbacks) == (2, 2)
+    assert ComputePath(model, kernels=TRACED).decode_step is None  # compute.compile off: nothing traced
 
 
 def test_the_traced_step_runs_where_measured_faster_and_only_with_the_in_place_write(tiny_model_dir, tmp_path):
@@ -148,8 +153,8 @@ def test_the_traced_step_runs_where_measured_faster_and_only_with_the_in_place_w
     without_write = resolve(model, "auto", measure=Timings({**wins, "kv_write": (1e-3, 2e-3)}),
                             cache=LinearModeCache(tmp_path / "other.json"), cuda=True)
     assert not without_write.step_traced and "kernels: step_traced needs kv_write" in without_write.notes
-    assert ComputePath(model, kernels=without_write).decode_step is None  # our kernels, no trace
-    assert ComputePath(model, kernels=chosen).decode_step.ours
+    assert ComputePath(model, kernels=without_write, compiled=True).decode_step is None  # our kernels, no trace
+    assert ComputePath(model, kernels=chosen, compiled=True).decode_step.ours
     assert decode_choice.resolve(model, "codectx", cuda=True).step_traced == decode_choice._our_attention_takes(model)
 
 
