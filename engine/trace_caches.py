@@ -49,7 +49,7 @@ class BufferCache:
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         return _causal_over_buffer(n, self.keys.shape[2], self.offset, window_size)
 
-    def buffers(self) -> Buffers:
+    def buffers(self) -> tuple[Any, Any]:
         return self.keys, self.values
 
 
@@ -76,7 +76,7 @@ class Q8BufferCache:
             return None  # our kernel attends over the first `count` rows it is given
         return _causal_over_buffer(n, self.keys[0].shape[2], self.offset, window_size)
 
-    def buffers(self) -> Buffers:
+    def buffers(self) -> tuple[Any, Any]:
         return self.keys, self.values
 
 

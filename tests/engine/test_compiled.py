@@ -14,7 +14,8 @@ def _prefilled(model, n_tokens: int, kv_bits: int = 16):
     return cache
 
 
-def _greedy(step, model, cache, n_steps: int):
+def greedy(step, cache, n_steps: int):
+    """`n_steps` greedy tokens from token 5 through `step(tokens, cache)`, and each step's last logits."""
     token, tokens, logits = mx.array([[5]], dtype=mx.uint32), [], []
     for _ in range(n_steps):
         out = step(token, cache)[:, -1, :]
@@ -29,8 +30,8 @@ def test_compiled_steps_match_plain_steps_across_buffer_growth(tiny_loaded):
     plain_cache, compiled_cache = _prefilled(model, 250), _prefilled(model, 250)
     step = CompiledDecodeStep(model)
     # 250 + 20 crosses the 256-row allocation boundary of KVCache.
-    plain_tokens, plain_logits = _greedy(lambda t, c: model(t, cache=c), model, plain_cache, 20)
-    tokens, logits = _greedy(step, model, compiled_cache, 20)
+    plain_tokens, plain_logits = greedy(lambda t, c: model(t, cache=c), plain_cache, 20)
+    tokens, logits = greedy(step, compiled_cache, 20)
     assert tokens == plain_tokens
     assert max(mx.abs(a - b).max().item() for a, b in zip(plain_logits, logits)) < 1e-4
     assert step.fallbacks == 0
@@ -44,8 +45,8 @@ def test_compiled_steps_match_plain_steps_across_buffer_growth(tiny_loaded):
 def test_prefill_after_compiled_decode_continues_the_same_cache(tiny_loaded):
     model = tiny_loaded.model
     plain_cache, compiled_cache = _prefilled(model, 40), _prefilled(model, 40)
-    _greedy(lambda t, c: model(t, cache=c), model, plain_cache, 3)
-    _greedy(CompiledDecodeStep(model), model, compiled_cache, 3)
+    greedy(lambda t, c: model(t, cache=c), plain_cache, 3)
+    greedy(CompiledDecodeStep(model), compiled_cache, 3)
     more = mx.array([[7, 8, 9, 10]], dtype=mx.uint32)
     assert mx.allclose(model(more, cache=plain_cache), model(more, cache=compiled_cache), atol=1e-4).item()
 
@@ -55,8 +56,8 @@ def test_quantized_caches_fall_back_to_the_plain_call(tiny_loaded):
     model = tiny_loaded.model
     step = CompiledDecodeStep(model)
     plain_cache, cache = _prefilled(model, 30, kv_bits), _prefilled(model, 30, kv_bits)
-    expected, _ = _greedy(lambda t, c: model(t, cache=c), model, plain_cache, 4)
-    tokens, _ = _greedy(step, model, cache, 4)
+    expected, _ = greedy(lambda t, c: model(t, cache=c), plain_cache, 4)
+    tokens, _ = greedy(step, cache, 4)
     assert tokens == expected
     assert step.fallbacks == 4 and step.traces == 0
 
@@ -72,7 +73,7 @@ def test_multi_token_input_falls_back(tiny_loaded):
 def test_a_disabled_step_takes_the_plain_call(tiny_loaded):
     step = CompiledDecodeStep(tiny_loaded.model)
     step.enabled = False  # what a step does after its first compile failed
-    _greedy(step, tiny_loaded.model, _prefilled(tiny_loaded.model, 10), 2)
+    greedy(step, _prefilled(tiny_loaded.model, 10), 2)
     assert step.traces == 0 and step.fallbacks == 2
 
 
@@ -80,10 +81,10 @@ def test_the_compute_path_owns_its_steps_and_compile_off_has_none(tiny_loaded):
     model = tiny_loaded.model
     path = choose(model, ComputeOptions(attention="mlx"))
     assert path.compiled and path.decode_step is not None and "compile=on" in path.identity()
-    plain_tokens, _ = _greedy(lambda t, c: model(t, cache=c), model, _prefilled(model, 40), 6)
-    tokens, _ = _greedy(lambda t, c: path.forward(t, c), model, _prefilled(model, 40), 6)
+    plain_tokens, _ = greedy(lambda t, c: model(t, cache=c), _prefilled(model, 40), 6)
+    tokens, _ = greedy(lambda t, c: path.forward(t, c), _prefilled(model, 40), 6)
     assert tokens == plain_tokens and path.decode_step.traces == 1
     off = choose(model, ComputeOptions(attention="mlx", compile=False))
     assert off.decode_step is None and "compile=off" in off.identity()
-    assert _greedy(lambda t, c: off.forward(t, c), model, _prefilled(model, 40), 6)[0] == plain_tokens
+    assert greedy(lambda t, c: off.forward(t, c), _prefilled(model, 40), 6)[0] == plain_tokens
     assert not [name for name in vars(model) if name.startswith("_codectx")]  # nothing kept on the model

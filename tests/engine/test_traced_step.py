@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from test_compiled import greedy
 from test_decode_kernels import DENSE
 from test_linear_mode import Timings, quantized_model
 
@@ -30,16 +31,6 @@ def prefilled(model, bits: int, n: int, dense_from: int = 200) -> list:
         model(ids[:, start:start + 64], cache=cache)
     mx.eval([c.state for c in cache])
     return cache
-
-
-def greedy(step, cache, n_steps: int):
-    token, tokens, logits = mx.array([[5]], dtype=mx.uint32), [], []
-    for _ in range(n_steps):
-        out = step(token, cache)[:, -1, :]
-        token = mx.argmax(out, axis=-1)[None].astype(mx.uint32)
-        tokens.append(token.item())
-        logits.append(out)
-    return tokens, logits
 
 
 @pytest.mark.parametrize("bits", [16, 8])
