@@ -59,15 +59,17 @@ class CompiledDecodeStep:
             switches: they hold while the trace is made, and the trace replays what ran).
         ours: The trace holds our CUDA kernels' in-place write and attention (`engine.trace_caches`):
             one token into 8-bit window caches only.
+        windows: Take the engine's window caches, not only mlx-lm's `KVCache` (off where the path's
+            attention is NumPy's: over a long window cache it is faster than the trace's MLX attention).
     """
 
     def __init__(self, model: Any, max_tokens: int = 1,
                  fallback: Callable[[mx.array, Sequence[Any]], mx.array] | None = None,
                  scope: Callable[[int], contextlib.AbstractContextManager[None]] | None = None,
-                 ours: bool = False) -> None:
+                 ours: bool = False, windows: bool = True) -> None:
         self.model = model
         self.max_tokens = max_tokens
-        self.ours = ours
+        self.ours, self.windows = ours, windows
         self._compiled = mx.compile(self._trace)
         self._fallback = fallback or (lambda tokens, cache: model(tokens, cache=cache))
         self._scope = scope or (lambda n: contextlib.nullcontext())
@@ -99,22 +101,20 @@ class CompiledDecodeStep:
             trace_caches.put_back(c, b, n)
         return logits
 
-    def applies(self, tokens: mx.array, cache: Sequence[Any]) -> bool:
-        """True for 1 .. max_tokens tokens, all layers at one offset, each a cache the step takes there
-        (`engine.trace_caches.layer_buffers`)."""
-        n = tokens.shape[1] if tokens.ndim == 2 else 0
-        return (self.enabled and tokens.shape[0] == 1 and 1 <= n <= self.max_tokens and len(cache) > 0
-                and all(trace_caches.layer_buffers(c, n, self.ours) is not None for c in cache)
-                and len({c.offset for c in cache}) == 1)
-
     def _buffers(self, tokens: mx.array, cache: Sequence[Any]) -> list[trace_caches.Buffers] | None:
-        """Each layer's buffers, with room for the tokens; None: the plain call."""
-        if not self.applies(tokens, cache):
+        """Each layer's buffers with room for the tokens (`engine.trace_caches.layer_buffers`), all layers at
+        one offset; None: the plain call (whose write finds the room made)."""
+        n = tokens.shape[1] if tokens.ndim == 2 else 0
+        if not (self.enabled and tokens.shape[0] == 1 and 1 <= n <= self.max_tokens and len(cache) > 0
+                and len({getattr(c, "offset", None) for c in cache}) == 1):
             return None
-        n = tokens.shape[1]
+        buffers = []
         for c in cache:
-            trace_caches.make_room(c, n)
-        return [trace_caches.layer_buffers(c, n, self.ours) for c in cache]
+            layer = trace_caches.layer_buffers(c, n, self.ours, self.windows)
+            if layer is None:
+                return None
+            buffers.append(layer)
+        return buffers
 
     def _trace(self, tokens: mx.array, offset: mx.array,
                buffers: list[trace_caches.Buffers]) -> tuple[mx.array, list[tuple[Any, Any]]]:

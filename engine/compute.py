@@ -72,9 +72,10 @@ class ComputePath:
         self.notes = tuple(notes)
         # With our kernels, decode is traced only where they hold the traced step (their 8-bit one), verify never.
         traced = compiled and (self.kernels.step_traced or not self.kernels.any)
+        windows = attention != "numpy"  # NumPy's attention beats the trace's MLX attention over a window cache
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
-                                          ours=self.kernels.step_traced) if traced else None
-        self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call) \
+                                          ours=self.kernels.step_traced, windows=windows) if traced else None
+        self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
             if compiled and not self.kernels.any else None
 
     @property

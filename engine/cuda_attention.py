@@ -255,9 +255,9 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
                      group_size: int, kernel: str = "cores", after: mx.array | None = None) -> mx.array:
     """Softmax attention of one query per head over the first `n` 8-bit keys and values.
 
-    The keys are split over the buffers' capacity, not over `n` (splits past `n` are empty and
-    weigh nothing in the merge), so a step's launch does not change with `n`: a traced step
-    (`engine.compiled`) passes `n` as an array and replays one launch until the buffers grow.
+    A count given as an array (a traced step's, `engine.compiled`: one launch replayed until the
+    buffers grow) splits the keys over the buffers' capacity instead of the count: splits past the
+    count are empty and weigh nothing in the merge.
 
     Args:
         queries: (1, H, 1, D).
@@ -283,9 +283,9 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, after)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype, (1, H, 1, D))
     partial, merge = _kernels()
-    capacity = keys[0].shape[2]
-    cs = split_size(capacity, kv_heads)
-    splits = -(-capacity // cs)
+    span = keys[0].shape[2] if isinstance(n, mx.array) else n
+    cs = split_size(span, kv_heads)
+    splits = -(-span // cs)
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
     meta = cuda_backend.count_and_split(n, cs)
     part_out, part_ml = partial(

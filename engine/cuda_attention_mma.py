@@ -363,16 +363,16 @@ def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                       after: mx.array | None = None) -> tuple[mx.array, mx.array]:
-    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, the
-    keys split over the buffers' capacity (`engine.cuda_attention.decode_attention`: `n` may be an array);
-    `after`: an array the kernel must run after, unread."""
+    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2; `n` as
+    an array splits over the buffers' capacity (`engine.cuda_attention.decode_attention`); `after`: an
+    array the kernel must run after, unread."""
     B, H, L, D = queries.shape
     if B != 1 or L != 1:
         raise ValueError(f"one query of one sequence, got {B} x {L}")
     kv_heads = keys[0].shape[1]
-    capacity = keys[0].shape[2]
-    cs = split_size(capacity, kv_heads)
-    blocks = -(-(-(-capacity // cs)) // WARPS)
+    span = keys[0].shape[2] if isinstance(n, mx.array) else n
+    cs = split_size(span, kv_heads)
+    blocks = -(-(-(-span // cs)) // WARPS)
     splits = blocks * WARPS
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
     meta = cuda_backend.count_and_split(n, cs)

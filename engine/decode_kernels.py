@@ -79,14 +79,15 @@ def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: f
 
 
 class Q8Rows(tuple):
-    """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values;
-    `after`: the output of the in-place write of the last row (`engine.cuda_kv_write`) when it was one:
-    whatever reads the buffers in the same step must take it as an input (MLX orders by inputs)."""
+    """An 8-bit store's (packed, scales, biases) buffers whose first `n` rows are the keys or values (`n` an
+    int32 array in a traced step, `engine.trace_caches`); `after`: the output of the in-place write of the
+    last row (`engine.cuda_kv_write`) when it was one: whatever reads the buffers in the same step must
+    take it as an input (MLX orders by inputs)."""
 
-    n: int
+    n: int | mx.array
     after: mx.array | None
 
-    def __new__(cls, arrays: tuple[mx.array, ...], n: int, after: mx.array | None = None) -> "Q8Rows":
+    def __new__(cls, arrays: tuple[mx.array, ...], n: int | mx.array, after: mx.array | None = None) -> "Q8Rows":
         rows = super().__new__(cls, arrays)
         rows.n, rows.after = n, after
         return rows
@@ -109,7 +110,10 @@ def install() -> None:
                 return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel,
                                                        after=q_keys.after)
         # A shape the kernel does not take: the rows dequantized, MLX's fused attention (whose reads an
-        # in-place write is not ordered before: that write is evaluated first).
+        # in-place write is not ordered before: that write is evaluated first). Not inside a trace, whose
+        # count is an array: there only our kernel attends (the traced step's first call fails, and ends it).
+        if isinstance(q_keys.n, mx.array):
+            raise ValueError(f"a traced step's attention must be our kernel's: {mask=}, {queries.shape}")
         if q_keys.after is not None:
             mx.eval(q_keys.after)
         return cuda_attention.reference(queries, q_keys, q_values, q_keys.n, scale, group_size, mask, bits)

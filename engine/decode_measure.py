@@ -51,11 +51,17 @@ def attention_kernels(shape: tuple[int, int, int]) -> list[str]:
     return [kernel for kernel in ("cores", "mma") if cuda_attention.shape_problem(*shape, 8, 64, kernel) is None]
 
 
+def compute_dtype(model: Any) -> mx.Dtype:
+    """The dtype the model computes in: its first block's quantized linears' scales' (float32 without any)."""
+    linears = first_block_linears(model)
+    return linears[0]["scales"].dtype if linears else mx.float32
+
+
 def measure(model: Any) -> Timings:
     """Time and check both kernels on `model`'s shapes (see the module docstring)."""
     timings: Timings = {}
     linears = first_block_linears(model)
-    dtype = linears[0]["scales"].dtype if linears else mx.float32
+    dtype = compute_dtype(model)
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
         timings["qmv"] = _time_linears(linears, dtype)
         timings.update(_time_compiled_mlp(model, dtype))

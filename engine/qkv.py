@@ -168,7 +168,7 @@ class QuantizedKVStore:
         self.values: tuple[mx.array, mx.array, mx.array] | None = None
         self._exclusive = False  # see `_in_place`
         self._written: mx.array | None = None  # the last in-place write's output (`engine.cuda_kv_write`)
-        self._kernel_takes: tuple[tuple, bool] | None = None  # (row shape and dtype, the kernel takes it)
+        self._kernel_takes: tuple[tuple, bool] | None = None  # (row shape, the kernel takes it: in the buffers' dtype)
 
     def _in_place(self, keys: mx.array, values: mx.array, end: int) -> bool:
         """Whether a write asked for in place (`write`'s `in_place`) may go through `engine.cuda_kv_write`:
@@ -257,11 +257,6 @@ class QuantizedKVStore:
         self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
         return self.keys[0].shape[2]
 
-    @property
-    def exclusive(self) -> bool:
-        """Whether the buffers are the store's alone (a row may be written into them in place)."""
-        return self._exclusive
-
     def reserve(self, end: int) -> None:
         """Room for positions up to `end` (the buffers grow as a write would grow them); needs buffers."""
         if end > self.keys[0].shape[2]:
@@ -275,14 +270,12 @@ class QuantizedKVStore:
         return self.keys, self.values
 
     def replace(self, keys: tuple[mx.array, ...], values: tuple[mx.array, ...]) -> None:
-        """Take the buffers a traced step returned (`engine.compiled`). Buffers other than the store's own are
-        its slice updates' outputs, or aliases of buffers written in place, which a traced step does only into
-        buffers that were the store's alone (`engine.trace_caches.layer_buffers`): the store's alone. The
-        store's own buffers handed back unwritten keep what they were."""
-        keys, values = tuple(keys), tuple(values)
-        if any(new is not old for new, old in zip((*keys, *values), (*self.keys, *self.values))):
-            self._exclusive = True
-        self.keys, self.values, self._written = keys, values, None
+        """Take the buffers a traced step returned (`engine.compiled`), the store's alone: every layer of a
+        step writes its row, so they are its slice updates' outputs, or aliases of buffers written in place,
+        which a traced step does only into buffers that were the store's alone
+        (`engine.trace_caches.layer_buffers`)."""
+        self.keys, self.values = tuple(keys), tuple(values)
+        self._exclusive, self._written = True, None
 
     @property
     def nbytes(self) -> int:

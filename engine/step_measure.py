@@ -20,7 +20,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engine.compiled import CompiledDecodeStep
-from engine.decode_measure import Timings, attention_shape, check_close
+from engine.decode_measure import Timings, attention_shape, check_close, compute_dtype
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def time_traced_step(model: Any, kernels: Any) -> Timings:
                                 ours=True)
     try:
         # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
-        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 4 * STEPS, _model_dtype(model))
+        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 4 * STEPS, compute_dtype(model))
                   for _ in range(2)]
         check_traced_step(plain, traced, *caches)
         return {"step_traced": (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
@@ -111,13 +111,3 @@ def _seconds_per_step(forward: Forward, cache: list, steps: int = STEPS) -> floa
         return token
 
     return best_seconds(queued) / steps
-
-
-def _model_dtype(model: Any) -> mx.Dtype:
-    """The dtype the model computes in (its first quantized layer's scales, else its first parameter's)."""
-    from mlx.utils import tree_flatten
-
-    from engine.linear_mode import first_block_linears
-
-    linears = first_block_linears(model)
-    return linears[0]["scales"].dtype if linears else tree_flatten(model.parameters())[0][1].dtype

@@ -13,8 +13,8 @@ stand-in caches below are what the model's layers call while the step is traced:
   backend, `engine.decode_choice`'s ``step_traced``) the row is written in place
   (`engine.cuda_kv_write`) and attended by `engine.cuda_attention` with the key count as an array.
 
-`layer_buffers`, `make_room` and `put_back` are the only places that know where each kind of cache
-keeps its buffers.
+`layer_buffers` and `put_back` are the only places that know where each kind of cache keeps its
+buffers.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from engine.decode_kernels import Q8Rows
 from engine.qkv import direct_attention_works
 from engine.window import QuantizedWindowKVCache, WindowKVCache
 
-Buffers = tuple[Any, ...]
-"""A layer's keys and values: two arrays (full precision), or two (packed, scales, biases) triples and the
-store's group size and bits (8-bit)."""
+Buffers = tuple[mx.array, mx.array] | dict[str, Any]
+"""A layer's keys and values: two arrays (full precision), or (8-bit) a dict of the (packed, scales, biases)
+triples of keys and values and the store's group size and bits."""
 
 _GROWTH = KVCache.step
 
@@ -87,44 +87,47 @@ def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: in
     return mx.arange(capacity)[None] <= (offset + mx.arange(n))[:, None]
 
 
-def layer_buffers(cache: Any, n: int, ours: bool) -> Buffers | None:
-    """The layer's buffers as a traced step of `n` tokens takes them (an 8-bit store's with its group size
-    and bits: constants of the trace), or None where it cannot: a cache of another kind, no buffers yet,
-    positions the window policy does not attend densely; with `ours`, anything but one row the store may
-    write in place (`engine.qkv.QuantizedKVStore.in_place_ready`: the buffers its alone, room, a row the
-    kernel takes); without, an 8-bit store whose query count MLX's quantized attention cannot take here
-    (`engine.qkv.direct_attention_works`, as the layer's own fetch asks)."""
+def layer_buffers(cache: Any, n: int, ours: bool, windows: bool = True) -> Buffers | None:
+    """The layer's buffers as a traced step of `n` tokens takes them, with room for the rows (grown as the
+    layer's own write would grow them), or None where it cannot take them: a cache of another kind (with
+    `windows` off, any but mlx-lm's `KVCache`), no buffers yet, positions the window policy does not
+    attend densely; with `ours`, anything but one row the store may write in place
+    (`engine.qkv.QuantizedKVStore.in_place_ready`: the buffers its alone, a row the kernel takes);
+    without, an 8-bit store whose query count MLX's quantized attention cannot take here
+    (`engine.qkv.direct_attention_works`, as the layer's own fetch asks). An 8-bit store's buffers come
+    with its group size and bits (constants of the trace)."""
     if type(cache) is KVCache:
-        return None if ours or cache.keys is None else (cache.keys, cache.values)
+        if ours or cache.keys is None:
+            return None
+        _grow_kv_cache(cache, n)
+        return cache.keys, cache.values
     store = getattr(cache, "store", None)
-    if type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or store.keys is None:
+    if not windows or type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or store.keys is None:
         return None
     if not cache.plan(cache.offset, n).dense:
         return None
-    if ours:
-        return (*store.buffers(), store.group_size, store.bits) \
-            if store.quantized and n == 1 and store.in_place_ready(cache.offset + 1) else None
+    store.reserve(cache.offset + n)
     if not store.quantized:
-        return store.buffers()
-    packed, scales = store.keys[0], store.keys[1]
-    if not direct_attention_works(n, packed.shape[1], packed.shape[3] * 32 // store.bits, scales.dtype, store.bits,
-                                  store.group_size, str(mx.default_device())):
+        return None if ours else store.buffers()
+    if ours and not (n == 1 and store.in_place_ready(cache.offset + 1)):
         return None
-    return (*store.buffers(), store.group_size, store.bits)
+    packed, scales = store.keys[0], store.keys[1]
+    if not ours and not direct_attention_works(n, packed.shape[1], packed.shape[3] * 32 // store.bits, scales.dtype,
+                                               store.bits, store.group_size, str(mx.default_device())):
+        return None
+    keys, values = store.buffers()
+    return {"keys": keys, "values": values, "group_size": store.group_size, "bits": store.bits}
 
 
 def stand_in(buffers: Buffers, offset: mx.array, ours: bool) -> Any:
     """The stand-in cache for one layer's `buffers` (as `layer_buffers` gave them)."""
-    if len(buffers) == 4:
-        return Q8BufferCache(*buffers, offset, ours=ours)
+    if isinstance(buffers, dict):
+        return Q8BufferCache(**buffers, offset=offset, ours=ours)
     return BufferCache(*buffers, offset)
 
 
-def make_room(cache: Any, n: int) -> None:
-    """Grow the layer's buffers (as its own write would) so that `n` more rows fit."""
-    if type(cache) is not KVCache:
-        cache.store.reserve(cache.offset + n)
-        return
+def _grow_kv_cache(cache: KVCache, n: int) -> None:
+    """Grow an mlx-lm `KVCache`'s buffers (as it would) so that `n` more rows fit."""
     if cache.offset + n <= cache.keys.shape[2]:
         return
     extra = _GROWTH * ((n + _GROWTH - 1) // _GROWTH)

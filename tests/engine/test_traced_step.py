@@ -127,10 +127,10 @@ def test_our_kernels_in_a_trace_take_each_steps_position_and_key_count(tiny_mode
     step = traced.decode_step
     assert (step.traces, step.fallbacks) == (1, 0)
     greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 50)  # 215 + 50 crosses the buffers' 256 rows
-    assert (step.traces, step.fallbacks) == (2, 1)  # the plain call grows them; then a trace at the new size
+    assert (step.traces, step.fallbacks) == (2, 0)  # grown as a write grows them; traced at the new size
     caches[1][0].state  # a checkpoint's views: the next write may not go in place, so no trace for it
     greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 2)
-    assert (step.traces, step.fallbacks) == (2, 2)
+    assert (step.traces, step.fallbacks) == (2, 1)
     assert ComputePath(model, kernels=TRACED).decode_step is None  # compute.compile off: nothing traced
 
 
@@ -155,6 +155,62 @@ def test_the_load_time_measurement_times_both_steps_after_checking_the_traced_on
     plain_s, traced_s = time_traced_step(model, OURS)["step_traced"]
     assert plain_s > 0 and traced_s > 0
     assert time_traced_step(model, DecodeKernels(qmv=True, attention=True, source="setting")) == {}  # no write
-    monkeypatch.setattr(trace_caches, "layer_buffers", lambda cache, n, ours: None)  # every step falls back
+    monkeypatch.setattr(trace_caches, "layer_buffers", lambda *layer: None)  # every step falls back
     assert time_traced_step(model, OURS) == {}
     assert "traced step: the step was not replayed from its trace; not using it" in caplog.text
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_an_engine_answers_from_the_trace_as_without_it(tiny_loaded, bits):
+    """Through `Engine` (MLX's layers and attention, window caches, checkpoints; a follow-up restores
+    one), with the compiled step on and off: the same answers, and the traced step in use. (The verify
+    step's trace is checked above: a random model's answers give prompt lookup nothing to draft.)"""
+    from checkpoint_helpers import ask, repo_segments, run
+
+    from engine.engine import Engine
+
+    tok, window = tiny_loaded.tokenizer, WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16)
+    repo = repo_segments(tok)
+    answers, steps = {}, (0, 0)
+    for compiled in (True, False):
+        with Engine(tiny_loaded, prefill_chunk=16, kv_bits=bits, window=window,
+                    compute=ComputeOptions(attention="mlx", compile=compiled)) as eng:
+            answers[compiled] = [run(eng, ask(tok, repo, q), max_tokens=24) for q in ("Where is main?", "Why?")]
+            if compiled:
+                steps = (eng.compute.decode_step.traces, eng.compute.decode_step.fallbacks)
+    assert [tokens for tokens, _ in answers[True]] == [tokens for tokens, _ in answers[False]]
+    assert answers[True][1][1].metrics.cached_tokens > 0  # the follow-up restored a checkpoint
+    assert steps[0] > 0 and steps[1] == 0  # every decode step traced
+
+
+def test_numpy_attention_keeps_window_caches_on_the_plain_call(tiny_loaded):
+    """Where the path's attention is NumPy's (the CPU's, for llama/qwen attention) it beats the trace's MLX
+    attention over a window cache: only mlx-lm's `KVCache` is traced there."""
+    model = tiny_loaded.model
+    path = choose(model, ComputeOptions(attention="numpy", forward="mlx"))
+    assert path.attention == "numpy" and path.decode_step is not None
+    expected = greedy(lambda t, c: model(t, cache=c), prefilled(model, 8, 120, dense_from=0), 3)[0]
+    assert greedy(lambda t, c: path.forward(t, c), prefilled(model, 8, 120, dense_from=0), 3)[0] == expected
+    assert (path.decode_step.traces, path.decode_step.fallbacks) == (0, 3)
+
+
+def test_a_store_writes_in_place_only_into_its_own_buffers_with_room_and_takes_a_traced_steps_back(monkeypatch):
+    from engine.qkv import QuantizedKVStore
+
+    monkeypatch.setattr(cuda_kv_write, "shape_problem", lambda keys, bits, group_size=64: None)
+    store, rows = QuantizedKVStore(), mx.random.normal((1, 2, 250, 64), key=mx.random.key(3))
+    store.write(0, rows, rows)  # a slice update: the buffers are the store's
+    assert store.in_place_ready(251) and store.in_place_ready(256) and not store.in_place_ready(257)
+    assert not store.in_place_ready(251, dtype=mx.float16)  # rows unlike the buffers
+    views = store.state(250)  # a checkpoint's views
+    assert not store.in_place_ready(251)
+    store.reserve(300)  # grown as a write grows them: new buffers, the store's alone, the rows kept
+    assert store.keys[0].shape[2] == 512 and store.in_place_ready(300)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(store.state(250), views))
+    store.load(views)
+    store.replace(*store.buffers())  # what a traced step hands back is the store's alone
+    assert store.in_place_ready(250)
+    monkeypatch.setattr(cuda_kv_write, "shape_problem", lambda keys, bits, group_size=64: "not this row")
+    other = QuantizedKVStore()
+    other.write(0, rows, rows)
+    assert not other.in_place_ready(251)  # a row the kernel does not take
