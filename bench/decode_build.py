@@ -19,9 +19,10 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
 - ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
   where it measured it faster at load; whether MLX traces our CUDA kernels is not known here);
-- ``ours+traced-step`` (8-bit caches only): the whole step replayed from one trace (`engine.compiled`,
-  the engine's ``step_traced``, likewise taken where measured faster at load): building it is
-  replaying the trace (MLX makes the step's arrays from it, in C++) plus the Python around it.
+- ``ours+traced-step``: the whole step replayed from one trace (`engine.compiled`, the engine's
+  ``step_traced`` for 8-bit caches and ``step_traced_bf16``, with the chunk attention, for bf16 ones;
+  likewise taken where measured faster at load): building it is replaying the trace (MLX makes the
+  step's arrays from it, in C++) plus the Python around it.
 
     python bench/decode_build.py --out /tmp/decode_build.json
 """
@@ -90,10 +91,12 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
     from engine.decode_choice import DecodeKernels
 
     ours = variant != "mlx"
+    traced = variant == "ours+traced-step"
     kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
-                            mlp_compiled=variant == "ours+compiled-mlp", step_traced=variant == "ours+traced-step",
+                            mlp_compiled=variant == "ours+compiled-mlp", step_traced=traced and bits == 8,
+                            attention_chunk=traced and bits == 16, step_traced_bf16=traced and bits == 16,
                             source="setting")
-    path = ComputePath(model, kernels=kernels, compiled=kernels.step_traced)  # (compiled: MLX's step traced too)
+    path = ComputePath(model, kernels=kernels, compiled=traced)  # (compiled: MLX's step traced too)
     start, token, built = cache[0].offset, mx.array([[7]], dtype=mx.uint32), []
     for i in range(steps + 3):
         for c in cache:
@@ -105,7 +108,7 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int) -> li
         # untimed: the next step builds on evaluated arrays (the buffers, not `state`: its views would keep
         # the next write from going in place, as a checkpoint does)
         mx.eval(step, [c.store.buffers() for c in cache])
-    if variant == "ours+traced-step" and (path.decode_step.traces, path.decode_step.fallbacks) != (1, 0):
+    if traced and (path.decode_step.traces, path.decode_step.fallbacks) != (1, 0):
         raise RuntimeError(f"the traced step was not replayed: {path.decode_step.__dict__}")
     return built
 
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     with mx.stream(mx.cpu), emulated_cuda():
         for bits in (int(b) for b in a.bits.split(",")):
             model, cache = model_and_cache(bits, a.context)
-            for variant in VARIANTS if bits == 8 else VARIANTS[:-1]:  # the traced step takes 8-bit caches
+            for variant in VARIANTS:
                 built = build_ms(model, cache, variant, bits, a.steps)
                 result["rows"].append({"bits": bits, "variant": variant, "median_ms": round(statistics.median(built), 3),
                                        "min_ms": round(min(built), 3)})

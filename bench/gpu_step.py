@@ -11,7 +11,8 @@ evaluated at a time); the first two again with the cache's one-row writes skippe
 attends over rows that do not change: the timing of everything but the write); on CUDA the 8-bit
 configuration three times, the cache written by MLX's slice updates, by our in-place kernel
 (`engine.cuda_kv_write`), and by it in the whole step replayed from its trace (``ours+traced``,
-`engine.compiled`: the engine's ``step_traced``). A process's history matters (``--bits`` orders the widths). MLX's CUDA
+`engine.compiled`: the engine's ``step_traced``); the bf16 one also replayed from its trace, with
+our chunk attention in it (``step_traced_bf16``). A process's history matters (``--bits`` orders the widths). MLX's CUDA
 graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
 process each.
 
@@ -132,14 +133,16 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
     ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
     # The whole step replayed from its trace, our kernels in it (`engine.compiled`; its switches are its own).
     traced = ComputePath(model, kernels=DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True,
-                                                      source="setting"), compiled=True)
+                                                      attention_chunk=True, step_traced_bf16=True, source="setting"),
+                         compiled=True)
     rows = []
     for context in lengths:
         for bits in widths:
             kernels = (ours, False, False) if bits == 16 else (ours, ours, ours)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
-            for write in ("mlx", "ours", "ours+traced") if ours and bits == 8 else ("mlx",):
+            writes = ("mlx", "ours", "ours+traced") if bits == 8 else ("mlx", "ours+traced")
+            for write in writes if ours else ("mlx",):
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
                 for mode in MODES:
                     times = decode_steps(traced if write == "ours+traced" else path, cache, steps, kernels, mode,

@@ -57,8 +57,8 @@ class CompiledDecodeStep:
             ``fallback(tokens, cache) -> logits``; ``model(tokens, cache=cache)`` when None.
         scope: The context the model runs in while traced, given the token count (the compute path's
             switches: they hold while the trace is made, and the trace replays what ran).
-        ours: The trace holds our CUDA kernels' in-place write and attention (`engine.trace_caches`):
-            one token into 8-bit window caches only.
+        ours: The window caches' stores whose one-token step the trace takes with our CUDA kernels in it
+            (`engine.trace_caches`: "q8", "dense"); empty: MLX's kernels, any cache it takes.
         windows: Take the engine's window caches, not only mlx-lm's `KVCache` (off where the path's
             attention is NumPy's: over a long window cache it is faster than the trace's MLX attention).
     """
@@ -66,7 +66,7 @@ class CompiledDecodeStep:
     def __init__(self, model: Any, max_tokens: int = 1,
                  fallback: Callable[[mx.array, Sequence[Any]], mx.array] | None = None,
                  scope: Callable[[int], contextlib.AbstractContextManager[None]] | None = None,
-                 ours: bool = False, windows: bool = True) -> None:
+                 ours: frozenset[str] = frozenset(), windows: bool = True) -> None:
         self.model = model
         self.max_tokens = max_tokens
         self.ours, self.windows = ours, windows

@@ -70,11 +70,13 @@ class ComputePath:
         self.compiled = compiled
         self.blas = blas.in_use()
         self.notes = tuple(notes)
-        # With our kernels, decode is traced only where they hold the traced step (their 8-bit one), verify never.
-        traced = compiled and (self.kernels.step_traced or not self.kernels.any)
+        # With our kernels, decode is traced only over the stores they hold the traced step for, verify never.
+        ours = frozenset(kind for kind, on in (("q8", self.kernels.step_traced),
+                                               ("dense", self.kernels.step_traced_bf16)) if on)
+        traced = compiled and (bool(ours) or not self.kernels.any)
         windows = attention != "numpy"  # NumPy's attention beats the trace's MLX attention over a window cache
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
-                                          ours=self.kernels.step_traced, windows=windows) if traced else None
+                                          ours=ours, windows=windows) if traced else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
             if compiled and not self.kernels.any else None
 

@@ -287,7 +287,7 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
     cs = split_size(span, kv_heads)
     splits = -(-span // cs)
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))
-    meta = cuda_backend.count_and_split(n, cs)
+    meta = cuda_backend.sizes(n, cs)
     part_out, part_ml = partial(
         inputs=[q, *keys, *values, meta, meta if after is None else after],
         template=[("T", keys[1].dtype), ("G", G), ("D", D), ("GS", group_size)],

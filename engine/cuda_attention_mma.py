@@ -375,7 +375,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx
     blocks = -(-(-(-span // cs)) // WARPS)
     splits = blocks * WARPS
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
-    meta = cuda_backend.count_and_split(n, cs)
+    meta = cuda_backend.sizes(n, cs)
     return tuple(_kernel()(
         inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
         template=[("T", keys[1].dtype), ("G", H // kv_heads)],

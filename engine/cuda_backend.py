@@ -112,12 +112,12 @@ def int32s(*values: int) -> mx.array:
     return mx.array(values, dtype=mx.int32)
 
 
-def count_and_split(n: int | mx.array, split: int) -> mx.array:
-    """A key count and keys per split as our attention kernels read them (int32, two elements); `n` may be
-    an int32 array of one element (a traced step's count, `engine.compiled`)."""
+def sizes(n: int | mx.array, *more: int) -> mx.array:
+    """A key count and further sizes (keys per split, ...) as our attention kernels read them (int32); `n`
+    may be an int32 array of one element (a traced step's count, `engine.compiled`)."""
     if isinstance(n, mx.array):
-        return mx.concatenate([n.reshape(1).astype(mx.int32), mx.array([split], dtype=mx.int32)])
-    return int32s(n, split)
+        return mx.concatenate([n.reshape(1).astype(mx.int32), mx.array(more, dtype=mx.int32)])
+    return int32s(n, *more)
 
 
 def split_size(n: int, parts: int, target: int, least: int, multiple: int) -> int:

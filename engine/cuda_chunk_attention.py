@@ -243,9 +243,12 @@ def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: i
     return cuda_backend.split_size(n, blocks_per_split, target_blocks, least, TILE)
 
 
-def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:
+def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int | mx.array,
+                    scale: float) -> mx.array:
     """Causal attention of `queries` (1, H, L, 128), the chunk's last positions, over the first `n`
     rows of `keys`/`values` (1, KV heads, >= n, 128; bf16; the chunk's own keys are rows n - L .. n - 1).
+    `n` may be an int32 array of one element (a traced decode step's key count, `engine.trace_caches`):
+    the keys are then split over the buffers' rows, not the count (splits past it are empty).
 
     Returns:
         (1, H, L, 128) in the queries' dtype.
@@ -254,13 +257,14 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int,
     kv_heads = keys.shape[1]
     G = H // kv_heads
     problem = shape_problem(L, G, D, keys.dtype) if B == 1 else f"{B} sequences"
-    if problem is not None or n < L or keys.shape[2] < n or values.shape[2] < n:
+    span = min(keys.shape[2], values.shape[2]) if isinstance(n, mx.array) else n
+    if problem is not None or span < L or keys.shape[2] < span or values.shape[2] < span:
         raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
     row_blocks = -(-(L * G) // (16 * WARPS))
-    cs = split_size(n, row_blocks * kv_heads)
-    splits = -(-n // cs)
+    cs = split_size(span, row_blocks * kv_heads)
+    splits = -(-span // cs)
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H x L rows of D (flat): no reshape
-    meta = cuda_backend.int32s(n, L, cs)
+    meta = cuda_backend.sizes(n, L, cs)
     part_out, part_ml = _kernel()(
         inputs=[q, keys, values, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
         grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),

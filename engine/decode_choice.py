@@ -24,9 +24,10 @@ the same thing:
 - decode's MLPs replayed from a trace (``mlp_compiled``, `engine.compiled_mlp`): the first block's MLP
   on one row with our linears, `REPEAT` calls per evaluation, traced against its own call (checked
   against it like the kernels); only together with our linears (what the trace holds);
-- the whole one-token step over 8-bit caches replayed from its trace (``step_traced``, `engine.compiled`),
+- the whole one-token step replayed from its trace (`engine.compiled`), over 8-bit caches (``step_traced``,
+  only with the in-place write) and over bf16 ones (``step_traced_bf16``, only with the chunk attention),
   measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued
-  steps over a short 8-bit cache, traced against plain, checked first; only with the in-place write.
+  steps over a short cache, traced against plain, checked first.
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `decode_measure.MAX_ERROR` (MLX's own 4-bit product
@@ -44,7 +45,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from engine import compiled_mlp, cuda_qmv, decode_kernels, linear_mode
+from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, linear_mode
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
                                    attention_shape, faster_attention)
@@ -55,7 +56,8 @@ from engine.step_measure import STEPS, TRACE_KEYS, time_traced_step
 
 logger = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced")
+KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
+                "step_traced_bf16")
 MARGIN = 0.05
 
 
@@ -78,6 +80,8 @@ class DecodeKernels:
         step_traced: a one-token forward over 8-bit caches replayed whole from its trace (`engine.compiled`,
             our kernels in it; only with `kv_write`, whose in-place write and our attention take the
             position and key count as arrays).
+        step_traced_bf16: the same over bf16 caches (only with `attention_chunk`, whose kernel attends the
+            one query with the key count as an array).
     """
 
     qmv: bool = False
@@ -90,6 +94,7 @@ class DecodeKernels:
     kv_write: bool = False
     mlp_compiled: bool = False
     step_traced: bool = False
+    step_traced_bf16: bool = False
 
     @property
     def any(self) -> bool:
@@ -106,7 +111,8 @@ class DecodeKernels:
         which holds the MLPs itself."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
         attention = (self.attention or self.attention_mma) and rows == 1
-        chunk = self.attention_chunk and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
+        chunk = self.attention_chunk and (1 < rows <= decode_kernels.CHUNK_MAX_ROWS
+                                          or traced and rows == 1 and self.step_traced_bf16)
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp) \
@@ -114,11 +120,13 @@ class DecodeKernels:
 
     def wire(self, model: Any) -> None:
         """Give the model's layers the classes the chosen kernels are called through (our linears, the MLPs
-        that replay a trace); the compute path does it once when built."""
+        that replay a trace, the attention modules' wired call); the compute path does it once when built."""
         if self.qmv:
             linear_mode.wire(model)
         if self.mlp_compiled:
             compiled_mlp.wire(model)
+        if self.attention_chunk:
+            cpu_attention.wire(model)  # the attention modules' call that reaches the chunk kernel
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
@@ -150,7 +158,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
-                             step_traced=ours,
+                             step_traced=ours, step_traced_bf16=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)
@@ -196,9 +204,10 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
     if chosen["mlp_compiled"] and not chosen["qmv"]:
         chosen["mlp_compiled"] = False
         notes.append("kernels: mlp_compiled needs qmv")
-    if chosen["step_traced"] and not chosen["kv_write"]:
-        chosen["step_traced"] = False
-        notes.append("kernels: step_traced needs kv_write")
+    for traced, needs in (("step_traced", "kv_write"), ("step_traced_bf16", "attention_chunk")):
+        if chosen[traced] and not chosen[needs]:
+            chosen[traced] = False
+            notes.append(f"kernels: {traced} needs {needs}")
     return chosen, tuple(notes)
 
 

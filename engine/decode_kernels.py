@@ -69,9 +69,13 @@ def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
 
 def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:
     """A chunk's attention: `engine.cuda_chunk_attention` for a dense causal chunk over a bf16 cache
-    (keys and values as the cache's fetch returned them), mlx-lm's attention for anything else
-    (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
+    (keys and values as the cache's fetch returned them) or for a traced decode step's one query over
+    a bf16 cache's whole buffers (the cache's `count`, an array: `engine.trace_caches`), mlx-lm's
+    attention for anything else (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
     B, H, L, D = queries.shape
+    count = getattr(cache, "count", None)
+    if isinstance(count, mx.array) and not hasattr(cache, "bits"):
+        return cuda_chunk_attention.chunk_attention(queries, keys, values, count, scale)
     if (B == 1 and not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
             and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)

@@ -5,15 +5,16 @@ On the H200 a decode step is the host's work: building its graph in Python, then
 (docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit caches
 from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for the model during
 a step. Whether that is faster is measured here, on the model itself, with the kernels already
-chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache, queued as
-decode queues them (each step built from the previous step's lazy token), the plain forward against
-the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
-trace (not falling back), and at every step the plain step's logits (within `decode_measure.MAX_ERROR`)
-and every layer's written row.
+chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache (and of
+bf16 cache), queued as decode queues them (each step built from the previous step's lazy token), the
+plain forward against the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
+trace (not falling back), and at every step the plain step's logits and every layer's written row
+(within `decode_measure.MAX_ERROR`: a trace may fuse operations the plain step runs apart).
 Few keys on purpose: what a trace can save is the host's part, which does not grow with the context.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -46,30 +47,43 @@ def filled_cache(model: Any, policy: Any, bits: int, rows: int, dtype: mx.Dtype 
     return cache
 
 
-def time_traced_step(model: Any, kernels: Any) -> Timings:
-    """"step_traced": seconds per one-token step, plain against traced (module docstring), with `kernels`
-    (an `engine.decode_choice.DecodeKernels`) as chosen; empty where they hold no in-place write (the
-    trace's write) or the traced step fails its check."""
-    from engine.window import WindowPolicy
+TRACED = (("step_traced", 8, "q8", "kv_write"), ("step_traced_bf16", 16, "dense", "attention_chunk"))
+"""The traced steps measured: (name, cache bits, store kind in the trace, the kernel it needs chosen)."""
 
-    if not kernels.kv_write or attention_shape(model) is None:
+
+def time_traced_step(model: Any, kernels: Any) -> Timings:
+    """"step_traced" (8-bit caches) and "step_traced_bf16" (bf16 caches): seconds per one-token step,
+    plain against traced (module docstring), with `kernels` (an `engine.decode_choice.DecodeKernels`) as
+    chosen; each only where they hold the kernel its trace needs (the in-place write, the chunk attention),
+    and left out where its traced step fails its check."""
+    if attention_shape(model) is None:
         return {}
     kernels.wire(model)
+    timings: Timings = {}
+    for name, bits, kind, needs in TRACED:
+        if getattr(kernels, needs):
+            timings.update(_time_traced(model, kernels, name, bits, kind))
+    return timings
+
+
+def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> Timings:
+    from engine.window import WindowPolicy
 
     def plain(tokens: mx.array, cache: list) -> mx.array:
         with kernels.scope(tokens.size):
             return model(tokens, cache=cache)
 
-    traced = CompiledDecodeStep(model, 1, fallback=plain, scope=lambda rows: kernels.scope(rows, traced=True),
-                                ours=True)
+    inside = dataclasses.replace(kernels, **{name: True})  # the switches the trace is made under
+    traced = CompiledDecodeStep(model, 1, fallback=plain, scope=lambda rows: inside.scope(rows, traced=True),
+                                ours=frozenset({kind}))
     try:
         # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
-        caches = [filled_cache(model, WindowPolicy(enabled=False), 8, TRACE_KEYS - 4 * STEPS, compute_dtype(model))
+        caches = [filled_cache(model, WindowPolicy(enabled=False), bits, TRACE_KEYS - 4 * STEPS, compute_dtype(model))
                   for _ in range(2)]
         check_traced_step(plain, traced, *caches)
-        return {"step_traced": (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
+        return {name: (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
-        logger.warning("decode kernels: traced step: %s; not using it", err)
+        logger.warning("decode kernels: traced step (%s): %s; not using it", name, err)
         return {}
 
 
@@ -90,10 +104,9 @@ def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: l
         if traced.fallbacks != fallbacks or traced.traces != traces:
             raise RuntimeError("the step was not replayed from its trace")
         check_close("step_traced", got, expected)
-        for ours, theirs in zip(traced_cache, plain_cache):
-            if not all(mx.array_equal(a, b).item() for a, b in zip(ours.store.read(at, at + 1),
-                                                                   theirs.store.read(at, at + 1))):
-                raise RuntimeError("the traced step wrote another row than the plain step")
+        for ours, theirs in zip(traced_cache, plain_cache):  # (a row of an 8-bit store dequantized)
+            for written, row in zip(ours.store.read(at, at + 1), theirs.store.read(at, at + 1)):
+                check_close("step_traced's row", written, row)
         token = mx.argmax(expected[:, -1, :], axis=-1).reshape(1, 1)
 
 

@@ -13,6 +13,10 @@ stand-in caches below are what the model's layers call while the step is traced:
   backend, `engine.decode_choice`'s ``step_traced``) the row is written in place
   (`engine.cuda_kv_write`) and attended by `engine.cuda_attention` with the key count as an array.
 
+With ours over full precision (``step_traced_bf16``) the row is written by the same slice update and
+the one query attended by `engine.cuda_chunk_attention` with the key count as an array (reached
+through the attention modules' wired call, `engine.decode_kernels.attend_chunk`).
+
 `layer_buffers` and `put_back` are the only places that know where each kind of cache keeps its
 buffers.
 """
@@ -36,17 +40,23 @@ _GROWTH = KVCache.step
 
 
 class BufferCache:
-    """Stand-in for a full-precision cache while tracing: whole buffers, array offset."""
+    """Stand-in for a full-precision cache while tracing: whole buffers, array offset; with `ours`, the key
+    count as an array (`count`, after the write) for `engine.cuda_chunk_attention`, and no mask."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
-        self.keys, self.values, self.offset = keys, values, offset
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, ours: bool = False) -> None:
+        self.keys, self.values, self.offset, self.ours = keys, values, offset, ours
+        self.count: mx.array | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
         self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
+        if self.ours:
+            self.count = self.offset + keys.shape[2]
         return self.keys, self.values
 
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array | None:
+        if self.ours:
+            return None  # our kernel attends over the first `count` rows it is given
         return _causal_over_buffer(n, self.keys.shape[2], self.offset, window_size)
 
     def buffers(self) -> tuple[Any, Any]:
@@ -87,15 +97,19 @@ def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: in
     return mx.arange(capacity)[None] <= (offset + mx.arange(n))[:, None]
 
 
-def layer_buffers(cache: Any, n: int, ours: bool, windows: bool = True) -> Buffers | None:
+Ours = frozenset
+"""The stores a traced step with our CUDA kernels takes ("q8": 8-bit, "dense": full precision); empty: MLX's."""
+
+
+def layer_buffers(cache: Any, n: int, ours: Ours = frozenset(), windows: bool = True) -> Buffers | None:
     """The layer's buffers as a traced step of `n` tokens takes them, with room for the rows (grown as the
     layer's own write would grow them), or None where it cannot take them: a cache of another kind (with
     `windows` off, any but mlx-lm's `KVCache`), no buffers yet, positions the window policy does not
-    attend densely; with `ours`, anything but one row the store may write in place
-    (`engine.qkv.QuantizedKVStore.in_place_ready`: the buffers its alone, a row the kernel takes);
-    without, an 8-bit store whose query count MLX's quantized attention cannot take here
-    (`engine.qkv.direct_attention_works`, as the layer's own fetch asks). An 8-bit store's buffers come
-    with its group size and bits (constants of the trace)."""
+    attend densely; with `ours`, anything but one row into a store of a kind in `ours`, and for an 8-bit
+    one a row it may write in place (`engine.qkv.QuantizedKVStore.in_place_ready`: the buffers its alone,
+    a row the kernel takes); without, an 8-bit store whose query count MLX's quantized attention cannot
+    take here (`engine.qkv.direct_attention_works`, as the layer's own fetch asks). An 8-bit store's
+    buffers come with its group size and bits (constants of the trace)."""
     if type(cache) is KVCache:
         if ours or cache.keys is None:
             return None
@@ -104,12 +118,12 @@ def layer_buffers(cache: Any, n: int, ours: bool, windows: bool = True) -> Buffe
     store = getattr(cache, "store", None)
     if not windows or type(cache) not in (WindowKVCache, QuantizedWindowKVCache) or store.keys is None:
         return None
-    if not cache.plan(cache.offset, n).dense:
+    if not cache.plan(cache.offset, n).dense or (ours and (n != 1 or _kind(store) not in ours)):
         return None
     store.reserve(cache.offset + n)
     if not store.quantized:
-        return None if ours else store.buffers()
-    if ours and not (n == 1 and store.in_place_ready(cache.offset + 1)):
+        return store.buffers()
+    if ours and not store.in_place_ready(cache.offset + 1):
         return None
     packed, scales = store.keys[0], store.keys[1]
     if not ours and not direct_attention_works(n, packed.shape[1], packed.shape[3] * 32 // store.bits, scales.dtype,
@@ -119,11 +133,15 @@ def layer_buffers(cache: Any, n: int, ours: bool, windows: bool = True) -> Buffe
     return {"keys": keys, "values": values, "group_size": store.group_size, "bits": store.bits}
 
 
-def stand_in(buffers: Buffers, offset: mx.array, ours: bool) -> Any:
+def stand_in(buffers: Buffers, offset: mx.array, ours: Ours) -> Any:
     """The stand-in cache for one layer's `buffers` (as `layer_buffers` gave them)."""
     if isinstance(buffers, dict):
-        return Q8BufferCache(**buffers, offset=offset, ours=ours)
-    return BufferCache(*buffers, offset)
+        return Q8BufferCache(**buffers, offset=offset, ours="q8" in ours)
+    return BufferCache(*buffers, offset, ours="dense" in ours)
+
+
+def _kind(store: Any) -> str:
+    return "q8" if store.quantized else "dense"
 
 
 def _grow_kv_cache(cache: KVCache, n: int) -> None:

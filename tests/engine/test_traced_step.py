@@ -11,7 +11,8 @@ from test_compiled import greedy
 from test_decode_kernels import DENSE
 from test_linear_mode import Timings, quantized_model
 
-from engine import cuda_attention, cuda_backend, cuda_kv_write, cuda_qmv, decode_choice, trace_caches
+from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write, cuda_qmv,
+                    decode_choice, trace_caches)
 from engine.compiled import CompiledDecodeStep
 from engine.compute import ComputeOptions, ComputePath, choose
 from engine.decode_choice import DecodeKernels, resolve
@@ -70,9 +71,10 @@ def test_the_path_verifies_drafts_over_window_caches_from_a_trace(tiny_loaded):
 @pytest.fixture
 def semantic_kernels(monkeypatch):
     """Stand-ins for our CUDA kernels (no CPU build): the linears compute MLX's quantized product; the write
-    writes nothing and returns its row's position; the attention returns a pattern of its key count n and
-    of what it is ordered after (the write's position p; without a write, n again): sin(0.05 n + d) +
-    cos(0.3 p) for dim d of every head. Records the calls made (a replayed trace makes none)."""
+    writes nothing and returns its row's position; the 8-bit attention returns a pattern of its key count n
+    and of what it is ordered after (the write's position p; without a write, n again): sin(0.05 n + d) +
+    cos(0.3 p) for dim d of every head; the chunk attention (a full-precision cache) attends for real over
+    the first n rows, through a mask. Records the calls made (a replayed trace makes none)."""
     calls = []
 
     def qmv(inputs, template, output_shapes, output_dtypes, **_):
@@ -95,6 +97,16 @@ def semantic_kernels(monkeypatch):
     def merge(inputs, output_shapes, template, **_):
         return [inputs[0][:, 0, :].reshape(output_shapes[0]).astype(dict(template)["T"])]
 
+    def chunk(inputs, output_shapes, **_):  # one query over a full-precision cache: real attention, masked
+        calls.append("chunk")
+        q, keys, values, meta, scale2 = inputs
+        heads, (rows, splits, dim) = q.shape[1], output_shapes[0]
+        k, v = (mx.repeat(a, heads // a.shape[1], axis=1).astype(mx.float32) for a in (keys, values))
+        scores = (q.astype(mx.float32) @ k.swapaxes(-1, -2)) * (scale2[0] / cuda_backend.LOG2E)
+        weights = mx.softmax(mx.where(mx.arange(keys.shape[2]) < meta[0], scores, -mx.inf), axis=-1)
+        out = (weights @ v).reshape(rows, 1, dim)
+        return [mx.concatenate([out, mx.zeros((rows, splits - 1, dim))], axis=1), mx.zeros(output_shapes[1])]
+
     monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
     monkeypatch.setattr(cuda_kv_write, "shape_problem", lambda keys, bits, group_size=64: None)
     monkeypatch.setattr(cuda_attention, "unsupported", lambda *args: None)
@@ -102,6 +114,9 @@ def semantic_kernels(monkeypatch):
     monkeypatch.setattr(cuda_qmv, "_kernel", lambda: qmv)
     monkeypatch.setattr(cuda_kv_write, "_q8_kernel", lambda: write)
     monkeypatch.setattr(cuda_attention, "_kernels", lambda: (partial, merge))
+    monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *shape: None)  # the tiny model's heads
+    monkeypatch.setattr(cuda_chunk_attention, "_kernel", lambda: chunk)
+    monkeypatch.setattr(cuda_attention_mma, "_merge_kernel", lambda: merge)
     return calls
 
 
@@ -134,6 +149,28 @@ def test_our_kernels_in_a_trace_take_each_steps_position_and_key_count(tiny_mode
     assert ComputePath(model, kernels=TRACED).decode_step is None  # compute.compile off: nothing traced
 
 
+def test_a_bf16_cache_traced_with_our_chunk_kernel_attends_over_each_steps_keys(tiny_model_dir, semantic_kernels,
+                                                                                 monkeypatch):
+    model = quantized_model(tiny_model_dir)
+    chunked = DecodeKernels(qmv=True, attention_chunk=True, source="setting")
+    plain = ComputePath(model, kernels=chunked)  # one query: MLX's attention over the rows
+    sdpa = mx.fast.scaled_dot_product_attention  # given the queries as our kernel reads them (bf16)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, **options: sdpa(q.astype(mx.bfloat16).astype(q.dtype), k, v, **options))
+    traced = ComputePath(model, kernels=DecodeKernels(**{**chunked.__dict__, "step_traced_bf16": True}), compiled=True)
+    assert traced.identity().endswith("kernels=qmv+attention_chunk+step_traced_bf16")
+    caches = [filled_cache(model, DENSE, 16, 200, mx.float32) for _ in range(2)]
+    check_traced_step(lambda t, c: plain.forward(t, c), traced.decode_step, *caches)  # the load-time check passes
+    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 60)  # 203 + 60 crosses 256 rows
+    before = len(semantic_kernels)
+    got = greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 60)
+    assert semantic_kernels[before:].count("chunk") == len(caches[1])  # one trace made at the new size
+    assert (traced.decode_step.traces, traced.decode_step.fallbacks) == (2, 0)
+    assert got[0] == expected[0]
+    assert max(mx.abs(a - b).max().item() for a, b in zip(expected[1], got[1])) < 1e-4
+    assert all(mx.allclose(a.state[0], b.state[0], atol=1e-5).item() for a, b in zip(*caches))
+
+
 def test_the_traced_step_runs_where_measured_faster_and_only_with_the_in_place_write(tiny_model_dir, tmp_path):
     model = quantized_model(tiny_model_dir)
     store = LinearModeCache(tmp_path / "linear-modes.json")
@@ -155,9 +192,11 @@ def test_the_load_time_measurement_times_both_steps_after_checking_the_traced_on
     plain_s, traced_s = time_traced_step(model, OURS)["step_traced"]
     assert plain_s > 0 and traced_s > 0
     assert time_traced_step(model, DecodeKernels(qmv=True, attention=True, source="setting")) == {}  # no write
+    bf16 = time_traced_step(model, DecodeKernels(qmv=True, attention_chunk=True, source="setting"))
+    assert set(bf16) == {"step_traced_bf16"} and min(bf16["step_traced_bf16"]) > 0
     monkeypatch.setattr(trace_caches, "layer_buffers", lambda *layer: None)  # every step falls back
     assert time_traced_step(model, OURS) == {}
-    assert "traced step: the step was not replayed from its trace; not using it" in caplog.text
+    assert "traced step (step_traced): the step was not replayed from its trace; not using it" in caplog.text
 
 
 @pytest.mark.parametrize("bits", [16, 8])
