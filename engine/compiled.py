@@ -23,8 +23,8 @@ precision or 8-bit) at positions the window policy attends densely (decode);
 anything else (a windowed position, a sliding or recurrent layer) takes the
 plain call. The ``compute.compile`` setting decides whether `engine.compute`
 builds the step at all; with our CUDA decode kernels the path builds it only where
-`engine.decode_choice` measured it faster (``step_traced``: 8-bit caches, one
-token). A first compiled step that fails (MLX's CPU backend builds fused kernels
+`engine.decode_choice` measured it faster (one token: ``step_traced`` over 8-bit
+caches, ``step_traced_bf16`` over bf16 ones). A first compiled step that fails (MLX's CPU backend builds fused kernels
 with the system C++ compiler) turns it off, logged once. After the step the real
 caches hold exactly what the plain call would have left: the same buffers with
 the rows written and ``offset + n``. The trace runs the model's own arithmetic

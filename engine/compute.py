@@ -192,8 +192,9 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
     linear = linear_mode.resolve(model, options.linear)
     kernels = decode_choice.resolve(model, options.kernels)
     if kernels.attention_chunk and not cpu_attention.wire(model):  # the wired call is where it runs
-        kernels = dataclasses.replace(kernels, attention_chunk=False, notes=(
-            *kernels.notes, f"kernels: attention_chunk needs a llama/qwen-style attention ({type(model).__module__})"))
+        kernels = dataclasses.replace(kernels, attention_chunk=False, step_traced_bf16=False, notes=(
+            *kernels.notes, f"kernels: attention_chunk (and step_traced_bf16) needs a llama/qwen-style attention "
+                            f"({type(model).__module__})"))
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
                        compiled=options.compile and numpy_forward is None, linear=linear, kernels=kernels,
                        notes=[*notes, *linear.notes, *kernels.notes])

@@ -27,7 +27,8 @@ bf16 keys and values of head dim 128 (the cache's buffers as the store holds the
 between heads and between positions, rows 16-byte aligned). `bench/gpu_attention.py`'s `chunk`
 section measures it against MLX's attention (docs/benchmarks.md, *GPU engine*), and
 `engine.decode_choice` at load (the engine runs it for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS`
-tokens where it wins: `decode_kernels.attend_chunk`).
+tokens where it wins, and for the one query of a traced bf16 decode step, ``step_traced_bf16``, with the
+key count as an array: `decode_kernels.attend_chunk`).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping
 from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, linear_mode
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
-                                   attention_shape, faster_attention)
+                                   attention_shape, compute_dtype, faster_attention)
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
@@ -158,7 +158,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
-                             step_traced=ours, step_traced_bf16=True,
+                             step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model),
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)
@@ -209,6 +209,16 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
             chosen[traced] = False
             notes.append(f"kernels: {traced} needs {needs}")
     return chosen, tuple(notes)
+
+
+def _chunk_kernel_takes_one_query(model: Any) -> bool:
+    """Whether the chunk kernel attends a traced bf16 step's one query for `model` (its heads, its dtype, and
+    attention modules the wired call reaches it through)."""
+    from engine import cuda_chunk_attention
+
+    shape = attention_shape(model)
+    return (shape is not None and cpu_attention.wirable(model)
+            and cuda_chunk_attention.shape_problem(1, shape[0] // shape[1], shape[2], compute_dtype(model)) is None)
 
 
 def _our_attention_takes(model: Any) -> bool:

@@ -16,8 +16,8 @@ and the layers ask `qmv_on()` / `attention_on()`:
   replaces (once per process) by a function that sends `Q8Rows` to our kernel and
   everything else to mlx-lm's own function, unchanged;
 - a short chunk's attention (`engine.cuda_chunk_attention`, forwards of 2..`CHUNK_MAX_ROWS`
-  tokens): the attention modules `engine.cpu_attention.wire` gave a wired call attend through
-  `attend_chunk` while `chunk_on()`;
+  tokens, and a traced bf16 decode step's one query): the attention modules
+  `engine.cpu_attention.wire` gave a wired call attend through `attend_chunk` while `chunk_on()`;
 - a decode step's cache write (`engine.cuda_kv_write`): the stores of `engine.qkv` write the row
   in place while `kv_write_on()`;
 - a decode step's MLPs (`engine.compiled_mlp`): replayed from their trace while `compiled_mlp.on()`.

@@ -79,11 +79,12 @@ def measure(model: Any) -> Timings:
     return timings
 
 
-def check_close(name: str, ours: mx.array, ref: mx.array) -> None:
+def check_close(name: str, ours: mx.array, ref: mx.array, what: str = "kernel") -> None:
+    """Raises RuntimeError unless `ours` is within `MAX_ERROR` of `ref` (relative, over the whole array)."""
     ours, ref = ours.astype(mx.float32), ref.astype(mx.float32)
     err = float(mx.linalg.norm((ours - ref).flatten()) / mx.maximum(mx.linalg.norm(ref.flatten()), 1e-30))
     if not err < MAX_ERROR:
-        raise RuntimeError(f"our {name} kernel disagrees with MLX's (relative error {err:.2e})")
+        raise RuntimeError(f"our {name} {what} disagrees with MLX's (relative error {err:.2e})")
 
 
 def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[float, float]:

@@ -1,10 +1,10 @@
 """The load-time measurement of a whole decode step replayed from its trace (`engine.decode_choice`'s
-``step_traced``), and the filled caches it runs on.
+``step_traced`` and ``step_traced_bf16``), and the filled caches it runs on.
 
 On the H200 a decode step is the host's work: building its graph in Python, then submitting it
-(docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit caches
-from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for the model during
-a step. Whether that is faster is measured here, on the model itself, with the kernels already
+(docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit or bf16
+caches from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for the model
+during a step. Whether that is faster is measured here, on the model itself, with the kernels already
 chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache (and of
 bf16 cache), queued as decode queues them (each step built from the previous step's lazy token), the
 plain forward against the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
@@ -34,7 +34,8 @@ Forward = Callable[[mx.array, list], mx.array]
 
 def filled_cache(model: Any, policy: Any, bits: int, rows: int, dtype: mx.Dtype = mx.bfloat16) -> list:
     """The model's window caches (`bits` 16 or 8) holding `rows` random positions, evaluated, the buffers
-    the caches' alone (their first one-row write may go in place)."""
+    the caches' alone (their first one-row write may go in place). The buffers' rows past `rows` are
+    random too, not zeros: an attention that read past the key count would not go unseen."""
     from engine.window import make_window_cache
 
     _, kv_heads, dim = attention_shape(model)
@@ -42,6 +43,11 @@ def filled_cache(model: Any, policy: Any, bits: int, rows: int, dtype: mx.Dtype 
     for i, c in enumerate(cache):
         k = mx.random.normal((1, kv_heads, rows, dim), key=mx.random.key(10 + i)).astype(dtype)
         c.store.write(0, k, k)
+        keys = c.store.buffers()[0]
+        spare = (keys[0] if isinstance(keys, tuple) else keys).shape[2] - rows
+        if spare:
+            past = mx.random.normal((1, kv_heads, spare, dim), key=mx.random.key(100 + i)).astype(dtype)
+            c.store.write(rows, past, past)
         c.offset = rows
         mx.eval(c.store.buffers())
     return cache
@@ -80,7 +86,7 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> T
         # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
         caches = [filled_cache(model, WindowPolicy(enabled=False), bits, TRACE_KEYS - 4 * STEPS, compute_dtype(model))
                   for _ in range(2)]
-        check_traced_step(plain, traced, *caches)
+        check_traced_step(plain, traced, *caches, name=name)
         return {name: (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
         logger.warning("decode kernels: traced step (%s): %s; not using it", name, err)
@@ -88,7 +94,7 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> T
 
 
 def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: list, traced_cache: list,
-                      steps: int = 3) -> None:
+                      steps: int = 3, name: str = "step_traced") -> None:
     """`steps` one-token steps of each from caches of equal contents, each step's token the plain step's
     last: the traced steps replayed from one trace (the first may make it; none falls back), and at every
     step the traced logits and every layer's written row those of the plain step. Raises RuntimeError
@@ -103,10 +109,10 @@ def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: l
             traces = traced.traces
         if traced.fallbacks != fallbacks or traced.traces != traces:
             raise RuntimeError("the step was not replayed from its trace")
-        check_close("step_traced", got, expected)
+        check_close(name, got, expected, "step's logits")
         for ours, theirs in zip(traced_cache, plain_cache):  # (a row of an 8-bit store dequantized)
             for written, row in zip(ours.store.read(at, at + 1), theirs.store.read(at, at + 1)):
-                check_close("step_traced's row", written, row)
+                check_close(name, written, row, "step's written row")
         token = mx.argmax(expected[:, -1, :], axis=-1).reshape(1, 1)
 
 

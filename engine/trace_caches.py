@@ -54,9 +54,9 @@ class BufferCache:
             self.count = self.offset + keys.shape[2]
         return self.keys, self.values
 
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array | None:
-        if self.ours:
-            return None  # our kernel attends over the first `count` rows it is given
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        # (our chunk kernel, with `ours`, attends over the first `count` rows and reads no mask; any other
+        # reader of these buffers needs it)
         return _causal_over_buffer(n, self.keys.shape[2], self.offset, window_size)
 
     def buffers(self) -> tuple[Any, Any]:

@@ -104,7 +104,9 @@ def semantic_kernels(monkeypatch):
         k, v = (mx.repeat(a, heads // a.shape[1], axis=1).astype(mx.float32) for a in (keys, values))
         scores = (q.astype(mx.float32) @ k.swapaxes(-1, -2)) * (scale2[0] / cuda_backend.LOG2E)
         weights = mx.softmax(mx.where(mx.arange(keys.shape[2]) < meta[0], scores, -mx.inf), axis=-1)
-        out = (weights @ v).reshape(rows, 1, dim)
+        # one query (meta[1]), splits that cover the buffers (meta[2]), a count inside them: else nothing
+        launch_ok = (meta[1] == 1) & (meta[2] * splits >= keys.shape[2]) & (meta[0] <= keys.shape[2])
+        out = mx.where(launch_ok, weights @ v, 0.0).reshape(rows, 1, dim)
         return [mx.concatenate([out, mx.zeros((rows, splits - 1, dim))], axis=1), mx.zeros(output_shapes[1])]
 
     monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
@@ -166,9 +168,23 @@ def test_a_bf16_cache_traced_with_our_chunk_kernel_attends_over_each_steps_keys(
     got = greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 60)
     assert semantic_kernels[before:].count("chunk") == len(caches[1])  # one trace made at the new size
     assert (traced.decode_step.traces, traced.decode_step.fallbacks) == (2, 0)
-    assert got[0] == expected[0]
-    assert max(mx.abs(a - b).max().item() for a, b in zip(expected[1], got[1])) < 1e-4
-    assert all(mx.allclose(a.state[0], b.state[0], atol=1e-5).item() for a, b in zip(*caches))
+    assert got[0] == expected[0]  # (logits near bf16's precision: a fused trace may round a query otherwise)
+    assert max(mx.abs(a - b).max().item() for a, b in zip(expected[1], got[1])) < 5e-3
+    assert all(mx.allclose(a.state[0], b.state[0], atol=1e-3).item() for a, b in zip(*caches))
+
+
+def test_a_model_whose_attention_is_not_wired_traces_no_bf16_step(monkeypatch):
+    """The chunk kernel is reached through the wired attention call: without it the bf16 trace is dropped
+    with the chunk attention, whatever was chosen or forced."""
+    from spec_helpers import tiny_hybrid
+
+    hybrid = tiny_hybrid(seed=1)
+    monkeypatch.setattr(decode_choice, "resolve", lambda model, setting: DecodeKernels(
+        qmv=True, attention_chunk=True, step_traced_bf16=True, source="setting"))
+    path = choose(hybrid, ComputeOptions(attention="mlx"))
+    assert not (path.kernels.attention_chunk or path.kernels.step_traced_bf16)
+    assert "step_traced_bf16" in path.notes[-1] and path.decode_step is None  # our linears, nothing traced
+    assert not decode_choice._chunk_kernel_takes_one_query(hybrid)  # so `codectx` does not force it either
 
 
 def test_the_traced_step_runs_where_measured_faster_and_only_with_the_in_place_write(tiny_model_dir, tmp_path):
@@ -192,8 +208,10 @@ def test_the_load_time_measurement_times_both_steps_after_checking_the_traced_on
     plain_s, traced_s = time_traced_step(model, OURS)["step_traced"]
     assert plain_s > 0 and traced_s > 0
     assert time_traced_step(model, DecodeKernels(qmv=True, attention=True, source="setting")) == {}  # no write
+    before = len(semantic_kernels)
     bf16 = time_traced_step(model, DecodeKernels(qmv=True, attention_chunk=True, source="setting"))
     assert set(bf16) == {"step_traced_bf16"} and min(bf16["step_traced_bf16"]) > 0
+    assert semantic_kernels[before:].count("chunk") == len(model.layers)  # its trace holds the chunk kernel
     monkeypatch.setattr(trace_caches, "layer_buffers", lambda *layer: None)  # every step falls back
     assert time_traced_step(model, OURS) == {}
     assert "traced step (step_traced): the step was not replayed from its trace; not using it" in caplog.text
