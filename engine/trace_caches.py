@@ -97,7 +97,7 @@ def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: in
     return mx.arange(capacity)[None] <= (offset + mx.arange(n))[:, None]
 
 
-Ours = frozenset
+Ours = frozenset[str]
 """The stores a traced step with our CUDA kernels takes ("q8": 8-bit, "dense": full precision); empty: MLX's."""
 
 
