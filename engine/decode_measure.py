@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels
-from engine.linear_mode import DequantizingLinear, first_block_linears
+from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, linear_mode
+from engine.linear_mode import first_block_linears
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
@@ -107,23 +107,18 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
     width = getattr(getattr(model, "args", None), "hidden_size", None)
     if mlp is None or width is None:
         return {}
-    # The linears' class that takes our kernel, for this measurement only (the compute path wires it for qmv).
-    linears = [m for m in mlp.modules() if type(m) is nn.QuantizedLinear]
-    for m in linears:
-        m.__class__ = DequantizingLinear
     x = mx.random.normal((1, 1, width), key=mx.random.key(50)).astype(dtype)
     traced = mx.compile(lambda v: mlp(v))
+    # The linears' class that takes our kernel, for this measurement only (the compute path wires it for qmv).
+    linears = [m for m in mlp.modules() if isinstance(m, nn.QuantizedLinear)]
     try:
-        with decode_kernels.scope(qmv=True, attention=False):
+        with linear_mode.wired(linears), decode_kernels.scope(qmv=True, attention=False):
             check_close("mlp_compiled", traced(x), mlp(x))
             return {"mlp_compiled": (best_seconds(lambda: [mlp(x) for _ in range(REPEAT)]),
                                      best_seconds(lambda: [traced(x) for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
         logger.warning("decode kernels: compiled MLP: %s; not using it", err)
         return {}
-    finally:
-        for m in linears:
-            m.__class__ = nn.QuantizedLinear
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:

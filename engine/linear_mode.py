@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -112,10 +112,28 @@ def wire(model: Any) -> int:
         How many linears are wired.
     """
     linears = block_linears(model)
-    for linear in linears:
-        if type(linear) is nn.QuantizedLinear:
-            linear.__class__ = DequantizingLinear
+    _wire(linears)
     return sum(isinstance(m, DequantizingLinear) for m in linears)
+
+
+@contextlib.contextmanager
+def wired(linears: list[nn.QuantizedLinear]) -> Iterator[None]:
+    """Inside this block, `linears` have the dequantizing call (a measurement's, not the model's: those that
+    were plain quantized linears are given their class back after)."""
+    plain = _wire(linears)
+    try:
+        yield
+    finally:
+        for linear in plain:
+            linear.__class__ = nn.QuantizedLinear
+
+
+def _wire(linears: list[nn.QuantizedLinear]) -> list[nn.QuantizedLinear]:
+    """The plain quantized linears among `linears`, given the dequantizing call."""
+    plain = [m for m in linears if type(m) is nn.QuantizedLinear]
+    for linear in plain:
+        linear.__class__ = DequantizingLinear
+    return plain
 
 
 @dataclass(frozen=True)

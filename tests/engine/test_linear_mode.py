@@ -154,3 +154,16 @@ def test_dequantized_weights_come_from_mlx_where_our_kernel_cannot_run(q4_loaded
     expected = mx.dequantize(linear["weight"], linear["scales"], linear["biases"], linear.group_size, linear.bits,
                              dtype=mx.float32)
     assert mx.array_equal(cuda_dequant.weight_of(linear, mx.float32), expected).item()
+
+
+def test_a_measurement_wires_linears_for_its_own_block_only(tiny_model_dir):
+    from engine import linear_mode
+
+    model = quantized_model(tiny_model_dir)
+    up, gate = model.layers[0].mlp.up_proj, model.layers[0].mlp.gate_proj
+    wired_before = model.layers[1].mlp.up_proj
+    wired_before.__class__ = DequantizingLinear  # as a compute path wires it: left as it is
+    with linear_mode.wired([up, gate, wired_before]):
+        assert isinstance(up, DequantizingLinear) and isinstance(gate, DequantizingLinear)
+    assert type(up) is nn.QuantizedLinear and type(gate) is nn.QuantizedLinear  # given their class back
+    assert isinstance(wired_before, DequantizingLinear)
