@@ -60,7 +60,8 @@ class CompiledDecodeStep:
         ours: The window caches' stores whose one-token step the trace takes with our CUDA kernels in it
             (`engine.trace_caches`: "q8", "dense"); empty: MLX's kernels, any cache it takes.
         windows: Take the engine's window caches, not only mlx-lm's `KVCache` (off where the path's
-            attention is NumPy's: over a long window cache it is faster than the trace's MLX attention).
+            attention is NumPy's, which a trace cannot hold: NumPy's beats MLX's attention over long
+            contexts, docs/benchmarks.md, *Engine (CPU)* → 6; not measured against the traced step).
     """
 
     def __init__(self, model: Any, max_tokens: int = 1,

@@ -74,7 +74,7 @@ class ComputePath:
         ours = frozenset(kind for kind, on in (("q8", self.kernels.step_traced),
                                                ("dense", self.kernels.step_traced_bf16)) if on)
         traced = compiled and (bool(ours) or not self.kernels.any)
-        windows = attention != "numpy"  # NumPy's attention beats the trace's MLX attention over a window cache
+        windows = attention != "numpy"  # keep NumPy's attention (a trace holds MLX's) over window caches
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
                                           ours=ours, windows=windows) if traced else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
@@ -191,7 +191,7 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
             logger.warning("compute.%s 'numpy' does not apply here: %s", name, "; ".join(notes))
     linear = linear_mode.resolve(model, options.linear)
     kernels = decode_choice.resolve(model, options.kernels)
-    if kernels.attention_chunk and not cpu_attention.wire(model):  # the wired call is where it runs
+    if kernels.attention_chunk and not cpu_attention.wirable(model):  # the wired call is where it runs
         kernels = dataclasses.replace(kernels, attention_chunk=False, step_traced_bf16=False, notes=(
             *kernels.notes, f"kernels: attention_chunk (and step_traced_bf16) needs a llama/qwen-style attention "
                             f"({type(model).__module__})"))

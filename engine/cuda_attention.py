@@ -283,7 +283,7 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
         part_out, part_ml = cuda_attention_mma.partial_attention(queries, keys, values, n, scale, after)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype, (1, H, 1, D))
     partial, merge = _kernels()
-    span = keys[0].shape[2] if isinstance(n, mx.array) else n
+    span = cuda_backend.split_span(n, keys[0].shape[2])
     cs = split_size(span, kv_heads)
     splits = -(-span // cs)
     q = (queries.reshape(H, D).astype(mx.float32) * (scale * cuda_backend.LOG2E))

@@ -370,7 +370,7 @@ def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx
     if B != 1 or L != 1:
         raise ValueError(f"one query of one sequence, got {B} x {L}")
     kv_heads = keys[0].shape[1]
-    span = keys[0].shape[2] if isinstance(n, mx.array) else n
+    span = cuda_backend.split_span(n, keys[0].shape[2])
     cs = split_size(span, kv_heads)
     blocks = -(-(-(-span // cs)) // WARPS)
     splits = blocks * WARPS

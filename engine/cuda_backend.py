@@ -112,11 +112,19 @@ def int32s(*values: int) -> mx.array:
     return mx.array(values, dtype=mx.int32)
 
 
+def split_span(n: int | mx.array, rows: int) -> int:
+    """The keys a split-key kernel divides among its splits: the count `n`, or for a count given as an array
+    (a traced step's, replayed until the buffers grow) the buffers' `rows` (splits past the count are empty
+    and weigh nothing in the merge)."""
+    return rows if isinstance(n, mx.array) else n
+
+
 def sizes(n: int | mx.array, *more: int) -> mx.array:
     """A key count and further sizes (keys per split, ...) as our attention kernels read them (int32); `n`
     may be an int32 array of one element (a traced step's count, `engine.compiled`)."""
     if isinstance(n, mx.array):
-        return mx.concatenate([n.reshape(1).astype(mx.int32), mx.array(more, dtype=mx.int32)])
+        count = n.reshape(1).astype(mx.int32)
+        return mx.concatenate([count, mx.array(more, dtype=mx.int32)]) if more else count
     return int32s(n, *more)
 
 

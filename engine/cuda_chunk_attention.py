@@ -258,7 +258,7 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int 
     kv_heads = keys.shape[1]
     G = H // kv_heads
     problem = shape_problem(L, G, D, keys.dtype) if B == 1 else f"{B} sequences"
-    span = min(keys.shape[2], values.shape[2]) if isinstance(n, mx.array) else n
+    span = cuda_backend.split_span(n, min(keys.shape[2], values.shape[2]))
     if problem is not None or span < L or keys.shape[2] < span or values.shape[2] < span:
         raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
     row_blocks = -(-(L * G) // (16 * WARPS))

@@ -127,8 +127,7 @@ def write_q8(kbufs: tuple[mx.array, ...], vbufs: tuple[mx.array, ...], keys: mx.
     (packed, scales, biases) buffers, in place. Returns what readers must depend on."""
     H, D = keys.shape[1], keys.shape[3]
     threads = 2 * H * 32
-    row = start.reshape(1).astype(mx.int32) if isinstance(start, mx.array) else cuda_backend.int32s(start)
-    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, row],
+    return _q8_kernel()(inputs=[*kbufs, *vbufs, keys, values, cuda_backend.sizes(start)],
                         template=[("T", kbufs[1].dtype), ("D", D), ("GS", group_size)],
                         grid=(-(-threads // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
                         output_shapes=[(1,)], output_dtypes=[mx.int32])[0]

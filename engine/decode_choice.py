@@ -52,13 +52,17 @@ from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPE
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
-from engine.step_measure import STEPS, TRACE_KEYS, time_traced_step
+from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
                 "step_traced_bf16")
 MARGIN = 0.05
+NEEDS = (("kv_write", ("attention", "attention_mma"), "our attention"),  # the one reader it orders after itself
+         ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
+         *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
+"""(kernel, any of these must run too, named in the note) for the kernels that run only beside others."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
 
     Args:
         setting: "auto" (measured, cached), "mlx" or "codectx".
-        measure: The timing function (tests inject timings here; default `engine.decode_measure.measure`).
+        measure: The timing function (tests inject timings here; default `measure_all`).
         cache: Where timings are kept (default: the linear mode's file under CODECTX_HOME).
         cuda: Whether MLX runs on CUDA (default: `cuda_available()`).
     """
@@ -198,16 +202,10 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
         slower = "attention" if faster == "attention_mma" else "attention_mma"
         chosen[slower] = False
         notes.append(f"kernels: {slower} slower than {faster}")
-    if chosen["kv_write"] and not (chosen["attention"] or chosen["attention_mma"]):
-        chosen["kv_write"] = False
-        notes.append("kernels: kv_write needs our attention")
-    if chosen["mlp_compiled"] and not chosen["qmv"]:
-        chosen["mlp_compiled"] = False
-        notes.append("kernels: mlp_compiled needs qmv")
-    for traced, needs in (("step_traced", "kv_write"), ("step_traced_bf16", "attention_chunk")):
-        if chosen[traced] and not chosen[needs]:
-            chosen[traced] = False
-            notes.append(f"kernels: {traced} needs {needs}")
+    for name, needs, what in NEEDS:  # in order: a rule may drop what a later one needs
+        if chosen[name] and not any(chosen[n] for n in needs):
+            chosen[name] = False
+            notes.append(f"kernels: {name} needs {what}")
     return chosen, tuple(notes)
 
 

@@ -10,7 +10,8 @@ bf16 cache), queued as decode queues them (each step built from the previous ste
 plain forward against the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
 trace (not falling back), and at every step the plain step's logits and every layer's written row
 (within `decode_measure.MAX_ERROR`: a trace may fuse operations the plain step runs apart).
-Few keys on purpose: what a trace can save is the host's part, which does not grow with the context.
+Few keys on purpose: what a trace can save is the host's part, whose operations are the same at any
+context length (the device's part grows with it).
 """
 from __future__ import annotations
 
