@@ -12,8 +12,12 @@ attends over rows that do not change: the timing of everything but the write); o
 configuration three times, the cache written by MLX's slice updates, by our in-place kernel
 (`engine.cuda_kv_write`), and by it in the whole step replayed from its trace (``ours+traced``,
 `engine.compiled`: the engine's ``step_traced``); the bf16 one also replayed from its trace, with
-our chunk attention in it (``step_traced_bf16``). A process's history matters (``--bits`` orders the widths). MLX's CUDA
-graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
+our chunk attention in it (``step_traced_bf16``). Both widths again with MLX's kernels only
+(``mlx-only``; on CUDA the ``mlx`` rows run our linears and attention beside MLX's write), plain and
+replayed from its trace (``mlx-only+traced``; ``mlx+traced`` elsewhere): the engine's step under
+``compute.kernels: mlx``, whose traced attention is masked over the whole buffer, which takes MLX's
+CUDA attention off its fused kernels. A process's history matters (``--bits`` orders the widths).
+MLX's CUDA graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
 process each.
 
     # on the lent H200 (device tool, carry [".gpu"]):
@@ -135,6 +139,8 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
     traced = ComputePath(model, kernels=DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True,
                                                       attention_chunk=True, step_traced_bf16=True, source="setting"),
                          compiled=True)
+    # MLX's kernels only, the window step traced: its attention is masked over the whole buffer.
+    mlx_traced = ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)
     rows = []
     for context in lengths:
         for bits in widths:
@@ -142,11 +148,14 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
             writes = ("mlx", "ours", "ours+traced") if bits == 8 else ("mlx", "ours+traced")
-            for write in writes if ours else ("mlx",):
+            writes = (*writes, "mlx-only", "mlx-only+traced") if ours else ("mlx", "mlx+traced")
+            for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
+                step_path = traced if write == "ours+traced" else mlx_traced if write.endswith("+traced") else path
+                step_kernels = (False, False, False) if write.startswith("mlx-only") else kernels
                 for mode in MODES:
-                    times = decode_steps(traced if write == "ours+traced" else path, cache, steps, kernels, mode,
-                                         attempts=3, kv_write=write != "mlx")
+                    times = decode_steps(step_path, cache, steps, step_kernels, mode,
+                                         attempts=3, kv_write=write in ("ours", "ours+traced"))
                     row[f"{mode}_ms"] = times.seconds * 1e3
                     if mode == "pipelined":
                         row["pipelined_host_ms"], row["pipelined_python_ms"] = times.host * 1e3, times.python * 1e3

@@ -1,0 +1,79 @@
+"""Every CUDA kernel of ours compiles for the H200 (sm_90), checked on a machine without a GPU.
+
+Each kernel's Python entry point is called with the shapes the engine gives it for a Qwen3-32B-shaped model
+(and the other widths, group sizes and dtypes its checks let through), MLX's `cuda_kernel` replaced by a
+recorder (tests/engine/cuda_compile.py), and each distinct kernel source it would have built is compiled by
+NVRTC. A kernel edited without a GPU at hand fails here, not in the first minutes of a lent one.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
+                    cuda_kv_write, cuda_qmv)
+from tests.engine.cuda_compile import Recorder, compile_errors
+
+FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
+             cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel)
+H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", recorder, raising=False)
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
+    for factory in FACTORIES:  # kernels made before (or after) this test are not the recorder's
+        factory.cache_clear()
+    yield recorder
+    for factory in FACTORIES:
+        factory.cache_clear()
+
+
+def eight_bit(rows: int, dtype=mx.bfloat16, group_size: int = 64) -> tuple:
+    return (mx.zeros((1, KV, rows, D // 4), dtype=mx.uint32), mx.zeros((1, KV, rows, D // group_size), dtype=dtype),
+            mx.zeros((1, KV, rows, D // group_size), dtype=dtype))
+
+
+def launch_every_kernel() -> None:
+    """Each entry point at the shapes the engine uses (decode, verify, prefill, a traced step's array count)."""
+    for bits, group_size in ((4, 64), (4, 32), (4, 128), (8, 64), (8, 32)):
+        for dtype, rows, n in ((mx.bfloat16, 1, 1024), (mx.bfloat16, 1, HIDDEN), (mx.float16, 3, 25600)):
+            weight = mx.zeros((n, HIDDEN * bits // 32), dtype=mx.uint32)
+            scales = mx.zeros((n, HIDDEN // group_size), dtype=dtype)
+            cuda_qmv.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
+                         group_size=group_size)
+        for dtype in (mx.bfloat16, mx.float16):
+            cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
+                                    group_size=group_size, dtype=dtype)
+    query, count = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), mx.array([700], dtype=mx.int32)
+    for n in (700, count):
+        keys, values = eight_bit(1024), eight_bit(1024)
+        for kernel in ("cores", "mma"):
+            cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel=kernel)
+        written = cuda_kv_write.write_q8_ordered(keys, values, query[:, :KV], query[:, :KV], n, 64)[2]
+        cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel="mma", after=written)
+        cache = mx.zeros((1, KV, 1024, D), dtype=mx.bfloat16)
+        for rows in ((1,) if isinstance(n, mx.array) else (2, 45)):
+            cuda_chunk_attention.chunk_attention(mx.zeros((1, H, rows, D), dtype=mx.bfloat16), cache, cache, n,
+                                                 0.088)
+    cuda_attention.decode_attention(query.astype(mx.float16), eight_bit(1024, mx.float16),
+                                    eight_bit(1024, mx.float16), 700, 0.088, 64)
+
+
+def test_every_kernel_source_compiles_for_the_h200(recorder):
+    launch_every_kernel()
+    sources = recorder.sources()
+    assert {label.split("_")[1] for label in sources} >= {"qmv", "dequantize", "q8", "chunk", "kv"}
+    failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
+    assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
+
+
+def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
+    """The check is not vacuous: one wrong line in a recorded kernel's body is reported, with its line."""
+    launch_every_kernel()
+    label, source = next((label, source) for label, source in recorder.sources().items() if "qmv" in label)
+    assert compile_errors(source) is None
+    errors = compile_errors(source.replace("if (row0 >= N) return;", "if (row0 >= N) return undeclared_name;"))
+    assert errors is not None and "undeclared_name" in errors
