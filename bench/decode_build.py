@@ -19,10 +19,14 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
 - ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
   where it measured it faster at load; whether MLX traces our CUDA kernels is not known here);
+- ``ours+fused``: ``ours`` with each block's q, k, v projections in one launch and its MLP's gate and up
+  projections with the activation in one more (`engine.fused_linears`, the engine's ``qmv_fused``; taken where
+  measured faster at load);
 - ``ours+traced-step``: the whole step replayed from one trace (`engine.compiled`, the engine's
   ``step_traced`` for 8-bit caches and ``step_traced_bf16``, with the chunk attention, for bf16 ones;
   likewise taken where measured faster at load): building it is replaying the trace (MLX makes the
-  step's arrays from it, in C++) plus the Python around it.
+  step's arrays from it, in C++) plus the Python around it; ``ours+traced-step+fused``: with the fused
+  launches in the trace.
 
 A traced step is traced again for each new size of the cache buffers (they grow by 256 rows), in the
 decode step that first meets it. ``new trace ms`` is that step's building, over a cache whose buffers have
@@ -48,7 +52,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench._common import machine, markdown_table, save_json  # noqa: E402
 
-VARIANTS = ("mlx", "ours", "ours+compiled-mlp", "ours+traced-step")
+VARIANTS = ("mlx", "ours", "ours+fused", "ours+compiled-mlp", "ours+traced-step", "ours+traced-step+fused")
 
 
 @contextlib.contextmanager
@@ -67,7 +71,8 @@ def emulated_cuda() -> Iterator[None]:
                (cuda_attention, "cuda_available", lambda: True), (mx.fast, "cuda_kernel", kernel)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     factories = [cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
-                 cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel]
+                 cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
+                 cuda_qmv._three_kernel, cuda_qmv._glu_kernel]
     for owner, name, value in patched:
         setattr(owner, name, value)
     try:
@@ -104,9 +109,10 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int,
     from engine.decode_choice import DecodeKernels
 
     ours = variant != "mlx"
-    traced = variant == "ours+traced-step"
+    traced = variant.startswith("ours+traced-step")
     kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
                             mlp_compiled=variant == "ours+compiled-mlp", step_traced=traced and bits == 8,
+                            qmv_fused=variant.endswith("+fused"),
                             attention_chunk=traced and bits == 16, step_traced_bf16=traced and bits == 16,
                             source="setting")
     path = ComputePath(model, kernels=kernels, compiled=traced)  # (compiled: MLX's step traced too)
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         for bits in (int(b) for b in a.bits.split(",")):
             model, cache = model_and_cache(bits, a.context)
             for variant in VARIANTS:
-                grown = cache_of(model, bits, a.context + 256) if variant == "ours+traced-step" else None
+                grown = cache_of(model, bits, a.context + 256) if variant.startswith("ours+traced-step") else None
                 built, new_trace = build_ms(model, cache, variant, bits, a.steps, grown)
                 result["rows"].append({"bits": bits, "variant": variant,
                                        "median_ms": round(statistics.median(built), 3), "min_ms": round(min(built), 3),

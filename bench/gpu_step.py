@@ -9,10 +9,11 @@ time is host-bound),
 ``wait`` (step n + 1 built while step n runs, queued once token n is read) and ``sync`` (one step
 evaluated at a time); the first two again with the cache's one-row writes skipped (the step then
 attends over rows that do not change: the timing of everything but the write); on CUDA the 8-bit
-configuration three times, the cache written by MLX's slice updates, by our in-place kernel
+configuration again with the cache written by MLX's slice updates, by our in-place kernel
 (`engine.cuda_kv_write`), and by it in the whole step replayed from its trace (``ours+traced``,
 `engine.compiled`: the engine's ``step_traced``); the bf16 one also replayed from its trace, with
-our chunk attention in it (``step_traced_bf16``). Both widths again with MLX's kernels only
+our chunk attention in it (``step_traced_bf16``); both traced again with each block's linears of one input in
+one launch each (``ours+traced+fused``, the engine's ``qmv_fused``). Both widths again with MLX's kernels only
 (``mlx-only``; on CUDA the ``mlx`` rows run our linears and attention beside MLX's write), plain and
 replayed from its trace (``mlx-only+traced``; ``mlx+traced`` elsewhere): the engine's step under
 ``compute.kernels: mlx``, whose traced attention is masked over the whole buffer, which takes MLX's
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -136,9 +138,11 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
     model, policy, path = step_model(shape_name)
     ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
     # The whole step replayed from its trace, our kernels in it (`engine.compiled`; its switches are its own).
-    traced = ComputePath(model, kernels=DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True,
-                                                      attention_chunk=True, step_traced_bf16=True, source="setting"),
-                         compiled=True)
+    ours_traced = DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True, attention_chunk=True,
+                                step_traced_bf16=True, source="setting")
+    traced = ComputePath(model, kernels=ours_traced, compiled=True)
+    # The same with each block's q, k, v and its MLP's gate, up and activation in one launch each (`qmv_fused`).
+    fused = ComputePath(model, kernels=dataclasses.replace(ours_traced, qmv_fused=True), compiled=True)
     # MLX's kernels only, the window step traced: its attention is masked over the whole buffer.
     mlx_traced = ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)
     rows = []
@@ -147,15 +151,17 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             kernels = (ours, False, False) if bits == 16 else (ours, ours, ours)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
-            writes = ("mlx", "ours", "ours+traced") if bits == 8 else ("mlx", "ours+traced")
+            writes = ("mlx", "ours", "ours+traced", "ours+traced+fused") if bits == 8 else \
+                ("mlx", "ours+traced", "ours+traced+fused")
             writes = (*writes, "mlx-only", "mlx-only+traced") if ours else ("mlx", "mlx+traced")
             for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
-                step_path = traced if write == "ours+traced" else mlx_traced if write.endswith("+traced") else path
+                step_path = {"ours+traced": traced, "ours+traced+fused": fused}.get(write) or \
+                    (mlx_traced if write.endswith("+traced") else path)
                 step_kernels = (False, False, False) if write.startswith("mlx-only") else kernels
                 for mode in MODES:
                     times = decode_steps(step_path, cache, steps, step_kernels, mode,
-                                         attempts=3, kv_write=write in ("ours", "ours+traced"))
+                                         attempts=3, kv_write=write.startswith("ours"))
                     row[f"{mode}_ms"] = times.seconds * 1e3
                     if mode == "pipelined":
                         row["pipelined_host_ms"], row["pipelined_python_ms"] = times.host * 1e3, times.python * 1e3

@@ -37,8 +37,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx_lm.models import base
 
-from engine import blas, decode_kernels
+from engine import blas, decode_kernels, fused_linears
 from engine.switches import Switch
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ def _wired_class(cls: type) -> type:
                 return _numpy_step(self, x, mask, cache)
             if decode_kernels.chunk_on():
                 return _chunk_step(self, x, mask, cache)
+            if decode_kernels.fused_on():
+                return _fused_step(self, x, mask, cache)
             return original(self, x, mask=mask, cache=cache)
 
         _wired_classes[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": __name__,
@@ -107,9 +110,10 @@ def _queries_and_cache(module: Any, x: mx.array, cache: Any) -> tuple[mx.array, 
     """The llama/qwen attention step of `module` up to attention: its queries, and the keys and
     values the cache returns once it holds this chunk's."""
     B, L, _ = x.shape
-    queries = module.q_proj(x).reshape(B, L, module.n_heads, -1)
-    keys = module.k_proj(x).reshape(B, L, module.n_kv_heads, -1)
-    values = module.v_proj(x).reshape(B, L, module.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    queries, keys, values = fused_linears.projections(module, x)  # (the layers' own calls, unless fused)
+    queries = queries.reshape(B, L, module.n_heads, -1)
+    keys = keys.reshape(B, L, module.n_kv_heads, -1)
+    values = values.reshape(B, L, module.n_kv_heads, -1).transpose(0, 2, 1, 3)
     if "q_norm" in module:  # qwen3 normalizes each head before RoPE
         queries, keys = module.q_norm(queries), module.k_norm(keys)
     queries = module.rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
@@ -134,6 +138,14 @@ def _chunk_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
     """The same step with `engine.decode_kernels.attend_chunk` (our CUDA kernel for a short chunk)."""
     queries, keys, values = _queries_and_cache(module, x, cache)
     return _output(module, decode_kernels.attend_chunk(queries, keys, values, cache, module.scale, mask))
+
+
+def _fused_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
+    """The model's own step (mlx-lm's attention), its q, k and v projections in one launch
+    (`engine.fused_linears`)."""
+    queries, keys, values = _queries_and_cache(module, x, cache)
+    return _output(module, base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=module.scale,
+                                                             mask=mask))
 
 
 def dequantized(keys, values, cache: Any) -> tuple[mx.array, mx.array]:

@@ -15,6 +15,9 @@ each weight once for up to `MAX_ROWS` input rows; in one pipelined decode step o
   (MLX's kernel accumulates 4-bit products in bfloat16);
 - activations are bfloat16 or float16, affine mode, group sizes 32/64/128.
 
+`three` (a block's q, k and v projections) and `glu` (a gated MLP's ``silu(gate x) * up x``) run the
+same device code over several matrices of one input in one launch (`engine.fused_linears`).
+
 Whether it runs is decided by measurement (`engine.decode_choice`: ours against
 MLX's on the model's shapes, per device); it needs MLX's CUDA backend
 (`mx.fast.cuda_kernel`) and is never used on the CPU or Metal.
@@ -22,7 +25,7 @@ MLX's on the model's shapes, per device); it needs MLX's CUDA backend
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import mlx.core as mx
 
@@ -50,23 +53,22 @@ __device__ __forceinline__ void unpack2(uint32_t v, float& lo, float& hi, const 
 }  // namespace codectx
 """
 
-_SOURCE = r"""
+_CONSTANTS = r"""
   constexpr int VPW = 32 / BITS;          // values per packed word
   constexpr int VPC = 4 * VPW;            // values per 16-byte chunk
   constexpr int CHUNKS = K / VPC;         // chunks per weight row
   constexpr int GROUPS = K / GS;
   constexpr int ITERS = (CHUNKS + 31) / 32;
   const int lane = threadIdx.x;
-  const int row0 = (blockIdx.y * blockDim.y + threadIdx.y) * R;
-  if (row0 >= N) return;
-
+"""
+# The products of the warp's R rows with the M input rows: acc[m][r], summed over the warp's lanes below.
+_LOOP = r"""
   float acc[M][R];
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
 
-  const uint4* wrow = reinterpret_cast<const uint4*>(w) + (size_t)row0 * CHUNKS;
 #pragma unroll 4
   for (int it = 0; it < ITERS; ++it) {
     const int c = lane + it * 32;
@@ -76,9 +78,9 @@ _SOURCE = r"""
     float sc[R], bi[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      wq[r] = wrow[(size_t)r * CHUNKS + c];
-      sc[r] = static_cast<float>(scales[(size_t)(row0 + r) * GROUPS + g]);
-      bi[r] = static_cast<float>(biases[(size_t)(row0 + r) * GROUPS + g]);
+      wq[r] = wrow[r][c];
+      sc[r] = static_cast<float>(srow[r][g]);
+      bi[r] = static_cast<float>(brow[r][g]);
     }
     float d[M][R];
     float xs[M];
@@ -140,6 +142,8 @@ _SOURCE = r"""
           acc[m][r] += sc[r] * d[m][r] + bi[r] * xs[m];
       }
   }
+"""
+_STORE = r"""
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -149,6 +153,63 @@ _SOURCE = r"""
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
       if (lane == 0) y[(size_t)m * N + row0 + r] = static_cast<T>(v);
     }
+"""
+
+
+# Where the packed weights, scales and biases of a warp's R consecutive rows from `row0` of one matrix (`w`,
+# `scales`, `biases`) start: `_LOOP` reads them through these.
+_ROWS = r"""
+  const uint4* wrow[R];
+  const T* srow[R];
+  const T* brow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wrow[r] = reinterpret_cast<const uint4*>(w) + (size_t)(row0 + r) * CHUNKS;
+    srow[r] = scales + (size_t)(row0 + r) * GROUPS;
+    brow[r] = biases + (size_t)(row0 + r) * GROUPS;
+  }
+"""
+
+_SOURCE = _CONSTANTS + r"""
+  const int row0 = (blockIdx.y * blockDim.y + threadIdx.y) * R;
+  if (row0 >= N) return;
+""" + _ROWS + _LOOP + _STORE
+
+# Three linears of one input (a block's q, k and v projections) in one launch: the warps' rows run through the
+# three matrices in turn (each count a multiple of R), each matrix's products written to its own output.
+_THREE = _CONSTANTS + r"""
+  const int row = (blockIdx.y * blockDim.y + threadIdx.y) * R;
+  if (row >= N0 + N1 + N2) return;
+  const int which = row < N0 ? 0 : row < N0 + N1 ? 1 : 2;
+  const uint32_t* w = which == 0 ? w0 : which == 1 ? w1 : w2;
+  const T* scales = which == 0 ? s0 : which == 1 ? s1 : s2;
+  const T* biases = which == 0 ? b0 : which == 1 ? b1 : b2;
+  T* y = which == 0 ? y0 : which == 1 ? y1 : y2;
+  const int N = which == 0 ? N0 : which == 1 ? N1 : N2;
+  const int row0 = row - (which == 0 ? 0 : which == 1 ? N0 : N0 + N1);
+""" + _ROWS + _LOOP + _STORE
+
+# A gated MLP's two products of one input and its activation (silu(gate x) * up x) in one launch: each warp one
+# output row, its two rows (R = 2) the gate's and the up projection's, combined in float32 and rounded once.
+_GLU = _CONSTANTS + r"""
+  static_assert(R == 2, "a warp takes the gate's row and the up projection's");
+  const int row0 = blockIdx.y * blockDim.y + threadIdx.y;
+  if (row0 >= N) return;
+  const uint4* wrow[2] = {reinterpret_cast<const uint4*>(gw) + (size_t)row0 * CHUNKS,
+                          reinterpret_cast<const uint4*>(uw) + (size_t)row0 * CHUNKS};
+  const T* srow[2] = {gs + (size_t)row0 * GROUPS, us + (size_t)row0 * GROUPS};
+  const T* brow[2] = {gb + (size_t)row0 * GROUPS, ub + (size_t)row0 * GROUPS};
+""" + _LOOP + r"""
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float gate = acc[m][0], up = acc[m][1];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      gate += __shfl_xor_sync(0xFFFFFFFFu, gate, o);
+      up += __shfl_xor_sync(0xFFFFFFFFu, up, o);
+    }
+    if (lane == 0) y[(size_t)m * N + row0] = static_cast<T>(gate / (1.f + __expf(-gate)) * up);
+  }
 """
 
 WARPS = 8
@@ -206,20 +267,14 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
     """
     k = x.shape[-1]
     n = weight.shape[0]
-    rows = x.size // k
-    bucket = _bucket(rows)  # raises for more than MAX_ROWS
+    x2, rows, bucket = _padded(x)
     r = rows_per_warp(n)
     warps = n // r
-    if bucket == rows:  # the kernel reads x and writes y as flat rows: no reshape either side (decode's case)
-        x2, shape = x, (*x.shape[:-1], n)
-    else:  # zero rows up to the bucket: one compiled kernel per bucket, not per row count
-        x2 = mx.concatenate([x.reshape(rows, k), mx.zeros((bucket - rows, k), dtype=x.dtype)])
-        shape = (bucket, n)
     out = _kernel()(
         inputs=[x2, weight, scales, biases],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
-        output_shapes=[shape], output_dtypes=[x.dtype])[0]
+        output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
     return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n)
 
 
@@ -235,3 +290,72 @@ def linear_product(linear: Any, x: mx.array) -> mx.array:
     """`linear(x)` through `qmv` (the caller checked `unsupported` and the row count)."""
     y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size)
     return y + linear["bias"] if "bias" in linear else y
+
+
+@functools.lru_cache(maxsize=1)
+def _three_kernel() -> Any:
+    return cuda_backend.kernel("codectx_qmv3", _THREE, _HEADER,
+                               input_names=["x", "w0", "s0", "b0", "w1", "s1", "b1", "w2", "s2", "b2"],
+                               output_names=["y0", "y1", "y2"])
+
+
+@functools.lru_cache(maxsize=1)
+def _glu_kernel() -> Any:
+    return cuda_backend.kernel("codectx_qmv_glu", _GLU, _HEADER, input_names=["x", "gw", "gs", "gb", "uw", "us", "ub"],
+                               output_names=["y"])
+
+
+def fusable(linears: Sequence[Any], dtype: mx.Dtype) -> bool:
+    """Whether `three` (three linears) or `glu` (two) takes `linears` for activations of `dtype`: each one this
+    module's kernel takes (`takes`), all of one input width, bits and group size, and no linear bias for `glu`."""
+    first = linears[0]
+    return all(takes(linear, dtype) and linear.bits == first.bits and linear.group_size == first.group_size
+               and linear["weight"].shape[-1] == first["weight"].shape[-1] for linear in linears) \
+        and (len(linears) == 3 or not any("bias" in linear for linear in linears))
+
+
+def three(x: mx.array, linears: Sequence[Any]) -> tuple[mx.array, mx.array, mx.array]:
+    """``tuple(linear(x) for linear in linears)`` for three quantized linears of one input (a block's q, k and v
+    projections; `fusable`) in one launch, x of at most `MAX_ROWS` rows (leading axes flattened)."""
+    first = linears[0]
+    k, ns = x.shape[-1], [linear["weight"].shape[0] for linear in linears]
+    x2, rows, bucket = _padded(x)
+    r = 2 if all(n % 2 == 0 for n in ns) and sum(ns) >= 4096 else 1
+    warps = sum(ns) // r
+    outs = _three_kernel()(
+        inputs=[x2, *(linear[name] for linear in linears for name in ("weight", "scales", "biases"))],
+        template=[("T", x.dtype), ("BITS", first.bits), ("GS", first.group_size), ("K", k), ("N0", ns[0]),
+                  ("N1", ns[1]), ("N2", ns[2]), ("M", bucket), ("R", r)],
+        grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
+        output_shapes=[_out_shape(x, bucket, rows, n) for n in ns], output_dtypes=[x.dtype] * 3)
+    outs = [out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
+    return tuple(out + linear["bias"] if "bias" in linear else out for out, linear in zip(outs, linears))
+
+
+def glu(x: mx.array, gate: Any, up: Any) -> mx.array:
+    """``silu(gate(x)) * up(x)`` (a gated MLP's hidden activation; `fusable`) in one launch, in float32 and rounded
+    once, x of at most `MAX_ROWS` rows (leading axes flattened)."""
+    k, n = x.shape[-1], gate["weight"].shape[0]
+    x2, rows, bucket = _padded(x)
+    out = _glu_kernel()(
+        inputs=[x2, *(linear[name] for linear in (gate, up) for name in ("weight", "scales", "biases"))],
+        template=[("T", x.dtype), ("BITS", gate.bits), ("GS", gate.group_size), ("K", k), ("N", n), ("M", bucket),
+                  ("R", 2)],
+        grid=(32, (n + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
+        output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
+    return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n)
+
+
+def _padded(x: mx.array) -> tuple[mx.array, int, int]:
+    """x as the kernels read it, its rows and their bucket: the rows as they lie where they fill the bucket (no
+    reshape either side: decode's case), else zero rows up to it (one compiled kernel per bucket, not per count)."""
+    k = x.shape[-1]
+    rows = x.size // k
+    bucket = _bucket(rows)  # raises for more than MAX_ROWS
+    if bucket == rows:
+        return x, rows, bucket
+    return mx.concatenate([x.reshape(rows, k), mx.zeros((bucket - rows, k), dtype=x.dtype)]), rows, bucket
+
+
+def _out_shape(x: mx.array, bucket: int, rows: int, n: int) -> tuple[int, ...]:
+    return (*x.shape[:-1], n) if bucket == rows else (bucket, n)

@@ -24,6 +24,9 @@ the same thing:
 - decode's MLPs replayed from a trace (``mlp_compiled``, `engine.compiled_mlp`): the first block's MLP
   on one row with our linears, `REPEAT` calls per evaluation, traced against its own call (checked
   against it like the kernels); only together with our linears (what the trace holds);
+- a block's linears of one input in one launch each (``qmv_fused``, `engine.fused_linears`: q, k and v; the
+  MLP's gate and up with its activation): the first block's on one row, `REPEAT` per evaluation, against our
+  kernel once per linear; only together with our linears;
 - the whole one-token step replayed from its trace (`engine.compiled`), over 8-bit caches (``step_traced``,
   only with the in-place write) and over bf16 ones (``step_traced_bf16``, only with the chunk attention),
   measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued
@@ -45,7 +48,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, linear_mode
+from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
                                    attention_shape, compute_dtype, faster_attention)
@@ -57,10 +60,11 @@ from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
-                "step_traced_bf16")
+                "step_traced_bf16", "qmv_fused")
 MARGIN = 0.05
 NEEDS = (("kv_write", ("attention", "attention_mma"), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
+         ("qmv_fused", ("qmv",), "qmv"),  # one launch of our linears' kernel
          *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
 """(kernel, any of these must run too, named in the note) for the kernels that run only beside others."""
 
@@ -86,6 +90,8 @@ class DecodeKernels:
             position and key count as arrays).
         step_traced_bf16: the same over bf16 caches (only with `attention_chunk`, whose kernel attends the
             one query with the key count as an array).
+        qmv_fused: `engine.fused_linears` for a decode-sized forward's linears of one input (a block's q, k
+            and v; its MLP's gate and up with the activation), one launch each (only with `qmv`).
     """
 
     qmv: bool = False
@@ -99,6 +105,7 @@ class DecodeKernels:
     mlp_compiled: bool = False
     step_traced: bool = False
     step_traced_bf16: bool = False
+    qmv_fused: bool = False
 
     @property
     def any(self) -> bool:
@@ -119,7 +126,7 @@ class DecodeKernels:
                                           or traced and rows == 1 and self.step_traced_bf16)
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
-        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp) \
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused) \
             if qmv or attention or chunk or mlp else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
@@ -127,10 +134,12 @@ class DecodeKernels:
         that replay a trace, the attention modules' wired call); the compute path does it once when built."""
         if self.qmv:
             linear_mode.wire(model)
+        if self.qmv_fused:  # before the compiled MLPs, whose trace then holds the fused call
+            fused_linears.wire(model)
         if self.mlp_compiled:
             compiled_mlp.wire(model)
-        if self.attention_chunk:
-            cpu_attention.wire(model)  # the attention modules' call that reaches the chunk kernel
+        if self.attention_chunk or self.qmv_fused:
+            cpu_attention.wire(model)  # the attention modules' call that reaches the chunk kernel, the fused q, k, v
 
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
@@ -162,7 +171,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
-                             step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model),
+                             step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)

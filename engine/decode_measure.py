@@ -65,6 +65,7 @@ def measure(model: Any) -> Timings:
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
         timings["qmv"] = _time_linears(linears, dtype)
         timings.update(_time_compiled_mlp(model, dtype))
+        timings.update(_time_fused(model, dtype))
     shape = attention_shape(model)
     if shape is not None:
         heads, kv_heads, dim = shape
@@ -118,6 +119,37 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
                                      best_seconds(lambda: [traced(x) for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
         logger.warning("decode kernels: compiled MLP: %s; not using it", err)
+        return {}
+
+
+def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
+    """"qmv_fused": the first block's q, k and v projections and its MLP's ``silu(gate x) * up x`` on one row,
+    `REPEAT` times per evaluation: our kernel once per linear (and MLX's activation) against one launch each
+    (`engine.fused_linears`), checked first against them. Left out where the block's linears are not the
+    fused kernels' or they fail (or fail to compile)."""
+    attention = next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
+    mlp = compiled_mlp.first_mlp(model)
+    if attention is None or mlp is None or not all(name in mlp for name in ("gate_proj", "up_proj")):
+        return {}
+    qkv, gate_up = (attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)
+    if not (cuda_qmv.fusable(qkv, dtype) and cuda_qmv.fusable(gate_up, dtype)):
+        return {}
+    x = mx.random.normal((1, 1, qkv[0]["weight"].shape[-1] * 32 // qkv[0].bits), key=mx.random.key(60)).astype(dtype)
+
+    def separate() -> list[mx.array]:
+        gate, up = (cuda_qmv.linear_product(m, x) for m in gate_up)
+        return [*(cuda_qmv.linear_product(m, x) for m in qkv), nn.silu(gate) * up]
+
+    def fused() -> list[mx.array]:
+        return [*cuda_qmv.three(x, qkv), cuda_qmv.glu(x, *gate_up)]
+
+    try:
+        for ours, theirs in zip(fused(), separate()):
+            check_close("qmv_fused", ours, theirs)
+        return {"qmv_fused": (best_seconds(lambda: [separate() for _ in range(REPEAT)]),
+                              best_seconds(lambda: [fused() for _ in range(REPEAT)]))}
+    except Exception as err:  # noqa: BLE001 - the newest kernels: left out, not fatal
+        logger.warning("decode kernels: fused linears: %s; not using them", err)
         return {}
 
 

@@ -8,6 +8,7 @@ NVRTC. A kernel edited without a GPU at hand fails here, not in the first minute
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
@@ -15,7 +16,8 @@ from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk
 from tests.engine.cuda_compile import Recorder, compile_errors
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
-             cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel)
+             cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
+             cuda_qmv._three_kernel, cuda_qmv._glu_kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
@@ -36,6 +38,12 @@ def eight_bit(rows: int, dtype=mx.bfloat16, group_size: int = 64) -> tuple:
             mx.zeros((1, KV, rows, D // group_size), dtype=dtype))
 
 
+def quantized(n: int, bits: int, group_size: int, dtype) -> nn.QuantizedLinear:
+    linear = nn.QuantizedLinear(HIDDEN, n, bias=False, group_size=group_size, bits=bits)
+    linear.set_dtype(dtype)
+    return linear
+
+
 def launch_every_kernel() -> None:
     """Each entry point at the shapes the engine uses (decode, verify, prefill, a traced step's array count)."""
     for bits, group_size in ((4, 64), (4, 32), (4, 128), (8, 64), (8, 32)):
@@ -47,6 +55,10 @@ def launch_every_kernel() -> None:
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
+        for dtype, rows in ((mx.bfloat16, 1), (mx.float16, 3)):
+            q, k, v = (quantized(n, bits, group_size, dtype) for n in (1024, 256, 256))
+            cuda_qmv.three(mx.zeros((1, rows, HIDDEN), dtype=dtype), (q, k, v))
+            cuda_qmv.glu(mx.zeros((1, rows, HIDDEN), dtype=dtype), q, q)
     query, count = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), mx.array([700], dtype=mx.int32)
     for n in (700, count):
         keys, values = eight_bit(1024), eight_bit(1024)
@@ -65,7 +77,8 @@ def launch_every_kernel() -> None:
 def test_every_kernel_source_compiles_for_the_h200(recorder):
     launch_every_kernel()
     sources = recorder.sources()
-    assert {label.split("_")[1] for label in sources} >= {"qmv", "dequantize", "q8", "chunk", "kv"}
+    assert {label.split("_")[1] for label in sources} >= {"qmv", "qmv3", "dequantize", "q8", "chunk", "kv"}
+    assert any(label.startswith("codectx_qmv_glu") for label in sources)
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
 

@@ -1,0 +1,63 @@
+"""A decode step's linears that share an input, in one launch each (`engine.cuda_qmv.three`, `engine.cuda_qmv.glu`).
+
+On the H200 a decode step is the host's work, and submitting it costs per operation (docs/benchmarks.md,
+*GPU engine*): a block's q, k and v projections are three launches of our quantized kernel and its MLP's
+gate and up projections two more, plus MLX's activation between them. With ``qmv_fused`` (measured at load
+by `engine.decode_choice`, only beside our linears) the compute path turns `engine.decode_kernels`'
+``fused`` switch on for decode-sized forwards, and then:
+
+- the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch (`projections`);
+- each block's MLP (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x`` in one launch, then its down
+  projection.
+
+Anything the kernels do not take (`cuda_qmv.fusable`: mixed bits or widths, a linear bias on the MLP, more
+than `cuda_qmv.MAX_ROWS` rows) takes the layers' own calls.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+
+from engine import cuda_qmv, decode_kernels
+
+
+def projections(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """An attention module's q, k and v projections of `x`: one launch while the switch is on and they fit."""
+    linears = (module.q_proj, module.k_proj, module.v_proj)
+    if _fits(x, linears):
+        return cuda_qmv.three(x, linears)
+    return tuple(linear(x) for linear in linears)
+
+
+class FusedCall:
+    """Mixed into a block's MLP class by `wire`: decode-sized calls inside the switch take `cuda_qmv.glu`."""
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if args or kwargs or not _fits(x, (self.gate_proj, self.up_proj)):
+            return super().__call__(x, *args, **kwargs)
+        return self.down_proj(cuda_qmv.glu(x, self.gate_proj, self.up_proj))
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_class(cls: type) -> type:
+    return type(cls.__name__, (FusedCall, cls), {"__doc__": cls.__doc__})
+
+
+def wire(model: Any) -> int:
+    """Give every block's gated MLP (gate, up and down projections) the fused call; how many have it."""
+    count = 0
+    for layer in getattr(model, "layers", []):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None or not all(name in mlp for name in ("gate_proj", "up_proj", "down_proj")):
+            continue
+        if not isinstance(mlp, FusedCall):
+            mlp.__class__ = _fused_class(type(mlp))
+        count += 1
+    return count
+
+
+def _fits(x: mx.array, linears: tuple) -> bool:
+    return decode_kernels.fused_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS \
+        and cuda_qmv.fusable(linears, x.dtype)
