@@ -28,6 +28,7 @@ import functools
 from typing import Any, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from engine import cuda_backend
 from engine.cuda_backend import PRMT_HEADER, affine_problem
@@ -306,12 +307,17 @@ def _glu_kernel() -> Any:
 
 
 def fusable(linears: Sequence[Any], dtype: mx.Dtype) -> bool:
-    """Whether `three` (three linears) or `glu` (two) takes `linears` for activations of `dtype`: each one this
-    module's kernel takes (`takes`), all of one input width, bits and group size, and no linear bias for `glu`."""
+    """Whether `three` (three linears) or `glu` (two) takes `linears` for activations of `dtype`: each a quantized
+    linear this module's kernel takes (`takes`), all of one input width, bits and group size; for `glu`, of one
+    output width and without a linear bias."""
     first = linears[0]
-    return all(takes(linear, dtype) and linear.bits == first.bits and linear.group_size == first.group_size
-               and linear["weight"].shape[-1] == first["weight"].shape[-1] for linear in linears) \
-        and (len(linears) == 3 or not any("bias" in linear for linear in linears))
+    if not all(isinstance(linear, nn.QuantizedLinear) for linear in linears):
+        return False
+    if not all(takes(linear, dtype) and linear.bits == first.bits and linear.group_size == first.group_size
+               and linear["weight"].shape[-1] == first["weight"].shape[-1] for linear in linears):
+        return False
+    return len(linears) == 3 or (all(linear["weight"].shape[0] == first["weight"].shape[0] for linear in linears)
+                                 and not any("bias" in linear for linear in linears))
 
 
 def three(x: mx.array, linears: Sequence[Any]) -> tuple[mx.array, mx.array, mx.array]:

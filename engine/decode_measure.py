@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, linear_mode
+from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.linear_mode import first_block_linears
 from engine.timing import best_seconds
 
@@ -125,11 +125,12 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
 def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
     """"qmv_fused": the first block's q, k and v projections and its MLP's ``silu(gate x) * up x`` on one row,
     `REPEAT` times per evaluation: our kernel once per linear (and MLX's activation) against one launch each
-    (`engine.fused_linears`), checked first against them. Left out where the block's linears are not the
+    (`engine.fused_linears`), checked first: each projection against our kernel's, the fused MLP against the
+    MLP's own call. Left out where the block's linears (or its MLP's class: `fused_linears.SWIGLU`) are not the
     fused kernels' or they fail (or fail to compile)."""
     attention = next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
     mlp = compiled_mlp.first_mlp(model)
-    if attention is None or mlp is None or not all(name in mlp for name in ("gate_proj", "up_proj")):
+    if attention is None or mlp is None or not fused_linears.swiglu(mlp):
         return {}
     qkv, gate_up = (attention.q_proj, attention.k_proj, attention.v_proj), (mlp.gate_proj, mlp.up_proj)
     if not (cuda_qmv.fusable(qkv, dtype) and cuda_qmv.fusable(gate_up, dtype)):
@@ -143,8 +144,9 @@ def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
     def fused() -> list[mx.array]:
         return [*cuda_qmv.three(x, qkv), cuda_qmv.glu(x, *gate_up)]
 
-    try:
-        for ours, theirs in zip(fused(), separate()):
+    try:  # each product against our kernel's; the fused MLP against the MLP's own call (its activation)
+        for ours, theirs in zip([*cuda_qmv.three(x, qkv), mlp.down_proj(cuda_qmv.glu(x, *gate_up))],
+                                [*separate()[:3], mlp(x)]):
             check_close("qmv_fused", ours, theirs)
         return {"qmv_fused": (best_seconds(lambda: [separate() for _ in range(REPEAT)]),
                               best_seconds(lambda: [fused() for _ in range(REPEAT)]))}

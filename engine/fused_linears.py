@@ -7,8 +7,8 @@ by `engine.decode_choice`, only beside our linears) the compute path turns `engi
 ``fused`` switch on for decode-sized forwards, and then:
 
 - the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch (`projections`);
-- each block's MLP (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x`` in one launch, then its down
-  projection.
+- each block's MLP of mlx-lm's llama, qwen2 or qwen3 (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x``
+  in one launch, then its down projection.
 
 Anything the kernels do not take (`cuda_qmv.fusable`: mixed bits or widths, a linear bias on the MLP, more
 than `cuda_qmv.MAX_ROWS` rows) takes the layers' own calls.
@@ -45,12 +45,22 @@ def _fused_class(cls: type) -> type:
     return type(cls.__name__, (FusedCall, cls), {"__doc__": cls.__doc__})
 
 
+SWIGLU = frozenset({("mlx_lm.models.llama", "MLP"), ("mlx_lm.models.qwen2", "MLP"), ("mlx_lm.models.qwen3", "MLP")})
+"""mlx-lm's MLP classes whose call is ``down(silu(gate x) * up x)`` (others with the same projections, Gemma's,
+take another activation)."""
+
+
+def swiglu(mlp: Any) -> bool:
+    """Whether `mlp`'s class is (or derives from, once wired) one of `SWIGLU`."""
+    return any((cls.__module__, cls.__name__) in SWIGLU for cls in type(mlp).__mro__)
+
+
 def wire(model: Any) -> int:
-    """Give every block's gated MLP (gate, up and down projections) the fused call; how many have it."""
+    """Give every block's `SWIGLU` MLP the fused call; how many have it."""
     count = 0
     for layer in getattr(model, "layers", []):
         mlp = getattr(layer, "mlp", None)
-        if mlp is None or not all(name in mlp for name in ("gate_proj", "up_proj", "down_proj")):
+        if mlp is None or not swiglu(mlp):
             continue
         if not isinstance(mlp, FusedCall):
             mlp.__class__ = _fused_class(type(mlp))

@@ -55,8 +55,8 @@ def launch_every_kernel() -> None:
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
-        for dtype, rows in ((mx.bfloat16, 1), (mx.float16, 3)):
-            q, k, v = (quantized(n, bits, group_size, dtype) for n in (1024, 256, 256))
+        for dtype, rows, widths in ((mx.bfloat16, 1, (8192, 1024, 1024)), (mx.float16, 3, (1024, 256, 257))):
+            q, k, v = (quantized(n, bits, group_size, dtype) for n in widths)  # two rows a warp; one
             cuda_qmv.three(mx.zeros((1, rows, HIDDEN), dtype=dtype), (q, k, v))
             cuda_qmv.glu(mx.zeros((1, rows, HIDDEN), dtype=dtype), q, q)
     query, count = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), mx.array([700], dtype=mx.int32)

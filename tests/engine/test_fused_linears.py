@@ -69,6 +69,9 @@ def test_one_launch_gives_each_linears_product(q4, fused_kernels):
     assert mx.allclose(cuda_qmv.three(x, (biased, biased, biased))[2], biased(x), atol=1e-5).item()
     assert not cuda_qmv.fusable((biased, biased), mx.float32)  # the gated MLP's kernel adds no bias
     assert not cuda_qmv.fusable((qkv[0], nn.QuantizedLinear(qkv[0].weight.shape[1] * 8, 64, bits=8)), mx.float32)
+    assert not cuda_qmv.fusable((mlp.gate_proj, qkv[1]), mx.float32)  # gate and up of one width only
+    plain = nn.Linear(qkv[0].weight.shape[1] * 8, 64)  # an unquantized linear: not our kernel's
+    assert not cuda_qmv.fusable((plain, plain, plain), mx.float32)
 
 
 def test_a_decode_forward_fuses_each_blocks_linears_and_computes_the_same(q4, fused_kernels):
@@ -108,6 +111,20 @@ def test_fused_linears_run_only_beside_ours_and_where_measured_faster(q4, fused_
     assert chosen["qmv_fused"]
     timing = decode_measure._time_fused(q4, mx.float32)
     assert set(timing) == {"qmv_fused"} and all(seconds > 0 for seconds in timing["qmv_fused"])
+    assert fused_linears.wire(q4) == len(q4.layers)
+
+
+def test_only_mlps_whose_activation_is_silu_are_fused(q4, fused_kernels):
+    """Gemma's MLPs have the same three projections and another activation (gelu): never wired, never measured."""
+    from mlx_lm.models import gemma3_text
+
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=128, num_hidden_layers=2,
+                                 intermediate_size=256, num_attention_heads=2, head_dim=64, rms_norm_eps=1e-6,
+                                 vocab_size=512, num_key_value_heads=1)
+    gemma = gemma3_text.Model(args)
+    nn.quantize(gemma, group_size=64, bits=4)
+    assert "gate_proj" in gemma.layers[0].mlp and fused_linears.wire(gemma) == 0
+    assert decode_measure._time_fused(gemma, mx.float32) == {}
     assert fused_linears.wire(q4) == len(q4.layers)
 
 
