@@ -59,7 +59,7 @@ VARIANTS = ("mlx", "ours", "ours+fused", "ours+compiled-mlp", "ours+traced-step"
 def emulated_cuda() -> Iterator[None]:
     """Inside: the CUDA checks forced on, MLX's kernel call a stand-in (see the module docstring)."""
     from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
-                        cuda_kv_write, cuda_qmv)
+                        cuda_kv_write, cuda_qk_rope, cuda_qmv)
 
     def kernel(**_: Any) -> Any:
         def call(inputs: list, output_shapes: list, output_dtypes: list, **__: Any) -> list:
@@ -72,7 +72,7 @@ def emulated_cuda() -> Iterator[None]:
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     factories = [cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
                  cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
-                 cuda_qmv._three_kernel, cuda_qmv._glu_kernel]
+                 cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel]
     for owner, name, value in patched:
         setattr(owner, name, value)
     try:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
+from engine import compiled_mlp, cpu_attention, cuda_qk_rope, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.linear_mode import first_block_linears
 from engine.timing import best_seconds
 
@@ -22,6 +22,7 @@ ATTENTION_KEYS = 16384
 CHUNK_ROWS = decode_kernels.CHUNK_MAX_ROWS  # the chunk attention is timed at the most queries it takes
 CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
 REPEAT = 16  # block repetitions per timed evaluation of the linears
+ROPE_POSITION = 100_003  # where the fused RoPE is checked: far into a long context, where angles are large
 
 Timings = dict[str, tuple[float, float]]
 """Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
@@ -123,11 +124,12 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
 
 
 def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
-    """"qmv_fused": the first block's q, k and v projections and its MLP's ``silu(gate x) * up x`` on one row,
-    `REPEAT` times per evaluation: our kernel once per linear (and MLX's activation) against one launch each
-    (`engine.fused_linears`), checked first: each projection against our kernel's, the fused MLP against the
-    MLP's own call. Left out where the block's linears (or its MLP's class: `fused_linears.SWIGLU`) are not the
-    fused kernels' or they fail (or fail to compile)."""
+    """"qmv_fused": the first block's q, k and v projections, its per-head norms and RoPE (`engine.cuda_qk_rope`,
+    where it serves the module) and its MLP's ``silu(gate x) * up x`` on one row, `REPEAT` times per evaluation:
+    our kernel once per linear and MLX's operations against one launch each (`engine.fused_linears`). Checked
+    first: each projection against our kernel's, the rotated queries and keys against the module's own norms and
+    RoPE, the fused MLP against the MLP's own call. Left out where the block's linears (or its MLP's class:
+    `fused_linears.SWIGLU`) are not the fused kernels' or they fail (or fail to compile)."""
     attention = next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
     mlp = compiled_mlp.first_mlp(model)
     if attention is None or mlp is None or not fused_linears.swiglu(mlp):
@@ -136,23 +138,40 @@ def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
     if not (cuda_qmv.fusable(qkv, dtype) and cuda_qmv.fusable(gate_up, dtype)):
         return {}
     x = mx.random.normal((1, 1, qkv[0]["weight"].shape[-1] * 32 // qkv[0].bits), key=mx.random.key(60)).astype(dtype)
+    position, rope = ROPE_POSITION, cuda_qk_rope.takes(attention, dtype)
 
     def separate() -> list[mx.array]:
         gate, up = (cuda_qmv.linear_product(m, x) for m in gate_up)
-        return [*(cuda_qmv.linear_product(m, x) for m in qkv), nn.silu(gate) * up]
+        q, k, v = (cuda_qmv.linear_product(m, x) for m in qkv)
+        return [*_rotated(attention, q, k, position), v, nn.silu(gate) * up]
 
     def fused() -> list[mx.array]:
-        return [*cuda_qmv.three(x, qkv), cuda_qmv.glu(x, *gate_up)]
+        q, k, v = cuda_qmv.three(x, qkv)
+        rotated = cuda_qk_rope.qk_rope(attention, q, k, position) if rope else _rotated(attention, q, k, position)
+        return [*rotated, v, cuda_qmv.glu(x, *gate_up)]
 
-    try:  # each product against our kernel's; the fused MLP against the MLP's own call (its activation)
-        for ours, theirs in zip([*cuda_qmv.three(x, qkv), mlp.down_proj(cuda_qmv.glu(x, *gate_up))],
-                                [*separate()[:3], mlp(x)]):
+    try:  # each part against its own: our kernel's products, the module's norms and RoPE, the MLP's own call
+        q, k, v = cuda_qmv.three(x, qkv)
+        checks = [*zip((q, k, v), (cuda_qmv.linear_product(m, x) for m in qkv)),
+                  (mlp.down_proj(cuda_qmv.glu(x, *gate_up)), mlp(x))]
+        if rope:
+            checks += zip(cuda_qk_rope.qk_rope(attention, q, k, position), _rotated(attention, q, k, position))
+        for ours, theirs in checks:
             check_close("qmv_fused", ours, theirs)
         return {"qmv_fused": (best_seconds(lambda: [separate() for _ in range(REPEAT)]),
                               best_seconds(lambda: [fused() for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - the newest kernels: left out, not fatal
         logger.warning("decode kernels: fused linears: %s; not using them", err)
         return {}
+
+
+def _rotated(module: Any, q: mx.array, k: mx.array, position: int) -> tuple[mx.array, mx.array]:
+    """One token's queries and keys (the projections' outputs) through the module's own per-head norms and RoPE."""
+    q, k = q.reshape(1, 1, module.n_heads, -1), k.reshape(1, 1, module.n_kv_heads, -1)
+    if "q_norm" in module:
+        q, k = module.q_norm(q), module.k_norm(k)
+    return (module.rope(q.transpose(0, 2, 1, 3), offset=position),
+            module.rope(k.transpose(0, 2, 1, 3), offset=position))
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:

@@ -6,7 +6,8 @@ gate and up projections two more, plus MLX's activation between them. With ``qmv
 by `engine.decode_choice`, only beside our linears) the compute path turns `engine.decode_kernels`'
 ``fused`` switch on for decode-sized forwards, and then:
 
-- the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch (`projections`);
+- the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch (`projections`),
+  and one token's per-head norms and RoPE in one more (`rotated`, `engine.cuda_qk_rope`);
 - each block's MLP of mlx-lm's llama, qwen2 or qwen3 (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x``
   in one launch, then its down projection.
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_qmv, decode_kernels
+from engine import cuda_qk_rope, cuda_qmv, decode_kernels
 
 
 def projections(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -29,6 +30,15 @@ def projections(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]
     if _fits(x, linears):
         return cuda_qmv.three(x, linears)
     return tuple(linear(x) for linear in linears)
+
+
+def rotated(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array] | None:
+    """One token's queries and keys (the projections' outputs) normalized per head where the module does and
+    rotated, in one launch (`engine.cuda_qk_rope`): (1, H, 1, D), (1, KV, 1, D); None where the switch is off or
+    the kernel does not serve the module or the shape (the module's own steps then run)."""
+    if not (decode_kernels.fused_on() and queries.shape[:2] == (1, 1) and cuda_qk_rope.takes(module, queries.dtype)):
+        return None
+    return cuda_qk_rope.qk_rope(module, queries, keys, offset)
 
 
 class FusedCall:

@@ -12,12 +12,12 @@ import mlx.nn as nn
 import pytest
 
 from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
-                    cuda_kv_write, cuda_qmv)
+                    cuda_kv_write, cuda_qk_rope, cuda_qmv)
 from tests.engine.cuda_compile import Recorder, compile_errors
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
-             cuda_qmv._three_kernel, cuda_qmv._glu_kernel)
+             cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
@@ -72,6 +72,26 @@ def launch_every_kernel() -> None:
                                                  0.088)
     cuda_attention.decode_attention(query.astype(mx.float16), eight_bit(1024, mx.float16),
                                     eight_bit(1024, mx.float16), 700, 0.088, 64)
+    for module, dtype in ((attention_module("qwen3", 128), mx.bfloat16), (attention_module("llama", 64), mx.float16)):
+        assert cuda_qk_rope.takes(module, dtype)
+        width, kv_width = module.q_proj.weight.shape[0], module.k_proj.weight.shape[0]
+        for position in (700, count):
+            cuda_qk_rope.qk_rope(module, mx.zeros((1, 1, width), dtype=dtype), mx.zeros((1, 1, kv_width), dtype=dtype),
+                                 position)
+
+
+def attention_module(kind: str, head_dim: int):
+    """mlx-lm's attention module of a qwen3 (per-head norms) or llama block, Qwen3-32B's heads, in the dtype
+    the test gives it."""
+    from importlib import import_module
+
+    models = import_module(f"mlx_lm.models.{kind}")
+    args = models.ModelArgs(model_type=kind, hidden_size=256, num_hidden_layers=1, intermediate_size=512,
+                            num_attention_heads=H, num_key_value_heads=KV, head_dim=head_dim, rms_norm_eps=1e-6,
+                            vocab_size=64, rope_theta=1e6, max_position_embeddings=4096, tie_word_embeddings=False)
+    module = models.Attention(args)
+    module.set_dtype(mx.bfloat16 if kind == "qwen3" else mx.float16)
+    return module
 
 
 def test_every_kernel_source_compiles_for_the_h200(recorder):
@@ -79,6 +99,7 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     sources = recorder.sources()
     assert {label.split("_")[1] for label in sources} >= {"qmv", "qmv3", "dequantize", "q8", "chunk", "kv"}
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
+    assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
 

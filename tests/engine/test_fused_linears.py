@@ -14,7 +14,7 @@ from test_decode_kernels import DENSE
 from test_linear_mode import quantized_model
 from test_traced_step import OURS, TRACED
 
-from engine import cuda_qmv, decode_measure, fused_linears
+from engine import cuda_qk_rope, cuda_qmv, decode_measure, fused_linears
 from engine.compute import ComputePath
 from engine.decode_choice import DecodeKernels, choose_kernels
 from engine.step_measure import check_traced_step, filled_cache
@@ -42,8 +42,20 @@ def fused_kernels(semantic_kernels, monkeypatch):
         gate, up = (_product(x, *inputs[1 + 3 * i:4 + 3 * i], t).astype(mx.float32) for i in range(2))
         return [(nn.silu(gate) * up).reshape(output_shapes[0]).astype(output_dtypes[0])]
 
+    def qk_rope(inputs, template, **_):  # MLX's own norm and RoPE, from what the kernel is given
+        calls.append("qk_rope")
+        t, (q, k, q_weight, k_weight, offset, constants) = dict(template), inputs
+
+        def turned(x, heads, weight):
+            x = x.reshape(1, 1, heads, t["D"])
+            x = mx.fast.rms_norm(x, weight, constants[1].item()) if t["NORM"] else x
+            return mx.fast.rope(x.transpose(0, 2, 1, 3), t["D"], traditional=False, base=2 ** constants[0].item(),
+                                scale=1.0, offset=offset[0])
+        return [turned(q, t["H"], q_weight), turned(k, t["KV"], k_weight)]
+
     monkeypatch.setattr(cuda_qmv, "_three_kernel", lambda: three)
     monkeypatch.setattr(cuda_qmv, "_glu_kernel", lambda: glu)
+    monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: qk_rope)
     return calls
 
 
@@ -89,6 +101,33 @@ def test_a_decode_forward_fuses_each_blocks_linears_and_computes_the_same(q4, fu
     before = len(fused_kernels)
     fused.forward(mx.zeros((1, 12), dtype=mx.uint32), caches[1])  # more rows than the kernels take: the layers'
     assert "three" not in fused_kernels[before:] and "glu" not in fused_kernels[before:]
+
+
+def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_dir, fused_kernels, monkeypatch):
+    """The rotation kernel serves float16/bfloat16 activations only: a float16 copy of the model."""
+    model = quantized_model(tiny_model_dir)
+    model.set_dtype(mx.float16)
+    attention = model.layers[0].self_attn
+    assert cuda_qk_rope.takes(attention, mx.float16) and not cuda_qk_rope.takes(attention, mx.float32)
+    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, source="setting"))
+    plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
+    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
+    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
+    before = len(fused_kernels)
+    got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], 5)
+    assert fused_kernels[before:].count("qk_rope") == 5 * len(model.layers)
+    assert got[0] == expected[0]
+    for a, b in zip(expected[1], got[1]):  # float16, and the fused activation rounded once: near, not equal
+        assert (mx.linalg.norm((a - b).astype(mx.float32)) / mx.linalg.norm(a.astype(mx.float32))).item() < 5e-3
+    assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}  # the rotation checked and timed
+
+    def unturned(inputs, template, **_):  # normalized but never rotated: the load-time check refuses it
+        t = dict(template)
+        return [mx.fast.rms_norm(x.reshape(1, 1, n, t["D"]), w, 1e-5).transpose(0, 2, 1, 3)
+                for x, n, w in ((inputs[0], t["H"], inputs[2]), (inputs[1], t["KV"], inputs[3]))]
+
+    monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: unturned)
+    assert decode_measure._time_fused(model, mx.float16) == {}
 
 
 def test_a_traced_step_holds_the_fused_launches(q4, fused_kernels):
