@@ -5,8 +5,8 @@ each query head and of each key head (``q_norm``, ``k_norm``) and RoPE on each. 
 the two RoPEs. Here one launch does all of them for one token (`engine.fused_linears`, ``qmv_fused``):
 
 - one warp a head (the query heads, then the key heads), each lane two values of each half of the head;
-- the norm as MLX's: ``x * rsqrt(mean(x^2) + eps) * weight`` in float32, rounded to the activations' dtype
-  (what the rotation reads from MLX's norm);
+- the norm as MLX's: ``x * rsqrt(mean(x^2) + eps)`` in float32, rounded to the activations' dtype, times the
+  weight, rounded again (what the rotation reads from MLX's norm);
 - RoPE as MLX's for mlx-lm's `nn.RoPE` (not traditional: value i turns with value i + D/2), the angle
   ``position * base^(-i / (D/2))`` computed as MLX's CUDA kernel computes it (``exp2`` of ``-i / (D/2) *
   log2(base)``), in float32;
@@ -27,7 +27,7 @@ import mlx.nn as nn
 from engine import cuda_backend
 
 SOURCE = r"""
-  // Warps 0..H-1: the query heads; H..H+KV-1: the key heads. Lane l holds values 2l + p (p < P) of the head's
+  // Warps 0..H-1: the query heads; H..H+KV-1: the key heads. Lane l holds values P l + p (p < P) of the head's
   // first half and the same of its second: the pairs RoPE turns together.
   constexpr int HALF = D / 2, P = HALF / 32;
   const int lane = threadIdx.x;
@@ -51,9 +51,11 @@ SOURCE = r"""
     for (int o = 16; o > 0; o >>= 1) squares += __shfl_xor_sync(0xFFFFFFFFu, squares, o);
     const float r = rsqrtf(squares / D + consts[1]);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {  // rounded as MLX's norm hands them to its RoPE
-      a[p] = static_cast<float>(static_cast<T>(a[p] * r * static_cast<float>(w[P * lane + p])));
-      b[p] = static_cast<float>(static_cast<T>(b[p] * r * static_cast<float>(w[HALF + P * lane + p])));
+    for (int p = 0; p < P; ++p) {  // rounded as MLX's norm rounds: T(w * T(x * r)) (w * T(...) exact in float)
+      a[p] = static_cast<float>(static_cast<T>(static_cast<float>(w[P * lane + p])
+                                               * static_cast<float>(static_cast<T>(a[p] * r))));
+      b[p] = static_cast<float>(static_cast<T>(static_cast<float>(w[HALF + P * lane + p])
+                                               * static_cast<float>(static_cast<T>(b[p] * r))));
     }
   }
   const float position = static_cast<float>(offset[0]);
@@ -83,8 +85,9 @@ def takes(module: Any, dtype: mx.Dtype) -> bool:
     dim = getattr(module, "head_dim", None) or module.q_proj.weight.shape[0] // module.n_heads
     return (cuda_backend.cuda_available() and dtype in (mx.bfloat16, mx.float16) and type(rope) is nn.RoPE
             and not rope.traditional and rope.scale == 1.0 and rope.dims == dim and dim in (64, 128)
-            and ("q_norm" in module) == ("k_norm" in module)
-            and all(module[n].weight.dtype == dtype for n in ("q_norm", "k_norm") if n in module))
+            and ("q_norm" in module) == ("k_norm" in module)  # mlx-lm's own norm (Gemma's weighs by 1 + w)
+            and all(type(module[n]) is nn.RMSNorm and module[n].weight.dtype == dtype
+                    for n in ("q_norm", "k_norm") if n in module))
 
 
 def qk_rope(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:

@@ -9,8 +9,9 @@ header, ours, then ``__global__ void name(const T* input, [Shape input_shape, St
 int input_ndim: where the body names them], ..., T* output, ...) { constexpr int ... = ...; using T = ...;
 body }`` inside ``namespace mlx::core::cu``. MLX's own header (``mlx/backend/cuda/device/utils.cuh``,
 compiled into MLX) is not in its wheel: `PRELUDE` stands in for the part our kernels use (the fixed-width
-integer types, ``INFINITY``, ``Shape`` and ``Strides``); MLX's header also brings in cooperative groups, which none of our
-kernels uses (its headers need more of CUDA's than the wheel holds): one that did would fail here.
+integer types, ``INFINITY``, ``Shape`` and ``Strides``); MLX's header also brings in cooperative groups,
+which none of our kernels uses (its headers need more of CUDA's than the wheel holds): one that did would
+fail here.
 `compile_errors` compiles for the H200's architecture (sm_90).
 """
 from __future__ import annotations

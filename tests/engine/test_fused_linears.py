@@ -6,6 +6,8 @@ the kernels' own device code is compiled in test_cuda_compile.py and checked aga
 (`engine.decode_measure`)."""
 from __future__ import annotations
 
+import logging
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -43,7 +45,7 @@ def fused_kernels(semantic_kernels, monkeypatch):
         return [(nn.silu(gate) * up).reshape(output_shapes[0]).astype(output_dtypes[0])]
 
     def qk_rope(inputs, template, **_):  # MLX's own norm and RoPE, from what the kernel is given
-        calls.append("qk_rope")
+        calls.append("qk_rope+norm" if dict(template)["NORM"] else "qk_rope")
         t, (q, k, q_weight, k_weight, offset, constants) = dict(template), inputs
 
         def turned(x, heads, weight):
@@ -103,7 +105,8 @@ def test_a_decode_forward_fuses_each_blocks_linears_and_computes_the_same(q4, fu
     assert "three" not in fused_kernels[before:] and "glu" not in fused_kernels[before:]
 
 
-def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_dir, fused_kernels, monkeypatch):
+def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_dir, fused_kernels, caplog,
+                                                                      monkeypatch):
     """The rotation kernel serves float16/bfloat16 activations only: a float16 copy of the model."""
     model = quantized_model(tiny_model_dir)
     model.set_dtype(mx.float16)
@@ -121,13 +124,56 @@ def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_
         assert (mx.linalg.norm((a - b).astype(mx.float32)) / mx.linalg.norm(a.astype(mx.float32))).item() < 5e-3
     assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}  # the rotation checked and timed
 
-    def unturned(inputs, template, **_):  # normalized but never rotated: the load-time check refuses it
+    def unturned(inputs, template, **_):  # never rotated (llama: no norms): the load-time check refuses it
         t = dict(template)
-        return [mx.fast.rms_norm(x.reshape(1, 1, n, t["D"]), w, 1e-5).transpose(0, 2, 1, 3)
-                for x, n, w in ((inputs[0], t["H"], inputs[2]), (inputs[1], t["KV"], inputs[3]))]
+        return [x.reshape(1, 1, n, t["D"]).transpose(0, 2, 1, 3)
+                for x, n in ((inputs[0], t["H"]), (inputs[1], t["KV"]))]
 
     monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: unturned)
-    assert decode_measure._time_fused(model, mx.float16) == {}
+    with caplog.at_level(logging.WARNING, logger="engine.decode_measure"):
+        assert decode_measure._time_fused(model, mx.float16) == {}
+    assert "our qmv_fused kernel disagrees with MLX's" in caplog.text
+
+
+def tiny_qwen3(dtype) -> nn.Module:
+    """A 2-layer qwen3 (per-head q and k norms, with random weights), 4-bit, in `dtype`."""
+    from mlx_lm.models import qwen3
+
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-6,
+                           vocab_size=512, rope_theta=1e6, max_position_embeddings=4096, tie_word_embeddings=False)
+    model = qwen3.Model(args)
+    for i, layer in enumerate(model.layers):
+        for j, norm in enumerate((layer.self_attn.q_norm, layer.self_attn.k_norm)):
+            norm.weight = 1 + 0.5 * mx.random.normal(norm.weight.shape, key=mx.random.key(40 + 2 * i + j))
+    nn.quantize(model, group_size=64, bits=4)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_a_qwen3_blocks_per_head_norms_are_in_the_rotation_launch(fused_kernels, caplog, monkeypatch):
+    model = tiny_qwen3(mx.float16)
+    assert cuda_qk_rope.takes(model.layers[0].self_attn, mx.float16)
+    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, source="setting"))
+    plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
+    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
+    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
+    before = len(fused_kernels)
+    got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], 5)
+    assert fused_kernels[before:].count("qk_rope+norm") == 5 * len(model.layers)
+    assert got[0] == expected[0]
+    assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}
+
+    def norms_swapped(inputs, template, **options):  # the keys' norm weights on the queries and back
+        q, k, q_weight, k_weight, *rest = inputs
+        return kernel(inputs=[q, k, k_weight, q_weight, *rest], template=template, **options)
+
+    kernel = cuda_qk_rope._kernel()
+    monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: norms_swapped)
+    with caplog.at_level(logging.WARNING, logger="engine.decode_measure"):
+        assert decode_measure._time_fused(model, mx.float16) == {}
+    assert "disagrees" in caplog.text
 
 
 def test_a_traced_step_holds_the_fused_launches(q4, fused_kernels):
