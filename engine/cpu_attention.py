@@ -16,7 +16,9 @@ with MLX unless its caller asked for NumPy on this thread (`numpy_attention`,
 which `engine.compute.ComputePath` enters around its model calls). So an
 `mx.compile` trace, or any caller that did not ask, runs the model's own
 arithmetic. On MLX's CUDA backend the same wired call serves our short-chunk
-attention kernel (`engine.decode_kernels.chunk_on`, `attend_chunk`).
+attention kernel (`engine.decode_kernels.chunk_on`, `attend_chunk`) and a decode
+step's fused q, k and v projections and rotation (`engine.decode_kernels.fused_on`,
+`engine.fused_linears`).
 
 NumPy's own OpenBLAS is limited to one thread while MLX runs the layers: two
 OpenBLAS thread pools on two cores were slower (same section).
