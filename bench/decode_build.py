@@ -19,9 +19,9 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
 - ``ours``: the engine's path on CUDA without `engine.compiled_mlp`;
 - ``ours+compiled-mlp``: with it, each block's MLP replayed from its trace (the engine takes it
   where it measured it faster at load; whether MLX traces our CUDA kernels is not known here);
-- ``ours+fused``: ``ours`` with each block's q, k, v projections in one launch and its MLP's gate and up
-  projections with the activation in one more (`engine.fused_linears`, the engine's ``qmv_fused``; taken where
-  measured faster at load);
+- ``ours+fused``: ``ours`` with each block's q, k, v projections in one launch, its MLP's gate and up
+  projections with the activation in one more, and one token's norms and RoPE in one more
+  (`engine.fused_linears`, the engine's ``qmv_fused`` and ``rope_fused``; taken where measured faster at load);
 - ``ours+traced-step``: the whole step replayed from one trace (`engine.compiled`, the engine's
   ``step_traced`` for 8-bit caches and ``step_traced_bf16``, with the chunk attention, for bf16 ones;
   likewise taken where measured faster at load): building it is replaying the trace (MLX makes the
@@ -112,7 +112,7 @@ def build_ms(model: Any, cache: list, variant: str, bits: int, steps: int,
     traced = variant.startswith("ours+traced-step")
     kernels = DecodeKernels(qmv=ours, attention_mma=ours, kv_write=ours and bits == 8,
                             mlp_compiled=variant == "ours+compiled-mlp", step_traced=traced and bits == 8,
-                            qmv_fused=variant.endswith("+fused"),
+                            qmv_fused=variant.endswith("+fused"), rope_fused=variant.endswith("+fused"),
                             attention_chunk=traced and bits == 16, step_traced_bf16=traced and bits == 16,
                             source="setting")
     path = ComputePath(model, kernels=kernels, compiled=traced)  # (compiled: MLX's step traced too)

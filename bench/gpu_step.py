@@ -12,8 +12,9 @@ attends over rows that do not change: the timing of everything but the write); o
 configuration again with the cache written by MLX's slice updates, by our in-place kernel
 (`engine.cuda_kv_write`), and by it in the whole step replayed from its trace (``ours+traced``,
 `engine.compiled`: the engine's ``step_traced``); the bf16 one also replayed from its trace, with
-our chunk attention in it (``step_traced_bf16``); both traced again with each block's linears of one input in
-one launch each (``ours+traced+fused``, the engine's ``qmv_fused``). Both widths again with MLX's kernels only
+our chunk attention in it (``step_traced_bf16``); both traced again with each block's linears of one input,
+and one token's norms and RoPE, in one launch each (``ours+traced+fused``, the engine's ``qmv_fused`` and
+``rope_fused``). Both widths again with MLX's kernels only
 (``mlx-only``; on CUDA the ``mlx`` rows run our linears and attention beside MLX's write), plain and
 replayed from its trace (``mlx-only+traced``; ``mlx+traced`` elsewhere): the engine's step under
 ``compute.kernels: mlx``, whose traced attention is masked over the whole buffer, which takes MLX's
@@ -142,7 +143,7 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
                                 step_traced_bf16=True, source="setting")
     traced = ComputePath(model, kernels=ours_traced, compiled=True)
     # The same with each block's q, k, v and its MLP's gate, up and activation in one launch each (`qmv_fused`).
-    fused = ComputePath(model, kernels=dataclasses.replace(ours_traced, qmv_fused=True), compiled=True)
+    fused = ComputePath(model, kernels=dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True), compiled=True)
     # MLX's kernels only, the window step traced: its attention is masked over the whole buffer.
     mlx_traced = ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)
     rows = []

@@ -18,7 +18,7 @@ which `engine.compute.ComputePath` enters around its model calls). So an
 arithmetic. On MLX's CUDA backend the same wired call serves our short-chunk
 attention kernel (`engine.decode_kernels.chunk_on`, `attend_chunk`) and a decode
 step's fused q, k and v projections and rotation (`engine.decode_kernels.fused_on`,
-`engine.fused_linears`).
+`rope_on`, `engine.fused_linears`).
 
 NumPy's own OpenBLAS is limited to one thread while MLX runs the layers: two
 OpenBLAS thread pools on two cores were slower (same section).
@@ -99,7 +99,7 @@ def _wired_class(cls: type) -> type:
                 return _numpy_step(self, x, mask, cache)
             if decode_kernels.chunk_on():
                 return _chunk_step(self, x, mask, cache)
-            if decode_kernels.fused_on():
+            if decode_kernels.fused_on() or decode_kernels.rope_on():
                 return _fused_step(self, x, mask, cache)
             return original(self, x, mask=mask, cache=cache)
 
@@ -146,8 +146,8 @@ def _chunk_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
 
 
 def _fused_step(module: Any, x: mx.array, mask: Any, cache: Any) -> mx.array:
-    """The model's own step (mlx-lm's attention), its q, k and v projections in one launch
-    (`engine.fused_linears`)."""
+    """The model's own step (mlx-lm's attention), its q, k and v projections and one token's norms and RoPE
+    each in one launch where they are switched on (`engine.fused_linears`)."""
     queries, keys, values = _queries_and_cache(module, x, cache)
     return _output(module, base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=module.scale,
                                                              mask=mask))

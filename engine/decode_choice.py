@@ -60,7 +60,7 @@ from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
-                "step_traced_bf16", "qmv_fused")
+                "step_traced_bf16", "qmv_fused", "rope_fused")
 MARGIN = 0.05
 NEEDS = (("kv_write", ("attention", "attention_mma"), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
@@ -92,6 +92,7 @@ class DecodeKernels:
             one query with the key count as an array).
         qmv_fused: `engine.fused_linears` for a decode-sized forward's linears of one input (a block's q, k
             and v; its MLP's gate and up with the activation), one launch each (only with `qmv`).
+        rope_fused: `engine.cuda_qk_rope` for one token's per-head norms and RoPE, one launch a block.
     """
 
     qmv: bool = False
@@ -106,6 +107,7 @@ class DecodeKernels:
     step_traced: bool = False
     step_traced_bf16: bool = False
     qmv_fused: bool = False
+    rope_fused: bool = False
 
     @property
     def any(self) -> bool:
@@ -126,8 +128,9 @@ class DecodeKernels:
                                           or traced and rows == 1 and self.step_traced_bf16)
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
-        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused) \
-            if qmv or attention or chunk or mlp else contextlib.nullcontext()
+        rope = self.rope_fused and rows == 1
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope) \
+            if qmv or attention or chunk or mlp or rope else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
         """Give the model's layers the classes the chosen kernels are called through (our linears, the MLPs
@@ -138,7 +141,7 @@ class DecodeKernels:
             fused_linears.wire(model)
         if self.mlp_compiled:
             compiled_mlp.wire(model)
-        if self.attention_chunk or self.qmv_fused:
+        if self.attention_chunk or self.qmv_fused or self.rope_fused:
             cpu_attention.wire(model)  # the attention modules' call that reaches the chunk kernel, the fused q, k, v
 
     def describe(self) -> dict[str, Any]:
@@ -172,6 +175,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
+                             rope_fused=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)

@@ -21,8 +21,8 @@ and the layers ask `qmv_on()` / `attention_on()`:
 - a decode step's cache write (`engine.cuda_kv_write`): the stores of `engine.qkv` write the row
   in place while `kv_write_on()`;
 - a decode step's MLPs (`engine.compiled_mlp`): replayed from their trace while `compiled_mlp.on()`;
-- linears of one input (a block's q, k, v; its MLP's gate and up) in one launch each while `fused_on()`
-  (`engine.fused_linears`).
+- linears of one input (a block's q, k, v; its MLP's gate and up) in one launch each while `fused_on()`,
+  and one token's per-head norms and RoPE in one launch while `rope_on()` (`engine.fused_linears`).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ _mma = Switch("codectx_attention_mma")
 _chunk = Switch("codectx_attention_chunk")
 _kv_write = Switch("codectx_kv_write")
 _fused = Switch("codectx_qmv_fused")
+_rope = Switch("codectx_rope_fused")
 _installed: list[Any] = []
 CHUNK_MAX_ROWS = 48
 """Forwards of 2..CHUNK_MAX_ROWS tokens may take `engine.cuda_chunk_attention` (a question, a header,
@@ -55,21 +56,23 @@ kv_write_on = _kv_write.on
 """Whether a one-row cache write goes through `engine.cuda_kv_write` (in place) on this thread now."""
 fused_on = _fused.on
 """Whether linears of one input take one launch of `engine.cuda_qmv` (`engine.fused_linears`) on this thread now."""
+rope_on = _rope.on
+"""Whether one token's per-head norms and RoPE take one launch (`engine.cuda_qk_rope`) on this thread now."""
 
 
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
-          kv_write: bool = False, mlp: bool = False, fused: bool = False) -> Iterator[None]:
+          kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
     stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
     their trace for one row (`engine.compiled_mlp`); `fused`: linears of one input take one launch
-    (`engine.fused_linears`; only with `qmv`)."""
+    (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch."""
     if attention:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk), \
-            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused):
+            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
         yield
 
 

@@ -73,8 +73,9 @@ def measure(model: Any) -> Timings:
         kernels = attention_kernels(shape)
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
-        if cpu_attention.wirable(model):  # the wired call is where the chunk kernel runs (`engine.compute`)
+        if cpu_attention.wirable(model):  # the wired call is where these kernels run (`engine.compute`)
             timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
+            timings.update(_time_rope(model, dtype))
         faster = faster_attention(timings)
         if faster is not None:  # with the attention kernel that would run beside it
             timings.update(time_kv_write(heads, kv_heads, dim, dtype, "mma" if faster == "attention_mma" else "cores"))
@@ -124,13 +125,12 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
 
 
 def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
-    """"qmv_fused": the first block's q, k and v projections, its per-head norms and RoPE (`engine.cuda_qk_rope`,
-    where it serves the module) and its MLP's ``silu(gate x) * up x`` on one row, `REPEAT` times per evaluation:
-    our kernel once per linear and MLX's operations against one launch each (`engine.fused_linears`). Checked
-    first: each projection against our kernel's, the rotated queries and keys against the module's own norms and
-    RoPE, the fused MLP against the MLP's own call. Left out where the block's linears (or its MLP's class:
-    `fused_linears.SWIGLU`) are not the fused kernels' or they fail (or fail to compile)."""
-    attention = next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
+    """"qmv_fused": the first block's q, k and v projections and its MLP's ``silu(gate x) * up x`` on one row,
+    `REPEAT` times per evaluation: our kernel once per linear and MLX's activation against one launch each
+    (`engine.fused_linears`), checked first: each projection against our kernel's, the fused MLP against the
+    MLP's own call. Left out where the block's linears (or its MLP's class: `fused_linears.SWIGLU`) are not the
+    fused kernels' or they fail (or fail to compile)."""
+    attention = _first_attention(model)
     mlp = compiled_mlp.first_mlp(model)
     if attention is None or mlp is None or not fused_linears.swiglu(mlp):
         return {}
@@ -138,31 +138,49 @@ def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
     if not (cuda_qmv.fusable(qkv, dtype) and cuda_qmv.fusable(gate_up, dtype)):
         return {}
     x = mx.random.normal((1, 1, qkv[0]["weight"].shape[-1] * 32 // qkv[0].bits), key=mx.random.key(60)).astype(dtype)
-    position, rope = ROPE_POSITION, cuda_qk_rope.takes(attention, dtype)
 
     def separate() -> list[mx.array]:
         gate, up = (cuda_qmv.linear_product(m, x) for m in gate_up)
-        q, k, v = (cuda_qmv.linear_product(m, x) for m in qkv)
-        return [*_rotated(attention, q, k, position), v, nn.silu(gate) * up]
+        return [*(cuda_qmv.linear_product(m, x) for m in qkv), nn.silu(gate) * up]
 
     def fused() -> list[mx.array]:
-        q, k, v = cuda_qmv.three(x, qkv)
-        rotated = cuda_qk_rope.qk_rope(attention, q, k, position) if rope else _rotated(attention, q, k, position)
-        return [*rotated, v, cuda_qmv.glu(x, *gate_up)]
+        return [*cuda_qmv.three(x, qkv), cuda_qmv.glu(x, *gate_up)]
 
-    try:  # each part against its own: our kernel's products, the module's norms and RoPE, the MLP's own call
-        q, k, v = cuda_qmv.three(x, qkv)
-        checks = [*zip((q, k, v), (cuda_qmv.linear_product(m, x) for m in qkv)),
-                  (mlp.down_proj(cuda_qmv.glu(x, *gate_up)), mlp(x))]
-        if rope:
-            checks += zip(cuda_qk_rope.qk_rope(attention, q, k, position), _rotated(attention, q, k, position))
-        for ours, theirs in checks:
+    try:  # each product against our kernel's; the fused MLP against the MLP's own call (its activation)
+        for ours, theirs in zip([*cuda_qmv.three(x, qkv), mlp.down_proj(cuda_qmv.glu(x, *gate_up))],
+                                [*separate()[:3], mlp(x)]):
             check_close("qmv_fused", ours, theirs)
         return {"qmv_fused": (best_seconds(lambda: [separate() for _ in range(REPEAT)]),
                               best_seconds(lambda: [fused() for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - the newest kernels: left out, not fatal
         logger.warning("decode kernels: fused linears: %s; not using them", err)
         return {}
+
+
+def _time_rope(model: Any, dtype: mx.Dtype) -> Timings:
+    """"rope_fused": the first block's per-head norms and RoPE of one token (random queries and keys) at
+    `ROPE_POSITION`, `REPEAT` times per evaluation: the module's own operations against one launch
+    (`engine.cuda_qk_rope`), checked first against them. Left out where the kernel does not serve the module
+    or fails its check (or to compile)."""
+    attention = _first_attention(model)
+    if attention is None or not cuda_qk_rope.takes(attention, dtype):
+        return {}
+    q, k = (mx.random.normal((1, 1, m.weight.shape[0]), key=mx.random.key(61 + i)).astype(dtype)
+            for i, m in enumerate((attention.q_proj, attention.k_proj)))
+    try:
+        for ours, theirs in zip(cuda_qk_rope.qk_rope(attention, q, k, ROPE_POSITION),
+                                _rotated(attention, q, k, ROPE_POSITION)):
+            check_close("rope_fused", ours, theirs)
+        return {"rope_fused": (
+            best_seconds(lambda: [_rotated(attention, q, k, ROPE_POSITION) for _ in range(REPEAT)]),
+            best_seconds(lambda: [cuda_qk_rope.qk_rope(attention, q, k, ROPE_POSITION) for _ in range(REPEAT)]))}
+    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
+        logger.warning("decode kernels: fused norms and RoPE: %s; not using them", err)
+        return {}
+
+
+def _first_attention(model: Any) -> Any | None:
+    return next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
 
 
 def _rotated(module: Any, q: mx.array, k: mx.array, position: int) -> tuple[mx.array, mx.array]:

@@ -2,14 +2,17 @@
 
 On the H200 a decode step is the host's work, and submitting it costs per operation (docs/benchmarks.md,
 *GPU engine*): a block's q, k and v projections are three launches of our quantized kernel and its MLP's
-gate and up projections two more, plus MLX's activation between them. With ``qmv_fused`` (measured at load
-by `engine.decode_choice`, only beside our linears) the compute path turns `engine.decode_kernels`'
-``fused`` switch on for decode-sized forwards, and then:
+gate and up projections two more, plus MLX's activation between them; a qwen3 block's per-head norms and
+its two RoPEs four more. With ``qmv_fused`` (measured at load by `engine.decode_choice`, only beside our
+linears) the compute path turns `engine.decode_kernels`' ``fused`` switch on for decode-sized forwards,
+and with ``rope_fused`` (measured apart: a kernel that fails its check leaves the other in) its ``rope``
+switch for one-token ones. Then:
 
-- the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch (`projections`),
-  and one token's per-head norms and RoPE in one more (`rotated`, `engine.cuda_qk_rope`);
+- the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch
+  (`projections`, ``fused``), and one token's per-head norms and RoPE in one more (`rotated`, ``rope``,
+  `engine.cuda_qk_rope`);
 - each block's MLP of mlx-lm's llama, qwen2 or qwen3 (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x``
-  in one launch, then its down projection.
+  in one launch, then its down projection (``fused``).
 
 Anything the kernels do not take (`cuda_qmv.fusable`: mixed bits or widths, a linear bias on the MLP, more
 than `cuda_qmv.MAX_ROWS` rows) takes the layers' own calls.
@@ -36,7 +39,7 @@ def rotated(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.arr
     """One token's queries and keys (the projections' outputs) normalized per head where the module does and
     rotated, in one launch (`engine.cuda_qk_rope`): (1, H, 1, D), (1, KV, 1, D); None where the switch is off or
     the kernel does not serve the module or the shape (the module's own steps then run)."""
-    if not (decode_kernels.fused_on() and queries.shape[:2] == (1, 1) and cuda_qk_rope.takes(module, queries.dtype)):
+    if not (decode_kernels.rope_on() and queries.shape[:2] == (1, 1) and cuda_qk_rope.takes(module, queries.dtype)):
         return None
     return cuda_qk_rope.qk_rope(module, queries, keys, offset)
 

@@ -39,7 +39,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     assert first.notes == ("kernels: attention slower than MLX", "kernels: attention_mma not measured here",
                            "kernels: attention_chunk not measured here", "kernels: kv_write not measured here",
                            "kernels: mlp_compiled not measured here", "kernels: step_traced not measured here",
-                           "kernels: step_traced_bf16 not measured here", "kernels: qmv_fused not measured here")
+                           "kernels: step_traced_bf16 not measured here", "kernels: qmv_fused not measured here",
+                           "kernels: rope_fused not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -50,7 +51,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     # inside the margin is no win; a kernel the model could not run is not chosen
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
                                             "attention_chunk": False, "kv_write": False, "mlp_compiled": False,
-                                            "step_traced": False, "step_traced_bf16": False, "qmv_fused": False}
+                                            "step_traced": False, "step_traced_bf16": False, "qmv_fused": False,
+                                            "rope_fused": False}
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):

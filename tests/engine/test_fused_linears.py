@@ -112,7 +112,7 @@ def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_
     model.set_dtype(mx.float16)
     attention = model.layers[0].self_attn
     assert cuda_qk_rope.takes(attention, mx.float16) and not cuda_qk_rope.takes(attention, mx.float32)
-    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, source="setting"))
+    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, rope_fused=True, source="setting"))
     plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
     caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
     expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
@@ -122,7 +122,7 @@ def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_
     assert got[0] == expected[0]
     for a, b in zip(expected[1], got[1]):  # float16, and the fused activation rounded once: near, not equal
         assert (mx.linalg.norm((a - b).astype(mx.float32)) / mx.linalg.norm(a.astype(mx.float32))).item() < 5e-3
-    assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}  # the rotation checked and timed
+    assert set(decode_measure._time_rope(model, mx.float16)) == {"rope_fused"}  # the rotation checked and timed
 
     def unturned(inputs, template, **_):  # never rotated (llama: no norms): the load-time check refuses it
         t = dict(template)
@@ -131,8 +131,9 @@ def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_
 
     monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: unturned)
     with caplog.at_level(logging.WARNING, logger="engine.decode_measure"):
-        assert decode_measure._time_fused(model, mx.float16) == {}
-    assert "our qmv_fused kernel disagrees with MLX's" in caplog.text
+        assert decode_measure._time_rope(model, mx.float16) == {}
+        assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}  # measured apart: still in
+    assert "our rope_fused kernel disagrees with MLX's" in caplog.text
 
 
 def tiny_qwen3(dtype) -> nn.Module:
@@ -155,7 +156,7 @@ def tiny_qwen3(dtype) -> nn.Module:
 def test_a_qwen3_blocks_per_head_norms_are_in_the_rotation_launch(fused_kernels, caplog, monkeypatch):
     model = tiny_qwen3(mx.float16)
     assert cuda_qk_rope.takes(model.layers[0].self_attn, mx.float16)
-    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, source="setting"))
+    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, rope_fused=True, source="setting"))
     plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
     caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
     expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
@@ -163,7 +164,16 @@ def test_a_qwen3_blocks_per_head_norms_are_in_the_rotation_launch(fused_kernels,
     got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], 5)
     assert fused_kernels[before:].count("qk_rope+norm") == 5 * len(model.layers)
     assert got[0] == expected[0]
-    assert set(decode_measure._time_fused(model, mx.float16)) == {"qmv_fused"}
+    assert set(decode_measure._time_rope(model, mx.float16)) == {"rope_fused"}
+    alone = ComputePath(model, kernels=DecodeKernels(qmv=True, rope_fused=True, source="setting"))  # no qmv_fused
+    assert alone.identity().endswith("kernels=qmv+rope_fused")
+    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
+    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 3)
+    before = len(fused_kernels)
+    got = greedy(lambda t, c: alone.forward(t, c, "last"), caches[1], 3)
+    calls = fused_kernels[before:]
+    assert calls.count("qk_rope+norm") == 3 * len(model.layers) and "three" not in calls and "glu" not in calls
+    assert got[0] == expected[0]
 
     def norms_swapped(inputs, template, **options):  # the keys' norm weights on the queries and back
         q, k, q_weight, k_weight, *rest = inputs
@@ -172,7 +182,7 @@ def test_a_qwen3_blocks_per_head_norms_are_in_the_rotation_launch(fused_kernels,
     kernel = cuda_qk_rope._kernel()
     monkeypatch.setattr(cuda_qk_rope, "_kernel", lambda: norms_swapped)
     with caplog.at_level(logging.WARNING, logger="engine.decode_measure"):
-        assert decode_measure._time_fused(model, mx.float16) == {}
+        assert decode_measure._time_rope(model, mx.float16) == {}
     assert "disagrees" in caplog.text
 
 

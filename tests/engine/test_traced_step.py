@@ -125,10 +125,11 @@ def test_a_model_whose_attention_is_not_wired_traces_no_bf16_step(monkeypatch):
 
     hybrid = tiny_hybrid(seed=1)
     monkeypatch.setattr(decode_choice, "resolve", lambda model, setting: DecodeKernels(
-        qmv=True, attention_chunk=True, step_traced_bf16=True, source="setting"))
+        qmv=True, attention_chunk=True, step_traced_bf16=True, rope_fused=True, source="setting"))
     path = choose(hybrid, ComputeOptions(attention="mlx"))
-    assert not (path.kernels.attention_chunk or path.kernels.step_traced_bf16)
+    assert not (path.kernels.attention_chunk or path.kernels.step_traced_bf16 or path.kernels.rope_fused)
     assert "step_traced_bf16" in path.notes[-1] and path.decode_step is None  # our linears, nothing traced
+    assert "rope_fused" in path.notes[-1]  # (the rotation kernel runs from the same wired call)
     assert not decode_choice._chunk_kernel_takes_one_query(hybrid)  # so `codectx` does not force it either
 
 
