@@ -105,6 +105,21 @@ def test_a_decode_forward_fuses_each_blocks_linears_and_computes_the_same(q4, fu
     assert "three" not in fused_kernels[before:] and "glu" not in fused_kernels[before:]
 
 
+ALL_FUSED = DecodeKernels(qmv=True, qmv_fused=True, rope_fused=True, source="setting")
+
+
+def decoded_both_ways(model, kernels, calls, steps: int, dtype=mx.float16):
+    """`steps` greedy tokens (and logits) from equal half-precision caches, our linears alone and with `kernels`;
+    and the kernel calls the second made."""
+    plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
+    fused = ComputePath(model, kernels=kernels)
+    caches = [filled_cache(model, DENSE, 16, 100, dtype) for _ in range(2)]
+    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], steps)
+    before = len(calls)
+    got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], steps)
+    return expected, got, calls[before:]
+
+
 def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_dir, fused_kernels, caplog,
                                                                       monkeypatch):
     """The rotation kernel serves float16/bfloat16 activations only: a float16 copy of the model."""
@@ -112,13 +127,8 @@ def test_one_tokens_norms_and_rope_take_one_launch_in_half_precision(tiny_model_
     model.set_dtype(mx.float16)
     attention = model.layers[0].self_attn
     assert cuda_qk_rope.takes(attention, mx.float16) and not cuda_qk_rope.takes(attention, mx.float32)
-    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, rope_fused=True, source="setting"))
-    plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
-    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
-    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
-    before = len(fused_kernels)
-    got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], 5)
-    assert fused_kernels[before:].count("qk_rope") == 5 * len(model.layers)
+    expected, got, calls = decoded_both_ways(model, ALL_FUSED, fused_kernels, 5)
+    assert calls.count("qk_rope") == 5 * len(model.layers)
     assert got[0] == expected[0]
     for a, b in zip(expected[1], got[1]):  # float16, and the fused activation rounded once: near, not equal
         assert (mx.linalg.norm((a - b).astype(mx.float32)) / mx.linalg.norm(a.astype(mx.float32))).item() < 5e-3
@@ -156,22 +166,13 @@ def tiny_qwen3(dtype) -> nn.Module:
 def test_a_qwen3_blocks_per_head_norms_are_in_the_rotation_launch(fused_kernels, caplog, monkeypatch):
     model = tiny_qwen3(mx.float16)
     assert cuda_qk_rope.takes(model.layers[0].self_attn, mx.float16)
-    fused = ComputePath(model, kernels=DecodeKernels(qmv=True, qmv_fused=True, rope_fused=True, source="setting"))
-    plain = ComputePath(model, kernels=DecodeKernels(qmv=True, source="setting"))
-    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
-    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 5)
-    before = len(fused_kernels)
-    got = greedy(lambda t, c: fused.forward(t, c, "last"), caches[1], 5)
-    assert fused_kernels[before:].count("qk_rope+norm") == 5 * len(model.layers)
+    expected, got, calls = decoded_both_ways(model, ALL_FUSED, fused_kernels, 5)
+    assert calls.count("qk_rope+norm") == 5 * len(model.layers)
     assert got[0] == expected[0]
     assert set(decode_measure._time_rope(model, mx.float16)) == {"rope_fused"}
-    alone = ComputePath(model, kernels=DecodeKernels(qmv=True, rope_fused=True, source="setting"))  # no qmv_fused
-    assert alone.identity().endswith("kernels=qmv+rope_fused")
-    caches = [filled_cache(model, DENSE, 16, 100, mx.float16) for _ in range(2)]
-    expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 3)
-    before = len(fused_kernels)
-    got = greedy(lambda t, c: alone.forward(t, c, "last"), caches[1], 3)
-    calls = fused_kernels[before:]
+    alone = DecodeKernels(qmv=True, rope_fused=True, source="setting")  # no qmv_fused
+    assert ComputePath(model, kernels=alone).identity().endswith("kernels=qmv+rope_fused")
+    expected, got, calls = decoded_both_ways(model, alone, fused_kernels, 3)
     assert calls.count("qk_rope+norm") == 3 * len(model.layers) and "three" not in calls and "glu" not in calls
     assert got[0] == expected[0]
 
