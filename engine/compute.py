@@ -191,10 +191,11 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
             logger.warning("compute.%s 'numpy' does not apply here: %s", name, "; ".join(notes))
     linear = linear_mode.resolve(model, options.linear)
     kernels = decode_choice.resolve(model, options.kernels)
-    if (kernels.attention_chunk or kernels.rope_fused) and not cpu_attention.wirable(model):  # where they run
-        kernels = dataclasses.replace(kernels, attention_chunk=False, step_traced_bf16=False, rope_fused=False, notes=(
-            *kernels.notes, f"kernels: attention_chunk (and step_traced_bf16) and rope_fused need a llama/qwen-style "
-                            f"attention ({type(model).__module__})"))
+    wired = [name for name in ("attention_chunk", "step_traced_bf16", "rope_fused") if getattr(kernels, name)]
+    if wired and not cpu_attention.wirable(model):  # the attention modules' wired call is where they run
+        kernels = dataclasses.replace(kernels, **dict.fromkeys(wired, False), notes=(
+            *kernels.notes, f"kernels: {' and '.join(wired)} need a llama/qwen-style attention "
+                            f"({type(model).__module__})"))
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
                        compiled=options.compile and numpy_forward is None, linear=linear, kernels=kernels,
                        notes=[*notes, *linear.notes, *kernels.notes])

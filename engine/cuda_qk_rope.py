@@ -2,7 +2,7 @@
 
 After the q, k and v projections a qwen3 block runs four operations on one token's heads: an RMS norm of
 each query head and of each key head (``q_norm``, ``k_norm``) and RoPE on each. Llama and qwen2 blocks run
-the two RoPEs. Here one launch does all of them for one token (`engine.fused_linears`, ``qmv_fused``):
+the two RoPEs. Here one launch does all of them for one token (`engine.fused_linears`, ``rope_fused``):
 
 - one warp a head (the query heads, then the key heads), each lane two values of each half of the head;
 - the norm as MLX's: ``x * rsqrt(mean(x^2) + eps)`` in float32, rounded to the activations' dtype, times the

@@ -26,7 +26,11 @@ the same thing:
   against it like the kernels); only together with our linears (what the trace holds);
 - a block's linears of one input in one launch each (``qmv_fused``, `engine.fused_linears`: q, k and v; the
   MLP's gate and up with its activation): the first block's on one row, `REPEAT` per evaluation, against our
-  kernel once per linear; only together with our linears;
+  kernel once per linear and mlx-lm's activation (checked against our kernel's products and the MLP's own
+  call); only together with our linears;
+- one token's per-head norms and RoPE in one launch (``rope_fused``, `engine.cuda_qk_rope`): the first
+  block's, `REPEAT` per evaluation, against the module's own (checked against them at
+  `decode_measure.ROPE_POSITION`); where the attention modules can be wired;
 - the whole one-token step replayed from its trace (`engine.compiled`), over 8-bit caches (``step_traced``,
   only with the in-place write) and over bf16 ones (``step_traced_bf16``, only with the chunk attention),
   measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued

@@ -1,7 +1,8 @@
 """The load-time measurements behind `engine.decode_choice`: each of our decode kernels timed against the
-MLX call it would replace, on the model's own shapes, and checked against a float32 reference (or, for
-the cache write, against `mx.quantize`). Only on MLX's CUDA backend; see `engine.decode_choice` for
-what is measured and how the results decide.
+MLX call it would replace, on the model's own shapes, and checked first: against a float32 reference (the
+linears, the attentions), `mx.quantize` (the cache write), or the model's own calls (the fused launches:
+the MLP's own call, the attention module's own norms and RoPE). Only on MLX's CUDA backend; see
+`engine.decode_choice` for what is measured and how the results decide.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
 
 from engine import compiled_mlp, cpu_attention, cuda_qk_rope, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.linear_mode import first_block_linears
@@ -59,7 +61,7 @@ def compute_dtype(model: Any) -> mx.Dtype:
 
 
 def measure(model: Any) -> Timings:
-    """Time and check both kernels on `model`'s shapes (see the module docstring)."""
+    """Time and check our kernels on `model`'s shapes (see the module docstring)."""
     timings: Timings = {}
     linears = first_block_linears(model)
     dtype = compute_dtype(model)
@@ -126,7 +128,7 @@ def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:
 
 def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
     """"qmv_fused": the first block's q, k and v projections and its MLP's ``silu(gate x) * up x`` on one row,
-    `REPEAT` times per evaluation: our kernel once per linear and MLX's activation against one launch each
+    `REPEAT` times per evaluation: our kernel once per linear and mlx-lm's activation against one launch each
     (`engine.fused_linears`), checked first: each projection against our kernel's, the fused MLP against the
     MLP's own call. Left out where the block's linears (or its MLP's class: `fused_linears.SWIGLU`) are not the
     fused kernels' or they fail (or fail to compile)."""
@@ -139,9 +141,9 @@ def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
         return {}
     x = mx.random.normal((1, 1, qkv[0]["weight"].shape[-1] * 32 // qkv[0].bits), key=mx.random.key(60)).astype(dtype)
 
-    def separate() -> list[mx.array]:
+    def separate() -> list[mx.array]:  # (the activation as mlx-lm's MLPs compute it: one compiled launch)
         gate, up = (cuda_qmv.linear_product(m, x) for m in gate_up)
-        return [*(cuda_qmv.linear_product(m, x) for m in qkv), nn.silu(gate) * up]
+        return [*(cuda_qmv.linear_product(m, x) for m in qkv), swiglu(gate, up)]
 
     def fused() -> list[mx.array]:
         return [*cuda_qmv.three(x, qkv), cuda_qmv.glu(x, *gate_up)]
