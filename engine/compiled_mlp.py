@@ -64,26 +64,32 @@ class CompiledCall:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_class(cls: type) -> type:
-    return type(cls.__name__, (CompiledCall, cls), {"__doc__": cls.__doc__})
+def _mixed_class(mixin: type, cls: type) -> type:
+    return type(cls.__name__, (mixin, cls), {"__doc__": cls.__doc__})
+
+
+def mix_in(module: Any, mixin: type) -> None:
+    """Give `module` (this instance) a subclass of its class whose call is `mixin`'s first (once: a module
+    that has it already keeps its class)."""
+    if not isinstance(module, mixin):
+        module.__class__ = _mixed_class(mixin, type(module))
+
+
+def block_mlps(model: Any) -> list[Any]:
+    """Each block's MLP (the blocks' ``mlp``), in order."""
+    return [layer.mlp for layer in getattr(model, "layers", []) if callable(getattr(layer, "mlp", None))]
 
 
 def wire(model: Any) -> int:
     """Give every block's MLP the compiled call, dropping any trace made before (the weights may have
     changed). Returns how many blocks have it."""
-    count = 0
-    for layer in getattr(model, "layers", []):
-        mlp = getattr(layer, "mlp", None)
-        if mlp is None or not callable(mlp):
-            continue
-        if not isinstance(mlp, CompiledCall):
-            mlp.__class__ = _compiled_class(type(mlp))
+    mlps = block_mlps(model)
+    for mlp in mlps:
+        mix_in(mlp, CompiledCall)
         mlp.__dict__.pop("_codectx_trace", None)
-        count += 1
-    return count
+    return len(mlps)
 
 
 def first_mlp(model: Any) -> Any | None:
     """The first block's MLP (what `engine.decode_measure` times), or None."""
-    return next((layer.mlp for layer in getattr(model, "layers", []) if getattr(layer, "mlp", None) is not None),
-                None)
+    return next(iter(block_mlps(model)), None)

@@ -11,7 +11,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -86,6 +86,17 @@ def code_version() -> str:
     module was imported: what `engine.decode_choice` measured and checked under one version is measured and
     checked again under another, so a changed call is never run unchecked from a cached verdict."""
     return _CODE_VERSION
+
+
+def kept_verdict(owner: Any, name: str, dtype: mx.Dtype, ask: Callable[[], bool]) -> bool:
+    """`ask()` for `owner` (a module) and activations of `dtype`, asked on every decode-sized call (once per layer
+    per step) but answered once: kept on the instance as its own attribute `name`, outside the module's
+    parameters, for the last dtype and backend asked (a module's shapes and bits do not change)."""
+    key = (dtype, cuda_available())
+    known = owner.__dict__.get(name)
+    if known is None or known[0] != key:
+        known = owner.__dict__[name] = (key, ask())
+    return known[1]
 
 
 def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:

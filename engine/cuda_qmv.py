@@ -237,13 +237,8 @@ def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
 
 def takes(linear: Any, dtype: mx.Dtype) -> bool:
     """`unsupported(linear, dtype) is None`, asked on every decode-sized call (about 450 a step of a 64-layer
-    model): the answer is kept on the linear for the last activation dtype and backend asked (a module's shape
-    and bits do not change)."""
-    key = (dtype, cuda_backend.cuda_available())
-    known = linear.__dict__.get("_codectx_qmv")  # the instance's own attribute, outside the module's parameters
-    if known is None or known[0] != key:
-        known = linear.__dict__["_codectx_qmv"] = (key, unsupported(linear, dtype) is None)
-    return known[1]
+    model), answered once per linear (`cuda_backend.kept_verdict`)."""
+    return cuda_backend.kept_verdict(linear, "_codectx_qmv", dtype, lambda: unsupported(linear, dtype) is None)
 
 
 @functools.lru_cache(maxsize=None)

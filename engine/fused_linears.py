@@ -19,18 +19,17 @@ than `cuda_qmv.MAX_ROWS` rows) takes the layers' own calls.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_qk_rope, cuda_qmv, decode_kernels
+from engine import compiled_mlp, cuda_backend, cuda_qk_rope, cuda_qmv, decode_kernels
 
 
 def projections(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """An attention module's q, k and v projections of `x`: one launch while the switch is on and they fit."""
     linears = (module.q_proj, module.k_proj, module.v_proj)
-    if _fits(x, linears):
+    if _fits(module, x, linears):
         return cuda_qmv.three(x, linears)
     return tuple(linear(x) for linear in linears)
 
@@ -39,7 +38,9 @@ def rotated(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.arr
     """One token's queries and keys (the projections' outputs) normalized per head where the module does and
     rotated, in one launch (`engine.cuda_qk_rope`): (1, H, 1, D), (1, KV, 1, D); None where the switch is off or
     the kernel does not serve the module or the shape (the module's own steps then run)."""
-    if not (decode_kernels.rope_on() and queries.shape[:2] == (1, 1) and cuda_qk_rope.takes(module, queries.dtype)):
+    dtype = queries.dtype
+    if not (decode_kernels.rope_on() and queries.shape[:2] == (1, 1) and cuda_backend.kept_verdict(
+            module, "_codectx_qk_rope", dtype, lambda: cuda_qk_rope.takes(module, dtype))):
         return None
     return cuda_qk_rope.qk_rope(module, queries, keys, offset)
 
@@ -48,14 +49,9 @@ class FusedCall:
     """Mixed into a block's MLP class by `wire`: decode-sized calls inside the switch take `cuda_qmv.glu`."""
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        if args or kwargs or not _fits(x, (self.gate_proj, self.up_proj)):
+        if args or kwargs or not _fits(self, x, (self.gate_proj, self.up_proj)):
             return super().__call__(x, *args, **kwargs)
         return self.down_proj(cuda_qmv.glu(x, self.gate_proj, self.up_proj))
-
-
-@functools.lru_cache(maxsize=None)
-def _fused_class(cls: type) -> type:
-    return type(cls.__name__, (FusedCall, cls), {"__doc__": cls.__doc__})
 
 
 SWIGLU = frozenset({("mlx_lm.models.llama", "MLP"), ("mlx_lm.models.qwen2", "MLP"), ("mlx_lm.models.qwen3", "MLP")})
@@ -70,17 +66,14 @@ def swiglu(mlp: Any) -> bool:
 
 def wire(model: Any) -> int:
     """Give every block's `SWIGLU` MLP the fused call; how many have it."""
-    count = 0
-    for layer in getattr(model, "layers", []):
-        mlp = getattr(layer, "mlp", None)
-        if mlp is None or not swiglu(mlp):
-            continue
-        if not isinstance(mlp, FusedCall):
-            mlp.__class__ = _fused_class(type(mlp))
-        count += 1
-    return count
+    mlps = [mlp for mlp in compiled_mlp.block_mlps(model) if swiglu(mlp)]
+    for mlp in mlps:
+        compiled_mlp.mix_in(mlp, FusedCall)
+    return len(mlps)
 
 
-def _fits(x: mx.array, linears: tuple) -> bool:
-    return decode_kernels.fused_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS \
-        and cuda_qmv.fusable(linears, x.dtype)
+def _fits(owner: Any, x: mx.array, linears: tuple) -> bool:
+    """Whether `owner`'s `linears` take one launch for `x` now (the switch, the rows; `cuda_qmv.fusable`, answered
+    once per module: asked once per layer per step)."""
+    return decode_kernels.fused_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_backend.kept_verdict(
+        owner, "_codectx_fusable", x.dtype, lambda: cuda_qmv.fusable(linears, x.dtype))
