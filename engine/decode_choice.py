@@ -186,7 +186,8 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     cache = cache if cache is not None else LinearModeCache()
     key = cache.key(linears, {"kernels": KERNEL_NAMES, "keys": ATTENTION_KEYS, "repeat": REPEAT,
                               "attention": attention_shape(model), "chunk": [CHUNK_ROWS, CHUNK_CALLS],
-                              "step": [TRACE_KEYS, STEPS],
+                              # the traced step is timed on the whole model: its host work grows with the layers
+                              "step": [TRACE_KEYS, STEPS, len(getattr(model, "layers", []))],
                               "code": code_version()})
     timings, source = cache.get(key, parse=str), "cached"
     if timings is None:

@@ -55,6 +55,20 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                                             "rope_fused": False}
 
 
+def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model, tiny_model_dir, tmp_path):
+    # the traced step is timed on the whole model, whose host work per step grows with its layers: a
+    # benchmark's 4-layer model of a shape must not hand its verdict to the 64-layer one
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    timings = Timings(QMV_WINS)
+    shallow = quantized_model(tiny_model_dir)
+    shallow.model.layers = shallow.model.layers[:1]
+    assert len(q4_model.layers) > 1
+    assert resolve(q4_model, "auto", measure=timings, cache=store, cuda=True).source == "measured"
+    assert resolve(shallow, "auto", measure=timings, cache=store, cuda=True).source == "measured"
+    assert resolve(q4_model, "auto", measure=timings, cache=store, cuda=True).source == "cached"
+    assert timings.calls == 2
+
+
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
     store = LinearModeCache(tmp_path / "linear-modes.json")
     mma_faster = resolve(q4_model, "auto", measure=Timings({"attention": (1e-3, 0.8e-3),
