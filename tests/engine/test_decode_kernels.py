@@ -69,6 +69,15 @@ def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model,
     assert timings.calls == 2
 
 
+def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met():
+    # MLX keeps a cuDNN plan per key count: a second measurement in a process must not time MLX without it
+    from engine.decode_measure import ATTENTION_KEYS, fresh_key_counts
+
+    first, second = fresh_key_counts(), fresh_key_counts()
+    assert len(first) == len(second) == 512 and min(first) >= ATTENTION_KEYS
+    assert not set(first) & set(second)
+
+
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
     store = LinearModeCache(tmp_path / "linear-modes.json")
     mma_faster = resolve(q4_model, "auto", measure=Timings({"attention": (1e-3, 0.8e-3),
