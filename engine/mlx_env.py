@@ -3,9 +3,11 @@
 `apply` runs inside `engine.blas.preload`, the start-up step every entry point that runs a
 model takes before importing `mlx.core`. A value the user set is kept.
 
-- ``MLX_CUDA_GRAPH_CACHE_SIZE`` (MLX's default 100): MLX's CUDA backend records about 20
-  operations per CUDA graph and keeps the instantiated graphs in a least-recently-used cache.
-  One decode step of a 64-layer model is about 80 such graphs; an engine that also runs
+- ``MLX_CUDA_GRAPH_CACHE_SIZE`` (MLX's default 100): MLX's CUDA backend records operations into
+  a CUDA graph until it holds 100 of them or 1,000 MB of inputs (on Hopper; 20 and 100 MB on most
+  other GPUs) and keeps the instantiated graphs in a least-recently-used cache. At 131k keys one
+  layer of a Qwen3-32B-shaped model reads 274 MB of weights and 280-540 MB of KV buffers, so one
+  decode step of its 64 layers is several dozen graphs; an engine that also runs
   prefill chunks of several lengths, verify forwards and caches of two widths sees more
   distinct graphs than 100, and an evicted graph is instantiated again on its next use. On
   the H200 at 131k tokens, in one process that had first run the same steps at 32k, the decode

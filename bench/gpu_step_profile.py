@@ -1,0 +1,166 @@
+"""The device's own time in one decode step, kernel by kernel, read by Nsight Compute.
+
+`bench/gpu_step.py` and the engine's decode log time a step from the host: building it, submitting it
+(`mx.async_eval`) and waiting for its token. They cannot say whether the device or the host sets the
+pace, because MLX's submitting waits for the device too: MLX's CUDA backend closes a CUDA graph
+after 100 operations or 1,000 MB of inputs on Hopper, and `mx.async_eval` blocks while more than ten
+closed graphs are running (MLX 0.32: ``get_graph_limits`` in its CUDA device code, ``MAX_ACTIVE_TASKS``
+in its transforms). At 128k keys one layer's weights and KV buffers pass 1,000 MB, so a step is a few
+dozen graphs and the host can never run more than a fraction of a step ahead.
+
+This script runs the engine's decode step (the path `--variant` names, over the Qwen3-32B-shaped
+random model and a window cache of `--length` rows, as `bench/gpu_step.py` builds them), a few steps
+untimed, then `--steps` steps one at a time between `cuProfilerStart` and `cuProfilerStop`, so that
+``ncu --profile-from-start off`` times every kernel of those steps and nothing else. `--report`
+reads ncu's CSV and prints the device milliseconds per step by kernel (our kernels by their name,
+MLX's by their function) and their sum, to set beside the bytes a step reads (the profiling run prints
+them; at the copy bandwidth `bench/gpu_engine.py` measures, about 3,550 GB/s, that is the step's bound).
+
+    # on the lent H200 (device tool, carry [".gpu"]); one process per width:
+    bash .gpu/install.sh > /dev/null 2>&1
+    ncu --profile-from-start off --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+        --csv --print-units base --log-file $OUT/ncu-8.csv python3 bench/gpu_step_profile.py --bits 8
+    python3 bench/gpu_step_profile.py --report $OUT/ncu-8.csv --steps 2 --out $OUT/gpu_step_profile-8.json
+    python bench/gpu_step_profile.py --shape tiny --length 1024 --bits 8 --variant ours   # CPU smoke run (no profiler)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+UNITS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3, "s": 1e3}
+"""ncu's time units, as milliseconds."""
+
+
+def kernel_group(name: str) -> str:
+    """A kernel's name without what varies between instances: our kernels' code digest
+    (`engine.cuda_backend`: ``name_<hex>``), C++ template arguments and parameter lists."""
+    name = re.sub(r"^void\s+", "", name.strip())
+    name = re.split(r"[<(]", name, maxsplit=1)[0]
+    return re.sub(r"_[0-9a-f]{8,}$", "", name)
+
+
+def device_ms(rows: Iterable[dict[str, str]]) -> dict[str, tuple[int, float]]:
+    """From ncu's CSV rows (``--csv``, one row per kernel and metric), the launches and milliseconds
+    of ``gpu__time_duration.sum`` per `kernel_group`."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for row in rows:
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = row.get("Metric Unit", "nsecond")
+        if unit not in UNITS:
+            raise ValueError(f"unknown time unit {unit!r} (run ncu with --print-units base)")
+        group = totals[kernel_group(row["Kernel Name"])]
+        group[0] += 1
+        group[1] += float(row["Metric Value"].replace(",", "")) * UNITS[unit]
+    return {name: (int(n), ms) for name, (n, ms) in totals.items()}
+
+
+def read_ncu_csv(path: str) -> list[dict[str, str]]:
+    """ncu's CSV log: the lines from the header (the first that starts with ``"ID"``) on; ncu's own
+    ``==PROF==`` lines and the program's output before it are skipped."""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError(f"{path}: no ncu CSV header (was ncu run with --csv?)")
+    return list(csv.DictReader(line for line in lines[start:] if not line.startswith("==")))
+
+
+def report(path: str, steps: int) -> dict[str, Any]:
+    from bench._common import markdown_table
+
+    per_group = device_ms(read_ncu_csv(path))
+    rows = sorted(((name, n / steps, ms / steps) for name, (n, ms) in per_group.items()), key=lambda r: -r[2])
+    total = sum(ms for _, _, ms in rows)
+    print(markdown_table(["kernel", "launches a step", "device ms a step", "share"],
+                         [[name, f"{n:g}", f"{ms:.3f}", f"{ms / total:.0%}"] for name, n, ms in rows]))
+    print(f"\ndevice ms a step: {total:.3f} over {sum(n for _, n, _ in rows):g} launches")
+    return {"csv": path, "steps": steps, "device_ms_per_step": round(total, 4),
+            "kernels": [{"kernel": name, "launches": n, "ms": round(ms, 4)} for name, n, ms in rows]}
+
+
+def profiler(call: str) -> bool:
+    """cuProfilerStart or cuProfilerStop through the CUDA driver; False where there is none."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return getattr(driver, call)() == 0
+
+
+def profile(a: argparse.Namespace) -> dict[str, Any]:
+    import dataclasses
+    import time
+
+    import mlx.core as mx
+
+    from bench.gpu_step import decode_steps, step_model
+    from engine.compute import ComputePath
+    from engine.decode_choice import DecodeKernels
+    from engine.step_measure import filled_cache
+
+    model, policy, path = step_model(a.shape)
+    ours = mx.default_device() == mx.gpu
+    traced = DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True, attention_chunk=True,
+                           step_traced_bf16=True, source="setting")
+    variants = {"ours": path, "ours+traced": ComputePath(model, kernels=traced, compiled=True),
+                "ours+traced+fused": ComputePath(model, kernels=dataclasses.replace(traced, qmv_fused=True,
+                                                                                    rope_fused=True), compiled=True)}
+    if a.variant != "ours" and not ours:
+        raise SystemExit(f"--variant {a.variant} runs our CUDA kernels: only on MLX's CUDA backend (use ours)")
+    step_path = variants[a.variant]
+    kernels = (ours, False, False) if a.bits == 16 else (ours, ours, ours)
+    write = ours and a.bits == 8
+    cache = filled_cache(model, policy, a.bits, a.length)
+    decode_steps(step_path, cache, 3, kernels, "sync", attempts=1, kv_write=write)  # traces, compiles, grows
+    started = profiler("cuProfilerStart")
+    began = time.perf_counter()
+    decode_steps(step_path, cache, a.steps - 1, kernels, "sync", attempts=1, kv_write=write)  # a.steps steps
+    seconds = time.perf_counter() - began
+    stopped = profiler("cuProfilerStop")
+    from bench.gpu_bounds import decode_bytes_per_token
+
+    result = {"variant": a.variant, "kv_bits": a.bits, "length": a.length, "steps": a.steps,
+              "bytes_per_step": decode_bytes_per_token(model, a.length, a.bits),
+              "ms_per_step_profiled": round(seconds / a.steps * 1e3, 3), "profiler": started and stopped,
+              "mlx": mx.__version__, "device": str(mx.default_device())}
+    print(result, flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bits", type=int, choices=(8, 16), default=8)
+    ap.add_argument("--length", type=int, default=131072)
+    ap.add_argument("--steps", type=int, default=2, help="steps profiled (also what --report divides by)")
+    ap.add_argument("--variant", choices=("ours", "ours+traced", "ours+traced+fused"), default="ours+traced+fused",
+                    help="the step's path, as bench/gpu_step.py's rows name them")
+    ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
+    ap.add_argument("--report", default=None, help="ncu's CSV log to read instead of running")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.report:
+        result = report(a.report, a.steps)
+    else:
+        from engine import mlx_env
+
+        mlx_env.apply()
+        result = profile(a)
+    if a.out:
+        from bench._common import save_json
+
+        save_json(result, a.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
