@@ -1,7 +1,7 @@
 """The host's cost of building one decode step, measured on a machine without the GPU.
 
-On the H200 the engine's decode is the host's work: building a step's graph in Python, then
-submitting it (docs/benchmarks.md, *GPU engine*, eighth session). Building it does not need
+On the H200 building a decode step's graph in Python and submitting it took as long as the whole
+step (docs/benchmarks.md, *GPU engine*, eighth session). Building it does not need
 the GPU. This script builds the step of a 64-layer Qwen3-32B-shaped model, 4-bit, with the
 widths cut down (the Python work per layer is the same). It uses the compute path the engine
 takes on CUDA: our quantized linears, and for an 8-bit cache our tensor-core attention and

@@ -5,7 +5,8 @@ The Qwen3-32B-shaped random model (bench/prefill.py) with the engine's decode ke
 its windowed cache filled to each ``--lengths`` with bf16 or 8-bit KV. Each step is timed three
 ways: ``pipelined`` (the engine's loop: step n + 1 queued before token n is read; ``pipelined_host``:
 the host's share of it, building the step and submitting it: a step whose host share is its whole
-time is host-bound),
+time is host-bound, or throttled by the device, since MLX's submitting waits while more than ten of its
+CUDA graphs are running: `bench/gpu_step_profile.py` tells the two apart),
 ``wait`` (step n + 1 built while step n runs, queued once token n is read) and ``sync`` (one step
 evaluated at a time); the first two again with the cache's one-row writes skipped (the step then
 attends over rows that do not change: the timing of everything but the write); on CUDA the 8-bit

@@ -1,7 +1,8 @@
 """Decode's MLPs replayed from a trace (`mx.compile`), where `engine.decode_choice` measured it faster.
 
-On the H200 a decode step is the host's work: building its graph in Python, then submitting it
-(docs/benchmarks.md, *GPU engine*, eighth session). A block's MLP (three linears and the
+On the H200 building a decode step's graph in Python and submitting it took as long as the whole
+step (docs/benchmarks.md, *GPU engine*, eighth session; how much of the submitting waits for the
+device is measured apart, eleventh session). A block's MLP (three linears and the
 activation) is the same computation at every step, one row in and one row out, so it can be traced
 once and replayed: no Python runs for it during a step (on the CPU with our kernels stubbed,
 `bench/decode_build.py` measures what that saves in building a step).

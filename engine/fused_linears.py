@@ -1,7 +1,7 @@
 """A decode step's linears that share an input, in one launch each (`engine.cuda_qmv.three`, `engine.cuda_qmv.glu`).
 
-On the H200 a decode step is the host's work, and submitting it costs per operation (docs/benchmarks.md,
-*GPU engine*): a block's q, k and v projections are three launches of our quantized kernel and its MLP's
+On the H200 building and submitting a decode step took as long as the whole step, and submitting costs
+per operation (docs/benchmarks.md, *GPU engine*): a block's q, k and v projections are three launches of our quantized kernel and its MLP's
 gate and up projections two more, plus MLX's activation between them; a qwen3 block's per-head norms and
 its two RoPEs four more. With ``qmv_fused`` (measured at load by `engine.decode_choice`, only beside our
 linears) the compute path turns `engine.decode_kernels`' ``fused`` switch on for decode-sized forwards,

@@ -1,8 +1,8 @@
 """The load-time measurement of a whole decode step replayed from its trace (`engine.decode_choice`'s
 ``step_traced`` and ``step_traced_bf16``), and the filled caches it runs on.
 
-On the H200 a decode step is the host's work: building its graph in Python, then submitting it
-(docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit or bf16
+On the H200 building a decode step's graph in Python and submitting it took as long as the whole
+step (docs/benchmarks.md, *GPU engine*). `engine.compiled` can replay a one-token step over 8-bit or bf16
 caches from one trace, our kernels in it (`engine.trace_caches`), so no Python runs for the model
 during a step. Whether that is faster is measured here, on the model itself, with the kernels already
 chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` rows of 8-bit cache (and of
