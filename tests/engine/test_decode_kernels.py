@@ -69,13 +69,34 @@ def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model,
     assert timings.calls == 2
 
 
-def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met():
-    # MLX keeps a cuDNN plan per key count: a second measurement in a process must not time MLX without it
-    from engine.decode_measure import ATTENTION_KEYS, fresh_key_counts
+def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met(monkeypatch):
+    # MLX keeps a cuDNN plan per key count: a second measurement in a process must not time MLX without it.
+    # The kernel is CUDA's: a stand-in (masked MLX attention over the first `count` keys) takes its place here.
+    from engine import decode_measure
 
-    first, second = fresh_key_counts(), fresh_key_counts()
-    assert len(first) == len(second) == 512 and min(first) >= ATTENTION_KEYS
-    assert not set(first) & set(second)
+    timed_at, attend = [], mx.fast.scaled_dot_product_attention
+
+    def stand_in(queries, keys, values, count, scale):  # (not through the spy: only MLX's timing is counted)
+        return attend(queries, keys[..., :count, :], values[..., :count, :], scale=scale, mask="causal")
+
+    def spy(queries, keys, values, **options):
+        timed_at.append(keys.shape[2])
+        return attend(queries, keys, values, **options)
+
+    monkeypatch.setattr(decode_measure, "ATTENTION_KEYS", 64)
+    monkeypatch.setattr(decode_measure, "CHUNK_CALLS", 1)
+    monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *_: None)
+    monkeypatch.setattr(cuda_chunk_attention, "chunk_attention", stand_in)
+    monkeypatch.setattr(cuda_chunk_attention, "reference", stand_in)
+    seen = []
+    for _ in range(2):
+        timed_at.clear()
+        monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+        assert "attention_chunk" in decode_measure._time_chunk_attention(2, 1, 128, mx.bfloat16)
+        monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", attend)
+        assert len(timed_at) == len(set(timed_at)) > 1  # each evaluation at a new count
+        seen.append(set(timed_at))
+    assert not seen[0] & seen[1]
 
 
 def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_forward_asks_for_it(q4_model, tmp_path):
