@@ -16,7 +16,9 @@ Qwen3-32B block's seven linears at 4 and 8 bits, `bench/gpu_kernels.py` section 
 where it took 0.60 ms per block against MLX's 1.22 at 4 bits). That is not assumed at run
 time: `weight_of` uses the kernel only after `matches_mlx` found it equal on a random weight
 of the same bits, group size and dtype in this process, so the dequantized linear mode
-computes the same numbers either way. Never used on the CPU or Metal.
+computes the same numbers either way. The 8-bit KV store's dequantized slices (`rows_of`, for
+prefill chunks and questions over an 8-bit cache) take it under the same rule. Never used on the
+CPU or Metal.
 """
 from __future__ import annotations
 
@@ -137,6 +139,18 @@ def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
                 mode, str(mx.default_device())):
         return dequantize(weight, scales, biases, bits=bits, group_size=group_size, dtype=dtype)
     return mx.dequantize(weight, scales, biases, group_size, bits, mode=mode, dtype=dtype)
+
+
+def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array | None:
+    """Rows of an 8-bit KV store, (..., rows, D * bits / 32) with their scales and biases, dequantized to the
+    scales' dtype by this kernel where `weight_of`'s rule applies, else None (the caller uses MLX's). The
+    rows are taken as one 2-D weight (a slice of the store's buffers is copied contiguous first, as MLX's
+    own dequantize does); the output is contiguous, shaped as `mx.dequantize`'s."""
+    k = packed.shape[-1] * 32 // bits
+    if not _applies(bits, group_size, 2, k, scales.dtype, scales.dtype, True, "affine", str(mx.default_device())):
+        return None
+    flat = [a.reshape(-1, a.shape[-1]) for a in (packed, scales, biases)]
+    return dequantize(*flat, bits=bits, group_size=group_size, dtype=scales.dtype).reshape(*packed.shape[:-1], k)
 
 
 @functools.lru_cache(maxsize=None)

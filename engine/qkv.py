@@ -22,7 +22,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from engine import cuda_kv_write
+from engine import cuda_dequant, cuda_kv_write
 from engine.decode_kernels import Q8Rows
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,8 @@ class QuantizedKVStore:
 
     def _dequantize(self, q: tuple[mx.array, ...], start: int, end: int) -> mx.array:
         parts = [a[..., start:end, :] for a in q]
-        return mx.dequantize(*parts, group_size=self.group_size, bits=self.bits)
+        ours = cuda_dequant.rows_of(*parts, bits=self.bits, group_size=self.group_size)  # (MLX's on the CPU)
+        return ours if ours is not None else mx.dequantize(*parts, group_size=self.group_size, bits=self.bits)
 
     def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
         """Quantize and store the rows; `in_place`: the caller's one reader of them in this step takes
