@@ -89,10 +89,17 @@ def report(path: str, steps: int) -> dict[str, Any]:
 
 
 def profiler(call: str) -> bool:
-    """cuProfilerStart or cuProfilerStop through the CUDA driver; False where there is none."""
+    """cuProfilerStart or cuProfilerStop through the CUDA driver, in the device's primary context (MLX's,
+    made current on this thread if it is not); False where there is no driver or the call fails."""
     try:
         driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
+        return False
+    context = ctypes.c_void_p()
+    if driver.cuCtxGetCurrent(ctypes.byref(context)) != 0:
+        return False
+    if not context.value and (driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) != 0
+                              or driver.cuCtxSetCurrent(context) != 0):
         return False
     return getattr(driver, call)() == 0
 
