@@ -25,6 +25,10 @@ from __future__ import annotations
 import os
 
 DEFAULTS = {"MLX_CUDA_GRAPH_CACHE_SIZE": "1000"}
+REPORTED = ("MLX_MAX_OPS_PER_BUFFER", "MLX_MAX_MB_PER_BUFFER")
+"""Settings we leave to MLX but report where the user set them (in `current`: the doctor's line, each GPU
+benchmark's JSON): how many operations and input megabytes MLX records into one CUDA graph before it
+closes it (100 and 1,000 on Hopper)."""
 
 
 def apply() -> dict[str, str]:
@@ -35,5 +39,7 @@ def apply() -> dict[str, str]:
 
 
 def current() -> dict[str, str]:
-    """The values MLX runs with once `apply` has run (the user's, else ours), changing nothing."""
-    return {name: os.environ.get(name, value) for name, value in DEFAULTS.items()}
+    """The values MLX runs with once `apply` has run (the user's, else ours), and those of `REPORTED` the user
+    set; changing nothing."""
+    ours = {name: os.environ.get(name, value) for name, value in DEFAULTS.items()}
+    return {**ours, **{name: os.environ[name] for name in REPORTED if name in os.environ}}

@@ -15,6 +15,15 @@ def test_defaults_fill_only_what_the_user_left_unset(graph_cache_unset, monkeypa
     assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == "7"
 
 
+def test_graph_limits_are_left_to_mlx_and_reported_where_the_user_set_them(graph_cache_unset, monkeypatch):
+    for name in mlx_env.REPORTED:
+        monkeypatch.delenv(name, raising=False)
+    assert set(mlx_env.apply()) == {"MLX_CUDA_GRAPH_CACHE_SIZE"}
+    assert not any(name in os.environ for name in mlx_env.REPORTED)  # nothing of ours is set
+    monkeypatch.setenv("MLX_MAX_MB_PER_BUFFER", "100000")
+    assert mlx_env.current() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "1000", "MLX_MAX_MB_PER_BUFFER": "100000"}
+
+
 def test_the_start_up_step_applies_them_before_mlx_is_imported(tmp_path, run_python):
     code = ("import json, os, sys, engine.blas; engine.blas.preload('off'); "
             "print(json.dumps([os.environ.get('MLX_CUDA_GRAPH_CACHE_SIZE'), 'mlx.core' in sys.modules]))")
