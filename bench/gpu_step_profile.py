@@ -111,6 +111,7 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     import mlx.core as mx
 
     from bench.gpu_step import decode_steps, step_model
+    from engine import mlx_env
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
     from engine.step_measure import filled_cache
@@ -139,7 +140,7 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     result = {"variant": a.variant, "kv_bits": a.bits, "length": a.length, "steps": a.steps,
               "bytes_per_step": decode_bytes_per_token(model, a.length, a.bits),
               "ms_per_step_profiled": round(seconds / a.steps * 1e3, 3), "profiler": started and stopped,
-              "mlx": mx.__version__, "device": str(mx.default_device())}
+              "mlx": mx.__version__, "device": str(mx.default_device()), "mlx_env": mlx_env.current()}
     print(result, flush=True)
     return result
 
