@@ -135,6 +135,8 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     decode_steps(step_path, cache, a.steps - 1, kernels, "sync", attempts=1, kv_write=write)  # a.steps steps
     seconds = time.perf_counter() - began
     stopped = profiler("cuProfilerStop")
+    if ours and not (started and stopped):
+        raise SystemExit("cuProfilerStart/Stop failed: ncu --profile-from-start off would have timed nothing")
     from bench.gpu_bounds import decode_bytes_per_token
 
     result = {"variant": a.variant, "kv_bits": a.bits, "length": a.length, "steps": a.steps,
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--report", default=None, help="ncu's CSV log to read instead of running")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.steps < 2:
+        ap.error("--steps must be at least 2 (bench/gpu_step.py's decode_steps times steps after the first)")
     if a.report:
         result = report(a.report, a.steps)
     else:

@@ -147,7 +147,7 @@ def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, 
     rows are taken as one 2-D weight (a slice of the store's buffers is copied contiguous first, as MLX's
     own dequantize does); the output is contiguous, shaped as `mx.dequantize`'s."""
     k = packed.shape[-1] * 32 // bits
-    if not _applies(bits, group_size, 2, k, scales.dtype, scales.dtype, True, "affine", str(mx.default_device())):
+    if packed.size == 0 or not _applies(bits, group_size, 2, k, scales.dtype, scales.dtype, True, "affine", str(mx.default_device())):
         return None
     flat = [a.reshape(-1, a.shape[-1]) for a in (packed, scales, biases)]
     return dequantize(*flat, bits=bits, group_size=group_size, dtype=scales.dtype).reshape(*packed.shape[:-1], k)

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 
 import pytest
 
-from engine import blas
+from engine import blas, mlx_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _HOME_PREFIX = "codectx-test-home-"
@@ -97,3 +97,5 @@ def graph_cache_unset(monkeypatch) -> None:
     """
     monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "")
     monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE")
+    for name in mlx_env.REPORTED:  # MLX's graph limits, reported where set (a GPU experiment may set them)
+        monkeypatch.delenv(name, raising=False)
