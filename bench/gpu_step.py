@@ -133,7 +133,8 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
     return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
 
 
-def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8)) -> list[dict[str, Any]]:
+def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8),
+            only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
 
@@ -156,6 +157,7 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             writes = ("mlx", "ours", "ours+traced", "ours+traced+fused") if bits == 8 else \
                 ("mlx", "ours+traced", "ours+traced+fused")
             writes = (*writes, "mlx-only", "mlx-only+traced") if ours else ("mlx", "mlx+traced")
+            writes = tuple(w for w in writes if not only or w in only)
             for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
                 step_path = {"ours+traced": traced, "ours+traced+fused": fused}.get(write) or \
@@ -186,12 +188,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--bits", default="16,8", help="cache widths, in the order measured (a process's history matters)")
+    ap.add_argument("--writes", default="", help="only these rows (comma-separated names, as the rows' 'write')")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
               "mlx_env": mlx_env.current(),
               "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape,
-                              tuple(int(b) for b in a.bits.split(",")))}
+                              tuple(int(b) for b in a.bits.split(",")),
+                              frozenset(w for w in a.writes.split(",") if w))}
     save_json(result, a.out)
     return result
 
