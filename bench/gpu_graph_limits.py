@@ -3,7 +3,7 @@
 MLX's CUDA backend records operations into a CUDA graph and closes it after ``MLX_MAX_OPS_PER_BUFFER``
 operations or ``MLX_MAX_MB_PER_BUFFER`` megabytes of inputs (100 and 1,000 on Hopper), and `mx.async_eval`
 blocks while more than ten closed graphs are running. At 128k keys a layer's weights and KV buffers
-pass 500 MB, so a decode step is several dozen graphs. Whether fewer, larger graphs make the step
+pass 500 MB, so by that rule a decode step is 32-64 graphs (derived from the sizes, not counted). Whether fewer, larger graphs make the step
 faster is what this measures. MLX reads the limits once per process, so each setting runs
 `bench/gpu_step.py` in a process of its own (``--writes`` picks its rows; the engine's path by
 default), and the table puts the settings side by side, the first (MLX's defaults) as the base.

@@ -133,25 +133,37 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
     return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
 
 
-def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8),
-            only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def step_paths(model: Any, path: Any) -> dict[str, Any]:
+    """The step's compute paths by the rows' names: ``ours`` (`path`: the kernels `decode_steps` switches on),
+    ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
+    are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
+    and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``) and ``mlx+traced`` (MLX's
+    kernels only, the window step traced: its attention is masked over the whole buffer)."""
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
 
-    model, policy, path = step_model(shape_name)
-    ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
-    # The whole step replayed from its trace, our kernels in it (`engine.compiled`; its switches are its own).
     ours_traced = DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True, attention_chunk=True,
                                 step_traced_bf16=True, source="setting")
-    traced = ComputePath(model, kernels=ours_traced, compiled=True)
-    # The same with each block's q, k, v and its MLP's gate, up and activation in one launch each (`qmv_fused`).
-    fused = ComputePath(model, kernels=dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True), compiled=True)
-    # MLX's kernels only, the window step traced: its attention is masked over the whole buffer.
-    mlx_traced = ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)
+    fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True)
+    return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
+            "ours+traced+fused": ComputePath(model, kernels=fused, compiled=True),
+            "mlx+traced": ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)}
+
+
+def switches(bits: int, ours: bool) -> tuple[bool, bool, bool]:
+    """`decode_steps`' kernels for a cache of `bits`: our linears, and for 8-bit our attention on tensor cores."""
+    return (ours, False, False) if bits == 16 else (ours, ours, ours)
+
+
+def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8),
+            only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    model, policy, path = step_model(shape_name)
+    ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
+    paths = step_paths(model, path)
     rows = []
     for context in lengths:
         for bits in widths:
-            kernels = (ours, False, False) if bits == 16 else (ours, ours, ours)
+            kernels = switches(bits, ours)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
             writes = ("mlx", "ours", "ours+traced", "ours+traced+fused") if bits == 8 else \
@@ -160,8 +172,7 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             writes = tuple(w for w in writes if not only or w in only)
             for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
-                step_path = {"ours+traced": traced, "ours+traced+fused": fused}.get(write) or \
-                    (mlx_traced if write.endswith("+traced") else path)
+                step_path = paths.get(write) or (paths["mlx+traced"] if write.endswith("+traced") else path)
                 step_kernels = (False, False, False) if write.startswith("mlx-only") else kernels
                 for mode in MODES:
                     times = decode_steps(step_path, cache, steps, step_kernels, mode,

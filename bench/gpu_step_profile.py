@@ -5,8 +5,8 @@
 pace, because MLX's submitting waits for the device too: MLX's CUDA backend closes a CUDA graph
 after 100 operations or 1,000 MB of inputs on Hopper, and `mx.async_eval` blocks while more than ten
 closed graphs are running (MLX 0.32: ``get_graph_limits`` in its CUDA device code, ``MAX_ACTIVE_TASKS``
-in its transforms). At 128k keys one layer's weights and KV buffers pass 1,000 MB, so a step is a few
-dozen graphs and the host can never run more than a fraction of a step ahead.
+in its transforms). At 128k keys one layer's weights and KV buffers pass 500 MB, so by that rule a step is
+32-64 graphs (derived from the sizes, not counted) and the host can run at most a fraction of a step ahead.
 
 This script runs the engine's decode step (the path `--variant` names, over the Qwen3-32B-shaped
 random model and a window cache of `--length` rows, as `bench/gpu_step.py` builds them), a few steps
@@ -105,28 +105,20 @@ def profiler(call: str) -> bool:
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
-    import dataclasses
     import time
 
     import mlx.core as mx
 
-    from bench.gpu_step import decode_steps, step_model
+    from bench.gpu_step import decode_steps, step_model, step_paths, switches
     from engine import mlx_env
-    from engine.compute import ComputePath
-    from engine.decode_choice import DecodeKernels
     from engine.step_measure import filled_cache
 
     model, policy, path = step_model(a.shape)
     ours = mx.default_device() == mx.gpu
-    traced = DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True, attention_chunk=True,
-                           step_traced_bf16=True, source="setting")
-    variants = {"ours": path, "ours+traced": ComputePath(model, kernels=traced, compiled=True),
-                "ours+traced+fused": ComputePath(model, kernels=dataclasses.replace(traced, qmv_fused=True,
-                                                                                    rope_fused=True), compiled=True)}
     if a.variant != "ours" and not ours:
         raise SystemExit(f"--variant {a.variant} runs our CUDA kernels: only on MLX's CUDA backend (use ours)")
-    step_path = variants[a.variant]
-    kernels = (ours, False, False) if a.bits == 16 else (ours, ours, ours)
+    step_path = step_paths(model, path)[a.variant]
+    kernels = switches(a.bits, ours)
     write = ours and a.bits == 8
     cache = filled_cache(model, policy, a.bits, a.length)
     decode_steps(step_path, cache, 3, kernels, "sync", attempts=1, kv_write=write)  # traces, compiles, grows

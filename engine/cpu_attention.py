@@ -114,15 +114,7 @@ def _queries_and_cache(module: Any, x: mx.array, cache: Any) -> tuple[mx.array, 
     B, L, _ = x.shape
     queries, keys, values = fused_linears.projections(module, x)  # (the layers' own calls, unless fused)
     values = values.reshape(B, L, module.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    rotated = fused_linears.rotated(module, queries, keys, cache.offset)
-    if rotated is not None:
-        return (rotated[0], *cache.update_and_fetch(rotated[1], values))
-    queries = queries.reshape(B, L, module.n_heads, -1)
-    keys = keys.reshape(B, L, module.n_kv_heads, -1)
-    if "q_norm" in module:  # qwen3 normalizes each head before RoPE
-        queries, keys = module.q_norm(queries), module.k_norm(keys)
-    queries = module.rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
-    keys = module.rope(keys.transpose(0, 2, 1, 3), offset=cache.offset)
+    queries, keys = fused_linears.rotated(module, queries, keys, cache.offset)
     return (queries, *cache.update_and_fetch(keys, values))
 
 

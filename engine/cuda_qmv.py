@@ -271,7 +271,7 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
-    return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n)
+    return _unpadded(out, x, rows, bucket)
 
 
 def _bucket(rows: int) -> int:
@@ -321,7 +321,7 @@ def three(x: mx.array, linears: Sequence[Any]) -> tuple[mx.array, mx.array, mx.a
     first = linears[0]
     k, ns = x.shape[-1], [linear["weight"].shape[0] for linear in linears]
     x2, rows, bucket = _padded(x)
-    r = 2 if all(n % 2 == 0 for n in ns) and sum(ns) >= 4096 else 1
+    r = rows_per_warp(sum(ns)) if all(n % 2 == 0 for n in ns) else 1  # a warp's rows inside one matrix
     warps = sum(ns) // r
     outs = _three_kernel()(
         inputs=[x2, *(linear[name] for linear in linears for name in ("weight", "scales", "biases"))],
@@ -329,7 +329,7 @@ def three(x: mx.array, linears: Sequence[Any]) -> tuple[mx.array, mx.array, mx.a
                   ("N1", ns[1]), ("N2", ns[2]), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[_out_shape(x, bucket, rows, n) for n in ns], output_dtypes=[x.dtype] * 3)
-    outs = [out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
+    outs = [_unpadded(out, x, rows, bucket) for out in outs]
     return tuple(out + linear["bias"] if "bias" in linear else out for out, linear in zip(outs, linears))
 
 
@@ -344,7 +344,7 @@ def glu(x: mx.array, gate: Any, up: Any) -> mx.array:
                   ("R", 2)],
         grid=(32, (n + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
-    return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], n)
+    return _unpadded(out, x, rows, bucket)
 
 
 def _padded(x: mx.array) -> tuple[mx.array, int, int]:
@@ -360,3 +360,8 @@ def _padded(x: mx.array) -> tuple[mx.array, int, int]:
 
 def _out_shape(x: mx.array, bucket: int, rows: int, n: int) -> tuple[int, ...]:
     return (*x.shape[:-1], n) if bucket == rows else (bucket, n)
+
+
+def _unpadded(out: mx.array, x: mx.array, rows: int, bucket: int) -> mx.array:
+    """A kernel's output (`_out_shape`) without `_padded`'s zero rows, shaped as x's leading axes."""
+    return out if bucket == rows else out[:rows].reshape(*x.shape[:-1], out.shape[-1])

@@ -182,13 +182,13 @@ def _time_rope(model: Any, dtype: mx.Dtype) -> Timings:
         return {}
     q, k = (mx.random.normal((1, 1, m.weight.shape[0]), key=mx.random.key(61 + i)).astype(dtype)
             for i, m in enumerate((attention.q_proj, attention.k_proj)))
+    own = lambda: fused_linears.own_rotation(attention, q, k, ROPE_POSITION)  # noqa: E731
+    fused = lambda: cuda_qk_rope.qk_rope(attention, q, k, ROPE_POSITION)  # noqa: E731
     try:
-        for ours, theirs in zip(cuda_qk_rope.qk_rope(attention, q, k, ROPE_POSITION),
-                                _rotated(attention, q, k, ROPE_POSITION)):
+        for ours, theirs in zip(fused(), own()):
             check_close("rope_fused", ours, theirs)
-        return {"rope_fused": (
-            best_seconds(lambda: [_rotated(attention, q, k, ROPE_POSITION) for _ in range(REPEAT)]),
-            best_seconds(lambda: [cuda_qk_rope.qk_rope(attention, q, k, ROPE_POSITION) for _ in range(REPEAT)]))}
+        return {"rope_fused": (best_seconds(lambda: [own() for _ in range(REPEAT)]),
+                               best_seconds(lambda: [fused() for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
         logger.warning("decode kernels: fused norms and RoPE: %s; not using them", err)
         return {}
@@ -196,15 +196,6 @@ def _time_rope(model: Any, dtype: mx.Dtype) -> Timings:
 
 def _first_attention(model: Any) -> Any | None:
     return next((m for m in model.modules() if all(name in m for name in ("q_proj", "k_proj", "v_proj"))), None)
-
-
-def _rotated(module: Any, q: mx.array, k: mx.array, position: int) -> tuple[mx.array, mx.array]:
-    """One token's queries and keys (the projections' outputs) through the module's own per-head norms and RoPE."""
-    q, k = q.reshape(1, 1, module.n_heads, -1), k.reshape(1, 1, module.n_kv_heads, -1)
-    if "q_norm" in module:
-        q, k = module.q_norm(q), module.k_norm(k)
-    return (module.rope(q.transpose(0, 2, 1, 3), offset=position),
-            module.rope(k.transpose(0, 2, 1, 3), offset=position))
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:

@@ -10,7 +10,7 @@ switch for one-token ones. Then:
 
 - the attention modules' wired call (`engine.cpu_attention`) computes q, k and v in one launch
   (`projections`, ``fused``), and one token's per-head norms and RoPE in one more (`rotated`, ``rope``,
-  `engine.cuda_qk_rope`);
+  `engine.cuda_qk_rope`; otherwise the module's own, `own_rotation`);
 - each block's MLP of mlx-lm's llama, qwen2 or qwen3 (`wire` gives it `FusedCall`) computes ``silu(gate x) * up x``
   in one launch, then its down projection (``fused``).
 
@@ -34,15 +34,26 @@ def projections(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]
     return tuple(linear(x) for linear in linears)
 
 
-def rotated(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array] | None:
-    """One token's queries and keys (the projections' outputs) normalized per head where the module does and
-    rotated, in one launch (`engine.cuda_qk_rope`): (1, H, 1, D), (1, KV, 1, D); None where the switch is off or
-    the kernel does not serve the module or the shape (the module's own steps then run)."""
+def rotated(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:
+    """Queries and keys (the projections' outputs, (B, L, H * D) and (B, L, KV * D)) normalized per head where the
+    module does and rotated at `offset`: (B, H, L, D), (B, KV, L, D). One token's in one launch
+    (`engine.cuda_qk_rope`) while the switch is on and the kernel serves the module; else `own_rotation`."""
     dtype = queries.dtype
-    if not (decode_kernels.rope_on() and queries.shape[:2] == (1, 1) and cuda_backend.kept_verdict(
-            module, "_codectx_qk_rope", dtype, lambda: cuda_qk_rope.takes(module, dtype))):
-        return None
-    return cuda_qk_rope.qk_rope(module, queries, keys, offset)
+    if decode_kernels.rope_on() and queries.shape[:2] == (1, 1) and cuda_backend.kept_verdict(
+            module, "_codectx_qk_rope", dtype, lambda: cuda_qk_rope.takes(module, dtype)):
+        return cuda_qk_rope.qk_rope(module, queries, keys, offset)
+    return own_rotation(module, queries, keys, offset)
+
+
+def own_rotation(module: Any, queries: mx.array, keys: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:
+    """`rotated` as the module's own step computes it: its per-head norms (qwen3's), then its RoPE."""
+    B, L, _ = queries.shape
+    queries = queries.reshape(B, L, module.n_heads, -1)
+    keys = keys.reshape(B, L, module.n_kv_heads, -1)
+    if "q_norm" in module:  # qwen3 normalizes each head before RoPE
+        queries, keys = module.q_norm(queries), module.k_norm(keys)
+    return (module.rope(queries.transpose(0, 2, 1, 3), offset=offset),
+            module.rope(keys.transpose(0, 2, 1, 3), offset=offset))
 
 
 class FusedCall:

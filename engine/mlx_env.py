@@ -7,7 +7,7 @@ model takes before importing `mlx.core`. A value the user set is kept.
   a CUDA graph until it holds 100 of them or 1,000 MB of inputs (on Hopper; 20 and 100 MB on most
   other GPUs) and keeps the instantiated graphs in a least-recently-used cache. At 131k keys one
   layer of a Qwen3-32B-shaped model reads 274 MB of weights and 280-540 MB of KV buffers, so one
-  decode step of its 64 layers is several dozen graphs; an engine that also runs
+  decode step of its 64 layers is, by that rule, 32-64 graphs (derived, not counted); an engine that also runs
   prefill chunks of several lengths, verify forwards and caches of two widths sees more
   distinct graphs than 100, and an evicted graph is instantiated again on its next use. On
   the H200 at 131k tokens, in one process that had first run the same steps at 32k, the decode
