@@ -6,7 +6,8 @@ Sections (each prints rows; JSON has every number):
 - ``decode``: one query (64 heads) over 8 KV heads of dim 128 at each ``--lengths``, timed as a
   decode step runs it: 64 calls (16 distinct caches, each used four times, so nothing stays in
   the 50 MB L2) queued and evaluated at once. Our 8-bit kernels (`engine.cuda_attention`: the
-  CUDA-core one and the tensor-core one, `engine.cuda_attention_mma`) against MLX's fused
+  CUDA-core one and the tensor-core ones, `engine.cuda_attention_mma` and
+  `engine.cuda_attention_staged`) against MLX's fused
   attention over a bf16 cache of the same length; relative error against the 8-bit cache
   dequantized through MLX; the bytes each call reads per second (bound: the copy bandwidth).
 - ``plans``: a prefill chunk of 45 and 1,037 queries over ``--context`` keys through
@@ -77,7 +78,7 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
         k, _, kq, vq = caches[0]
         ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
         row: dict[str, Any] = {"keys": n, "calls": CALLS}
-        for kernel in ("cores", "mma"):
+        for kernel in ("cores", "mma", "staged"):
             row[f"err_{kernel}"] = rel_err(cuda_attention.decode_attention(q, kq, vq, n, scale, 64, kernel), ref)
             row[f"{kernel}_ms"] = median_ms(lambda: [
                 cuda_attention.decode_attention(q, caches[i % DISTINCT][2], caches[i % DISTINCT][3], n, scale, 64,
@@ -89,12 +90,14 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
         bytes8 = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
         bytes16 = 2 * k[..., :n, :].nbytes
         row.update(bytes_8bit=bytes8, bytes_bf16=bytes16, cores_gbs=bytes8 / row["cores_ms"] / 1e6,
-                   mma_gbs=bytes8 / row["mma_ms"] / 1e6, bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
+                   mma_gbs=bytes8 / row["mma_ms"] / 1e6, staged_gbs=bytes8 / row["staged_ms"] / 1e6,
+                   bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
         result.setdefault("decode", []).append(row)
         print(f"decode attention over {n} keys, per call: 8-bit cores {row['cores_ms']:.3f} ms "
               f"({row['cores_gbs']:.0f} GB/s), 8-bit mma {row['mma_ms']:.3f} ms ({row['mma_gbs']:.0f} GB/s), "
+              f"8-bit staged {row['staged_ms']:.3f} ms ({row['staged_gbs']:.0f} GB/s), "
               f"bf16 MLX {row['bf16_ms']:.3f} ms ({row['bf16_gbs']:.0f} GB/s) of {copy_gbs:.0f}; rel err cores "
-              f"{row['err_cores']:.2e}, mma {row['err_mma']:.2e}", flush=True)
+              f"{row['err_cores']:.2e}, mma {row['err_mma']:.2e}, staged {row['err_staged']:.2e}", flush=True)
         caches.clear()
         mx.clear_cache()
 

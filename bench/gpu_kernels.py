@@ -96,8 +96,8 @@ def section_step(result: dict, context: int, steps: int) -> None:
         cache = filled_cache(model, policy, bits, context)
         variants = ("mlx", "mlx-pipelined", "ours-qmv-pipelined", "ours-all-pipelined", "ours-all-mma-pipelined")
         for variant in variants[:-1] if bits == 16 else variants:  # the 8-bit attention kernels: 8-bit only
-            kernels = {"ours-qmv-pipelined": (True, False, False), "ours-all-pipelined": (True, True, False),
-                       "ours-all-mma-pipelined": (True, True, True)}.get(variant, (False, False, False))
+            kernels = {"ours-qmv-pipelined": (True, False, "cores"), "ours-all-pipelined": (True, True, "cores"),
+                       "ours-all-mma-pipelined": (True, True, "mma")}.get(variant, (False, False, "cores"))
             mode = "pipelined" if variant.endswith("pipelined") else "sync"
             seconds = decode_steps(path, cache, steps, kernels, mode).seconds
             row = {"kv_bits": bits, "context": context, "variant": variant, "step_ms": seconds * 1e3,

@@ -62,15 +62,16 @@ class StepTimes(NamedTuple):
     python: float  # building it alone
 
 
-def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, bool], mode: str,
+def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, str], mode: str,
                  attempts: int = 2, kv_write: bool = False) -> StepTimes:
     """The times of the last of `attempts` runs of steps + 1 decode steps, the cache reset to its offset
-    before each run. kernels: (quantized linears, our attention, on tensor cores where it fits);
-    `kv_write`: our in-place cache write."""
+    before each run. kernels: (quantized linears, our attention, which one: "cores", or "mma" or "staged"
+    where it fits, `engine.cuda_attention.decode_attention`'s names); `kv_write`: our in-place cache write."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     times = StepTimes(0.0, 0.0, 0.0)
-    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2], kv_write=kv_write):
+    with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2] == "mma", kv_write=kv_write,
+                              staged=kernels[2] == "staged"):
         for _ in range(attempts):
             for c in cache:
                 c.offset = start_offset
@@ -133,37 +134,40 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
     return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
 
 
-def step_paths(model: Any, path: Any) -> dict[str, Any]:
+def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     """The step's compute paths by the rows' names: ``ours`` (`path`: the kernels `decode_steps` switches on),
     ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
     are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
     and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``) and ``mlx+traced`` (MLX's
-    kernels only, the window step traced: its attention is masked over the whole buffer)."""
+    kernels only, the window step traced: its attention is masked over the whole buffer); the traced rows'
+    8-bit attention is `attention` ("mma" or "staged")."""
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
 
-    ours_traced = DecodeKernels(qmv=True, attention_mma=True, kv_write=True, step_traced=True, attention_chunk=True,
-                                step_traced_bf16=True, source="setting")
+    ours_traced = DecodeKernels(qmv=True, attention_mma=attention == "mma", attention_staged=attention == "staged",
+                                kv_write=True, step_traced=True, attention_chunk=True, step_traced_bf16=True,
+                                source="setting")
     fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True)
     return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
             "ours+traced+fused": ComputePath(model, kernels=fused, compiled=True),
             "mlx+traced": ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)}
 
 
-def switches(bits: int, ours: bool) -> tuple[bool, bool, bool]:
-    """`decode_steps`' kernels for a cache of `bits`: our linears, and for 8-bit our attention on tensor cores."""
-    return (ours, False, False) if bits == 16 else (ours, ours, ours)
+def switches(bits: int, ours: bool, attention: str = "mma") -> tuple[bool, bool, str]:
+    """`decode_steps`' kernels for a cache of `bits`: our linears, and for 8-bit our `attention` ("mma" or
+    "staged", on tensor cores)."""
+    return (ours, False, "cores") if bits == 16 or not ours else (ours, True, attention)
 
 
 def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, ...] = (16, 8),
-            only: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+            only: frozenset[str] = frozenset(), attention: str = "mma") -> list[dict[str, Any]]:
     model, policy, path = step_model(shape_name)
     ours = mx.default_device() == mx.gpu  # our kernels are CUDA's; elsewhere the step is MLX's
-    paths = step_paths(model, path)
+    paths = step_paths(model, path, attention)
     rows = []
     for context in lengths:
         for bits in widths:
-            kernels = switches(bits, ours)
+            kernels = switches(bits, ours, attention)
             cache = filled_cache(model, policy, bits, context)
             decode_steps(path, cache, 2, kernels, "sync", attempts=1)  # the buffers grow once, untimed
             writes = ("mlx", "ours", "ours+traced", "ours+traced+fused") if bits == 8 else \
@@ -173,7 +177,7 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
                 step_path = paths.get(write) or (paths["mlx+traced"] if write.endswith("+traced") else path)
-                step_kernels = (False, False, False) if write.startswith("mlx-only") else kernels
+                step_kernels = (False, False, "cores") if write.startswith("mlx-only") else kernels
                 for mode in MODES:
                     times = decode_steps(step_path, cache, steps, step_kernels, mode,
                                          attempts=3, kv_write=write.startswith("ours"))
@@ -200,13 +204,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--bits", default="16,8", help="cache widths, in the order measured (a process's history matters)")
     ap.add_argument("--writes", default="", help="only these rows (comma-separated names, as the rows' 'write')")
+    ap.add_argument("--attention", choices=("mma", "staged"), default="mma",
+                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py or _staged.py")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),
-              "mlx_env": mlx_env.current(),
+              "mlx_env": mlx_env.current(), "attention": a.attention,
               "shape": a.shape, "rows": measure([int(x) for x in a.lengths.split(",")], a.steps, a.shape,
                               tuple(int(b) for b in a.bits.split(",")),
-                              frozenset(w for w in a.writes.split(",") if w))}
+                              frozenset(w for w in a.writes.split(",") if w), a.attention)}
     save_json(result, a.out)
     return result
 

@@ -117,8 +117,8 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     ours = mx.default_device() == mx.gpu
     if a.variant != "ours" and not ours:
         raise SystemExit(f"--variant {a.variant} runs our CUDA kernels: only on MLX's CUDA backend (use ours)")
-    step_path = step_paths(model, path)[a.variant]
-    kernels = switches(a.bits, ours)
+    step_path = step_paths(model, path, a.attention)[a.variant]
+    kernels = switches(a.bits, ours, a.attention)
     write = ours and a.bits == 8
     cache = filled_cache(model, policy, a.bits, a.length)
     decode_steps(step_path, cache, 3, kernels, "sync", attempts=1, kv_write=write)  # traces, compiles, grows
@@ -131,7 +131,7 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("cuProfilerStart/Stop failed: ncu --profile-from-start off would have timed nothing")
     from bench.gpu_bounds import decode_bytes_per_token
 
-    result = {"variant": a.variant, "kv_bits": a.bits, "length": a.length, "steps": a.steps,
+    result = {"variant": a.variant, "attention": a.attention, "kv_bits": a.bits, "length": a.length, "steps": a.steps,
               "bytes_per_step": decode_bytes_per_token(model, a.length, a.bits),
               "ms_per_step_profiled": round(seconds / a.steps * 1e3, 3), "profiler": started and stopped,
               "mlx": mx.__version__, "device": str(mx.default_device()), "mlx_env": mlx_env.current()}
@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--variant", choices=("ours", "ours+traced", "ours+traced+fused"), default="ours+traced+fused",
                     help="the step's path, as bench/gpu_step.py's rows name them")
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
+    ap.add_argument("--attention", choices=("mma", "staged"), default="mma",
+                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py or _staged.py")
     ap.add_argument("--report", default=None, help="ncu's CSV log to read instead of running")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

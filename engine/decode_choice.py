@@ -11,10 +11,12 @@ the same thing:
   evaluation holds many products, as a decode step does (112 for a 7-linear block);
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
-  engine's path for an 8-bit cache on CUDA without this kernel); ours are two:
-  `engine.cuda_attention`'s on the CUDA cores (``attention``) and the tensor-core
-  one of `engine.cuda_attention_mma` (``attention_mma``, where the shape fits it);
-  where both beat MLX's, the faster runs;
+  engine's path for an 8-bit cache on CUDA without this kernel), several caches taken in
+  turn (as a step's layers read theirs: from memory, not from L2); ours are three:
+  `engine.cuda_attention`'s on the CUDA cores (``attention``) and two on tensor cores where the
+  shape fits them, `engine.cuda_attention_mma`'s (``attention_mma``) and
+  `engine.cuda_attention_staged`'s (``attention_staged``, its bytes staged through shared memory);
+  of those that beat MLX's, the fastest runs;
 - chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
   a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
   (MLX's cuDNN attention then builds a plan each time), against MLX's attention;
@@ -54,8 +56,8 @@ from typing import Any, Callable, Mapping
 
 from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.cuda_backend import code_version, cuda_available
-from engine.decode_measure import (ATTENTION_KEYS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings, attention_kernels,
-                                   attention_shape, compute_dtype, faster_attention)
+from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_TIMINGS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings,
+                                   attention_kernels, attention_shape, compute_dtype, faster_attention)
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
 from engine.linear_mode_cache import LinearModeCache
@@ -64,9 +66,9 @@ from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
-                "step_traced_bf16", "qmv_fused", "rope_fused")
+                "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged")
 MARGIN = 0.05
-NEEDS = (("kv_write", ("attention", "attention_mma"), "our attention"),  # the one reader it orders after itself
+NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
          ("qmv_fused", ("qmv",), "qmv"),  # one launch of our linears' kernel
          *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
@@ -97,6 +99,8 @@ class DecodeKernels:
         qmv_fused: `engine.fused_linears` for a decode-sized forward's linears of one input (a block's q, k
             and v; its MLP's gate and up with the activation), one launch each (only with `qmv`).
         rope_fused: `engine.cuda_qk_rope` for one token's per-head norms and RoPE, one launch a block.
+        attention_staged: `engine.cuda_attention_staged` (tensor cores, bytes staged through shared memory)
+            for the one-query attention instead.
     """
 
     qmv: bool = False
@@ -112,6 +116,7 @@ class DecodeKernels:
     step_traced_bf16: bool = False
     qmv_fused: bool = False
     rope_fused: bool = False
+    attention_staged: bool = False
 
     @property
     def any(self) -> bool:
@@ -127,13 +132,14 @@ class DecodeKernels:
         """The context a forward over `rows` rows runs in; `traced`: inside a traced step (`engine.compiled`),
         which holds the MLPs itself."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
-        attention = (self.attention or self.attention_mma) and rows == 1
+        attention = (self.attention or self.attention_mma or self.attention_staged) and rows == 1
         chunk = self.attention_chunk and (1 < rows <= decode_kernels.CHUNK_MAX_ROWS
                                           or traced and rows == 1 and self.step_traced_bf16)
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         rope = self.rope_fused and rows == 1
-        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope) \
+        return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
+                                    self.attention_staged) \
             if qmv or attention or chunk or mlp or rope else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
@@ -215,11 +221,12 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
     chosen = decide(timings)
     notes = [f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
              for name in KERNEL_NAMES if not chosen[name]]
-    if chosen["attention"] and chosen["attention_mma"]:  # two kernels for one call
-        faster = faster_attention(timings)
-        slower = "attention" if faster == "attention_mma" else "attention_mma"
-        chosen[slower] = False
-        notes.append(f"kernels: {slower} slower than {faster}")
+    winners = {name: timings[name] for name in ATTENTION_TIMINGS if chosen[name]}
+    fastest = faster_attention(winners)
+    for slower in winners:  # one kernel for one call
+        if slower != fastest:
+            chosen[slower] = False
+            notes.append(f"kernels: {slower} slower than {fastest}")
     for name, needs, what in NEEDS:  # in order: a rule may drop what a later one needs
         if chosen[name] and not any(chosen[n] for n in needs):
             chosen[name] = False

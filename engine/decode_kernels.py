@@ -38,6 +38,7 @@ from engine.switches import Switch
 _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
+_staged = Switch("codectx_attention_staged")
 _chunk = Switch("codectx_attention_chunk")
 _kv_write = Switch("codectx_kv_write")
 _fused = Switch("codectx_qmv_fused")
@@ -62,18 +63,27 @@ rope_on = _rope.on
 
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
-          kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False) -> Iterator[None]:
+          kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False,
+          staged: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
-    `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `chunk`: attention modules
+    `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `staged`: it is
+    `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `chunk`: attention modules
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
     stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
     their trace for one row (`engine.compiled_mlp`); `fused`: linears of one input take one launch
     (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch."""
     if attention:
         install()
-    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), _chunk.scope(chunk), \
-            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
+    with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), \
+            _staged.scope(attention and staged), _chunk.scope(chunk), _kv_write.scope(kv_write), \
+            compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
         yield
+
+
+def attention_kernels() -> tuple[str, ...]:
+    """Our one-query attention kernels this thread's switches ask for, in the order they are tried
+    (`engine.cuda_attention.decode_attention`'s names; the CUDA-core kernel takes what the others do not)."""
+    return (*(("staged",) if _staged.on() else ()), *(("mma",) if _mma.on() else ()), "cores")
 
 
 def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:
@@ -118,7 +128,7 @@ def install() -> None:
                             group_size: int = 64, bits: int = 8) -> mx.array:
         if not isinstance(q_keys, Q8Rows):
             return original(queries, q_keys, q_values, scale, mask, group_size, bits)
-        for kernel in ("mma", "cores") if _mma.on() else ("cores",):
+        for kernel in attention_kernels():
             if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size, kernel) is None:
                 return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel,
                                                        after=q_keys.after)

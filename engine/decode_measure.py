@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
+ATTENTION_CACHES = 4  # 8-bit caches of ATTENTION_KEYS rows the attention timing takes in turn (past a 50 MB L2)
 CHUNK_ROWS = decode_kernels.CHUNK_MAX_ROWS  # the chunk attention is timed at the most queries it takes
 CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
 REPEAT = 16  # block repetitions per timed evaluation of the linears
@@ -43,10 +44,14 @@ Timings = dict[str, tuple[float, float]]
 """Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
 
 
+ATTENTION_TIMINGS = {"attention_staged": "staged", "attention_mma": "mma", "attention": "cores"}
+"""Our one-query attention kernels: the name of each one's timing (and `engine.decode_choice`'s switch) ->
+`engine.cuda_attention.decode_attention`'s name for it; on a tie the earlier wins."""
+
+
 def faster_attention(timings: Mapping[str, tuple[float, float]]) -> str | None:
-    """Of our two attention kernels measured (``attention``, ``attention_mma``), the faster (the tensor-core
-    one on a tie); None: neither."""
-    measured = [name for name in ("attention_mma", "attention") if name in timings]
+    """Of our attention kernels measured (`ATTENTION_TIMINGS`), the fastest (the earlier on a tie); None: none."""
+    measured = [name for name in ATTENTION_TIMINGS if name in timings]
     return min(measured, key=lambda name: timings[name][1]) if measured else None
 
 
@@ -60,11 +65,12 @@ def attention_shape(model: Any) -> tuple[int, int, int] | None:
 
 
 def attention_kernels(shape: tuple[int, int, int]) -> list[str]:
-    """Which of our decode attention kernels ("cores", "mma") take one query of (query heads, KV heads, head
-    dim) over the engine's 8-bit cache (groups of 64)."""
+    """Which of our decode attention kernels ("cores", "mma", "staged") take one query of (query heads, KV
+    heads, head dim) over the engine's 8-bit cache (groups of 64)."""
     from engine import cuda_attention
 
-    return [kernel for kernel in ("cores", "mma") if cuda_attention.shape_problem(*shape, 8, 64, kernel) is None]
+    return [kernel for kernel in ("cores", "mma", "staged")
+            if cuda_attention.shape_problem(*shape, 8, 64, kernel) is None]
 
 
 def compute_dtype(model: Any) -> mx.Dtype:
@@ -93,7 +99,7 @@ def measure(model: Any) -> Timings:
             timings.update(_time_rope(model, dtype))
         faster = faster_attention(timings)
         if faster is not None:  # with the attention kernel that would run beside it
-            timings.update(time_kv_write(heads, kv_heads, dim, dtype, "mma" if faster == "attention_mma" else "cores"))
+            timings.update(time_kv_write(heads, kv_heads, dim, dtype, ATTENTION_TIMINGS[faster]))
     return timings
 
 
@@ -199,32 +205,38 @@ def _first_attention(model: Any) -> Any | None:
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:
-    """"attention" for the CUDA-core kernel (it must compute the same), "attention_mma" for the
-    tensor-core one where it does (a failed check leaves it out)."""
+    """"attention" for the CUDA-core kernel (it must compute the same), "attention_mma" and
+    "attention_staged" for the tensor-core ones where they do (a failed check leaves one out)."""
     from engine import cuda_attention
 
     n, scale = ATTENTION_KEYS, dim ** -0.5
-    kv = [mx.random.normal((1, kv_heads, n + 256, dim), key=mx.random.key(7 + i)).astype(dtype) for i in range(2)]
-    keys, values = (tuple(mx.quantize(a, group_size=64, bits=8)) for a in kv)
+    caches = []  # several, taken in turn: a decode step's layers read their caches from memory, not from L2
+    for c in range(ATTENTION_CACHES):
+        kv = [mx.random.normal((1, kv_heads, n + 256, dim), key=mx.random.key(7 + 2 * c + i)).astype(dtype)
+              for i in range(2)]
+        caches.append(tuple(tuple(mx.quantize(a, group_size=64, bits=8)) for a in kv))
+    keys, values = caches[0]
     queries = mx.random.normal((1, heads, 1, dim), key=mx.random.key(9)).astype(dtype)
-    mx.eval(keys, values, queries)
+    mx.eval(caches, queries)
     reference = cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64)
 
-    def once(kernel: str) -> mx.array:
-        return cuda_attention.decode_attention(queries, keys, values, n, scale, 64, kernel)
+    def once(kernel: str, cache: int = 0) -> mx.array:
+        return cuda_attention.decode_attention(queries, *caches[cache], n, scale, 64, kernel)
 
     def ours(kernel: str) -> Callable[[], list[mx.array]]:
-        return lambda: [once(kernel) for _ in range(REPEAT)]
+        return lambda: [once(kernel, i % ATTENTION_CACHES) for i in range(REPEAT)]
 
     if "cores" in kernels:
         check_close("attention", once("cores"), reference)
-    mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, keys, values, n, scale, 64)
-                                        for _ in range(REPEAT)])
+    mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, *caches[i % ATTENTION_CACHES], n, scale, 64)
+                                        for i in range(REPEAT)])
     timings = {"attention": (mlx_seconds, best_seconds(ours("cores")))} if "cores" in kernels else {}
-    if "mma" in kernels:
-        try:  # the newer kernel: left out, not fatal, where it fails its check (or to compile)
-            check_close("attention_mma", once("mma"), reference)
-            timings["attention_mma"] = (mlx_seconds, best_seconds(ours("mma")))
+    for name, kernel in ATTENTION_TIMINGS.items():
+        if kernel == "cores" or kernel not in kernels:
+            continue
+        try:  # the newer kernels: left out, not fatal, where one fails its check (or to compile)
+            check_close(name, once(kernel), reference)
+            timings[name] = (mlx_seconds, best_seconds(ours(kernel)))
         except Exception as err:  # noqa: BLE001
             logger.warning("decode kernels: %s; not using it", err)
     return timings

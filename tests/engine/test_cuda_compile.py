@@ -11,11 +11,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_dequant,
-                    cuda_kv_write, cuda_qk_rope, cuda_qmv)
+from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_backend, cuda_chunk_attention,
+                    cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv)
 from tests.engine.cuda_compile import Recorder, compile_errors
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
+             cuda_attention_staged._kernel,
              cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
              cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
@@ -62,10 +63,11 @@ def launch_every_kernel() -> None:
     query, count = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), mx.array([700], dtype=mx.int32)
     for n in (700, count):
         keys, values = eight_bit(1024), eight_bit(1024)
-        for kernel in ("cores", "mma"):
+        for kernel in ("cores", "mma", "staged"):
             cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel=kernel)
         written = cuda_kv_write.write_q8_ordered(keys, values, query[:, :KV], query[:, :KV], n, 64)[2]
-        cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel="mma", after=written)
+        for kernel in ("mma", "staged"):
+            cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel=kernel, after=written)
         cache = mx.zeros((1, KV, 1024, D), dtype=mx.bfloat16)
         for rows in ((1,) if isinstance(n, mx.array) else (2, 45)):
             cuda_chunk_attention.chunk_attention(mx.zeros((1, H, rows, D), dtype=mx.bfloat16), cache, cache, n,
@@ -99,6 +101,7 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     sources = recorder.sources()
     assert {label.split("_")[1] for label in sources} >= {"qmv", "qmv3", "dequantize", "q8", "chunk", "kv"}
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
+    assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())

@@ -40,7 +40,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                            "kernels: attention_chunk not measured here", "kernels: kv_write not measured here",
                            "kernels: mlp_compiled not measured here", "kernels: step_traced not measured here",
                            "kernels: step_traced_bf16 not measured here", "kernels: qmv_fused not measured here",
-                           "kernels: rope_fused not measured here")
+                           "kernels: rope_fused not measured here", "kernels: attention_staged not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -52,7 +52,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
                                             "attention_chunk": False, "kv_write": False, "mlp_compiled": False,
                                             "step_traced": False, "step_traced_bf16": False, "qmv_fused": False,
-                                            "rope_fused": False}
+                                            "rope_fused": False, "attention_staged": False}
 
 
 def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model, tiny_model_dir, tmp_path):
@@ -118,6 +118,30 @@ def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_for
         with kernels.scope(rows=2):  # a prefill chunk: neither
             seen.append((decode_kernels.attention_on(), decode_kernels._mma.on()))
     assert seen == [(True, True), (False, False), (True, False), (False, False)]
+
+
+def test_of_three_attention_kernels_that_beat_mlx_only_the_fastest_runs_and_a_one_token_forward_tries_it_first(
+        q4_model, tmp_path):
+    store = LinearModeCache(tmp_path / "linear-modes.json")
+    three = {"attention": (1e-3, 0.8e-3), "attention_mma": (1e-3, 0.3e-3), "attention_staged": (1e-3, 0.2e-3),
+             "kv_write": (1e-3, 0.2e-3)}
+    staged = resolve(q4_model, "auto", measure=Timings(three), cache=store, cuda=True)
+    assert (staged.attention, staged.attention_mma, staged.attention_staged, staged.kv_write) == (False, False, True,
+                                                                                                   True)
+    assert {"kernels: attention slower than attention_staged",
+            "kernels: attention_mma slower than attention_staged"} <= set(staged.notes)
+    assert ComputePath(q4_model, kernels=staged).identity().endswith(" kernels=kv_write+attention_staged")
+    with staged.scope(rows=1):
+        assert decode_kernels.attention_on() and decode_kernels.attention_kernels() == ("staged", "cores")
+    with staged.scope(rows=2):  # a prefill chunk: none of them
+        assert not decode_kernels.attention_on() and decode_kernels.attention_kernels() == ("cores",)
+    store = LinearModeCache(tmp_path / "other.json")
+    mma = resolve(q4_model, "auto", measure=Timings({**three, "attention_staged": (1e-3, 0.5e-3)}), cache=store,
+                  cuda=True)
+    assert (mma.attention_mma, mma.attention_staged) == (True, False)
+    assert "kernels: attention_staged slower than attention_mma" in mma.notes
+    with mma.scope(rows=1):
+        assert decode_kernels.attention_kernels() == ("mma", "cores")
 
 
 def test_the_in_place_cache_write_is_measured_asked_for_by_one_token_forwards_and_named_in_the_identity(

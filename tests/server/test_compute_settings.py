@@ -45,7 +45,8 @@ def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(t
             "linear": {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
                        "timings_ms": {}},
             "kernels": {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,
-                        "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False, "source": "not CUDA",
+                        "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False,
+                        "attention_staged": False, "source": "not CUDA",
                         "timings_ms": {},
                         "notes": []}}
         assert engine.prefix.policy.compute == engine.compute.identity()

@@ -1,0 +1,363 @@
+"""One-query attention over an 8-bit KV cache, its bytes staged through shared memory (MLX's CUDA backend, decode).
+
+`engine.cuda_attention_mma` reached about half the copy bandwidth over 131,072 keys on the H200
+(0.157 ms a call, docs/benchmarks.md), and with it an 8-bit decode step took as long as a bf16 one.
+Compiled for sm_90 it holds 233 registers a thread, so 8 warps fit on a multiprocessor, each
+with one tile of about 4 KB in flight; and it spends about 1,200 instructions on a tile of 16 keys,
+half of them making bf16 out of bytes and addresses. This kernel keeps that one's arithmetic and
+fragment layouts and changes two things:
+
+- the bytes: each warp copies its tiles into its own ring of `STAGES` shared-memory buffers with
+  ``cp.async`` (`STAGES - 1` tiles in flight, no registers held for them), rows swizzled in 16-byte
+  chunks so that the fragment reads meet no bank conflicts (keys: chunk ^ 4 on odd rows; values:
+  chunk ^ (row & 6));
+- the products: float16 `mma.sync` (m16n8k16, float32 accumulation) instead of bf16, because a
+  byte ``b`` becomes the float16 ``1024 + b`` with one byte permute (``0x64`` above it): for the
+  scores the 1,024 is taken out after the product (``q.(1024 + b) = q.b + 1024 sum(q)``, folded
+  into the bias term), for the values before it (one half-precision subtract per pair, exact).
+  The queries are bf16 values, exact in float16 inside its range; the value operand is
+  ``p * scale * 256`` (p <= 1; the scale clamped to float16's finite range), and the 256 is taken
+  out of the output: float16's 11 bits carry it where bf16 carried 8;
+- a tile rescales the running output only where some head's running max moved.
+
+Only for D = 128, groups of 64 and G <= 16 query heads per KV head, like the bf16 kernel; the
+engine measures it against that one and MLX's (`engine.decode_measure`) and takes the fastest
+that agrees with MLX. Layout assumptions are that kernel's (rows 16-byte aligned, each key's two
+scales adjacent); the partial outputs are its layout too, folded by its `merge`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+
+from engine import cuda_backend
+from engine.cuda_attention_mma import HEADER as MMA_HEADER
+
+WARPS = 4  # per block; each warp is one split of the keys
+STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight
+TILE = 16
+STAGE_BYTES = 2 * TILE * 128 + 4 * TILE * 4  # key rows, value rows, four scale words per key
+TARGET_WARPS = 1024
+
+HEADER = MMA_HEADER + r"""
+namespace codectx {
+// Two floats as an f16x2 word, `lo` in the low half.
+__device__ __forceinline__ uint32_t h2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// `x` clamped to float16's finite range.
+__device__ __forceinline__ float finite16(float x) { return fminf(fmaxf(x, -65504.f), 65504.f); }
+// a - b per f16 half.
+__device__ __forceinline__ uint32_t hsub2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// d += a * b: m16n8k16, f16 inputs, float32 accumulators.
+__device__ __forceinline__ void mma16816h(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+}  // namespace codectx
+"""
+
+SOURCE = r"""
+  // D = 128, two groups of 64; lane = 4 r + c. Fragments as in the bf16 kernel: score fragments head r
+  // (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9 of the tile (j = 0..3); value fragments the same keys,
+  // dimensions g*64 + 8r + i (i = 0..7).
+  constexpr bool HI = G > 8;
+  constexpr int STAGE = 2 * 16 * 128 + 4 * 16 * 4;
+  constexpr float VSCALE = 256.f;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+  const int split = blockIdx.x * (blockDim.x >> 5) + warp, splits = gridDim.x * (blockDim.x >> 5);
+  const int n = meta[0], cs = meta[1];
+  const float qscale = qscale_in[0];
+  const int begin = split * cs, end = min(n, begin + cs);
+  const int tiles = begin < end ? (end - begin + 15) >> 4 : 0;
+  unsigned char* ring = smem + (size_t)warp * STAGES * STAGE;
+  const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+
+  // Queries: lane (r, c) holds dims g*64 + 16c + 4t + {0..3} of heads r and r + 8 (f16 pairs).
+  uint32_t qa[2][4][2][2];
+  float qsum[2][2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int head = half * 8 + r;
+    const bool live = (half == 0 || HI) && head < G;
+    const uint2* qh = reinterpret_cast<const uint2*>(q) + (size_t)(kvh * G + (live ? head : 0)) * 32;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const uint2 w = live ? qh[g * 16 + 4 * c + t] : make_uint2(0u, 0u);
+        const float x0 = __uint_as_float(w.x << 16), x1 = __uint_as_float(w.x & 0xFFFF0000u);
+        const float x2 = __uint_as_float(w.y << 16), x3 = __uint_as_float(w.y & 0xFFFF0000u);
+        qa[g][t][half][0] = codectx::h2(x0, x1);
+        qa[g][t][half][1] = codectx::h2(x2, x3);
+        s += (x0 + x1) + (x2 + x3);
+      }
+      s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
+      s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+      qsum[half][g] = s;
+    }
+  }
+
+  const size_t kq0 = kvh * kq_strides[1], ks0 = kvh * ks_strides[1], kb0 = kvh * kb_strides[1];
+  const size_t vq0 = kvh * vq_strides[1], vs0 = kvh * vs_strides[1], vb0 = kvh * vb_strides[1];
+  const unsigned char* kbytes = reinterpret_cast<const unsigned char*>(kq + kq0);
+  const unsigned char* vbytes = reinterpret_cast<const unsigned char*>(vq + vq0);
+  const size_t krow = kq_strides[2] * 4, vrow = vq_strides[2] * 4;  // bytes
+  // The scale words this lane copies: lanes 0-15 the key scales' then the value scales', lanes 16-31 the
+  // key biases' then the value biases' (one word, both groups, per key; strides in words).
+  const bool low = lane < 16;
+  const uint32_t* key_words = reinterpret_cast<const uint32_t*>(low ? ks + ks0 : kb + kb0);
+  const uint32_t* value_words = reinterpret_cast<const uint32_t*>(low ? vs + vs0 : vb + vb0);
+  const size_t key_word_row = (low ? ks_strides[2] : kb_strides[2]) / 2;
+  const size_t value_word_row = (low ? vs_strides[2] : vb_strides[2]) / 2;
+
+  // A tile's copies into stage `st`: key and value rows (4 chunks of 16 bytes a lane each), then the
+  // four scale words of its 16 keys (2 a lane). Rows past the warp's end are copied from its last row
+  // (finite) and masked below.
+  auto issue = [&](int tile, int st) {
+    const uint32_t base = ring_addr + st * STAGE;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = i * 32 + lane, row = idx >> 3, ch = idx & 7;
+      const size_t key = (size_t)min(tile + row, end - 1);
+      codectx::cp_async16(base + row * 128 + ((ch ^ ((row & 1) << 2)) << 4), kbytes + key * krow + ch * 16);
+      codectx::cp_async16(base + 2048 + row * 128 + ((ch ^ (row & 6)) << 4), vbytes + key * vrow + ch * 16);
+    }
+    const int k = lane & 15, which = lane >> 4;  // words [0, 16): key scales, [16, 32): key biases, ...
+    const size_t key = (size_t)min(tile + k, end - 1);
+    codectx::cp_async4(base + 4096 + which * 64 + k * 4, key_words + key * key_word_row);
+    codectx::cp_async4(base + 4096 + (2 + which) * 64 + k * 4, value_words + key * value_word_row);
+  };
+
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  float oacc[2][8][4];
+#pragma unroll
+  for (int g = 0; g < 2; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) oacc[g][i][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < tiles) issue(begin + 16 * s, s);
+    codectx::cp_async_commit();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    codectx::cp_async_wait<STAGES - 2>();  // this lane's copies of tile t have landed
+    __syncwarp();                          // and every lane's; all are done with tile t - 1's stage
+    if (t + STAGES - 1 < tiles) issue(begin + 16 * (t + STAGES - 1), (t + STAGES - 1) % STAGES);
+    codectx::cp_async_commit();
+    const int tile = begin + 16 * t;
+    const unsigned char* st = ring + (t % STAGES) * STAGE;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + 4096);
+
+    float ksc[4][2], kbi[4][2], vsc[4][2], vbi[4][2];
+    bool valid[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k = (j >> 1) * 8 + 2 * c + (j & 1);
+      valid[j] = tile + k < end;
+      const uint32_t ksw = words[k], kbw = words[16 + k], vsw = words[32 + k], vbw = words[48 + k];
+      ksc[j][0] = codectx::lo_f<T>(ksw);
+      ksc[j][1] = codectx::hi_f<T>(ksw);
+      kbi[j][0] = codectx::lo_f<T>(kbw) - 1024.f * ksc[j][0];  // the bytes enter as 1024 + b
+      kbi[j][1] = codectx::hi_f<T>(kbw) - 1024.f * ksc[j][1];
+      // (p <= 1: the value operand p * vsc is finite in float16 where vsc is)
+      vsc[j][0] = valid[j] ? codectx::finite16(codectx::lo_f<T>(vsw) * VSCALE) : 0.f;
+      vsc[j][1] = valid[j] ? codectx::finite16(codectx::hi_f<T>(vsw) * VSCALE) : 0.f;
+      vbi[j][0] = valid[j] ? codectx::lo_f<T>(vbw) : 0.f;
+      vbi[j][1] = valid[j] ? codectx::hi_f<T>(vbw) : 0.f;
+    }
+
+    // Scores, one accumulator per group and key half-tile: B = 1024 + the key's bytes (f16).
+    float sacc[2][2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int row = nt * 8 + r;
+      const uint4* krow4 = reinterpret_cast<const uint4*>(st + row * 128);
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const uint4 kw = krow4[(g * 4 + c) ^ ((row & 1) << 2)];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[g][nt][e] = 0.f;
+#pragma unroll
+        for (int t4 = 0; t4 < 4; ++t4) {
+          const uint32_t w = t4 == 0 ? kw.x : t4 == 1 ? kw.y : t4 == 2 ? kw.z : kw.w;
+          codectx::mma16816h(sacc[g][nt], qa[g][t4][0][0], qa[g][t4][1][0], qa[g][t4][0][1], qa[g][t4][1][1],
+                             codectx::prmt(w, 0x64646464u, 0x4140u), codectx::prmt(w, 0x64646464u, 0x4342u));
+        }
+      }
+    }
+
+    // Online softmax per head (r, and r + 8 when G > 8); l and the value-bias sums stay per lane.
+    float p[2][4];
+#pragma unroll
+    for (int half = 0; half < (HI ? 2 : 1); ++half) {
+      float s[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float* acc0 = sacc[0][j >> 1];
+        const float* acc1 = sacc[1][j >> 1];
+        const int e = half * 2 + (j & 1);
+        s[j] = valid[j] ? qscale * (ksc[j][0] * acc0[e] + ksc[j][1] * acc1[e] + kbi[j][0] * qsum[half][0] +
+                                    kbi[j][1] * qsum[half][1])
+                        : -INFINITY;
+      }
+      float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
+      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
+      const float m_new = fmaxf(m_run[half], mt);
+      const float alpha = exp2f(m_run[half] - m_new);
+      m_run[half] = m_new;
+      float psum = 0.f, b0 = 0.f, b1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        p[half][j] = exp2f(s[j] - m_new);
+        psum += p[half][j];
+        b0 = fmaf(p[half][j], vbi[j][0], b0);
+        b1 = fmaf(p[half][j], vbi[j][1], b1);
+      }
+      l_run[half] = fmaf(l_run[half], alpha, psum);
+      bacc[half][0] = fmaf(bacc[half][0], alpha, b0);
+      bacc[half][1] = fmaf(bacc[half][1], alpha, b1);
+      if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // past the first tiles a head's max seldom moves
+#pragma unroll
+        for (int g = 0; g < 2; ++g)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            oacc[g][i][half * 2] *= alpha;
+            oacc[g][i][half * 2 + 1] *= alpha;
+          }
+      }
+    }
+    if (!HI) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[1][j] = 0.f;
+    }
+
+    // Values: A = p * value scale * VSCALE (f16, clamped finite), B = the value bytes (f16, exact);
+    // dims g*64 + 8 * column + i. A key pair's bytes of dims s and s + 1 in one permute, then each
+    // dimension's pair with 0x64 above its bytes, less 1024.
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const uint32_t a0 = codectx::h2(p[0][0] * vsc[0][g], p[0][1] * vsc[1][g]);
+      const uint32_t a1 = codectx::h2(p[1][0] * vsc[0][g], p[1][1] * vsc[1][g]);
+      const uint32_t a2 = codectx::h2(p[0][2] * vsc[2][g], p[0][3] * vsc[3][g]);
+      const uint32_t a3 = codectx::h2(p[1][2] * vsc[2][g], p[1][3] * vsc[3][g]);
+      uint2 vw[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = (j >> 1) * 8 + 2 * c + (j & 1);
+        const int chunk = (g * 4 + (r >> 1)) ^ (row & 6);
+        vw[j] = *reinterpret_cast<const uint2*>(st + 2048 + row * 128 + chunk * 16 + (r & 1) * 8);
+      }
+#pragma unroll
+      for (int word = 0; word < 2; ++word)
+#pragma unroll
+        for (int s2 = 0; s2 < 4; s2 += 2) {
+          const uint32_t w0 = word ? vw[0].y : vw[0].x, w1 = word ? vw[1].y : vw[1].x;
+          const uint32_t w2 = word ? vw[2].y : vw[2].x, w3 = word ? vw[3].y : vw[3].x;
+          const uint32_t sel = s2 | ((4 + s2) << 4) | ((s2 + 1) << 8) | ((5 + s2) << 12);
+          const uint32_t lo = codectx::prmt(w0, w1, sel), hi = codectx::prmt(w2, w3, sel);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const uint32_t pick = e ? 0x4342u : 0x4140u;
+            const uint32_t b0 = codectx::hsub2(codectx::prmt(lo, 0x64646464u, pick), 0x64006400u);
+            const uint32_t b1 = codectx::hsub2(codectx::prmt(hi, 0x64646464u, pick), 0x64006400u);
+            codectx::mma16816h(oacc[g][word * 4 + s2 + e], a0, a1, a2, a3, b0, b1);
+          }
+        }
+    }
+  }
+
+  // Per lane l and value-bias sums over the keys of its column pair: sum over c.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 1);
+    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 2);
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 1);
+      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 2);
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < (HI ? 2 : 1); ++half) {
+    const int head = half * 8 + r;
+    if (head >= G) continue;
+    const size_t h = (size_t)kvh * G + head;
+    float* dst = part_out + (h * splits + split) * 128;
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        dst[g * 64 + 8 * (2 * c) + i] = oacc[g][i][half * 2] * (1.f / VSCALE) + bacc[half][g];
+        dst[g * 64 + 8 * (2 * c + 1) + i] = oacc[g][i][half * 2 + 1] * (1.f / VSCALE) + bacc[half][g];
+      }
+    if (c == 0) {
+      part_ml[(h * splits + split) * 2] = m_run[half];
+      part_ml[(h * splits + split) * 2 + 1] = l_run[half];
+    }
+  }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    return cuda_backend.kernel(
+        "codectx_q8_attention_staged", SOURCE, HEADER,
+        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
+        output_names=["part_out", "part_ml"], ensure_row_contiguous=False,
+        shared_memory=WARPS * STAGES * STAGE_BYTES)
+
+
+def split_size(n: int, kv_heads: int) -> int:
+    """Keys per warp: a multiple of the tile giving about `TARGET_WARPS` warps in all, at least 128 (each
+    split's partial output is read back by the merge)."""
+    return cuda_backend.split_size(n, kv_heads, TARGET_WARPS, 128, TILE)
+
+
+def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
+                      after: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, as
+    `engine.cuda_attention_mma.partial_attention` returns them (its `merge` folds them); `n` as an array
+    splits over the buffers' capacity; `after`: an array the kernel must run after, unread."""
+    B, H, L, D = queries.shape
+    if B != 1 or L != 1:
+        raise ValueError(f"one query of one sequence, got {B} x {L}")
+    kv_heads = keys[0].shape[1]
+    span = cuda_backend.split_span(n, keys[0].shape[2])
+    cs = split_size(span, kv_heads)
+    blocks = -(-(-(-span // cs)) // WARPS)
+    splits = blocks * WARPS
+    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
+    meta = cuda_backend.sizes(n, cs)
+    return tuple(_kernel()(
+        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
+        template=[("T", keys[1].dtype), ("G", H // kv_heads), ("STAGES", STAGES)],
+        grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
+        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))
