@@ -92,6 +92,7 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
         row.update(bytes_8bit=bytes8, bytes_bf16=bytes16, cores_gbs=bytes8 / row["cores_ms"] / 1e6,
                    mma_gbs=bytes8 / row["mma_ms"] / 1e6, staged_gbs=bytes8 / row["staged_ms"] / 1e6,
                    bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
+        row["staged_variants"] = staged_variants(q, caches, n, scale, ref, bytes8)
         result.setdefault("decode", []).append(row)
         print(f"decode attention over {n} keys, per call: 8-bit cores {row['cores_ms']:.3f} ms "
               f"({row['cores_gbs']:.0f} GB/s), 8-bit mma {row['mma_ms']:.3f} ms ({row['mma_gbs']:.0f} GB/s), "
@@ -100,6 +101,33 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
               f"{row['err_cores']:.2e}, mma {row['err_mma']:.2e}, staged {row['err_staged']:.2e}", flush=True)
         caches.clear()
         mx.clear_cache()
+
+
+STAGED_VARIANTS = ((4, 1024), (3, 1584), (4, 1584), (6, 1056))
+"""(stages, target warps) of `engine.cuda_attention_staged` tried beside its defaults."""
+
+
+def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:
+    """The staged kernel's partial attention and merge at each of `STAGED_VARIANTS`, as the decode rows time it."""
+    from engine import cuda_attention_mma, cuda_attention_staged
+
+    def call(kq: tuple, vq: tuple, stages: int, warps: int) -> mx.array:
+        part = cuda_attention_staged.partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps)
+        return cuda_attention_mma.merge(*part, q.dtype, q.shape)
+
+    rows = []
+    for stages, warps in STAGED_VARIANTS:
+        try:
+            err = rel_err(call(caches[0][2], caches[0][3], stages, warps), ref)
+            ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], stages, warps)
+                                    for i in range(CALLS)]) / CALLS
+        except Exception as failure:  # noqa: BLE001 - a variant that does not launch is a row that says so
+            rows.append({"stages": stages, "target_warps": warps, "error": repr(failure)})
+            continue
+        rows.append({"stages": stages, "target_warps": warps, "ms": ms, "gbs": nbytes / ms / 1e6, "err": err})
+        print(f"  staged, {stages} stages, about {warps} warps: {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), "
+              f"rel err {err:.2e}", flush=True)
+    return rows
 
 
 def _padding(q: mx.array, offset: int) -> tuple[mx.array, int, mx.array]:

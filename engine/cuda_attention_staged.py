@@ -36,10 +36,12 @@ from engine import cuda_backend
 from engine.cuda_attention_mma import HEADER as MMA_HEADER
 
 WARPS = 4  # per block; each warp is one split of the keys
-STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight
+STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight (bench/gpu_attention.py tries others)
 TILE = 16
 STAGE_BYTES = 2 * TILE * 128 + 4 * TILE * 4  # key rows, value rows, four scale words per key
-TARGET_WARPS = 1024
+TARGET_WARPS = 1584
+"""Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave
+(a block holds 70 KB of shared memory and 167 registers a thread, compiled for sm_90: three fit)."""
 
 HEADER = MMA_HEADER + r"""
 namespace codectx {
@@ -326,38 +328,40 @@ SOURCE = r"""
 """
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel() -> Any:
+@functools.lru_cache(maxsize=4)
+def _kernel(stages: int = STAGES) -> Any:
     return cuda_backend.kernel(
         "codectx_q8_attention_staged", SOURCE, HEADER,
         input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
         output_names=["part_out", "part_ml"], ensure_row_contiguous=False,
-        shared_memory=WARPS * STAGES * STAGE_BYTES)
+        shared_memory=WARPS * stages * STAGE_BYTES)
 
 
-def split_size(n: int, kv_heads: int) -> int:
-    """Keys per warp: a multiple of the tile giving about `TARGET_WARPS` warps in all, at least 128 (each
+def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
+    """Keys per warp: a multiple of the tile giving about `target_warps` warps in all, at least 128 (each
     split's partial output is read back by the merge)."""
-    return cuda_backend.split_size(n, kv_heads, TARGET_WARPS, 128, TILE)
+    return cuda_backend.split_size(n, kv_heads, target_warps, 128, TILE)
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
-                      after: mx.array | None = None) -> tuple[mx.array, mx.array]:
+                      after: mx.array | None = None, stages: int = STAGES,
+                      target_warps: int = TARGET_WARPS) -> tuple[mx.array, mx.array]:
     """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, as
     `engine.cuda_attention_mma.partial_attention` returns them (its `merge` folds them); `n` as an array
-    splits over the buffers' capacity; `after`: an array the kernel must run after, unread."""
+    splits over the buffers' capacity; `after`: an array the kernel must run after, unread; `stages` and
+    `target_warps`: the engine's defaults, other values for the benchmark."""
     B, H, L, D = queries.shape
     if B != 1 or L != 1:
         raise ValueError(f"one query of one sequence, got {B} x {L}")
     kv_heads = keys[0].shape[1]
     span = cuda_backend.split_span(n, keys[0].shape[2])
-    cs = split_size(span, kv_heads)
+    cs = split_size(span, kv_heads, target_warps)
     blocks = -(-(-(-span // cs)) // WARPS)
     splits = blocks * WARPS
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
     meta = cuda_backend.sizes(n, cs)
-    return tuple(_kernel()(
+    return tuple(_kernel(stages)(
         inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
-        template=[("T", keys[1].dtype), ("G", H // kv_heads), ("STAGES", STAGES)],
+        template=[("T", keys[1].dtype), ("G", H // kv_heads), ("STAGES", stages)],
         grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))
