@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,19 +128,40 @@ def _nvrtc() -> tuple[Any, Path]:
     return ctypes.CDLL(str(next((nvrtc / "lib").glob("libnvrtc.so.*")))), runtime / "include"
 
 
-def compile_errors(source: str, name: str = "kernel.cu") -> str | None:
-    """NVRTC's log when `source` does not compile for `ARCH` (None when it does)."""
+def _compile(source: str, name: str, *extra: bytes) -> tuple[bool, str]:
+    """(whether NVRTC compiled `source` for `ARCH`, its log)."""
     lib, include = _nvrtc()
     program = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None) != 0:
         raise RuntimeError("nvrtcCreateProgram failed")
     try:
-        options = [f"--gpu-architecture={ARCH}".encode(), b"-std=c++17", b"-I" + str(include).encode()]
+        options = [f"--gpu-architecture={ARCH}".encode(), b"-std=c++17", b"-I" + str(include).encode(), *extra]
         status = lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetProgramLog(program, log)
-        return None if status == 0 else log.value.decode(errors="replace")
+        return status == 0, log.value.decode(errors="replace")
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+def compile_errors(source: str, name: str = "kernel.cu") -> str | None:
+    """NVRTC's log when `source` does not compile for `ARCH` (None when it does)."""
+    ok, log = _compile(source, name)
+    return None if ok else log
+
+
+def resources(source: str, name: str = "kernel.cu") -> dict[str, int]:
+    """What the assembler reports for `source` compiled for `ARCH` (``--ptxas-options=-v``): registers a thread,
+    stack frame and spill bytes."""
+    ok, log = _compile(source, name, b"--ptxas-options=-v")
+    if not ok:
+        raise RuntimeError(log)
+    found = {"registers": re.search(r"Used (\d+) registers", log),
+             "stack": re.search(r"(\d+) bytes stack frame", log),
+             "spill_stores": re.search(r"(\d+) bytes spill stores", log),
+             "spill_loads": re.search(r"(\d+) bytes spill loads", log)}
+    if not all(found.values()):
+        raise RuntimeError(f"no resource usage in the assembler's log:\n{log}")
+    return {key: int(match.group(1)) for key, match in found.items()}

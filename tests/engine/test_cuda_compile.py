@@ -13,7 +13,7 @@ import pytest
 
 from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_backend, cuda_chunk_attention,
                     cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv)
-from tests.engine.cuda_compile import Recorder, compile_errors
+from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel,
@@ -105,6 +105,23 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
+
+
+def test_three_blocks_of_the_staged_attention_fit_on_a_multiprocessor(recorder):
+    """`cuda_attention_staged.TARGET_WARPS` is one wave of three blocks a multiprocessor: the kernel must keep to
+    the registers (65,536 a multiprocessor, allocated eight a thread at a time) and shared memory (227 KB) of
+    three, without spilling."""
+    launch_every_kernel()
+    staged = [source for label, source in recorder.sources().items()
+              if label.startswith("codectx_q8_attention_staged")]
+    assert staged
+    threads = 3 * cuda_attention_staged.WARPS * 32
+    staged_module = cuda_attention_staged
+    assert 3 * staged_module.WARPS * staged_module.STAGES * staged_module.STAGE_BYTES <= 227 * 1024
+    for source in staged:
+        used = resources(source)
+        assert -(-used["registers"] // 8) * 8 * threads <= 65536, used
+        assert used["spill_stores"] == used["spill_loads"] == 0, used
 
 
 def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
