@@ -47,7 +47,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) {
 
 _SOURCE = r"""
   const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= COUNT) return;
+  if (t >= (size_t)count[0]) return;
   const size_t g = (t * 8) / GS;
   const float s = static_cast<float>(scales[g]);
   const float b = static_cast<float>(biases[g]);
@@ -84,7 +84,7 @@ THREADS = 256
 
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
-    return cuda_backend.kernel("codectx_dequantize", _SOURCE, _HEADER, input_names=["w", "scales", "biases"],
+    return cuda_backend.kernel("codectx_dequantize", _SOURCE, _HEADER, input_names=["w", "scales", "biases", "count"],
                                output_names=["out"])
 
 
@@ -111,9 +111,9 @@ def dequantize(weight: mx.array, scales: mx.array, biases: mx.array, *, bits: in
     n = weight.shape[0]
     k = weight.shape[-1] * 32 // bits
     count = n * k // VALUES_PER_THREAD
-    return _kernel()(
-        inputs=[weight, scales, biases],
-        template=[("T", dtype), ("BITS", bits), ("GS", group_size), ("COUNT", count)],
+    return _kernel()(  # the count an input, not a template constant: one build serves every row count
+        inputs=[weight, scales, biases, cuda_backend.int32s(count)],
+        template=[("T", dtype), ("BITS", bits), ("GS", group_size)],
         grid=(-(-count // THREADS) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
         output_shapes=[(n, k)], output_dtypes=[dtype])[0]
 

@@ -124,6 +124,22 @@ def test_three_blocks_of_the_staged_attention_fit_on_a_multiprocessor(recorder):
         assert used["spill_stores"] == used["spill_loads"] == 0, used
 
 
+def test_a_kernel_called_at_row_counts_that_vary_per_chunk_is_built_once(recorder):
+    """MLX builds a custom kernel once per source and template: a size that varies from call to call (the rows
+    of an 8-bit cache dequantized for a prefill chunk or a question, the keys a decode step attends) must be an
+    input, not a template constant, or every new count compiles anew in the middle of a request."""
+    for rows in (1000, 1300, 131072):
+        packed, scales, biases = (a.reshape(-1, a.shape[-1]) for a in eight_bit(rows))  # as rows_of hands them on
+        cuda_dequant.dequantize(packed, scales, biases, bits=8, group_size=64, dtype=mx.bfloat16)
+        query = mx.zeros((1, H, 1, D), dtype=mx.bfloat16)
+        for kernel in ("mma", "staged"):
+            cuda_attention.decode_attention(query, eight_bit(rows + 256), eight_bit(rows + 256), rows, 0.088, 64,
+                                            kernel=kernel)
+    built = [definition.name.rsplit("_", 1)[0] for definition, *_ in recorder.launches]
+    assert built.count("codectx_dequantize") == 3 and built.count("codectx_q8_attention_staged") == 3
+    assert len(recorder.sources()) == 4  # dequantize, the two attentions, their merge
+
+
 def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
     """The check is not vacuous: one wrong line in a recorded kernel's body is reported, with its line."""
     launch_every_kernel()
