@@ -40,6 +40,7 @@ _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
 _staged = Switch("codectx_attention_staged")
 _chunk = Switch("codectx_attention_chunk")
+_one_query = Switch("codectx_chunk_one_query")
 _kv_write = Switch("codectx_kv_write")
 _fused = Switch("codectx_qmv_fused")
 _rope = Switch("codectx_rope_fused")
@@ -52,6 +53,10 @@ qmv_on = _qmv.on
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
+one_query_chunk = _one_query.scope
+"""Inside this block (with `chunk_on()`), a plain one-token forward over a bf16 cache attends through
+`engine.cuda_chunk_attention` too, as a traced bf16 step does: the reference the traced step is checked against
+(`engine.step_measure`), so that the check compares the trace and not two attention kernels."""
 """Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
 kv_write_on = _kv_write.on
 """Whether a one-row cache write goes through `engine.cuda_kv_write` (in place) on this thread now."""
@@ -95,6 +100,9 @@ def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: f
     count = getattr(cache, "count", None)
     if isinstance(count, mx.array) and not hasattr(cache, "bits"):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, count, scale)
+    if (_one_query.on() and B == 1 and L == 1 and mask is None and not hasattr(cache, "bits")
+            and cuda_chunk_attention.shape_problem(1, H // keys.shape[1], D, keys.dtype) is None):
+        return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)
     if (B == 1 and not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
             and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)

@@ -276,6 +276,20 @@ def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) 
         return {}
 
 
+def check_chunk_one_query(model: Any) -> None:
+    """The chunk kernel's one query over a bf16 cache (a traced bf16 step's call) against MLX's attention, on
+    `model`'s heads at a key count inside the buffers. Raises RuntimeError where they differ."""
+    from engine import cuda_chunk_attention as chunk
+
+    heads, kv_heads, dim = attention_shape(model)
+    dtype, n = compute_dtype(model), ATTENTION_KEYS - 100
+    kv = [mx.random.normal((1, kv_heads, ATTENTION_KEYS, dim), key=mx.random.key(40 + i)).astype(dtype)
+          for i in range(2)]
+    query = mx.random.normal((1, heads, 1, dim), key=mx.random.key(42)).astype(dtype)
+    check_close("attention_chunk", chunk.chunk_attention(query, *kv, mx.array([n], dtype=mx.int32), dim ** -0.5),
+                chunk.reference(query, *kv, n, dim ** -0.5), "kernel's one query")
+
+
 def time_kv_write(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel: str, steps: int = 8,
                    layers: int = 16) -> Timings:
     """"kv_write": a decode step's 8-bit cache write and attention (our `kernel`) in `layers` layers of

@@ -9,7 +9,10 @@ chosen (`time_traced_step`): `STEPS` one-token steps over about `TRACE_KEYS` row
 bf16 cache), queued as decode queues them (each step built from the previous step's lazy token), the
 plain forward against the traced one. The traced step is checked first, over three steps from equal caches: replayed from one
 trace (not falling back), and at every step the plain step's logits and every layer's written row
-(within `decode_measure.MAX_ERROR`: a trace may fuse operations the plain step runs apart).
+(within `decode_measure.MAX_ERROR`: a trace may fuse operations the plain step runs apart). Over bf16 caches
+the plain step it is checked against attends with the trace's kernel (`decode_kernels.one_query_chunk`),
+after that kernel's one-query call was held to MLX's (`decode_measure.check_chunk_one_query`): on the H200 the
+64-layer step checked against MLX's attention differed by 5.5e-2 (docs/benchmarks.md, twelfth session).
 Few keys on purpose: what a trace can save is the host's part, whose operations are the same at any
 context length (the device's part grows with it).
 """
@@ -22,7 +25,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engine.compiled import CompiledDecodeStep
-from engine.decode_measure import Timings, attention_shape, check_close, compute_dtype
+from engine.decode_measure import Timings, attention_shape, check_chunk_one_query, check_close, compute_dtype
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ def time_traced_step(model: Any, kernels: Any) -> Timings:
 
 
 def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> Timings:
+    from engine import decode_kernels
     from engine.window import WindowPolicy
 
     def plain(tokens: mx.array, cache: list) -> mx.array:
@@ -81,13 +85,25 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> T
             return model(tokens, cache=cache)
 
     inside = dataclasses.replace(kernels, **{name: True})  # the switches the trace is made under
+
+    def reference(tokens: mx.array, cache: list) -> mx.array:
+        """The plain step attending as the trace does: over bf16 caches our chunk kernel attends the traced
+        step's one query where MLX's attends the plain step's (each kernel is held to MLX's on its own,
+        `engine.decode_measure`; 64 layers of the two agree less closely than one), under the trace's switches."""
+        if kind != "dense":
+            return plain(tokens, cache)
+        with inside.scope(tokens.size, traced=True), decode_kernels.one_query_chunk():
+            return model(tokens, cache=cache)
+
     traced = CompiledDecodeStep(model, 1, fallback=plain, scope=lambda rows: inside.scope(rows, traced=True),
                                 ours=frozenset({kind}))
     try:
         # Rows end inside the buffers with room for the steps: their writes are in place, not a regrowth.
         caches = [filled_cache(model, WindowPolicy(enabled=False), bits, TRACE_KEYS - 4 * STEPS, compute_dtype(model))
                   for _ in range(2)]
-        check_traced_step(plain, traced, *caches, name=name)
+        if kind == "dense":
+            check_chunk_one_query(model)
+        check_traced_step(reference, traced, *caches, name=name)
         return {name: (_seconds_per_step(plain, caches[0]), _seconds_per_step(traced, caches[1]))}
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
         logger.warning("decode kernels: traced step (%s): %s; not using it", name, err)

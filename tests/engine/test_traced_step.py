@@ -157,7 +157,9 @@ def test_the_load_time_measurement_times_both_steps_after_checking_the_traced_on
     before = len(semantic_kernels)
     bf16 = time_traced_step(model, DecodeKernels(qmv=True, attention_chunk=True, source="setting"))
     assert set(bf16) == {"step_traced_bf16"} and min(bf16["step_traced_bf16"]) > 0
-    assert semantic_kernels[before:].count("chunk") == len(model.layers)  # its trace holds the chunk kernel
+    # the kernel's one query held to MLX's once, the plain step it is checked against attending with the kernel
+    # (three steps, every layer: decode_kernels.one_query_chunk), and the trace holding it (made once)
+    assert semantic_kernels[before:].count("chunk") == 1 + 3 * len(model.layers) + len(model.layers)
     monkeypatch.setattr(trace_caches, "layer_buffers", lambda *layer: None)  # every step falls back
     assert time_traced_step(model, OURS) == {}
     assert "traced step (step_traced): the step was not replayed from its trace; not using it" in caplog.text
