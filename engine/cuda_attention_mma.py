@@ -34,78 +34,17 @@ from typing import Any
 import mlx.core as mx
 
 from engine import cuda_backend
-from engine.cuda_backend import PRMT_HEADER
+from engine.cuda_attention_fragments import EPILOGUE, HEADER, QUERIES, SOFTMAX
 
 WARPS = 4  # per block; each warp is one split of the keys
 TILE = 16
 
-HEADER = PRMT_HEADER + r"""
-namespace codectx {
-// Two floats as bf16x2, `lo` in the low half.
-__device__ __forceinline__ uint32_t bf2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-// The low and high 16-bit halves of `w` as floats, each a T (bf16 or fp16).
-template <typename T>
-__device__ __forceinline__ float lo_f(uint32_t w) {
-  const unsigned short b = w & 0xFFFFu;
-  return static_cast<float>(*reinterpret_cast<const T*>(&b));
-}
-template <typename T>
-__device__ __forceinline__ float hi_f(uint32_t w) {
-  const unsigned short b = w >> 16;
-  return static_cast<float>(*reinterpret_cast<const T*>(&b));
-}
-// d += a * b: m16n8k16, bf16 inputs, float32 accumulators.
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-}  // namespace codectx
-"""
-
 SOURCE = r"""
   // D = 128, two groups of 64; lane = 4 r + c. Score fragments: head r (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9
   // of the tile (j = 0..3); value fragments: the same keys, dimensions g*64 + 8r + i (i = 0..7).
-  constexpr bool HI = G > 8;
-  const int kvh = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-  const int split = blockIdx.x * (blockDim.x >> 5) + warp, splits = gridDim.x * (blockDim.x >> 5);
-  const int n = meta[0], cs = meta[1];
-  const float qscale = qscale_in[0];
-  const int begin = split * cs, end = min(n, begin + cs);
-
-  // Queries: lane (r, c) holds dims g*64 + 16c + 4t + {0..3} of heads r and r + 8 (bf16 pairs).
-  uint32_t qa[2][4][2][2];
-  float qsum[2][2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int head = half * 8 + r;
-    const bool live = (half == 0 || HI) && head < G;
-    const uint2* qh = reinterpret_cast<const uint2*>(q) + (size_t)(kvh * G + (live ? head : 0)) * 32;
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      float s = 0.f;
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint2 w = live ? qh[g * 16 + 4 * c + t] : make_uint2(0u, 0u);
-        qa[g][t][half][0] = w.x;
-        qa[g][t][half][1] = w.y;
-        s += (__uint_as_float(w.x << 16) + __uint_as_float(w.x & 0xFFFF0000u)) +
-             (__uint_as_float(w.y << 16) + __uint_as_float(w.y & 0xFFFF0000u));
-      }
-      s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
-      s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-      qsum[half][g] = s;
-    }
-  }
-
-  const size_t kq0 = kvh * kq_strides[1], ks0 = kvh * ks_strides[1], kb0 = kvh * kb_strides[1];
+  constexpr bool F16 = false;  // the products take bf16
+  constexpr float OUT_SCALE = 1.f;
+""" + QUERIES + r"""  const size_t kq0 = kvh * kq_strides[1], ks0 = kvh * ks_strides[1], kb0 = kvh * kb_strides[1];
   const size_t vq0 = kvh * vq_strides[1], vs0 = kvh * vs_strides[1], vb0 = kvh * vb_strides[1];
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
   float oacc[2][8][4];
@@ -188,50 +127,7 @@ SOURCE = r"""
         }
       }
 
-    // Online softmax per head (r, and r + 8 when G > 8); l and the value-bias sums stay per lane.
-    float p[2][4];
-#pragma unroll
-    for (int half = 0; half < (HI ? 2 : 1); ++half) {
-      float s[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float* acc0 = sacc[0][j >> 1];
-        const float* acc1 = sacc[1][j >> 1];
-        const int e = half * 2 + (j & 1);
-        s[j] = valid[j] ? qscale * (ksc[j][0] * acc0[e] + ksc[j][1] * acc1[e] + kbi[j][0] * qsum[half][0] +
-                                    kbi[j][1] * qsum[half][1])
-                        : -INFINITY;
-      }
-      float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
-      const float m_new = fmaxf(m_run[half], mt);
-      const float alpha = exp2f(m_run[half] - m_new);
-      m_run[half] = m_new;
-      float psum = 0.f, b0 = 0.f, b1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        p[half][j] = exp2f(s[j] - m_new);
-        psum += p[half][j];
-        b0 = fmaf(p[half][j], vbi[j][0], b0);
-        b1 = fmaf(p[half][j], vbi[j][1], b1);
-      }
-      l_run[half] = fmaf(l_run[half], alpha, psum);
-      bacc[half][0] = fmaf(bacc[half][0], alpha, b0);
-      bacc[half][1] = fmaf(bacc[half][1], alpha, b1);
-#pragma unroll
-      for (int g = 0; g < 2; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          oacc[g][i][half * 2] *= alpha;
-          oacc[g][i][half * 2 + 1] *= alpha;
-        }
-    }
-    if (!HI) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[1][j] = 0.f;
-    }
-
+""" + SOFTMAX + r"""
     // Values: A = p * value scale (bf16), B = value bytes; dims g*64 + 8 * column + i.
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
@@ -251,36 +147,7 @@ SOURCE = r"""
     }
   }
 
-  // Per lane l and value-bias sums over the keys of its column pair: sum over c.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 1);
-    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 2);
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 1);
-      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 2);
-    }
-  }
-#pragma unroll
-  for (int half = 0; half < (HI ? 2 : 1); ++half) {
-    const int head = half * 8 + r;
-    if (head >= G) continue;
-    const size_t h = (size_t)kvh * G + head;
-    float* dst = part_out + (h * splits + split) * 128;
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        dst[g * 64 + 8 * (2 * c) + i] = oacc[g][i][half * 2] + bacc[half][g];
-        dst[g * 64 + 8 * (2 * c + 1) + i] = oacc[g][i][half * 2 + 1] + bacc[half][g];
-      }
-    if (c == 0) {
-      part_ml[(h * splits + split) * 2] = m_run[half];
-      part_ml[(h * splits + split) * 2 + 1] = l_run[half];
-    }
-  }
-"""
+""" + EPILOGUE
 
 
 MERGE = r"""

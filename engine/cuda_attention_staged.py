@@ -33,7 +33,8 @@ from typing import Any
 import mlx.core as mx
 
 from engine import cuda_backend
-from engine.cuda_attention_mma import HEADER as MMA_HEADER
+from engine.cuda_attention_fragments import EPILOGUE, QUERIES, SOFTMAX
+from engine.cuda_attention_fragments import HEADER as MMA_HEADER
 
 WARPS = 4  # per block; each warp is one split of the keys
 STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight (bench/gpu_attention.py tries others)
@@ -45,12 +46,6 @@ TARGET_WARPS = 1584
 
 HEADER = MMA_HEADER + r"""
 namespace codectx {
-// Two floats as an f16x2 word, `lo` in the low half.
-__device__ __forceinline__ uint32_t h2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
 // `x` clamped to float16's finite range.
 __device__ __forceinline__ float finite16(float x) { return fminf(fmaxf(x, -65504.f), 65504.f); }
 // a - b per f16 half.
@@ -83,45 +78,14 @@ SOURCE = r"""
   // D = 128, two groups of 64; lane = 4 r + c. Fragments as in the bf16 kernel: score fragments head r
   // (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9 of the tile (j = 0..3); value fragments the same keys,
   // dimensions g*64 + 8r + i (i = 0..7).
-  constexpr bool HI = G > 8;
   constexpr int STAGE = 2 * 16 * 128 + 4 * 16 * 4;
   constexpr float VSCALE = 256.f;
+  constexpr float OUT_SCALE = 1.f / VSCALE;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int kvh = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-  const int split = blockIdx.x * (blockDim.x >> 5) + warp, splits = gridDim.x * (blockDim.x >> 5);
-  const int n = meta[0], cs = meta[1];
-  const float qscale = qscale_in[0];
-  const int begin = split * cs, end = min(n, begin + cs);
-  const int tiles = begin < end ? (end - begin + 15) >> 4 : 0;
+  constexpr bool F16 = true;  // the products take float16
+""" + QUERIES + r"""  const int tiles = begin < end ? (end - begin + 15) >> 4 : 0;
   unsigned char* ring = smem + (size_t)warp * STAGES * STAGE;
   const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-
-  // Queries: lane (r, c) holds dims g*64 + 16c + 4t + {0..3} of heads r and r + 8 (f16 pairs).
-  uint32_t qa[2][4][2][2];
-  float qsum[2][2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int head = half * 8 + r;
-    const bool live = (half == 0 || HI) && head < G;
-    const uint2* qh = reinterpret_cast<const uint2*>(q) + (size_t)(kvh * G + (live ? head : 0)) * 32;
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      float s = 0.f;
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint2 w = live ? qh[g * 16 + 4 * c + t] : make_uint2(0u, 0u);
-        const float x0 = __uint_as_float(w.x << 16), x1 = __uint_as_float(w.x & 0xFFFF0000u);
-        const float x2 = __uint_as_float(w.y << 16), x3 = __uint_as_float(w.y & 0xFFFF0000u);
-        qa[g][t][half][0] = codectx::h2(x0, x1);
-        qa[g][t][half][1] = codectx::h2(x2, x3);
-        s += (x0 + x1) + (x2 + x3);
-      }
-      s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
-      s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-      qsum[half][g] = s;
-    }
-  }
 
   const size_t kq0 = kvh * kq_strides[1], ks0 = kvh * ks_strides[1], kb0 = kvh * kb_strides[1];
   const size_t vq0 = kvh * vq_strides[1], vs0 = kvh * vs_strides[1], vb0 = kvh * vb_strides[1];
@@ -215,52 +179,7 @@ SOURCE = r"""
       }
     }
 
-    // Online softmax per head (r, and r + 8 when G > 8); l and the value-bias sums stay per lane.
-    float p[2][4];
-#pragma unroll
-    for (int half = 0; half < (HI ? 2 : 1); ++half) {
-      float s[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float* acc0 = sacc[0][j >> 1];
-        const float* acc1 = sacc[1][j >> 1];
-        const int e = half * 2 + (j & 1);
-        s[j] = valid[j] ? qscale * (ksc[j][0] * acc0[e] + ksc[j][1] * acc1[e] + kbi[j][0] * qsum[half][0] +
-                                    kbi[j][1] * qsum[half][1])
-                        : -INFINITY;
-      }
-      float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
-      mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 2));
-      const float m_new = fmaxf(m_run[half], mt);
-      const float alpha = exp2f(m_run[half] - m_new);
-      m_run[half] = m_new;
-      float psum = 0.f, b0 = 0.f, b1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        p[half][j] = exp2f(s[j] - m_new);
-        psum += p[half][j];
-        b0 = fmaf(p[half][j], vbi[j][0], b0);
-        b1 = fmaf(p[half][j], vbi[j][1], b1);
-      }
-      l_run[half] = fmaf(l_run[half], alpha, psum);
-      bacc[half][0] = fmaf(bacc[half][0], alpha, b0);
-      bacc[half][1] = fmaf(bacc[half][1], alpha, b1);
-      if (__any_sync(0xFFFFFFFFu, alpha != 1.f)) {  // past the first tiles a head's max seldom moves
-#pragma unroll
-        for (int g = 0; g < 2; ++g)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            oacc[g][i][half * 2] *= alpha;
-            oacc[g][i][half * 2 + 1] *= alpha;
-          }
-      }
-    }
-    if (!HI) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[1][j] = 0.f;
-    }
-
+""" + SOFTMAX + r"""
     // Values: A = p * value scale * VSCALE (f16, clamped finite), B = the value bytes (f16, exact);
     // dims g*64 + 8 * column + i. A key pair's bytes of dims s and s + 1 in one permute, then each
     // dimension's pair with 0x64 above its bytes, less 1024.
@@ -296,36 +215,7 @@ SOURCE = r"""
     }
   }
 
-  // Per lane l and value-bias sums over the keys of its column pair: sum over c.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 1);
-    l_run[half] += __shfl_xor_sync(0xFFFFFFFFu, l_run[half], 2);
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 1);
-      bacc[half][g] += __shfl_xor_sync(0xFFFFFFFFu, bacc[half][g], 2);
-    }
-  }
-#pragma unroll
-  for (int half = 0; half < (HI ? 2 : 1); ++half) {
-    const int head = half * 8 + r;
-    if (head >= G) continue;
-    const size_t h = (size_t)kvh * G + head;
-    float* dst = part_out + (h * splits + split) * 128;
-#pragma unroll
-    for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        dst[g * 64 + 8 * (2 * c) + i] = oacc[g][i][half * 2] * (1.f / VSCALE) + bacc[half][g];
-        dst[g * 64 + 8 * (2 * c + 1) + i] = oacc[g][i][half * 2 + 1] * (1.f / VSCALE) + bacc[half][g];
-      }
-    if (c == 0) {
-      part_ml[(h * splits + split) * 2] = m_run[half];
-      part_ml[(h * splits + split) * 2 + 1] = l_run[half];
-    }
-  }
-"""
+""" + EPILOGUE
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,7 +38,8 @@ from typing import Any
 import mlx.core as mx
 
 from engine import cuda_backend
-from engine.cuda_attention_mma import HEADER, merge
+from engine.cuda_attention_fragments import HEADER
+from engine.cuda_attention_mma import merge
 
 WARPS = 12  # per block; each warp holds 16 query rows (164 registers a thread: twelve warps fill an SM's 64k)
 TILE = 32  # keys per shared-memory tile
