@@ -17,7 +17,9 @@ where it took 0.60 ms per block against MLX's 1.22 at 4 bits). That is not assum
 time: `weight_of` uses the kernel only after `matches_mlx` found it equal on a random weight
 of the same bits, group size and dtype in this process, so the dequantized linear mode
 computes the same numbers either way. The 8-bit KV store's dequantized slices (`rows_of`, for
-prefill chunks and questions over an 8-bit cache) take it under the same rule. Never used on the
+prefill chunks and questions over an 8-bit cache) take a second kernel of the same arithmetic that reads
+the slice where it lies (`dequantize_rows`), under the same rule (`rows_match_mlx`, on a strided slice).
+Sizes are kernel inputs, not template constants: one build serves every row count. Never used on the
 CPU or Metal.
 """
 from __future__ import annotations
@@ -45,15 +47,9 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) {
 }  // namespace codectx
 """
 
-_SOURCE = r"""
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= (size_t)count[0]) return;
-  const size_t g = (t * 8) / GS;
-  const float s = static_cast<float>(scales[g]);
-  const float b = static_cast<float>(biases[g]);
-  float q[8];
+_VALUES = r"""  float q[8];
   if constexpr (BITS == 4) {
-    const uint32_t word = w[t];
+    const uint32_t word = wp[0];
     const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // (0.5 + q/256 - 0.5) * 256 = q, exact
@@ -61,7 +57,7 @@ _SOURCE = r"""
       q[2 * i + 1] = (__uint_as_float(codectx::prmt(hi, 0x3F000000u, 0x7054u | (i << 8))) - 0.5f) * 256.f;
     }
   } else {
-    const uint2 words = reinterpret_cast<const uint2*>(w)[t];
+    const uint2 words = reinterpret_cast<const uint2*>(wp)[0];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // 2^23 + q - 2^23 = q, exact
       q[i] = codectx::byte_f(words.x, i);
@@ -78,6 +74,34 @@ _SOURCE = r"""
   packed.w = codectx::pack2(v[6], v[7], out);
   reinterpret_cast<uint4*>(out)[t] = packed;
 """
+"""Eight values from the packed words at ``wp`` with their group's scale ``s`` and bias ``b``, stored as
+one 16-byte write at ``out[t]``."""
+
+_SOURCE = r"""
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= (size_t)count[0]) return;
+  const size_t g = (t * 8) / GS;
+  const float s = static_cast<float>(scales[g]);
+  const float b = static_cast<float>(biases[g]);
+  const uint32_t* wp = w + t * (BITS == 4 ? 1 : 2);
+""" + _VALUES
+
+_ROWS_SOURCE = r"""
+  // Rows of a (B, H, rows, words) buffer slice read where they lie (any batch, head and row stride; the
+  // words of a row contiguous), eight values a thread, written contiguous.
+  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= (size_t)sizes[0]) return;
+  const size_t per_row = sizes[1], rows = sizes[2], heads = sizes[3];
+  const size_t col = t % per_row, row = (t / per_row) % rows, bh = t / (per_row * rows);
+  const size_t bi = bh / heads, h = bh % heads;
+  const size_t g = (col * 8) / GS;
+  const float s = static_cast<float>(
+      scales[bi * scales_strides[0] + h * scales_strides[1] + row * scales_strides[2] + g]);
+  const float b = static_cast<float>(
+      biases[bi * biases_strides[0] + h * biases_strides[1] + row * biases_strides[2] + g]);
+  const uint32_t* wp = w + bi * w_strides[0] + h * w_strides[1] + row * w_strides[2] + col * (BITS == 4 ? 1 : 2);
+""" + _VALUES
+
 
 THREADS = 256
 
@@ -86,6 +110,28 @@ THREADS = 256
 def _kernel() -> Any:
     return cuda_backend.kernel("codectx_dequantize", _SOURCE, _HEADER, input_names=["w", "scales", "biases", "count"],
                                output_names=["out"])
+
+
+@functools.lru_cache(maxsize=1)
+def _rows_kernel() -> Any:
+    return cuda_backend.kernel("codectx_dequantize_rows", _ROWS_SOURCE, _HEADER,
+                               input_names=["w", "scales", "biases", "sizes"], output_names=["out"],
+                               ensure_row_contiguous=False)
+
+
+def dequantize_rows(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int,
+                    group_size: int) -> mx.array:
+    """`mx.dequantize` of a (B, H, rows, words) slice of a KV store's buffers and its (B, H, rows, groups)
+    scales and biases, read where they lie (no contiguous copy first), to the scales' dtype, contiguous
+    (B, H, rows, K). Each row's words, scales and biases must be contiguous (a slice along the rows is)."""
+    B, H, rows, _ = packed.shape
+    k = packed.shape[-1] * 32 // bits
+    count = B * H * rows * k // VALUES_PER_THREAD
+    return _rows_kernel()(
+        inputs=[packed, scales, biases, mx.array([count, k // VALUES_PER_THREAD, rows, H], dtype=mx.int32)],
+        template=[("T", scales.dtype), ("BITS", bits), ("GS", group_size)],
+        grid=(-(-count // THREADS) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+        output_shapes=[(B, H, rows, k)], output_dtypes=[scales.dtype])[0]
 
 
 def unsupported(bits: int, group_size: int, k: int, dtype: mx.Dtype, biases: bool = True,
@@ -142,15 +188,35 @@ def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
 
 
 def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array | None:
-    """Rows of an 8-bit KV store, (..., rows, D * bits / 32) with their scales and biases, dequantized to the
-    scales' dtype by this kernel where `weight_of`'s rule applies, else None (the caller uses MLX's). The
-    rows are taken as one 2-D weight (a slice of the store's buffers is copied contiguous first, as MLX's
-    own dequantize does); the output is contiguous, shaped as `mx.dequantize`'s."""
+    """Rows of an 8-bit KV store, (B, H, rows, D * bits / 32) slices of its buffers with their scales and biases,
+    dequantized to the scales' dtype by `dequantize_rows` (read where they lie: MLX's own dequantize copies a
+    slice contiguous first, a pass over the whole history per layer) where it applies and `rows_match_mlx`,
+    else None (the caller uses MLX's); the output is contiguous, shaped as `mx.dequantize`'s."""
     k = packed.shape[-1] * 32 // bits
-    if packed.size == 0 or not _applies(bits, group_size, 2, k, scales.dtype, scales.dtype, True, "affine", str(mx.default_device())):
+    if packed.size == 0 or packed.ndim != 4 or not _rows_apply(bits, group_size, k, scales.dtype,
+                                                              str(mx.default_device())):
         return None
-    flat = [a.reshape(-1, a.shape[-1]) for a in (packed, scales, biases)]
-    return dequantize(*flat, bits=bits, group_size=group_size, dtype=scales.dtype).reshape(*packed.shape[:-1], k)
+    return dequantize_rows(packed, scales, biases, bits=bits, group_size=group_size)
+
+
+@functools.lru_cache(maxsize=None)
+def rows_match_mlx(bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+    """Whether `dequantize_rows` equals `mx.dequantize` bit for bit on a random slice of a store-shaped buffer
+    (rows strided across heads, an odd start and count; once per process)."""
+    buffer = mx.random.normal((1, 4, 512, 2 * group_size), key=mx.random.key(19)).astype(dtype)
+    parts = [a[..., 37:290, :] for a in mx.quantize(buffer, group_size=group_size, bits=bits)]
+    try:
+        ours = dequantize_rows(*parts, bits=bits, group_size=group_size)
+        theirs = mx.dequantize(*parts, group_size=group_size, bits=bits, dtype=dtype)
+        return bool(mx.array_equal(ours, theirs).item())
+    except Exception:  # noqa: BLE001 - a kernel that fails to build or run is not used
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_apply(bits: int, group_size: int, k: int, dtype: mx.Dtype, device: str) -> bool:
+    """`rows_of`'s verdict per row width and device (asked for every layer of every prefill chunk)."""
+    return unsupported(bits, group_size, k, dtype) is None and rows_match_mlx(bits, group_size, dtype)
 
 
 @functools.lru_cache(maxsize=None)

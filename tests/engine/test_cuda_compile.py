@@ -16,7 +16,7 @@ from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, c
 from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
-             cuda_attention_staged._kernel,
+             cuda_attention_staged._kernel, cuda_dequant._rows_kernel,
              cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
              cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
@@ -56,6 +56,10 @@ def launch_every_kernel() -> None:
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
+            if group_size == 64:  # a KV store's rows (head dim 128), a slice of its buffers
+                rows = tuple(mx.zeros((1, KV, 1024, n), dtype=t)[..., 5:700, :]
+                             for n, t in ((128 * bits // 32, mx.uint32), (2, dtype), (2, dtype)))
+                cuda_dequant.dequantize_rows(*rows, bits=bits, group_size=group_size)
         for dtype, rows, widths in ((mx.bfloat16, 1, (8192, 1024, 1024)), (mx.float16, 3, (1024, 256, 257))):
             q, k, v = (quantized(n, bits, group_size, dtype) for n in widths)  # two rows a warp; one
             cuda_qmv.three(mx.zeros((1, rows, HIDDEN), dtype=dtype), (q, k, v))
@@ -100,6 +104,7 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     launch_every_kernel()
     sources = recorder.sources()
     assert {label.split("_")[1] for label in sources} >= {"qmv", "qmv3", "dequantize", "q8", "chunk", "kv"}
+    assert any(label.startswith("codectx_dequantize_rows") for label in sources)
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
     assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
@@ -129,15 +134,17 @@ def test_a_kernel_called_at_row_counts_that_vary_per_chunk_is_built_once(recorde
     of an 8-bit cache dequantized for a prefill chunk or a question, the keys a decode step attends) must be an
     input, not a template constant, or every new count compiles anew in the middle of a request."""
     for rows in (1000, 1300, 131072):
-        packed, scales, biases = (a.reshape(-1, a.shape[-1]) for a in eight_bit(rows))  # as rows_of hands them on
+        packed, scales, biases = (a.reshape(-1, a.shape[-1]) for a in eight_bit(rows))
         cuda_dequant.dequantize(packed, scales, biases, bits=8, group_size=64, dtype=mx.bfloat16)
+        cuda_dequant.dequantize_rows(*(a[..., 3:rows, :] for a in eight_bit(rows + 256)), bits=8, group_size=64)
         query = mx.zeros((1, H, 1, D), dtype=mx.bfloat16)
         for kernel in ("mma", "staged"):
             cuda_attention.decode_attention(query, eight_bit(rows + 256), eight_bit(rows + 256), rows, 0.088, 64,
                                             kernel=kernel)
     built = [definition.name.rsplit("_", 1)[0] for definition, *_ in recorder.launches]
-    assert built.count("codectx_dequantize") == 3 and built.count("codectx_q8_attention_staged") == 3
-    assert len(recorder.sources()) == 4  # dequantize, the two attentions, their merge
+    assert built.count("codectx_dequantize") == 3 and built.count("codectx_dequantize_rows") == 3
+    assert built.count("codectx_q8_attention_staged") == 3
+    assert len(recorder.sources()) == 5  # the two dequantizes, the two attentions, their merge
 
 
 def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):

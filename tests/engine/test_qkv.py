@@ -126,24 +126,24 @@ def test_head_dim_not_a_multiple_of_the_group_is_an_error():
 
 def test_8bit_slices_go_through_our_dequantize_kernel_where_it_applies(monkeypatch):
     # The kernel is CUDA's (equal to MLX's dequantize bit for bit, checked per process on the device):
-    # a stand-in that dequantizes the 2-D arrays it is given, by MLX, takes its place here, so what is
-    # tested is the plumbing: a window of rows of several heads flattened and shaped back.
+    # a stand-in that dequantizes the slices it is given, by MLX, takes its place here, so what is
+    # tested is the plumbing: a window of rows of several heads handed over as it lies in the buffers.
     from engine import cuda_dequant
 
     given = []
 
-    def stand_in(weight, scales, biases, *, bits, group_size, dtype):
-        given.append(weight.shape)
-        return mx.dequantize(weight, scales, biases, group_size=group_size, bits=bits).astype(dtype)
+    def stand_in(packed, scales, biases, *, bits, group_size):
+        given.append((packed.shape, scales.shape))
+        return mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits).astype(scales.dtype)
 
     x = mx.random.normal((1, 3, 300, 128), key=mx.random.key(4)).astype(mx.bfloat16)
     store = QuantizedKVStore()
     store.write(0, x, 2 * x)
     expected = store.read(37, 291)
-    monkeypatch.setattr(cuda_dequant, "_applies", lambda *_: True)
-    monkeypatch.setattr(cuda_dequant, "dequantize", stand_in)
+    monkeypatch.setattr(cuda_dequant, "_rows_apply", lambda *_: True)
+    monkeypatch.setattr(cuda_dequant, "dequantize_rows", stand_in)
     got = store.read(37, 291)
-    assert given == [(3 * 254, 32), (3 * 254, 32)]  # keys and values, each one 2-D weight
+    assert given == [((1, 3, 254, 32), (1, 3, 254, 2))] * 2  # keys and values, each the slice itself
     for ours, theirs in zip(got, expected):
         assert ours.shape == theirs.shape == (1, 3, 254, 128) and ours.dtype == mx.bfloat16
         assert mx.array_equal(ours, theirs).item()
