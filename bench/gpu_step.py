@@ -130,6 +130,7 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
     shape = SHAPES[shape_name]
     model = build_model(shape, None)
     linear_mode.wire(model)  # the class whose call can take our kernel
+    linear_mode.wire_head(model)  # and the head's, as the engine's path wires it
     policy = WindowPolicy(True, shape.global_tokens, shape.window_tokens, shape.dense_tail, 0, "block")
     return model, policy, choose(model, ComputeOptions(linear="quantized", compile=False, kernels="mlx"))
 

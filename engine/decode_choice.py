@@ -80,7 +80,8 @@ class DecodeKernels:
     """Which of our decode kernels a compute path runs.
 
     Attributes:
-        qmv: `engine.cuda_qmv` for quantized linears of at most `cuda_qmv.MAX_ROWS` rows.
+        qmv: `engine.cuda_qmv` for quantized linears of at most `cuda_qmv.MAX_ROWS` rows (the blocks' and a
+            model's own LM head, `linear_mode.wire_head`).
         attention: `engine.cuda_attention` for one query over an 8-bit cache.
         source: "measured", "cached", "setting", "not CUDA" or "fallback".
         timings: What the choice was made from.
@@ -147,6 +148,7 @@ class DecodeKernels:
         that replay a trace, the attention modules' wired call); the compute path does it once when built."""
         if self.qmv:
             linear_mode.wire(model)
+            linear_mode.wire_head(model)
         if self.qmv_fused:  # before the compiled MLPs, whose trace then holds the fused call
             fused_linears.wire(model)
         if self.mlp_compiled:

@@ -83,6 +83,27 @@ class DequantizingLinear(nn.QuantizedLinear):
         return super().__call__(x)
 
 
+class DecodeHeadLinear(nn.QuantizedLinear):
+    """A model's quantized LM head through `engine.cuda_qmv` for decode-sized inputs while `qmv_on()` (assigned
+    as its class by `wire_head`); never dequantized (a prefill chunk's head multiplies its last row only),
+    elsewhere the quantized kernel. On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s, 0.42 ms of
+    a 16.7 ms step (docs/benchmarks.md, twelfth session)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(self, x.dtype):
+            return cuda_qmv.linear_product(self, x)
+        return super().__call__(x)
+
+
+def wire_head(model: Any) -> bool:
+    """Give `model`'s own quantized LM head (not tied to the embeddings) `DecodeHeadLinear`'s call
+    (idempotent); whether it has one."""
+    head = getattr(model, "lm_head", None)
+    if type(head) is nn.QuantizedLinear:
+        head.__class__ = DecodeHeadLinear
+    return isinstance(head, DecodeHeadLinear)
+
+
 def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
     """`linear(x)` through its weight dequantized to `x`'s dtype and the dense matmul."""
     y = mx.matmul(x, cuda_dequant.weight_of(linear, x.dtype).T)
