@@ -37,6 +37,7 @@ from engine import cuda_backend
 from engine.cuda_attention_fragments import EPILOGUE, HEADER, QUERIES, SOFTMAX
 
 WARPS = 4  # per block; each warp is one split of the keys
+MERGE_WARPS = 16  # per block of `merge`: one head and 32 dimensions
 TILE = 16
 
 SOURCE = r"""
@@ -152,8 +153,9 @@ SOURCE = r"""
 
 MERGE = r"""
   // The splits' partial outputs of one head and 32 dimensions: warp w folds splits w, w + W, ...
-  // (online, base 2; a split without keys has max -inf and is skipped), then warp 0 folds the warps.
-  constexpr int W = 8;
+  // (online, base 2; a split without keys has max -inf and is skipped), U of them loaded before any is
+  // folded (the loads of a step overlap), then warp 0 folds the warps.
+  constexpr int W = MERGE_WARPS, U = 4;
   __shared__ float sm[W][32], sl[W][32], so[W][32];
   const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int d = blockIdx.y * 32 + lane;
@@ -161,14 +163,25 @@ MERGE = r"""
   const float* ml = part_ml + (size_t)h * splits * 2;
   const float* po = part_out + (size_t)h * splits * D + d;
   float m = -INFINITY, l = 0.f, o = 0.f;
-  for (int s = w; s < splits; s += W) {
-    const float ms = ml[2 * s];
-    if (ms == -INFINITY) continue;
-    const float mn = fmaxf(m, ms);
-    const float a = exp2f(m - mn), b = exp2f(ms - mn);
-    l = l * a + ml[2 * s + 1] * b;
-    o = o * a + po[(size_t)s * D] * b;
-    m = mn;
+  for (int s0 = w; s0 < splits; s0 += U * W) {
+    float ms[U], ls[U], os[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * W;
+      const bool in = s < splits;
+      ms[u] = in ? ml[2 * s] : -INFINITY;
+      ls[u] = in ? ml[2 * s + 1] : 0.f;
+      os[u] = in ? po[(size_t)s * D] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (ms[u] == -INFINITY) continue;
+      const float mn = fmaxf(m, ms[u]);
+      const float a = exp2f(m - mn), b = exp2f(ms[u] - mn);
+      l = l * a + ls[u] * b;
+      o = o * a + os[u] * b;
+      m = mn;
+    }
   }
   sm[w][lane] = m;
   sl[w][lane] = l;
@@ -205,12 +218,15 @@ def _merge_kernel() -> Any:
 
 def merge(part_out: mx.array, part_ml: mx.array, dtype: mx.Dtype, shape: tuple[int, ...] | None = None) -> mx.array:
     """The attention output from `partial_attention`'s splits, (H, D) or `shape` (the same values, as the
-    caller wants them: no reshape after): a block per head and 32 dimensions, eight warps folding the
-    splits side by side (the splits of one head are about 128 at long contexts: one thread walking them
-    all was a chain of 128 dependent steps)."""
+    caller wants them: no reshape after): a block per head and 32 dimensions, `MERGE_WARPS` warps folding
+    the splits side by side, each loading four before folding them (the splits of one head are about 200 at
+    long contexts: one thread walking them all was a chain of dependent steps; on the H200 eight warps
+    folding one split at a time took 10 us a layer, 0.64 ms of a 16.7 ms step, docs/benchmarks.md)."""
     H, _, D = part_out.shape
-    return _merge_kernel()(inputs=[part_out, part_ml], template=[("T", dtype), ("D", D)], grid=(H * 256, D // 32, 1),
-                           threadgroup=(256, 1, 1), output_shapes=[shape or (H, D)], output_dtypes=[dtype])[0]
+    threads = 32 * MERGE_WARPS
+    return _merge_kernel()(inputs=[part_out, part_ml], template=[("T", dtype), ("D", D), ("MERGE_WARPS", MERGE_WARPS)],
+                           grid=(H * threads, D // 32, 1), threadgroup=(threads, 1, 1),
+                           output_shapes=[shape or (H, D)], output_dtypes=[dtype])[0]
 
 
 def shape_problem(G: int, D: int, group_size: int) -> str | None:
