@@ -183,8 +183,8 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     path = choose(run.model, run.options(config))  # as the engine chooses it
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
-    decode_steps(path, cache, 2, (False, False, False), "sync", attempts=1)  # the buffers grow once, untimed
-    times = decode_steps(path, cache, steps, (False, False, False), "pipelined", attempts=3)
+    decode_steps(path, cache, 2, (False, False, "cores"), "sync", attempts=1)  # the buffers grow once, untimed
+    times = decode_steps(path, cache, steps, (False, False, "cores"), "pipelined", attempts=3)
     run.result.setdefault("raw_steps", []).append(dict(
         length=length, config=config, step_ms=round(times.seconds * 1e3, 2), host_ms=round(times.host * 1e3, 2),
         python_ms=round(times.python * 1e3, 2), bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))

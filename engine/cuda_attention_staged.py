@@ -228,9 +228,12 @@ def _kernel(stages: int = STAGES) -> Any:
 
 
 def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
-    """Keys per warp: a multiple of the tile giving about `target_warps` warps in all, at least 128 (each
-    split's partial output is read back by the merge)."""
-    return cuda_backend.split_size(n, kv_heads, target_warps, 128, TILE)
+    """Keys per warp: a multiple of the tile giving at most `target_warps` warps in all, at least 128 (each
+    split's partial output is read back by the merge). A KV head's warps are a whole number of blocks, so
+    that the blocks of all heads stay within the one wave `TARGET_WARPS` is (198 warps a head would round
+    up to 50 blocks, 400 in all, four past the wave)."""
+    per_head = max(WARPS, target_warps // max(1, kv_heads) // WARPS * WARPS)
+    return cuda_backend.split_size(n, kv_heads, per_head * kv_heads, 128, TILE)
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,

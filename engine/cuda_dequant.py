@@ -128,7 +128,7 @@ def dequantize_rows(packed: mx.array, scales: mx.array, biases: mx.array, *, bit
     k = packed.shape[-1] * 32 // bits
     count = B * H * rows * k // VALUES_PER_THREAD
     return _rows_kernel()(
-        inputs=[packed, scales, biases, mx.array([count, k // VALUES_PER_THREAD, rows, H], dtype=mx.int32)],
+        inputs=[packed, scales, biases, cuda_backend.int32s(count, k // VALUES_PER_THREAD, rows, H)],
         template=[("T", scales.dtype), ("BITS", bits), ("GS", group_size)],
         grid=(-(-count // THREADS) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
         output_shapes=[(B, H, rows, k)], output_dtypes=[scales.dtype])[0]

@@ -219,7 +219,7 @@ def measure_all(model: Any) -> Timings:
 
 
 def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str, bool], tuple[str, ...]]:
-    """What runs (`decide`, and of two attention kernels that win, the faster) and why the others do not."""
+    """What runs (`decide`, and of the attention kernels that win, the fastest) and why the others do not."""
     chosen = decide(timings)
     notes = [f"kernels: {name} {'not measured here' if name not in timings else 'slower than MLX'}"
              for name in KERNEL_NAMES if not chosen[name]]

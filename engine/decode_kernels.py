@@ -53,11 +53,11 @@ qmv_on = _qmv.on
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
+"""Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
 one_query_chunk = _one_query.scope
 """Inside this block (with `chunk_on()`), a plain one-token forward over a bf16 cache attends through
 `engine.cuda_chunk_attention` too, as a traced bf16 step does: the reference the traced step is checked against
 (`engine.step_measure`), so that the check compares the trace and not two attention kernels."""
-"""Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
 kv_write_on = _kv_write.on
 """Whether a one-row cache write goes through `engine.cuda_kv_write` (in place) on this thread now."""
 fused_on = _fused.on

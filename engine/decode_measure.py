@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -85,7 +85,9 @@ def measure(model: Any) -> Timings:
     linears = first_block_linears(model)
     dtype = compute_dtype(model)
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
-        timings["qmv"] = _time_linears(linears, dtype)
+        head = getattr(model, "lm_head", None)
+        heads = [head] if isinstance(head, nn.QuantizedLinear) and cuda_qmv.unsupported(head, dtype) is None else []
+        timings["qmv"] = _time_linears(linears, dtype, heads)
         timings.update(_time_compiled_mlp(model, dtype))
         timings.update(_time_fused(model, dtype))
     shape = attention_shape(model)
@@ -111,10 +113,13 @@ def check_close(name: str, ours: mx.array, ref: mx.array, what: str = "kernel") 
         raise RuntimeError(f"our {name} {what} disagrees with MLX's (relative error {err:.2e})")
 
 
-def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> tuple[float, float]:
+def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype,
+                  checked: Sequence[nn.QuantizedLinear] = ()) -> tuple[float, float]:
+    """The block's `linears` timed, ours against MLX's, after each of them and of `checked` (the model's own
+    head, which our kernel multiplies too: `linear_mode.wire_head`) was held to a float32 product."""
     xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(i)).astype(dtype)
-          for i, m in enumerate(linears)]
-    for m, x in zip(linears, xs):
+          for i, m in enumerate([*linears, *checked])]
+    for m, x in zip([*linears, *checked], xs):
         weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
         check_close("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
     pairs = list(zip(linears, xs)) * REPEAT
@@ -218,16 +223,22 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel
     keys, values = caches[0]
     queries = mx.random.normal((1, heads, 1, dim), key=mx.random.key(9)).astype(dtype)
     mx.eval(caches, queries)
-    reference = cuda_attention.reference(queries.astype(mx.float32), keys, values, n, scale, 64)
+    checked = n - 5  # a last tile part full, and (as a traced step's array count) splits past the count
+    reference = cuda_attention.reference(queries.astype(mx.float32), keys, values, checked, scale, 64)
 
     def once(kernel: str, cache: int = 0) -> mx.array:
         return cuda_attention.decode_attention(queries, *caches[cache], n, scale, 64, kernel)
+
+    def check(name: str, kernel: str) -> None:
+        for count in (checked, mx.array([checked], dtype=mx.int32)):
+            check_close(name, cuda_attention.decode_attention(queries, keys, values, count, scale, 64, kernel),
+                        reference)
 
     def ours(kernel: str) -> Callable[[], list[mx.array]]:
         return lambda: [once(kernel, i % ATTENTION_CACHES) for i in range(REPEAT)]
 
     if "cores" in kernels:
-        check_close("attention", once("cores"), reference)
+        check("attention", "cores")
     mlx_seconds = best_seconds(lambda: [cuda_attention.reference(queries, *caches[i % ATTENTION_CACHES], n, scale, 64)
                                         for i in range(REPEAT)])
     timings = {"attention": (mlx_seconds, best_seconds(ours("cores")))} if "cores" in kernels else {}
@@ -235,7 +246,7 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel
         if kernel == "cores" or kernel not in kernels:
             continue
         try:  # the newer kernels: left out, not fatal, where one fails its check (or to compile)
-            check_close(name, once(kernel), reference)
+            check(name, kernel)
             timings[name] = (mlx_seconds, best_seconds(ours(kernel)))
         except Exception as err:  # noqa: BLE001
             logger.warning("decode kernels: %s; not using it", err)

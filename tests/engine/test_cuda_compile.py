@@ -154,3 +154,14 @@ def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
     assert compile_errors(source) is None
     errors = compile_errors(source.replace("if (row0 >= N) return;", "if (row0 >= N) return undeclared_name;"))
     assert errors is not None and "undeclared_name" in errors
+
+
+def test_the_staged_attentions_blocks_stay_within_one_wave_at_every_key_count():
+    """`cuda_attention_staged.TARGET_WARPS` is one wave (three blocks on each of 132 multiprocessors): each KV
+    head's warps are whole blocks, so no key count spills blocks into a second wave."""
+    staged = cuda_attention_staged
+    wave = staged.TARGET_WARPS // staged.WARPS
+    for kv_heads in (8, 4, 2):
+        for n in range(16384, 140000, 97):
+            splits = -(-n // staged.split_size(n, kv_heads))
+            assert -(-splits // staged.WARPS) * kv_heads <= wave, (kv_heads, n)

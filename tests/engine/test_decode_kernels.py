@@ -366,33 +366,3 @@ def test_a_kernel_gets_a_new_name_when_its_source_or_its_signature_changes(monke
     cuda_backend.kernel("k", "out[0] = 2 * a[0];", input_names=["a"], output_names=["out"])
     assert names[0] == names[1] and len(set(names)) == 3 and all(n.startswith("k_") for n in names)
 
-
-def test_a_models_own_quantized_head_takes_our_linear_kernel_in_decode_and_a_tied_one_is_left_alone(
-        q4_model, semantic_kernels):
-    """On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s (0.42 ms of a 16.7 ms step): a model's own
-    quantized head multiplies through our kernel where a one-token forward's linears do, never dequantized."""
-    import mlx.nn as nn
-    from mlx_lm.models import llama
-
-    from engine import linear_mode
-
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=1, intermediate_size=256,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=256,
-                           tie_word_embeddings=False)
-    model = llama.Model(args)
-    nn.quantize(model, group_size=64, bits=4)
-    mx.eval(model.parameters())
-    kernels = DecodeKernels(qmv=True, source="setting")
-    token = mx.array([[3]])
-    expected = model(token)
-    kernels.wire(model)
-    assert type(model.lm_head) is linear_mode.DecodeHeadLinear
-    blocks = len(linear_mode.block_linears(model))
-    with kernels.scope(rows=1):
-        got = model(token)
-    assert semantic_kernels.count("qmv") == blocks + 1  # the blocks' linears and the head
-    assert mx.allclose(got, expected, atol=1e-4).item()
-    with kernels.scope(rows=20):  # a prefill chunk: MLX's kernels, nothing dequantized for the head
-        model(mx.array([list(range(20))]))
-    assert semantic_kernels.count("qmv") == blocks + 1
-    assert not linear_mode.wire_head(q4_model)  # the tiny llama ties its head to the embeddings
