@@ -4,10 +4,15 @@ split-key one-query kernel written against one fragment layout (lane = 4 r + c; 
 keys 2c, 2c+1, 2c+8, 2c+9 of a 16-key tile; value fragments those keys, dimensions g*64 + 8r + i): the queries as
 the score product's A operand, the online softmax of a tile, and the partial outputs written. Each kernel's body
 defines the constants the pieces read (``F16``, ``OUT_SCALE``) and the names they share (``sacc``, ``ksc``,
-``kbi``, ``vbi``, ``valid``, ``oacc``, ...).
+``kbi``, ``vbi``, ``valid``, ``oacc``, ...). `partial_attention` launches such a kernel.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine import cuda_backend
 from engine.cuda_backend import PRMT_HEADER
 
 HEADER = PRMT_HEADER + r"""
@@ -170,3 +175,29 @@ EPILOGUE = r"""
 """
 """The tensor-core kernels' partial outputs written: ``OUT_SCALE`` (each kernel's constant) times the
 value product plus the value-bias sums, and each split's (max, sum)."""
+
+
+def partial_attention(kernel: Any, queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
+                      after: mx.array | None, split_size: Callable[[int, int], int], warps: int,
+                      template: tuple = ()) -> tuple[mx.array, mx.array]:
+    """One launch of a split-key kernel written with these pieces (inputs ``q, kq, ks, kb, vq, vs, vb, meta,
+    qscale_in, after``): blocks of `warps` warps, each warp a split of `split_size(span, kv_heads)` keys.
+    Returns unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, which
+    `engine.cuda_attention_mma.merge` folds; `n` as an array splits over the buffers' capacity
+    (`engine.cuda_attention.decode_attention`); `after`: an array the kernel must run after, unread;
+    `template`: the kernel's own constants beside the scales' dtype and the query heads per KV head."""
+    B, H, L, D = queries.shape
+    if B != 1 or L != 1:
+        raise ValueError(f"one query of one sequence, got {B} x {L}")
+    kv_heads = keys[0].shape[1]
+    span = cuda_backend.split_span(n, keys[0].shape[2])
+    cs = split_size(span, kv_heads)
+    blocks = -(-(-(-span // cs)) // warps)
+    splits = blocks * warps
+    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
+    meta = cuda_backend.sizes(n, cs)
+    return tuple(kernel(
+        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
+        template=[("T", keys[1].dtype), ("G", H // kv_heads), *template],
+        grid=(blocks * warps * 32, kv_heads, 1), threadgroup=(warps * 32, 1, 1),
+        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))

@@ -33,6 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_attention_fragments as fragments
 from engine import cuda_backend
 from engine.cuda_attention_fragments import EPILOGUE, HEADER, QUERIES, SOFTMAX
 
@@ -246,21 +247,6 @@ def split_size(n: int, kv_heads: int, target_warps: int = 1024, least: int = 128
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                       after: mx.array | None = None) -> tuple[mx.array, mx.array]:
-    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2; `n` as
-    an array splits over the buffers' capacity (`engine.cuda_attention.decode_attention`); `after`: an
-    array the kernel must run after, unread."""
-    B, H, L, D = queries.shape
-    if B != 1 or L != 1:
-        raise ValueError(f"one query of one sequence, got {B} x {L}")
-    kv_heads = keys[0].shape[1]
-    span = cuda_backend.split_span(n, keys[0].shape[2])
-    cs = split_size(span, kv_heads)
-    blocks = -(-(-(-span // cs)) // WARPS)
-    splits = blocks * WARPS
-    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
-    meta = cuda_backend.sizes(n, cs)
-    return tuple(_kernel()(
-        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
-        template=[("T", keys[1].dtype), ("G", H // kv_heads)],
-        grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
-        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))
+    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2
+    (`engine.cuda_attention_fragments.partial_attention`)."""
+    return fragments.partial_attention(_kernel(), queries, keys, values, n, scale, after, split_size, WARPS)

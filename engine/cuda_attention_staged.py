@@ -1,10 +1,11 @@
 """One-query attention over an 8-bit KV cache, its bytes staged through shared memory (MLX's CUDA backend, decode).
 
-`engine.cuda_attention_mma` reached about half the copy bandwidth over 131,072 keys on the H200
-(0.157 ms a call, docs/benchmarks.md), and with it an 8-bit decode step took as long as a bf16 one.
+`engine.cuda_attention_mma` read 2.1 TB/s over 131,072 keys on the H200 (0.136 ms a call; 0.157 in the
+fifth session; docs/benchmarks.md), and with it an 8-bit decode step took as long as a bf16 one.
 Compiled for sm_90 it holds 233 registers a thread, so 8 warps fit on a multiprocessor, each
-with one tile of about 4 KB in flight; and it spends about 1,200 instructions on a tile of 16 keys,
-half of them making bf16 out of bytes and addresses. This kernel keeps that one's arithmetic and
+with one tile of about 4 KB in flight; and its loop spends 891 instructions on a tile of 16 keys,
+most of them making bf16 out of bytes and addresses (docs/benchmarks.md, twelfth session, says how
+these were counted). This kernel keeps that one's arithmetic and
 fragment layouts and changes two things:
 
 - the bytes: each warp copies its tiles into its own ring of `STAGES` shared-memory buffers with
@@ -32,9 +33,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine import cuda_attention_fragments as fragments
 from engine import cuda_backend
 from engine.cuda_attention_fragments import EPILOGUE, QUERIES, SOFTMAX
-from engine.cuda_attention_fragments import HEADER as MMA_HEADER
 
 WARPS = 4  # per block; each warp is one split of the keys
 STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight (bench/gpu_attention.py tries others)
@@ -44,7 +45,7 @@ TARGET_WARPS = 1584
 """Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave
 (a block holds 70 KB of shared memory and 167 registers a thread, compiled for sm_90: three fit)."""
 
-HEADER = MMA_HEADER + r"""
+HEADER = fragments.HEADER + r"""
 namespace codectx {
 // `x` clamped to float16's finite range.
 __device__ __forceinline__ float finite16(float x) { return fminf(fmaxf(x, -65504.f), 65504.f); }
@@ -239,22 +240,9 @@ def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                       after: mx.array | None = None, stages: int = STAGES,
                       target_warps: int = TARGET_WARPS) -> tuple[mx.array, mx.array]:
-    """Unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, as
-    `engine.cuda_attention_mma.partial_attention` returns them (its `merge` folds them); `n` as an array
-    splits over the buffers' capacity; `after`: an array the kernel must run after, unread; `stages` and
-    `target_warps`: the engine's defaults, other values for the benchmark."""
-    B, H, L, D = queries.shape
-    if B != 1 or L != 1:
-        raise ValueError(f"one query of one sequence, got {B} x {L}")
-    kv_heads = keys[0].shape[1]
-    span = cuda_backend.split_span(n, keys[0].shape[2])
-    cs = split_size(span, kv_heads, target_warps)
-    blocks = -(-(-(-span // cs)) // WARPS)
-    splits = blocks * WARPS
-    q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
-    meta = cuda_backend.sizes(n, cs)
-    return tuple(_kernel(stages)(
-        inputs=[q, *keys, *values, meta, cuda_backend.base2_scale(scale), meta if after is None else after],
-        template=[("T", keys[1].dtype), ("G", H // kv_heads), ("STAGES", stages)],
-        grid=(blocks * WARPS * 32, kv_heads, 1), threadgroup=(WARPS * 32, 1, 1),
-        output_shapes=[(H, splits, D), (H, splits, 2)], output_dtypes=[mx.float32, mx.float32]))
+    """Unnormalized partial outputs and (max, sum) pairs as `engine.cuda_attention_mma.partial_attention` returns
+    them (`engine.cuda_attention_fragments.partial_attention`); `stages` and `target_warps`: the engine's
+    defaults, other values for the benchmark."""
+    return fragments.partial_attention(_kernel(stages), queries, keys, values, n, scale, after,
+                                       lambda span, kv_heads: split_size(span, kv_heads, target_warps), WARPS,
+                                       (("STAGES", stages),))

@@ -140,7 +140,7 @@ class DecodeKernels:
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         rope = self.rope_fused and rows == 1
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
-                                    self.attention_staged) \
+                                    staged=self.attention_staged) \
             if qmv or attention or chunk or mlp or rope else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:

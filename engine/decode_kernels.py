@@ -94,16 +94,15 @@ def attention_kernels() -> tuple[str, ...]:
 def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:
     """A chunk's attention: `engine.cuda_chunk_attention` for a dense causal chunk over a bf16 cache
     (keys and values as the cache's fetch returned them) or for a traced decode step's one query over
-    a bf16 cache's whole buffers (the cache's `count`, an array: `engine.trace_caches`), mlx-lm's
-    attention for anything else (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
+    a bf16 cache's whole buffers (the cache's `count`, an array: `engine.trace_caches`) or, inside
+    `one_query_chunk`, a plain step's one query over a bf16 cache's rows; mlx-lm's attention for anything else (an 8-bit cache, a windowed mask, a shape the kernel does not take)."""
     B, H, L, D = queries.shape
     count = getattr(cache, "count", None)
     if isinstance(count, mx.array) and not hasattr(cache, "bits"):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, count, scale)
-    if (_one_query.on() and B == 1 and L == 1 and mask is None and not hasattr(cache, "bits")
-            and cuda_chunk_attention.shape_problem(1, H // keys.shape[1], D, keys.dtype) is None):
-        return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)
-    if (B == 1 and not hasattr(cache, "bits") and isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2]
+    one_query = _one_query.on() and L == 1 and mask is None  # the reference of a traced bf16 step's check
+    if (B == 1 and not hasattr(cache, "bits")  # (an 8-bit cache's keys are not one array)
+            and (one_query or isinstance(mask, str) and mask == "causal" and 1 < L <= keys.shape[2])
             and cuda_chunk_attention.shape_problem(L, H // keys.shape[1], D, keys.dtype) is None):
         return cuda_chunk_attention.chunk_attention(queries, keys, values, keys.shape[2], scale)
     return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)

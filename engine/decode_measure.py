@@ -69,7 +69,7 @@ def attention_kernels(shape: tuple[int, int, int]) -> list[str]:
     heads, head dim) over the engine's 8-bit cache (groups of 64)."""
     from engine import cuda_attention
 
-    return [kernel for kernel in ("cores", "mma", "staged")
+    return [kernel for kernel in ATTENTION_TIMINGS.values()
             if cuda_attention.shape_problem(*shape, 8, 64, kernel) is None]
 
 
@@ -86,8 +86,8 @@ def measure(model: Any) -> Timings:
     dtype = compute_dtype(model)
     if linears and all(cuda_qmv.unsupported(m, dtype) is None for m in linears):
         head = getattr(model, "lm_head", None)
-        heads = [head] if isinstance(head, nn.QuantizedLinear) and cuda_qmv.unsupported(head, dtype) is None else []
-        timings["qmv"] = _time_linears(linears, dtype, heads)
+        own_head = [head] if isinstance(head, nn.QuantizedLinear) and cuda_qmv.unsupported(head, dtype) is None else []
+        timings["qmv"] = _time_linears(linears, dtype, own_head)
         timings.update(_time_compiled_mlp(model, dtype))
         timings.update(_time_fused(model, dtype))
     shape = attention_shape(model)

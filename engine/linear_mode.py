@@ -78,7 +78,7 @@ class DequantizingLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if _dequantize.on():
             return dequantized_product(self, x)
-        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(self, x.dtype):
+        if decode_sized(self, x):
             return cuda_qmv.linear_product(self, x)
         return super().__call__(x)
 
@@ -90,7 +90,7 @@ class DecodeHeadLinear(nn.QuantizedLinear):
     a 16.7 ms step (docs/benchmarks.md, twelfth session)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(self, x.dtype):
+        if decode_sized(self, x):
             return cuda_qmv.linear_product(self, x)
         return super().__call__(x)
 
@@ -102,6 +102,12 @@ def wire_head(model: Any) -> bool:
     if type(head) is nn.QuantizedLinear:
         head.__class__ = DecodeHeadLinear
     return isinstance(head, DecodeHeadLinear)
+
+
+def decode_sized(linear: nn.QuantizedLinear, x: mx.array) -> bool:
+    """Whether `linear(x)` goes through `engine.cuda_qmv` now: its switch on, at most `cuda_qmv.MAX_ROWS`
+    rows, a weight the kernel takes."""
+    return decode_kernels.qmv_on() and x.size // x.shape[-1] <= cuda_qmv.MAX_ROWS and cuda_qmv.takes(linear, x.dtype)
 
 
 def dequantized_product(linear: nn.QuantizedLinear, x: mx.array) -> mx.array:
