@@ -6,8 +6,8 @@ Sections (each prints rows; JSON has every number):
 - ``decode``: one query (64 heads) over 8 KV heads of dim 128 at each ``--lengths``, timed as a
   decode step runs it: 64 calls (16 distinct caches, each used four times, so nothing stays in
   the 50 MB L2) queued and evaluated at once. Our 8-bit kernels (`engine.cuda_attention`: the
-  CUDA-core one and the tensor-core ones, `engine.cuda_attention_mma` and
-  `engine.cuda_attention_staged`) against MLX's fused
+  CUDA-core one and the tensor-core ones, `engine.cuda_attention_mma`,
+  `engine.cuda_attention_staged` and `engine.cuda_attention_transposed`) against MLX's fused
   attention over a bf16 cache of the same length; relative error against the 8-bit cache
   dequantized through MLX; the bytes each call reads per second (bound: the copy bandwidth).
 - ``plans``: a prefill chunk of 45 and 1,037 queries over ``--context`` keys through
@@ -78,7 +78,7 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
         k, _, kq, vq = caches[0]
         ref = cuda_attention.reference(q.astype(mx.float32), kq, vq, n, scale, 64)
         row: dict[str, Any] = {"keys": n, "calls": CALLS}
-        for kernel in ("cores", "mma", "staged"):
+        for kernel in DECODE_KERNELS:
             row[f"err_{kernel}"] = rel_err(cuda_attention.decode_attention(q, kq, vq, n, scale, 64, kernel), ref)
             row[f"{kernel}_ms"] = median_ms(lambda: [
                 cuda_attention.decode_attention(q, caches[i % DISTINCT][2], caches[i % DISTINCT][3], n, scale, 64,
@@ -89,43 +89,48 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
             for i in range(CALLS)]) / CALLS
         bytes8 = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
         bytes16 = 2 * k[..., :n, :].nbytes
-        row.update(bytes_8bit=bytes8, bytes_bf16=bytes16, cores_gbs=bytes8 / row["cores_ms"] / 1e6,
-                   mma_gbs=bytes8 / row["mma_ms"] / 1e6, staged_gbs=bytes8 / row["staged_ms"] / 1e6,
-                   bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
+        row.update({f"{kernel}_gbs": bytes8 / row[f"{kernel}_ms"] / 1e6 for kernel in DECODE_KERNELS})
+        row.update(bytes_8bit=bytes8, bytes_bf16=bytes16, bf16_gbs=bytes16 / row["bf16_ms"] / 1e6, copy_gbs=copy_gbs)
         row["staged_variants"] = staged_variants(q, caches, n, scale, ref, bytes8)
         result.setdefault("decode", []).append(row)
-        print(f"decode attention over {n} keys, per call: 8-bit cores {row['cores_ms']:.3f} ms "
-              f"({row['cores_gbs']:.0f} GB/s), 8-bit mma {row['mma_ms']:.3f} ms ({row['mma_gbs']:.0f} GB/s), "
-              f"8-bit staged {row['staged_ms']:.3f} ms ({row['staged_gbs']:.0f} GB/s), "
-              f"bf16 MLX {row['bf16_ms']:.3f} ms ({row['bf16_gbs']:.0f} GB/s) of {copy_gbs:.0f}; rel err cores "
-              f"{row['err_cores']:.2e}, mma {row['err_mma']:.2e}, staged {row['err_staged']:.2e}", flush=True)
+        ours = ", ".join(f"8-bit {kernel} {row[f'{kernel}_ms']:.3f} ms ({row[f'{kernel}_gbs']:.0f} GB/s, rel err "
+                         f"{row[f'err_{kernel}']:.2e})" for kernel in DECODE_KERNELS)
+        print(f"decode attention over {n} keys, per call: {ours}, bf16 MLX {row['bf16_ms']:.3f} ms "
+              f"({row['bf16_gbs']:.0f} GB/s) of {copy_gbs:.0f}", flush=True)
         caches.clear()
         mx.clear_cache()
 
 
-STAGED_VARIANTS = ((4, 1024), (3, 1584), (4, 1584), (6, 1056))
-"""(stages, target warps) of `engine.cuda_attention_staged` tried beside its defaults."""
+DECODE_KERNELS = ("cores", "mma", "staged", "transposed")
+"""`engine.cuda_attention.decode_attention`'s kernels, each timed at its defaults."""
+STAGED_VARIANTS = (("staged", 4, 1024), ("staged", 3, 1584), ("transposed", 3, 1584), ("transposed", 4, 1056),
+                   ("transposed", 6, 1056))
+"""(kernel, stages, target warps) of the staged kernels (`engine.cuda_attention_staged`,
+`engine.cuda_attention_transposed`) tried beside their defaults."""
 
 
 def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:
-    """The staged kernel's partial attention and merge at each of `STAGED_VARIANTS`, as the decode rows time it."""
-    from engine import cuda_attention_mma, cuda_attention_staged
+    """The staged kernels' partial attention and merge at each of `STAGED_VARIANTS`, as the decode rows time it."""
+    from engine import cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed
 
-    def call(kq: tuple, vq: tuple, stages: int, warps: int) -> mx.array:
-        part = cuda_attention_staged.partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps)
+    modules = {"staged": cuda_attention_staged, "transposed": cuda_attention_transposed}
+
+    def call(kq: tuple, vq: tuple, kernel: str, stages: int, warps: int) -> mx.array:
+        part = modules[kernel].partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps)
         return cuda_attention_mma.merge(*part, q.dtype, q.shape)
 
     rows = []
-    for stages, warps in STAGED_VARIANTS:
+    for kernel, stages, warps in STAGED_VARIANTS:
         try:
-            err = rel_err(call(caches[0][2], caches[0][3], stages, warps), ref)
-            ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], stages, warps)
+            err = rel_err(call(caches[0][2], caches[0][3], kernel, stages, warps), ref)
+            ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], kernel, stages, warps)
                                     for i in range(CALLS)]) / CALLS
         except Exception as failure:  # noqa: BLE001 - a variant that does not launch is a row that says so
-            rows.append({"stages": stages, "target_warps": warps, "error": repr(failure)})
+            rows.append({"kernel": kernel, "stages": stages, "target_warps": warps, "error": repr(failure)})
             continue
-        rows.append({"stages": stages, "target_warps": warps, "ms": ms, "gbs": nbytes / ms / 1e6, "err": err})
-        print(f"  staged, {stages} stages, about {warps} warps: {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), "
+        rows.append({"kernel": kernel, "stages": stages, "target_warps": warps, "ms": ms, "gbs": nbytes / ms / 1e6,
+                     "err": err})
+        print(f"  {kernel}, {stages} stages, about {warps} warps: {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), "
               f"rel err {err:.2e}", flush=True)
     return rows
 

@@ -65,13 +65,13 @@ class StepTimes(NamedTuple):
 def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, str], mode: str,
                  attempts: int = 2, kv_write: bool = False) -> StepTimes:
     """The times of the last of `attempts` runs of steps + 1 decode steps, the cache reset to its offset
-    before each run. kernels: (quantized linears, our attention, which one: "cores", or "mma" or "staged"
-    where it fits, `engine.cuda_attention.decode_attention`'s names); `kv_write`: our in-place cache write."""
+    before each run. kernels: (quantized linears, our attention, which one: "cores", or "mma", "staged" or
+    "transposed" where it fits, `engine.cuda_attention.decode_attention`'s names); `kv_write`: our in-place cache write."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     times = StepTimes(0.0, 0.0, 0.0)
     with decode_kernels.scope(qmv=kernels[0], attention=kernels[1], mma=kernels[2] == "mma", kv_write=kv_write,
-                              staged=kernels[2] == "staged"):
+                              staged=kernels[2] == "staged", transposed=kernels[2] == "transposed"):
         for _ in range(attempts):
             for c in cache:
                 c.offset = start_offset
@@ -141,12 +141,12 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
     and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``) and ``mlx+traced`` (MLX's
     kernels only, the window step traced: its attention is masked over the whole buffer); the traced rows'
-    8-bit attention is `attention` ("mma" or "staged")."""
+    8-bit attention is `attention` ("mma", "staged" or "transposed")."""
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
 
     ours_traced = DecodeKernels(qmv=True, attention_mma=attention == "mma", attention_staged=attention == "staged",
-                                kv_write=True, step_traced=True, attention_chunk=True, step_traced_bf16=True,
+                                attention_transposed=attention == "transposed", kv_write=True, step_traced=True, attention_chunk=True, step_traced_bf16=True,
                                 source="setting")
     fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True)
     return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
@@ -155,8 +155,8 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
 
 
 def switches(bits: int, ours: bool, attention: str = "mma") -> tuple[bool, bool, str]:
-    """`decode_steps`' kernels for a cache of `bits`: our linears, and for 8-bit our `attention` ("mma" or
-    "staged", on tensor cores)."""
+    """`decode_steps`' kernels for a cache of `bits`: our linears, and for 8-bit our `attention` ("mma", "staged"
+    or "transposed", on tensor cores)."""
     return (ours, False, "cores") if bits == 16 or not ours else (ours, True, attention)
 
 
@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--bits", default="16,8", help="cache widths, in the order measured (a process's history matters)")
     ap.add_argument("--writes", default="", help="only these rows (comma-separated names, as the rows' 'write')")
-    ap.add_argument("--attention", choices=("mma", "staged"), default="mma",
-                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py or _staged.py")
+    ap.add_argument("--attention", choices=("mma", "staged", "transposed"), default="mma",
+                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or _transposed.py")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),

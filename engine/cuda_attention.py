@@ -26,7 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_attention_mma, cuda_attention_staged, cuda_backend
+from engine import cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed, cuda_backend
 from engine.cuda_backend import PRMT_HEADER, cuda_available
 
 THREADS = 128
@@ -244,6 +244,8 @@ def shape_problem(H: int, kv_heads: int, D: int, bits: int, group_size: int, ker
         return f"{H} query heads over {kv_heads} KV heads"
     if kernel in ("mma", "staged"):  # the same shapes
         return cuda_attention_mma.shape_problem(H // kv_heads, D, group_size)
+    if kernel == "transposed":
+        return cuda_attention_transposed.shape_problem(H // kv_heads, D, group_size)
     if D not in (128, 256) or group_size % 16 or D % group_size:
         return f"head dim {D}, group {group_size}"
     if (H // kv_heads) * D > 1024:  # shared memory and registers hold G x D floats
@@ -266,8 +268,9 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
             [0, n) through the arrays' strides).
         n: Keys to attend over: an int, or an int32 array of one element.
         scale: Multiplies the scores.
-        kernel: "cores" (this module's), "mma" (`engine.cuda_attention_mma`, tensor cores) or "staged"
-            (`engine.cuda_attention_staged`, tensor cores, bytes staged through shared memory);
+        kernel: "cores" (this module's), "mma" (`engine.cuda_attention_mma`, tensor cores), "staged"
+            (`engine.cuda_attention_staged`, tensor cores, bytes staged through shared memory) or
+            "transposed" (`engine.cuda_attention_transposed`, the same with keys on the products' rows);
             `shape_problem` says which takes the shape, `engine.decode_choice` measures them.
         after: An array the kernel must run after (an in-place write of the last row,
             `engine.cuda_kv_write`): passed as an input, unread.
@@ -280,8 +283,10 @@ def decode_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.
     G = H // kv_heads
     if isinstance(n, int) and n < 1:
         raise ValueError("decode attention needs at least one key")
-    if kernel in ("mma", "staged"):  # one layout of partial outputs, one merge
-        module = cuda_attention_mma if kernel == "mma" else cuda_attention_staged
+    tensor_cores = {"mma": cuda_attention_mma, "staged": cuda_attention_staged,
+                    "transposed": cuda_attention_transposed}
+    if kernel in tensor_cores:  # one layout of partial outputs, one merge
+        module = tensor_cores[kernel]
         part_out, part_ml = module.partial_attention(queries, keys, values, n, scale, after)
         return cuda_attention_mma.merge(part_out, part_ml, queries.dtype, (1, H, 1, D))
     partial, merge = _kernels()

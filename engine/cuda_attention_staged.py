@@ -75,16 +75,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 }  // namespace codectx
 """
 
-SOURCE = r"""
-  // D = 128, two groups of 64; lane = 4 r + c. Fragments as in the bf16 kernel: score fragments head r
-  // (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9 of the tile (j = 0..3); value fragments the same keys,
-  // dimensions g*64 + 8r + i (i = 0..7).
-  constexpr int STAGE = 2 * 16 * 128 + 4 * 16 * 4;
-  constexpr float VSCALE = 256.f;
-  constexpr float OUT_SCALE = 1.f / VSCALE;
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr bool F16 = true;  // the products take float16
-""" + QUERIES + r"""  const int tiles = begin < end ? (end - begin + 15) >> 4 : 0;
+RING = r"""
+  const int tiles = begin < end ? (end - begin + 15) >> 4 : 0;
   unsigned char* ring = smem + (size_t)warp * STAGES * STAGE;
   const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
 
@@ -100,26 +92,67 @@ SOURCE = r"""
   const uint32_t* value_words = reinterpret_cast<const uint32_t*>(low ? vs + vs0 : vb + vb0);
   const size_t key_word_row = (low ? ks_strides[2] : kb_strides[2]) / 2;
   const size_t value_word_row = (low ? vs_strides[2] : vb_strides[2]) / 2;
+  // This lane's 16-byte chunk `ch` of rows 4 i + rr (i = 0..3) of a tile's keys and values, and where the
+  // chunk lands in a stage: rows of 128 bytes, keys' chunks ^ 4 on odd rows, values' ^ (row & 6), which for
+  // row 4 i + rr is (rr & 2), ^ 4 on odd i.
+  const int rr = lane >> 3, ch = lane & 7;
+  const uint32_t key_dst = rr * 128 + ((ch ^ ((rr & 1) << 2)) << 4);
+  const uint32_t value_dst0 = 2048 + rr * 128 + ((ch ^ (rr & 2)) << 4);
+  const uint32_t value_dst1 = 2048 + rr * 128 + ((ch ^ (rr & 2) ^ 4) << 4);
+  const uint32_t krow4 = 4 * krow, vrow4 = 4 * vrow;
+  const int word_key = lane & 15, which = lane >> 4;  // words [0, 16): key scales, [16, 32): key biases, ...
+  // Whole tiles are issued in order from `begin`: this lane's sources in the next one as offsets from a KV
+  // head's rows (32 bits: a head's rows span less than 4 GB), advanced a tile a call.
+  uint32_t knext = (begin + rr) * krow + ch * 16, vnext = (begin + rr) * vrow + ch * 16;
+  uint32_t key_word_next = (begin + word_key) * key_word_row, value_word_next = (begin + word_key) * value_word_row;
 
   // A tile's copies into stage `st`: key and value rows (4 chunks of 16 bytes a lane each), then the
-  // four scale words of its 16 keys (2 a lane). Rows past the warp's end are copied from its last row
-  // (finite) and masked below.
+  // four scale words of its 16 keys (2 a lane). Rows past the warp's end (its last tile only) are copied
+  // from its last row (finite) and masked by the caller. Called for the warp's tiles in order.
   auto issue = [&](int tile, int st) {
     const uint32_t base = ring_addr + st * STAGE;
+    if (WHOLE_TILES && tile + 16 <= end) {  // a whole tile: each row's address one stride from the last
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        codectx::cp_async16(base + key_dst + i * 512, kbytes + (knext + i * krow4));
+        codectx::cp_async16(base + (i & 1 ? value_dst1 : value_dst0) + i * 512, vbytes + (vnext + i * vrow4));
+      }
+      codectx::cp_async4(base + 4096 + which * 64 + word_key * 4, key_words + key_word_next);
+      codectx::cp_async4(base + 4096 + (2 + which) * 64 + word_key * 4, value_words + value_word_next);
+      knext += 4 * krow4;
+      vnext += 4 * vrow4;
+      key_word_next += 16 * key_word_row;
+      value_word_next += 16 * value_word_row;
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int idx = i * 32 + lane, row = idx >> 3, ch = idx & 7;
+      const int idx = i * 32 + lane, row = idx >> 3, chunk = idx & 7;
       const size_t key = (size_t)min(tile + row, end - 1);
-      codectx::cp_async16(base + row * 128 + ((ch ^ ((row & 1) << 2)) << 4), kbytes + key * krow + ch * 16);
-      codectx::cp_async16(base + 2048 + row * 128 + ((ch ^ (row & 6)) << 4), vbytes + key * vrow + ch * 16);
+      codectx::cp_async16(base + row * 128 + ((chunk ^ ((row & 1) << 2)) << 4), kbytes + key * krow + chunk * 16);
+      codectx::cp_async16(base + 2048 + row * 128 + ((chunk ^ (row & 6)) << 4), vbytes + key * vrow + chunk * 16);
     }
-    const int k = lane & 15, which = lane >> 4;  // words [0, 16): key scales, [16, 32): key biases, ...
-    const size_t key = (size_t)min(tile + k, end - 1);
-    codectx::cp_async4(base + 4096 + which * 64 + k * 4, key_words + key * key_word_row);
-    codectx::cp_async4(base + 4096 + (2 + which) * 64 + k * 4, value_words + key * value_word_row);
+    const size_t key = (size_t)min(tile + word_key, end - 1);
+    codectx::cp_async4(base + 4096 + which * 64 + word_key * 4, key_words + key * key_word_row);
+    codectx::cp_async4(base + 4096 + (2 + which) * 64 + word_key * 4, value_words + key * value_word_row);
   };
+"""
+"""A warp's ring of `STAGES` shared-memory stages and `issue`, the copies of one tile into a stage (the
+staged kernels' shared layout: key rows, value rows, then four scale words a key). ``WHOLE_TILES`` (each
+kernel's constant): a whole tile's sources are offsets advanced a tile a call, not computed per row (fewer
+instructions a tile, about ten more registers)."""
 
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+SOURCE = r"""
+  // D = 128, two groups of 64; lane = 4 r + c. Fragments as in the bf16 kernel: score fragments head r
+  // (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9 of the tile (j = 0..3); value fragments the same keys,
+  // dimensions g*64 + 8r + i (i = 0..7).
+  constexpr int STAGE = 2 * 16 * 128 + 4 * 16 * 4;
+  constexpr float VSCALE = 256.f;
+  constexpr float OUT_SCALE = 1.f / VSCALE;
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr bool F16 = true;  // the products take float16
+  constexpr bool WHOLE_TILES = false;  // 179 registers with, past three blocks a multiprocessor
+""" + QUERIES + RING + r"""  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
   float oacc[2][8][4];
 #pragma unroll
   for (int g = 0; g < 2; ++g)

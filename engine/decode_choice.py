@@ -12,10 +12,12 @@ the same thing:
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
   engine's path for an 8-bit cache on CUDA without this kernel), several caches taken in
-  turn (as a step's layers read theirs: from memory, not from L2); ours are three:
-  `engine.cuda_attention`'s on the CUDA cores (``attention``) and two on tensor cores where the
-  shape fits them, `engine.cuda_attention_mma`'s (``attention_mma``) and
-  `engine.cuda_attention_staged`'s (``attention_staged``, its bytes staged through shared memory);
+  turn (as a step's layers read theirs: from memory, not from L2); ours are four:
+  `engine.cuda_attention`'s on the CUDA cores (``attention``) and three on tensor cores where the
+  shape fits them, `engine.cuda_attention_mma`'s (``attention_mma``),
+  `engine.cuda_attention_staged`'s (``attention_staged``, its bytes staged through shared memory) and
+  `engine.cuda_attention_transposed`'s (``attention_transposed``, the same with keys on the products' rows,
+  for at most 8 query heads per KV head);
   of those that beat MLX's, the fastest runs;
 - chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
   a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
@@ -66,7 +68,7 @@ from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
-                "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged")
+                "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed")
 MARGIN = 0.05
 NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
@@ -102,6 +104,8 @@ class DecodeKernels:
         rope_fused: `engine.cuda_qk_rope` for one token's per-head norms and RoPE, one launch a block.
         attention_staged: `engine.cuda_attention_staged` (tensor cores, bytes staged through shared memory)
             for the one-query attention instead.
+        attention_transposed: `engine.cuda_attention_transposed` (the same, keys and dimensions on the
+            products' rows, query heads on their columns) for the one-query attention instead.
     """
 
     qmv: bool = False
@@ -118,6 +122,7 @@ class DecodeKernels:
     qmv_fused: bool = False
     rope_fused: bool = False
     attention_staged: bool = False
+    attention_transposed: bool = False
 
     @property
     def any(self) -> bool:
@@ -133,14 +138,15 @@ class DecodeKernels:
         """The context a forward over `rows` rows runs in; `traced`: inside a traced step (`engine.compiled`),
         which holds the MLPs itself."""
         qmv = self.qmv and rows <= cuda_qmv.MAX_ROWS
-        attention = (self.attention or self.attention_mma or self.attention_staged) and rows == 1
+        attention = (self.attention or self.attention_mma or self.attention_staged or self.attention_transposed) \
+            and rows == 1
         chunk = self.attention_chunk and (1 < rows <= decode_kernels.CHUNK_MAX_ROWS
                                           or traced and rows == 1 and self.step_traced_bf16)
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         rope = self.rope_fused and rows == 1
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
-                                    staged=self.attention_staged) \
+                                    staged=self.attention_staged, transposed=self.attention_transposed) \
             if qmv or attention or chunk or mlp or rope else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:

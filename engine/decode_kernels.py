@@ -39,6 +39,7 @@ _qmv = Switch("codectx_qmv_kernel")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
 _staged = Switch("codectx_attention_staged")
+_transposed = Switch("codectx_attention_transposed")
 _chunk = Switch("codectx_attention_chunk")
 _one_query = Switch("codectx_chunk_one_query")
 _kv_write = Switch("codectx_kv_write")
@@ -69,10 +70,11 @@ rope_on = _rope.on
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
           kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False,
-          staged: bool = False) -> Iterator[None]:
+          staged: bool = False, transposed: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `staged`: it is
-    `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `chunk`: attention modules
+    `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `transposed`: it is
+    `engine.cuda_attention_transposed` (keys on the products' rows) there; `chunk`: attention modules
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
     stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
     their trace for one row (`engine.compiled_mlp`); `fused`: linears of one input take one launch
@@ -80,15 +82,16 @@ def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
     if attention:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), \
-            _staged.scope(attention and staged), _chunk.scope(chunk), _kv_write.scope(kv_write), \
-            compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
+            _staged.scope(attention and staged), _transposed.scope(attention and transposed), _chunk.scope(chunk), \
+            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
         yield
 
 
 def attention_kernels() -> tuple[str, ...]:
     """Our one-query attention kernels this thread's switches ask for, in the order they are tried
     (`engine.cuda_attention.decode_attention`'s names; the CUDA-core kernel takes what the others do not)."""
-    return (*(("staged",) if _staged.on() else ()), *(("mma",) if _mma.on() else ()), "cores")
+    return (*(("staged",) if _staged.on() else ()), *(("transposed",) if _transposed.on() else ()),
+            *(("mma",) if _mma.on() else ()), "cores")
 
 
 def attend_chunk(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any) -> mx.array:

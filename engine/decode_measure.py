@@ -44,7 +44,8 @@ Timings = dict[str, tuple[float, float]]
 """Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
 
 
-ATTENTION_TIMINGS = {"attention_staged": "staged", "attention_mma": "mma", "attention": "cores"}
+ATTENTION_TIMINGS = {"attention_staged": "staged", "attention_transposed": "transposed", "attention_mma": "mma",
+                     "attention": "cores"}
 """Our one-query attention kernels: the name of each one's timing (and `engine.decode_choice`'s switch) ->
 `engine.cuda_attention.decode_attention`'s name for it; on a tie the earlier wins."""
 
@@ -65,7 +66,7 @@ def attention_shape(model: Any) -> tuple[int, int, int] | None:
 
 
 def attention_kernels(shape: tuple[int, int, int]) -> list[str]:
-    """Which of our decode attention kernels ("cores", "mma", "staged") take one query of (query heads, KV
+    """Which of our decode attention kernels ("cores", "mma", "staged", "transposed") take one query of (query heads, KV
     heads, head dim) over the engine's 8-bit cache (groups of 64)."""
     from engine import cuda_attention
 
@@ -210,8 +211,8 @@ def _first_attention(model: Any) -> Any | None:
 
 
 def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernels: list[str]) -> Timings:
-    """"attention" for the CUDA-core kernel (it must compute the same), "attention_mma" and
-    "attention_staged" for the tensor-core ones where they do (a failed check leaves one out)."""
+    """"attention" for the CUDA-core kernel (it must compute the same), "attention_mma", "attention_staged" and
+    "attention_transposed" for the tensor-core ones where they do (a failed check leaves one out)."""
     from engine import cuda_attention
 
     n, scale = ATTENTION_KEYS, dim ** -0.5

@@ -11,12 +11,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_backend, cuda_chunk_attention,
-                    cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv)
+from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed, cuda_backend,
+                    cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv)
 from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
-             cuda_attention_staged._kernel, cuda_dequant._rows_kernel,
+             cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
              cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
              cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
@@ -67,10 +67,10 @@ def launch_every_kernel() -> None:
     query, count = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), mx.array([700], dtype=mx.int32)
     for n in (700, count):
         keys, values = eight_bit(1024), eight_bit(1024)
-        for kernel in ("cores", "mma", "staged"):
+        for kernel in ("cores", "mma", "staged", "transposed"):
             cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel=kernel)
         written = cuda_kv_write.write_q8_ordered(keys, values, query[:, :KV], query[:, :KV], n, 64)[2]
-        for kernel in ("mma", "staged"):
+        for kernel in ("mma", "staged", "transposed"):
             cuda_attention.decode_attention(query, keys, values, n, 0.088, 64, kernel=kernel, after=written)
         cache = mx.zeros((1, KV, 1024, D), dtype=mx.bfloat16)
         for rows in ((1,) if isinstance(n, mx.array) else (2, 45)):
@@ -107,23 +107,25 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert any(label.startswith("codectx_dequantize_rows") for label in sources)
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
     assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
+    assert any(label.startswith("codectx_q8_attention_transposed") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
 
 
-def test_three_blocks_of_the_staged_attention_fit_on_a_multiprocessor(recorder):
-    """`cuda_attention_staged.TARGET_WARPS` is one wave of three blocks a multiprocessor: the kernel must keep to
-    the registers (65,536 a multiprocessor, allocated eight a thread at a time) and shared memory (227 KB) of
+@pytest.mark.parametrize("module", [cuda_attention_staged, cuda_attention_transposed], ids=lambda m: m.__name__)
+def test_three_blocks_of_a_staged_attention_fit_on_a_multiprocessor(recorder, module):
+    """`TARGET_WARPS` of the staged attentions is one wave of three blocks a multiprocessor: each kernel must keep
+    to the registers (65,536 a multiprocessor, allocated eight a thread at a time) and shared memory (227 KB) of
     three, without spilling."""
     launch_every_kernel()
-    staged = [source for label, source in recorder.sources().items()
-              if label.startswith("codectx_q8_attention_staged")]
-    assert staged
-    threads = 3 * cuda_attention_staged.WARPS * 32
-    staged_module = cuda_attention_staged
-    assert 3 * staged_module.WARPS * staged_module.STAGES * staged_module.STAGE_BYTES <= 227 * 1024
-    for source in staged:
+    kernel = "codectx_q8_attention_" + module.__name__.rsplit("_", 1)[1]
+    sources = [source for label, source in recorder.sources().items() if label.startswith(kernel)]
+    assert sources
+    assert module.TARGET_WARPS == 3 * module.WARPS * 132
+    assert 3 * module.WARPS * module.STAGES * cuda_attention_staged.STAGE_BYTES <= 227 * 1024
+    threads = 3 * module.WARPS * 32
+    for source in sources:
         used = resources(source)
         assert -(-used["registers"] // 8) * 8 * threads <= 65536, used
         assert used["spill_stores"] == used["spill_loads"] == 0, used
@@ -138,13 +140,13 @@ def test_a_kernel_called_at_row_counts_that_vary_per_chunk_is_built_once(recorde
         cuda_dequant.dequantize(packed, scales, biases, bits=8, group_size=64, dtype=mx.bfloat16)
         cuda_dequant.dequantize_rows(*(a[..., 3:rows, :] for a in eight_bit(rows + 256)), bits=8, group_size=64)
         query = mx.zeros((1, H, 1, D), dtype=mx.bfloat16)
-        for kernel in ("mma", "staged"):
+        for kernel in ("mma", "staged", "transposed"):
             cuda_attention.decode_attention(query, eight_bit(rows + 256), eight_bit(rows + 256), rows, 0.088, 64,
                                             kernel=kernel)
     built = [definition.name.rsplit("_", 1)[0] for definition, *_ in recorder.launches]
     assert built.count("codectx_dequantize") == 3 and built.count("codectx_dequantize_rows") == 3
-    assert built.count("codectx_q8_attention_staged") == 3
-    assert len(recorder.sources()) == 5  # the two dequantizes, the two attentions, their merge
+    assert built.count("codectx_q8_attention_staged") == built.count("codectx_q8_attention_transposed") == 3
+    assert len(recorder.sources()) == 6  # the two dequantizes, the three attentions, their merge
 
 
 def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
@@ -156,12 +158,12 @@ def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
     assert errors is not None and "undeclared_name" in errors
 
 
-def test_the_staged_attentions_blocks_stay_within_one_wave_at_every_key_count():
-    """`cuda_attention_staged.TARGET_WARPS` is one wave (three blocks on each of 132 multiprocessors): each KV
+@pytest.mark.parametrize("module", [cuda_attention_staged, cuda_attention_transposed], ids=lambda m: m.__name__)
+def test_the_staged_attentions_blocks_stay_within_one_wave_at_every_key_count(module):
+    """`TARGET_WARPS` of the staged attentions is one wave (three blocks on each of 132 multiprocessors): each KV
     head's warps are whole blocks, so no key count spills blocks into a second wave."""
-    staged = cuda_attention_staged
-    wave = staged.TARGET_WARPS // staged.WARPS
+    wave = module.TARGET_WARPS // module.WARPS
     for kv_heads in (8, 4, 2):
         for n in range(16384, 140000, 97):
-            splits = -(-n // staged.split_size(n, kv_heads))
-            assert -(-splits // staged.WARPS) * kv_heads <= wave, (kv_heads, n)
+            splits = -(-n // module.split_size(n, kv_heads))
+            assert -(-splits // module.WARPS) * kv_heads <= wave, (kv_heads, n)

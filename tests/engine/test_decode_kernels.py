@@ -40,7 +40,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                            "kernels: attention_chunk not measured here", "kernels: kv_write not measured here",
                            "kernels: mlp_compiled not measured here", "kernels: step_traced not measured here",
                            "kernels: step_traced_bf16 not measured here", "kernels: qmv_fused not measured here",
-                           "kernels: rope_fused not measured here", "kernels: attention_staged not measured here")
+                           "kernels: rope_fused not measured here", "kernels: attention_staged not measured here",
+                           "kernels: attention_transposed not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -52,7 +53,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     assert decide({"qmv": (1.0, 0.97)}) == {"qmv": False, "attention": False, "attention_mma": False,
                                             "attention_chunk": False, "kv_write": False, "mlp_compiled": False,
                                             "step_traced": False, "step_traced_bf16": False, "qmv_fused": False,
-                                            "rope_fused": False, "attention_staged": False}
+                                            "rope_fused": False, "attention_staged": False,
+                                            "attention_transposed": False}
 
 
 def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model, tiny_model_dir, tmp_path):
@@ -120,7 +122,7 @@ def test_of_two_attention_kernels_that_beat_mlx_the_faster_runs_and_a_decode_for
     assert seen == [(True, True), (False, False), (True, False), (False, False)]
 
 
-def test_of_three_attention_kernels_that_beat_mlx_only_the_fastest_runs_and_a_one_token_forward_tries_it_first(
+def test_of_the_attention_kernels_that_beat_mlx_only_the_fastest_runs_and_a_one_token_forward_tries_it_first(
         q4_model, tmp_path):
     store = LinearModeCache(tmp_path / "linear-modes.json")
     three = {"attention": (1e-3, 0.8e-3), "attention_mma": (1e-3, 0.3e-3), "attention_staged": (1e-3, 0.2e-3),
@@ -142,6 +144,14 @@ def test_of_three_attention_kernels_that_beat_mlx_only_the_fastest_runs_and_a_on
     assert "kernels: attention_staged slower than attention_mma" in mma.notes
     with mma.scope(rows=1):
         assert decode_kernels.attention_kernels() == ("mma", "cores")
+    store = LinearModeCache(tmp_path / "third.json")
+    transposed = resolve(q4_model, "auto", measure=Timings({**three, "attention_transposed": (1e-3, 0.1e-3)}),
+                         cache=store, cuda=True)
+    assert (transposed.attention_staged, transposed.attention_transposed) == (False, True)
+    assert "kernels: attention_staged slower than attention_transposed" in transposed.notes
+    assert ComputePath(q4_model, kernels=transposed).identity().endswith(" kernels=kv_write+attention_transposed")
+    with transposed.scope(rows=1):
+        assert decode_kernels.attention_kernels() == ("transposed", "cores")
 
 
 def test_the_in_place_cache_write_is_measured_asked_for_by_one_token_forwards_and_named_in_the_identity(
