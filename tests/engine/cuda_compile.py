@@ -146,6 +146,25 @@ def _compile(source: str, name: str, *extra: bytes) -> tuple[bool, str]:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
 
 
+def cubin(source: str, name: str = "kernel.cu") -> bytes:
+    """`source` compiled for `ARCH` by NVRTC: the cubin (machine code, which `cuobjdump -sass` reads)."""
+    lib, include = _nvrtc()
+    program = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None) != 0:
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        options = [f"--gpu-architecture={ARCH}".encode(), b"-std=c++17", b"-I" + str(include).encode()]
+        if lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options)) != 0:
+            raise RuntimeError(f"{name} does not compile")
+        size = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(program, ctypes.byref(size))
+        code = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(program, code)
+        return code.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+
 def compile_errors(source: str, name: str = "kernel.cu") -> str | None:
     """NVRTC's log when `source` does not compile for `ARCH` (None when it does)."""
     ok, log = _compile(source, name)
