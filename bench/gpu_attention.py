@@ -17,7 +17,8 @@ Sections (each prints rows; JSON has every number):
   of 4,096, an additive mask) so that several lengths share one shape.
 - ``chunk``: 2, 5, 16 and 45 queries over ``--context`` bf16 keys at two key counts: our split-key
   tensor-core kernel (`engine.cuda_chunk_attention`) against MLX's attention, first evaluation
-  and warm, relative error of both against a float32 attention.
+  and warm, relative error of both against a float32 attention; then over the keys in 8 bits, our
+  8-bit kernel against the rows dequantized and our bf16 kernel.
 
     bash .gpu/install.sh && python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
 """
@@ -194,15 +195,42 @@ def section_plans(result: dict, context: int) -> None:
                   flush=True)
 
 
+def eight_bit_chunk(q: mx.array, kq: tuple, vq: tuple, n: int, scale: float) -> dict[str, float]:
+    """The same chunk over the keys and values quantized to 8 bits: the 8-bit kernel reading the rows where they
+    lie, against the engine's path without it (the rows dequantized as the store reads them, then our bf16
+    kernel), warm; relative error against the dequantized rows' float32 attention."""
+    from engine import cuda_chunk_attention as chunk
+    from engine import cuda_dequant
+
+    def dequantized() -> list[mx.array]:
+        out = []
+        for _ in range(CALLS):
+            rows = [cuda_dequant.rows_of(*(a[..., :n, :] for a in t), bits=8, group_size=64) for t in (kq, vq)]
+            out.append(chunk.chunk_attention(q, *rows, n, scale))
+        return out
+
+    def ours() -> list[mx.array]:
+        return [chunk.chunk_attention(q, kq, vq, n, scale) for _ in range(CALLS)]
+
+    nbytes = sum(a[..., :n, :].nbytes for a in (*kq, *vq))
+    first, warm = timed(ours) * 1e3, median_ms(ours, 3)
+    return {"q8_first_ms": first, "q8_warm_ms": warm, "q8_gbs": nbytes * CALLS / warm / 1e6,
+            "err_q8": rel_err(ours()[0], chunk.reference(q, kq, vq, n, scale)),
+            "dequantized_bf16_warm_ms": median_ms(dequantized, 3)}
+
+
 def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int]) -> None:
     """Short chunks (2-45 queries) over `context` bf16 keys: `engine.cuda_chunk_attention` against MLX's
     attention (cuDNN), each at two key counts: the first evaluation (our kernel's first includes its
-    compilation; MLX's, a new plan) and warm; ours at each block size in `warps`."""
+    compilation; MLX's, a new plan) and warm; ours at each block size in `warps`; then over the same keys in
+    8 bits (`eight_bit_chunk`)."""
     from engine import cuda_chunk_attention as chunk
 
     default_warps = chunk.WARPS
     scale = DIM ** -0.5
     k, v = random_kv(buffer_positions(context + 64))
+    kq, vq = (tuple(mx.quantize(a, group_size=64, bits=8)) for a in (k, v))  # as an 8-bit store holds them
+    mx.eval(kq, vq)
     for rows in (2, 5, 16, 45):
         q = mx.random.normal((1, HEADS, rows, DIM), key=mx.random.key(rows)).astype(mx.bfloat16)
         for offset in (context, context + 7):
@@ -230,12 +258,14 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
             row["mlx_warm_ms"] = median_ms(mlx, 3)
             row["err_mlx"] = rel_err(mlx()[0], ref)
             row["mlx_gbs"] = nbytes * CALLS / row["mlx_warm_ms"] / 1e6
+            row.update(eight_bit_chunk(q, kq, vq, n, scale))
             result.setdefault("chunk", []).append(row)
             print(f"chunk attention, {rows} rows over {n} keys ({CALLS} calls): " + "; ".join(
                 f"ours ({w} warps) first {o['first_ms']:.1f} ms, warm {o['warm_ms']:.1f} ({o['gbs']:.0f} GB/s), "
                 f"rel err {o['err']:.1e}" for w, o in row["ours"].items()) +
                 f"; MLX first {row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s), "
-                f"rel err {row['err_mlx']:.1e}", flush=True)
+                f"rel err {row['err_mlx']:.1e}; 8-bit: ours warm {row['q8_warm_ms']:.1f} ({row['q8_gbs']:.0f} GB/s), "
+                f"rel err {row['err_q8']:.1e}, dequantized + bf16 kernel {row['dequantized_bf16_warm_ms']:.1f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -24,7 +24,10 @@ but a runtime argument, so no shape is new:
 - the splits' partial outputs are folded by `engine.cuda_attention_mma.merge`.
 
 bf16 keys and values of head dim 128 (the cache's buffers as the store holds them: any stride
-between heads and between positions, rows 16-byte aligned). `bench/gpu_attention.py`'s `chunk`
+between heads and between positions, rows 16-byte aligned), or an 8-bit store's rows (``_kernel_q8``: bytes in
+groups of 64 with bf16 scales, as `engine.qkv.QuantizedKVStore` holds them): each tile's bytes and scale words
+land in shared memory by `cp.async` and are widened there into the bf16 stage the same products read, so the
+cache is read in half the bytes and never dequantized whole (``attention_chunk_q8``). `bench/gpu_attention.py`'s `chunk`
 section measures it against MLX's attention (docs/benchmarks.md, *GPU engine*), and
 `engine.decode_choice` at load (the engine runs it for forwards of 2..`decode_kernels.CHUNK_MAX_ROWS`
 tokens where it wins, and for the one query of a traced bf16 decode step, ``step_traced_bf16``, with the
@@ -52,6 +55,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(s), "l"(gmem));
 }
+// 4 bytes from global to shared memory without a register.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" : : "r"(s), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" : :); }
 // Wait until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -65,14 +73,12 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&d)[4], const void* smem) {
 }  // namespace codectx
 """
 
-SOURCE = r"""
+_BODY = r"""
   // lane = 4 r + c. Query rows of this block: row0 + 16 warp + r (and + 8); row = l * G + g (position l of
   // the chunk, query head g of the KV head). Score fragment e of key n-tile nt: row r + 8 (e >> 1), key
   // 8 nt + 2c + (e & 1) of the tile.
   constexpr int D = 128, TK = 32, KP = 136;
-  __shared__ __align__(16) unsigned short ks[2][TK][KP];  // two stages: keys and values as they lie (row = key)
-  __shared__ __align__(16) unsigned short vs[2][TK][KP];
-  const int kvh = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+/*DECLARATIONS*/  const int kvh = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r = lane >> 2, c = lane & 3;
   const int n = meta[0], L = meta[1], cs = meta[2];
   const int p0 = n - L, rows = L * G;
@@ -98,18 +104,7 @@ SOURCE = r"""
     }
   }
 
-  const size_t k0 = kvh * k_strides[1], v0 = kvh * v_strides[1];
-  // A tile: 32 keys x 16 chunks of 8 halves, for keys and values, spread over the block's threads and
-  // copied straight into the stage (keys past the split's end repeat its last key; no row sees them).
-  auto fetch = [&](int st, int tile) {
-    for (int idx = tid; idx < TK * 16; idx += blockDim.x) {
-      const int key = idx >> 4, part = idx & 15;
-      const size_t at = (size_t)min(tile + key, end - 1);
-      codectx::cp_async16(&ks[st][key][part * 8], k + k0 + at * k_strides[2] + part * 8);
-      codectx::cp_async16(&vs[st][key][part * 8], v + v0 + at * v_strides[2] + part * 8);
-    }
-  };
-
+/*FETCH*/
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float oacc[16][4];
 #pragma unroll
@@ -125,13 +120,13 @@ SOURCE = r"""
     codectx::cp_async_commit();
     codectx::cp_async_wait<1>();  // this tile has landed
     __syncthreads();
-    if (active) {
+/*CONVERT*/    if (active) {
       float sacc[4][4];
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
-        const uint32_t* krow = reinterpret_cast<const uint32_t*>(&ks[st][nt * 8 + r][0]);
+        const uint32_t* krow = reinterpret_cast<const uint32_t*>(&ks[BF][nt * 8 + r][0]);
 #pragma unroll
         for (int s = 0; s < 8; ++s)
           codectx::mma16816(sacc[nt], qa[s][0], qa[s][1], qa[s][2], qa[s][3], krow[8 * s + c], krow[8 * s + 4 + c]);
@@ -188,7 +183,7 @@ SOURCE = r"""
 #pragma unroll
         for (int d = 0; d < 8; ++d) {
           uint32_t b[4];
-          codectx::ldsm_x4_t(b, &vs[st][16 * kk + vkey][16 * d + vdim]);
+          codectx::ldsm_x4_t(b, &vs[BF][16 * kk + vkey][16 * d + vdim]);
           codectx::mma16816(oacc[2 * d], a0, a1, a2, a3, b[0], b[1]);
           codectx::mma16816(oacc[2 * d + 1], a0, a1, a2, a3, b[2], b[3]);
         }
@@ -222,11 +217,111 @@ SOURCE = r"""
 """
 
 
+"""The kernel with its tile's source left open: ``DECLARATIONS`` (the stages), ``FETCH`` (``fetch(stage, tile)``:
+a tile's copies into a stage), ``CONVERT`` (what a landed stage needs before the products read it) and ``[BF]``
+(the bf16 stage they read)."""
+
+_BF16 = {"/*DECLARATIONS*/": r"""
+  __shared__ __align__(16) unsigned short ks[2][TK][KP];  // two stages: keys and values as they lie (row = key)
+  __shared__ __align__(16) unsigned short vs[2][TK][KP];
+""", "/*FETCH*/": r"""  const size_t k0 = kvh * k_strides[1], v0 = kvh * v_strides[1];
+  // A tile: 32 keys x 16 chunks of 8 halves, for keys and values, spread over the block's threads and
+  // copied straight into the stage (keys past the split's end repeat its last key; no row sees them).
+  auto fetch = [&](int st, int tile) {
+    for (int idx = tid; idx < TK * 16; idx += blockDim.x) {
+      const int key = idx >> 4, part = idx & 15;
+      const size_t at = (size_t)min(tile + key, end - 1);
+      codectx::cp_async16(&ks[st][key][part * 8], k + k0 + at * k_strides[2] + part * 8);
+      codectx::cp_async16(&vs[st][key][part * 8], v + v0 + at * v_strides[2] + part * 8);
+    }
+  };
+""", "/*CONVERT*/": "", "[BF]": "[st]"}
+
+_Q8 = {"/*DECLARATIONS*/": r"""
+  // One bf16 stage the products read, and two stages of the 8-bit tile as it lies: key bytes, value bytes, then
+  // per key a word of its two groups' scales and one of their biases, for keys and for values.
+  __shared__ __align__(16) unsigned short ks[1][TK][KP];
+  __shared__ __align__(16) unsigned short vs[1][TK][KP];
+  __shared__ __align__(16) unsigned char raw[2][2 * TK * D + 4 * TK * 4];
+""", "/*FETCH*/": r"""
+  const unsigned char* kbytes = reinterpret_cast<const unsigned char*>(kq + kvh * kq_strides[1]);
+  const unsigned char* vbytes = reinterpret_cast<const unsigned char*>(vq + kvh * vq_strides[1]);
+  const size_t krow = kq_strides[2] * 4, vrow = vq_strides[2] * 4;  // bytes
+  // 32-bit words: both groups' scales (or biases) of one key; the strides in words.
+  const uint32_t* ksw = reinterpret_cast<const uint32_t*>(kscale + kvh * kscale_strides[1]);
+  const uint32_t* kbw = reinterpret_cast<const uint32_t*>(kbias + kvh * kbias_strides[1]);
+  const uint32_t* vsw = reinterpret_cast<const uint32_t*>(vscale + kvh * vscale_strides[1]);
+  const uint32_t* vbw = reinterpret_cast<const uint32_t*>(vbias + kvh * vbias_strides[1]);
+  const size_t ksr = kscale_strides[2] / 2, kbr = kbias_strides[2] / 2, vsr = vscale_strides[2] / 2,
+               vbr = vbias_strides[2] / 2;
+  // A tile: 32 keys x 8 chunks of 16 bytes, for keys and values, and 4 x 32 scale words, spread over the
+  // block's threads (keys past the split's end repeat its last key; no row sees them).
+  auto fetch = [&](int st, int tile) {
+    for (int idx = tid; idx < 2 * TK * 8; idx += blockDim.x) {
+      const int value = idx >> 8, key = (idx >> 3) & (TK - 1), part = idx & 7;
+      const size_t at = (size_t)min(tile + key, end - 1);
+      codectx::cp_async16(&raw[st][value * TK * D + key * D + part * 16],
+                          (value ? vbytes + at * vrow : kbytes + at * krow) + part * 16);
+    }
+    if (tid < 4 * TK) {
+      const int which = tid / TK, key = tid % TK;
+      const size_t at = (size_t)min(tile + key, end - 1);
+      const uint32_t* word = which == 0 ? ksw + at * ksr : which == 1 ? kbw + at * kbr
+                           : which == 2 ? vsw + at * vsr : vbw + at * vbr;
+      codectx::cp_async4(&raw[st][2 * TK * D + which * TK * 4 + key * 4], word);
+    }
+  };
+  // A landed 8-bit stage widened into the bf16 one: bf16(scale * byte + bias), each thread a 16-byte chunk
+  // (one group's) at a time.
+  auto convert = [&](int st) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw[st][2 * TK * D]);
+    for (int idx = tid; idx < 2 * TK * 8; idx += blockDim.x) {
+      const int value = idx >> 8, key = (idx >> 3) & (TK - 1), part = idx & 7;
+      const uint4 b = *reinterpret_cast<const uint4*>(&raw[st][value * TK * D + key * D + part * 16]);
+      const uint32_t sw = words[2 * value * TK + key], bw = words[(2 * value + 1) * TK + key];
+      const float scale = part < 4 ? __uint_as_float(sw << 16) : __uint_as_float(sw & 0xFFFF0000u);
+      const float bias = part < 4 ? __uint_as_float(bw << 16) : __uint_as_float(bw & 0xFFFF0000u);
+      uint32_t out[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t word = i < 2 ? b.x : i < 4 ? b.y : i < 6 ? b.z : b.w;
+        const int shift = (i & 1) * 16;
+        out[i] = codectx::bf2(fmaf(scale, static_cast<float>((word >> shift) & 0xFFu), bias),
+                              fmaf(scale, static_cast<float>((word >> (shift + 8)) & 0xFFu), bias));
+      }
+      uint4* dst = reinterpret_cast<uint4*>(value ? &vs[0][key][part * 16] : &ks[0][key][part * 16]);
+      dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+      dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+  };
+""", "/*CONVERT*/": """    convert(st);
+    __syncthreads();
+""", "[BF]": "[0]"}
+
+
+def _source(parts: dict[str, str]) -> str:
+    body = _BODY
+    for slot, text in parts.items():
+        body = body.replace(slot, text)
+    return body
+
+
+SOURCE = _source(_BF16)
+SOURCE_Q8 = _source(_Q8)
+
+
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     return cuda_backend.kernel("codectx_chunk_attention", SOURCE, CHUNK_HEADER,
                                input_names=["q", "k", "v", "meta", "qscale_in"], output_names=["part_out", "part_ml"],
                                ensure_row_contiguous=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_q8() -> Any:
+    return cuda_backend.kernel("codectx_chunk_attention_q8", SOURCE_Q8, CHUNK_HEADER,
+                               input_names=["q", "kq", "kscale", "kbias", "vq", "vscale", "vbias", "meta", "qscale_in"],
+                               output_names=["part_out", "part_ml"], ensure_row_contiguous=False)
 
 
 def shape_problem(L: int, G: int, D: int, dtype: mx.Dtype) -> str | None:
@@ -245,10 +340,23 @@ def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: i
     return cuda_backend.split_size(n, blocks_per_split, target_blocks, least, TILE)
 
 
-def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int | mx.array,
+def q8_problem(L: int, G: int, D: int, keys: tuple) -> str | None:
+    """Why a chunk of L queries with G query heads per KV head of dim D over an 8-bit store's (packed, scales,
+    biases) keys is not the 8-bit kernel's (None: it is): bytes of dim 128 in groups of 64, bf16 scales."""
+    packed, scales = keys[0], keys[1]
+    if D != DIM or packed.dtype != mx.uint32 or packed.shape[-1] != D // 4:
+        return f"head dim {D}, {packed.shape[-1] * 32 // D}-bit cache"
+    if scales.dtype != mx.bfloat16 or scales.shape[-1] != D // 64:
+        return f"{scales.dtype} scales, {D // scales.shape[-1]}-value groups"
+    return shape_problem(L, G, D, mx.bfloat16)
+
+
+def chunk_attention(queries: mx.array, keys: mx.array | tuple, values: mx.array | tuple, n: int | mx.array,
                     scale: float) -> mx.array:
     """Causal attention of `queries` (1, H, L, 128), the chunk's last positions, over the first `n`
-    rows of `keys`/`values` (1, KV heads, >= n, 128; bf16; the chunk's own keys are rows n - L .. n - 1).
+    rows of `keys`/`values` (1, KV heads, >= n, 128; bf16; the chunk's own keys are rows n - L .. n - 1), or
+    of an 8-bit store's (packed, scales, biases) triples of those rows (`q8_problem`: the 8-bit kernel, whose
+    tiles are widened to bf16 in shared memory).
     `n` may be an int32 array of one element (a traced decode step's key count, `engine.trace_caches`):
     the keys are then split over the buffers' rows, not the count (splits past it are empty).
 
@@ -256,27 +364,34 @@ def chunk_attention(queries: mx.array, keys: mx.array, values: mx.array, n: int 
         (1, H, L, 128) in the queries' dtype.
     """
     B, H, L, D = queries.shape
-    kv_heads = keys.shape[1]
+    eight_bit = isinstance(keys, tuple)
+    key_rows, value_rows = (keys[0], values[0]) if eight_bit else (keys, values)
+    kv_heads = key_rows.shape[1]
     G = H // kv_heads
-    problem = shape_problem(L, G, D, keys.dtype) if B == 1 else f"{B} sequences"
-    span = cuda_backend.split_span(n, min(keys.shape[2], values.shape[2]))
-    if problem is not None or span < L or keys.shape[2] < span or values.shape[2] < span:
-        raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {keys.shape[2]} keys'}")
+    problem = f"{B} sequences" if B != 1 else q8_problem(L, G, D, keys) if eight_bit else \
+        shape_problem(L, G, D, keys.dtype)
+    span = cuda_backend.split_span(n, min(key_rows.shape[2], value_rows.shape[2]))
+    if problem is not None or span < L or key_rows.shape[2] < span or value_rows.shape[2] < span:
+        raise ValueError(f"not a chunk this kernel takes: {problem or f'{L} queries, {n} of {key_rows.shape[2]} keys'}")
     row_blocks = -(-(L * G) // (16 * WARPS))
     cs = split_size(span, row_blocks * kv_heads)
     splits = -(-span // cs)
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H x L rows of D (flat): no reshape
     meta = cuda_backend.sizes(n, L, cs)
-    part_out, part_ml = _kernel()(
-        inputs=[q, keys, values, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
+    kernel, kv = (_kernel_q8(), [*keys, *values]) if eight_bit else (_kernel(), [keys, values])
+    part_out, part_ml = kernel(
+        inputs=[q, *kv, meta, cuda_backend.base2_scale(scale)], template=[("G", G)],
         grid=(row_blocks * WARPS * 32, splits, kv_heads), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(H * L, splits, D), (H * L, splits, 2)], output_dtypes=[mx.float32, mx.float32])
     return merge(part_out, part_ml, queries.dtype, (1, H, L, D))
 
 
-def reference(queries: mx.array, keys: mx.array, values: mx.array, n: int, scale: float) -> mx.array:
-    """The same attention through MLX (float32): what the kernel is checked against."""
+def reference(queries: mx.array, keys: mx.array | tuple, values: mx.array | tuple, n: int, scale: float) -> mx.array:
+    """The same attention through MLX (float32; 8-bit triples dequantized first): what the kernel is checked
+    against."""
     L = queries.shape[2]
+    if isinstance(keys, tuple):
+        keys, values = (mx.dequantize(*(a[..., :n, :] for a in t), group_size=64, bits=8) for t in (keys, values))
     k, v = keys[:, :, :n, :].astype(mx.float32), values[:, :, :n, :].astype(mx.float32)
     return mx.fast.scaled_dot_product_attention(queries.astype(mx.float32), k, v, scale=scale,
                                                 mask="causal" if L > 1 else None)

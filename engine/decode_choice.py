@@ -21,7 +21,9 @@ the same thing:
   of those that beat MLX's, the fastest runs;
 - chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
   a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
-  (MLX's cuDNN attention then builds a plan each time), against MLX's attention;
+  (MLX's cuDNN attention then builds a plan each time), against MLX's attention; and over an 8-bit cache's
+  rows as they lie (``attention_chunk_q8``) against the rows dequantized and attended as without it
+  (`engine.chunk_measure`);
 - the 8-bit cache write (``kv_write``, `engine.cuda_kv_write`): a decode step's rows written in place,
   with our attention reading them, queued as decode queues its steps, against MLX's slice updates;
   only where one of our attention kernels runs (the one reader it orders after itself);
@@ -56,9 +58,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from engine import compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
+from engine import chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
+from engine.chunk_measure import CHUNK_CALLS, CHUNK_ROWS
 from engine.cuda_backend import code_version, cuda_available
-from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_TIMINGS, CHUNK_CALLS, CHUNK_ROWS, REPEAT, Timings,
+from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_TIMINGS, REPEAT, Timings,
                                    attention_kernels, attention_shape, compute_dtype, faster_attention)
 from engine.decode_measure import measure as measure_kernels
 from engine.linear_mode import first_block_linears
@@ -68,7 +71,8 @@ from engine.step_measure import STEPS, TRACE_KEYS, TRACED, time_traced_step
 logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
-                "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed")
+                "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed",
+                "attention_chunk_q8")
 MARGIN = 0.05
 NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
@@ -106,6 +110,8 @@ class DecodeKernels:
             for the one-query attention instead.
         attention_transposed: `engine.cuda_attention_transposed` (the same, keys and dimensions on the
             products' rows, query heads on their columns) for the one-query attention instead.
+        attention_chunk_q8: `engine.cuda_chunk_attention`'s 8-bit kernel for forwards of
+            2..`decode_kernels.CHUNK_MAX_ROWS` tokens over an 8-bit cache's dense rows, read where they lie.
     """
 
     qmv: bool = False
@@ -123,6 +129,7 @@ class DecodeKernels:
     rope_fused: bool = False
     attention_staged: bool = False
     attention_transposed: bool = False
+    attention_chunk_q8: bool = False
 
     @property
     def any(self) -> bool:
@@ -145,9 +152,11 @@ class DecodeKernels:
         kv_write = self.kv_write and attention  # its one reader in the step is our attention
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         rope = self.rope_fused and rows == 1
+        chunk_q8 = self.attention_chunk_q8 and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
-                                    staged=self.attention_staged, transposed=self.attention_transposed) \
-            if qmv or attention or chunk or mlp or rope else contextlib.nullcontext()
+                                    staged=self.attention_staged, transposed=self.attention_transposed,
+                                    chunk_q8=chunk_q8) \
+            if qmv or attention or chunk or mlp or rope or chunk_q8 else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
         """Give the model's layers the classes the chosen kernels are called through (our linears, the MLPs
@@ -191,7 +200,8 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         return DecodeKernels(notes=notes)
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
-        return DecodeKernels(True, True, "setting", attention_chunk=True, kv_write=ours, mlp_compiled=True,
+        return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=True, kv_write=ours,
+                             mlp_compiled=True,
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
                              rope_fused=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
@@ -217,9 +227,10 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
 
 
 def measure_all(model: Any) -> Timings:
-    """Each kernel timed (`engine.decode_measure.measure`), then the step traced with those that would run
-    (`engine.step_measure.time_traced_step`)."""
+    """Each kernel timed (`engine.decode_measure.measure`, `engine.chunk_measure.measure`), then the step traced
+    with those that would run (`engine.step_measure.time_traced_step`)."""
     timings = measure_kernels(model)
+    timings.update(chunk_measure.measure(model, cpu_attention.wirable(model)))
     chosen, _ = choose_kernels(timings)
     return {**timings, **time_traced_step(model, DecodeKernels(source="measured", **chosen))}
 

@@ -41,6 +41,7 @@ _mma = Switch("codectx_attention_mma")
 _staged = Switch("codectx_attention_staged")
 _transposed = Switch("codectx_attention_transposed")
 _chunk = Switch("codectx_attention_chunk")
+_chunk_q8 = Switch("codectx_attention_chunk_q8")
 _one_query = Switch("codectx_chunk_one_query")
 _kv_write = Switch("codectx_kv_write")
 _fused = Switch("codectx_qmv_fused")
@@ -55,6 +56,9 @@ attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
 """Whether a short chunk's attention over a bf16 cache uses `engine.cuda_chunk_attention` on this thread now."""
+chunk_q8_on = _chunk_q8.on
+"""Whether a short chunk's attention over an 8-bit cache's dense rows uses `engine.cuda_chunk_attention`'s 8-bit
+kernel on this thread now (the window cache then hands out the rows as they lie, `engine.window`)."""
 one_query_chunk = _one_query.scope
 """Inside this block (with `chunk_on()`), a plain one-token forward over a bf16 cache attends through
 `engine.cuda_chunk_attention` too, as a traced bf16 step does: the reference the traced step is checked against
@@ -70,7 +74,7 @@ rope_on = _rope.on
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
           kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False,
-          staged: bool = False, transposed: bool = False) -> Iterator[None]:
+          staged: bool = False, transposed: bool = False, chunk_q8: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `staged`: it is
     `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `transposed`: it is
@@ -78,12 +82,14 @@ def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
     wired by `engine.cpu_attention.wire` attend through `attend_chunk`; `kv_write`: the caches'
     stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
     their trace for one row (`engine.compiled_mlp`); `fused`: linears of one input take one launch
-    (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch."""
-    if attention:
+    (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch; `chunk_q8`:
+    a chunk over an 8-bit cache's dense rows attends through `engine.cuda_chunk_attention`'s 8-bit kernel."""
+    if attention or chunk_q8:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), \
             _staged.scope(attention and staged), _transposed.scope(attention and transposed), _chunk.scope(chunk), \
-            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope):
+            _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope), \
+            _chunk_q8.scope(chunk_q8):
         yield
 
 
@@ -126,8 +132,18 @@ class Q8Rows(tuple):
         return rows
 
 
+def q8_chunk_takes(queries: mx.array, keys: Any, mask: Any, group_size: int, bits: int) -> bool:
+    """Whether `engine.cuda_chunk_attention`'s 8-bit kernel takes a causal chunk of 2..`CHUNK_MAX_ROWS` queries
+    over an 8-bit store's (packed, scales, biases) rows, the chunk's own last."""
+    B, H, L, D = queries.shape
+    return (B == 1 and bits == 8 and group_size == 64 and isinstance(mask, str) and mask == "causal"
+            and 1 < L <= CHUNK_MAX_ROWS and L <= keys[0].shape[2]
+            and cuda_chunk_attention.q8_problem(L, H // keys[0].shape[1], D, tuple(keys)) is None)
+
+
 def install() -> None:
-    """Route `Q8Rows` through our kernel in mlx-lm's quantized attention (idempotent)."""
+    """Route `Q8Rows` through our kernel in mlx-lm's quantized attention, and while `chunk_q8_on()` a short
+    chunk's 8-bit rows through `engine.cuda_chunk_attention`'s 8-bit kernel (idempotent)."""
     if _installed:  # mlx-lm's own function, once replaced
         return
     from engine import cuda_attention
@@ -137,7 +153,12 @@ def install() -> None:
     def quantized_attention(queries: mx.array, q_keys: Any, q_values: Any, scale: float, mask: Any,
                             group_size: int = 64, bits: int = 8) -> mx.array:
         if not isinstance(q_keys, Q8Rows):
-            return original(queries, q_keys, q_values, scale, mask, group_size, bits)
+            if not _chunk_q8.on():
+                return original(queries, q_keys, q_values, scale, mask, group_size, bits)
+            n = q_keys[0].shape[2]  # rows the window cache handed out for our chunk kernel (`engine.window`)
+            if q8_chunk_takes(queries, q_keys, mask, group_size, bits):
+                return cuda_chunk_attention.chunk_attention(queries, tuple(q_keys), tuple(q_values), n, scale)
+            return cuda_attention.reference(queries, q_keys, q_values, n, scale, group_size, mask, bits)
         for kernel in attention_kernels():
             if mask is None and cuda_attention.unsupported(queries, q_keys, bits, group_size, kernel) is None:
                 return cuda_attention.decode_attention(queries, q_keys, q_values, q_keys.n, scale, group_size, kernel,

@@ -6,7 +6,6 @@ the MLP's own call, the attention module's own norms and RoPE). Only on MLX's CU
 """
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,22 +22,8 @@ logger = logging.getLogger(__name__)
 MAX_ERROR = 2e-2
 ATTENTION_KEYS = 16384
 ATTENTION_CACHES = 4  # 8-bit caches of ATTENTION_KEYS rows the attention timing takes in turn (past a 50 MB L2)
-CHUNK_ROWS = decode_kernels.CHUNK_MAX_ROWS  # the chunk attention is timed at the most queries it takes
-CHUNK_CALLS = 64  # a forward's layers: one evaluation at one new key count
 REPEAT = 16  # block repetitions per timed evaluation of the linears
 ROPE_POSITION = 100_003  # where the fused RoPE is checked: far into a long context, where angles are large
-
-_chunk_measurements = itertools.count()
-
-
-def fresh_key_counts(n: int = 512) -> range:
-    """`n` key counts from `ATTENTION_KEYS` on that no earlier call in this process handed out. MLX's cuDNN
-    attention keeps the plan it builds for each key count, so a chunk-attention measurement over counts an
-    earlier one met would time MLX without that cost, which every chunk of a growing prompt pays (on the
-    H200 a 64-layer model measured after a 4-layer one timed MLX at 0.13 ms a call against 1.04)."""
-    start = ATTENTION_KEYS + n * next(_chunk_measurements)
-    return range(start, start + n)
-
 
 Timings = dict[str, tuple[float, float]]
 """Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
@@ -97,8 +82,7 @@ def measure(model: Any) -> Timings:
         kernels = attention_kernels(shape)
         if kernels:
             timings.update(_time_attention(heads, kv_heads, dim, dtype, kernels))
-        if cpu_attention.wirable(model):  # the wired call is where these kernels run (`engine.compute`)
-            timings.update(_time_chunk_attention(heads, kv_heads, dim, dtype))
+        if cpu_attention.wirable(model):  # the wired call is where this kernel runs (`engine.compute`)
             timings.update(_time_rope(model, dtype))
         faster = faster_attention(timings)
         if faster is not None:  # with the attention kernel that would run beside it
@@ -252,54 +236,6 @@ def _time_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel
         except Exception as err:  # noqa: BLE001
             logger.warning("decode kernels: %s; not using it", err)
     return timings
-
-
-def _time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> Timings:
-    """"attention_chunk": `CHUNK_ROWS` queries over a bf16 cache, a forward's `CHUNK_CALLS` layers per
-    evaluation, each evaluation at a key count not seen before in the process (`fresh_key_counts`; as
-    every chunk of a growing prompt is: MLX's cuDNN attention then builds a plan). Left out where the
-    shape is not the kernel's or it fails its check (or to compile)."""
-    from engine import cuda_chunk_attention as chunk
-
-    if chunk.shape_problem(CHUNK_ROWS, heads // kv_heads, dim, dtype) is not None:
-        return {}
-    scale, fresh = dim ** -0.5, fresh_key_counts()
-    kv = [mx.random.normal((1, kv_heads, fresh.stop, dim), key=mx.random.key(3 + i)).astype(dtype)
-          for i in range(2)]
-    queries = mx.random.normal((1, heads, CHUNK_ROWS, dim), key=mx.random.key(5)).astype(dtype)
-    mx.eval(kv, queries)
-    counts = iter(fresh)
-
-    def mlx() -> list[mx.array]:
-        n = next(counts)
-        return [mx.fast.scaled_dot_product_attention(queries, kv[0][..., :n, :], kv[1][..., :n, :], scale=scale,
-                                                     mask="causal") for _ in range(CHUNK_CALLS)]
-
-    def ours() -> list[mx.array]:
-        n = next(counts)
-        return [chunk.chunk_attention(queries, kv[0], kv[1], n, scale) for _ in range(CHUNK_CALLS)]
-
-    try:
-        check_close("attention_chunk", chunk.chunk_attention(queries, kv[0], kv[1], fresh.start, scale),
-               chunk.reference(queries, kv[0], kv[1], fresh.start, scale))
-        return {"attention_chunk": (best_seconds(mlx) / CHUNK_CALLS, best_seconds(ours) / CHUNK_CALLS)}
-    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
-        logger.warning("decode kernels: %s; not using the chunk attention", err)
-        return {}
-
-
-def check_chunk_one_query(model: Any) -> None:
-    """The chunk kernel's one query over a bf16 cache (a traced bf16 step's call) against MLX's attention, on
-    `model`'s heads at a key count inside the buffers. Raises RuntimeError where they differ."""
-    from engine import cuda_chunk_attention as chunk
-
-    heads, kv_heads, dim = attention_shape(model)
-    dtype, n = compute_dtype(model), ATTENTION_KEYS - 100
-    kv = [mx.random.normal((1, kv_heads, ATTENTION_KEYS, dim), key=mx.random.key(40 + i)).astype(dtype)
-          for i in range(2)]
-    query = mx.random.normal((1, heads, 1, dim), key=mx.random.key(42)).astype(dtype)
-    check_close("attention_chunk", chunk.chunk_attention(query, *kv, mx.array([n], dtype=mx.int32), dim ** -0.5),
-                chunk.reference(query, *kv, n, dim ** -0.5), "kernel's one query")
 
 
 def time_kv_write(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, kernel: str, steps: int = 8,

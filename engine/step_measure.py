@@ -11,7 +11,7 @@ plain forward against the traced one. The traced step is checked first, over thr
 trace (not falling back), and at every step the plain step's logits and every layer's written row
 (within `decode_measure.MAX_ERROR`: a trace may fuse operations the plain step runs apart). Over bf16 caches
 the plain step it is checked against attends with the trace's kernel (`decode_kernels.one_query_chunk`),
-after that kernel's one-query call was held to MLX's (`decode_measure.check_chunk_one_query`): on the H200 the
+after that kernel's one-query call was held to MLX's (`chunk_measure.check_chunk_one_query`): on the H200 the
 64-layer step checked against MLX's attention differed by 5.5e-2 (docs/benchmarks.md, twelfth session).
 Few keys on purpose: what a trace can save is the host's part, whose operations are the same at any
 context length (the device's part grows with it).
@@ -25,7 +25,8 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engine.compiled import CompiledDecodeStep
-from engine.decode_measure import Timings, attention_shape, check_chunk_one_query, check_close, compute_dtype
+from engine.chunk_measure import check_chunk_one_query
+from engine.decode_measure import Timings, attention_shape, check_close, compute_dtype
 from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)

@@ -209,7 +209,10 @@ class WindowKVCache:
         if ours:
             self._direct = True
             return self.store.rows(self.offset)
-        self._direct = (self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
+        # A short chunk over the 8-bit rows: our chunk kernel reads them where they lie (engine.decode_kernels).
+        self._direct = (self.store.quantized and plan.dense and 1 < n <= decode_kernels.CHUNK_MAX_ROWS
+                        and decode_kernels.chunk_q8_on()) or (
+                        self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
                         and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
                                                    self.store.group_size, str(mx.default_device())))
         if self._direct:

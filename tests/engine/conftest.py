@@ -37,7 +37,8 @@ def semantic_kernels(monkeypatch):
     writes nothing and returns its row's position; the 8-bit attention returns a pattern of its key count n
     and of what it is ordered after (the write's position p; without a write, n again): sin(0.05 n + d) +
     cos(0.3 p) for dim d of every head; the chunk attention (a full-precision cache) attends for real over
-    the first n rows, through a mask. Records the calls made (a replayed trace makes none)."""
+    the first n rows, through a mask; the 8-bit chunk attention attends causally for real over the rows it is
+    given, dequantized. Records the calls made (a replayed trace makes none)."""
     calls = []
 
     def qmv(inputs, template, output_shapes, output_dtypes, **_):
@@ -81,5 +82,27 @@ def semantic_kernels(monkeypatch):
     monkeypatch.setattr(cuda_attention, "_kernels", lambda: (partial, merge))
     monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *shape: None)  # the tiny model's heads
     monkeypatch.setattr(cuda_chunk_attention, "_kernel", lambda: chunk)
+    monkeypatch.setattr(cuda_chunk_attention, "q8_problem", lambda *shape: None)  # the tiny model's dim and dtype
+    monkeypatch.setattr(cuda_chunk_attention, "_kernel_q8", lambda: q8_chunk_stand_in(calls))
     monkeypatch.setattr(cuda_attention_mma, "_merge_kernel", lambda: merge)
     return calls
+
+
+def q8_chunk_stand_in(calls: list) -> object:
+    """`semantic_kernels`' stand-in for the 8-bit chunk attention: causal attention over the rows it is given,
+    dequantized (its queries as the kernel reads them, bf16), zeros if launched with another count or chunk."""
+    def chunk_q8(inputs, output_shapes, **_):  # a chunk over an 8-bit store's rows: real causal attention
+        calls.append("chunk_q8")
+        q, kq, ks, kb, vq, vs, vb, meta, scale2 = inputs
+        heads, rows = q.shape[1], q.shape[2]
+        k, v = (mx.repeat(mx.dequantize(*t, group_size=64, bits=8), heads // t[0].shape[1], axis=1).astype(mx.float32)
+                for t in ((kq, ks, kb), (vq, vs, vb)))
+        out = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), k, v,
+                                                   scale=(scale2[0] / cuda_backend.LOG2E).item(), mask="causal")
+        launch_ok = (meta[0] == kq.shape[2]) & (meta[1] == rows)  # the count and the chunk's rows it was given
+        splits = output_shapes[0][1]
+        out = mx.where(launch_ok, out, 0.0).reshape(heads * rows, 1, -1)
+        return [mx.concatenate([out, mx.zeros((heads * rows, splits - 1, out.shape[-1]))], axis=1),
+                mx.zeros(output_shapes[1])]
+
+    return chunk_q8

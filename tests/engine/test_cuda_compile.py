@@ -17,7 +17,7 @@ from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
-             cuda_chunk_attention._kernel, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
+             cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
              cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
@@ -76,6 +76,8 @@ def launch_every_kernel() -> None:
         for rows in ((1,) if isinstance(n, mx.array) else (2, 45)):
             cuda_chunk_attention.chunk_attention(mx.zeros((1, H, rows, D), dtype=mx.bfloat16), cache, cache, n,
                                                  0.088)
+            cut = tuple(a[..., :750, :] for a in eight_bit(1024))  # the rows an 8-bit store's read_quantized gives
+            cuda_chunk_attention.chunk_attention(mx.zeros((1, H, rows, D), dtype=mx.bfloat16), cut, cut, n, 0.088)
     cuda_attention.decode_attention(query.astype(mx.float16), eight_bit(1024, mx.float16),
                                     eight_bit(1024, mx.float16), 700, 0.088, 64)
     for module, dtype in ((attention_module("qwen3", 128), mx.bfloat16), (attention_module("llama", 64), mx.float16)):
@@ -109,6 +111,7 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
     assert any(label.startswith("codectx_q8_attention_transposed") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
+    assert any(label.startswith("codectx_chunk_attention_q8") for label in sources)
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
 

@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 from test_linear_mode import Timings, quantized_model
 
-from engine import (cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention, cuda_kv_write,
-                    decode_choice, decode_kernels)
+from engine import (chunk_measure, cuda_attention, cuda_attention_mma, cuda_backend, cuda_chunk_attention,
+                    cuda_kv_write, decode_choice, decode_kernels)
 from engine.compute import ComputePath, choose, exact
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels, decide, resolve
@@ -41,7 +41,8 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                            "kernels: mlp_compiled not measured here", "kernels: step_traced not measured here",
                            "kernels: step_traced_bf16 not measured here", "kernels: qmv_fused not measured here",
                            "kernels: rope_fused not measured here", "kernels: attention_staged not measured here",
-                           "kernels: attention_transposed not measured here")
+                           "kernels: attention_transposed not measured here",
+                           "kernels: attention_chunk_q8 not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -54,7 +55,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                                             "attention_chunk": False, "kv_write": False, "mlp_compiled": False,
                                             "step_traced": False, "step_traced_bf16": False, "qmv_fused": False,
                                             "rope_fused": False, "attention_staged": False,
-                                            "attention_transposed": False}
+                                            "attention_transposed": False, "attention_chunk_q8": False}
 
 
 def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model, tiny_model_dir, tmp_path):
@@ -74,7 +75,6 @@ def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model,
 def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met(monkeypatch):
     # MLX keeps a cuDNN plan per key count: a second measurement in a process must not time MLX without it.
     # The kernel is CUDA's: a stand-in (masked MLX attention over the first `count` keys) takes its place here.
-    from engine import decode_measure
 
     timed_at, attend = [], mx.fast.scaled_dot_product_attention
 
@@ -85,8 +85,8 @@ def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met(m
         timed_at.append(keys.shape[2])
         return attend(queries, keys, values, **options)
 
-    monkeypatch.setattr(decode_measure, "ATTENTION_KEYS", 64)
-    monkeypatch.setattr(decode_measure, "CHUNK_CALLS", 1)
+    monkeypatch.setattr(chunk_measure, "ATTENTION_KEYS", 64)
+    monkeypatch.setattr(chunk_measure, "CHUNK_CALLS", 1)
     monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *_: None)
     monkeypatch.setattr(cuda_chunk_attention, "chunk_attention", stand_in)
     monkeypatch.setattr(cuda_chunk_attention, "reference", stand_in)
@@ -94,7 +94,7 @@ def test_the_chunk_attention_is_timed_at_key_counts_no_earlier_measurement_met(m
     for _ in range(2):
         timed_at.clear()
         monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
-        assert "attention_chunk" in decode_measure._time_chunk_attention(2, 1, 128, mx.bfloat16)
+        assert "attention_chunk" in chunk_measure.time_chunk_attention(2, 1, 128, mx.bfloat16)
         monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", attend)
         assert len(timed_at) == len(set(timed_at)) > 1  # each evaluation at a new count
         seen.append(set(timed_at))
