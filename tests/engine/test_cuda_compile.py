@@ -170,3 +170,16 @@ def test_the_staged_attentions_blocks_stay_within_one_wave_at_every_key_count(mo
         for n in range(16384, 140000, 97):
             splits = -(-n // module.split_size(n, kv_heads))
             assert -(-splits // module.WARPS) * kv_heads <= wave, (kv_heads, n)
+
+
+def test_twelve_warps_of_each_chunk_attention_fit_on_a_multiprocessor(recorder):
+    """`cuda_chunk_attention.WARPS` warps a block, one block a multiprocessor at least: the bf16 and 8-bit kernels
+    keep to the registers of twelve warps without spilling (their shared memory is static, under 48 KB)."""
+    launch_every_kernel()
+    sources = {label: source for label, source in recorder.sources().items()
+               if label.startswith("codectx_chunk_attention")}
+    assert any("_q8_" in label for label in sources) and len(sources) >= 2
+    for label, source in sources.items():
+        used = resources(source)
+        assert -(-used["registers"] // 8) * 8 * cuda_chunk_attention.WARPS * 32 <= 65536, (label, used)
+        assert used["spill_stores"] == used["spill_loads"] == 0, (label, used)
