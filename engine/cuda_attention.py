@@ -231,6 +231,8 @@ def unsupported(queries: mx.array, keys: tuple, bits: int, group_size: int, kern
     B, H, L, D = queries.shape
     if B != 1 or L != 1:
         return f"{B} x {L} queries"
+    if kernel != "cores" and keys[1].dtype not in (mx.bfloat16, mx.float16):  # read as 16-bit halves
+        return f"{keys[1].dtype} scales"
     return shape_problem(H, keys[0].shape[1], D, bits, group_size, kernel)
 
 

@@ -13,8 +13,9 @@ scales of 2 keys instead of 4. What it costs:
 The bytes travel as in the staged kernel (`engine.cuda_attention_staged.RING`, its shared-memory layout and
 swizzles, whole tiles addressed by offsets advanced a tile at a time) and become float16 the same way: a byte
 ``b`` is ``1024 + b`` after one byte permute. For the scores the 1,024 is folded into the bias term; for the
-values it is taken out by one more product a group and tile, of the value operand with a row of 1,024s
-(exact in float32), subtracted at the end.
+values it is taken out by one more product a group and tile, of the value operand with rows of 1,024s,
+subtracted at the end (the two float32 sums cancel about 1,024 times the operand's sum: their rounding, about
+2^-24 of that, is far below the float16 rounding of the operand itself, 2^-11).
 
 Fragments (lane = 4 r + c): scores: keys r and r + 8 of the tile, heads 2c and 2c + 1, the products' k over
 dimensions g*64 + 16c + 4j + {0..3} (the queries' layout in `engine.cuda_attention_fragments.QUERIES`);

@@ -40,7 +40,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine import cuda_backend
+from engine import cuda_backend, cuda_chunk_tiles
 from engine.cuda_attention_fragments import HEADER
 from engine.cuda_attention_mma import merge
 
@@ -217,87 +217,8 @@ _BODY = r"""
 """
 
 
-"""The kernel with its tile's source left open: ``DECLARATIONS`` (the stages), ``FETCH`` (``fetch(stage, tile)``:
-a tile's copies into a stage), ``CONVERT`` (what a landed stage needs before the products read it) and ``[BF]``
-(the bf16 stage they read)."""
-
-_BF16 = {"/*DECLARATIONS*/": r"""
-  __shared__ __align__(16) unsigned short ks[2][TK][KP];  // two stages: keys and values as they lie (row = key)
-  __shared__ __align__(16) unsigned short vs[2][TK][KP];
-""", "/*FETCH*/": r"""  const size_t k0 = kvh * k_strides[1], v0 = kvh * v_strides[1];
-  // A tile: 32 keys x 16 chunks of 8 halves, for keys and values, spread over the block's threads and
-  // copied straight into the stage (keys past the split's end repeat its last key; no row sees them).
-  auto fetch = [&](int st, int tile) {
-    for (int idx = tid; idx < TK * 16; idx += blockDim.x) {
-      const int key = idx >> 4, part = idx & 15;
-      const size_t at = (size_t)min(tile + key, end - 1);
-      codectx::cp_async16(&ks[st][key][part * 8], k + k0 + at * k_strides[2] + part * 8);
-      codectx::cp_async16(&vs[st][key][part * 8], v + v0 + at * v_strides[2] + part * 8);
-    }
-  };
-""", "/*CONVERT*/": "", "[BF]": "[st]"}
-
-_Q8 = {"/*DECLARATIONS*/": r"""
-  // One bf16 stage the products read, and two stages of the 8-bit tile as it lies: key bytes, value bytes, then
-  // per key a word of its two groups' scales and one of their biases, for keys and for values.
-  __shared__ __align__(16) unsigned short ks[1][TK][KP];
-  __shared__ __align__(16) unsigned short vs[1][TK][KP];
-  __shared__ __align__(16) unsigned char raw[2][2 * TK * D + 4 * TK * 4];
-""", "/*FETCH*/": r"""
-  const unsigned char* kbytes = reinterpret_cast<const unsigned char*>(kq + kvh * kq_strides[1]);
-  const unsigned char* vbytes = reinterpret_cast<const unsigned char*>(vq + kvh * vq_strides[1]);
-  const size_t krow = kq_strides[2] * 4, vrow = vq_strides[2] * 4;  // bytes
-  // 32-bit words: both groups' scales (or biases) of one key; the strides in words.
-  const uint32_t* ksw = reinterpret_cast<const uint32_t*>(kscale + kvh * kscale_strides[1]);
-  const uint32_t* kbw = reinterpret_cast<const uint32_t*>(kbias + kvh * kbias_strides[1]);
-  const uint32_t* vsw = reinterpret_cast<const uint32_t*>(vscale + kvh * vscale_strides[1]);
-  const uint32_t* vbw = reinterpret_cast<const uint32_t*>(vbias + kvh * vbias_strides[1]);
-  const size_t ksr = kscale_strides[2] / 2, kbr = kbias_strides[2] / 2, vsr = vscale_strides[2] / 2,
-               vbr = vbias_strides[2] / 2;
-  // A tile: 32 keys x 8 chunks of 16 bytes, for keys and values, and 4 x 32 scale words, spread over the
-  // block's threads (keys past the split's end repeat its last key; no row sees them).
-  auto fetch = [&](int st, int tile) {
-    for (int idx = tid; idx < 2 * TK * 8; idx += blockDim.x) {
-      const int value = idx >> 8, key = (idx >> 3) & (TK - 1), part = idx & 7;
-      const size_t at = (size_t)min(tile + key, end - 1);
-      codectx::cp_async16(&raw[st][value * TK * D + key * D + part * 16],
-                          (value ? vbytes + at * vrow : kbytes + at * krow) + part * 16);
-    }
-    if (tid < 4 * TK) {
-      const int which = tid / TK, key = tid % TK;
-      const size_t at = (size_t)min(tile + key, end - 1);
-      const uint32_t* word = which == 0 ? ksw + at * ksr : which == 1 ? kbw + at * kbr
-                           : which == 2 ? vsw + at * vsr : vbw + at * vbr;
-      codectx::cp_async4(&raw[st][2 * TK * D + which * TK * 4 + key * 4], word);
-    }
-  };
-  // A landed 8-bit stage widened into the bf16 one: bf16(scale * byte + bias), each thread a 16-byte chunk
-  // (one group's) at a time.
-  auto convert = [&](int st) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw[st][2 * TK * D]);
-    for (int idx = tid; idx < 2 * TK * 8; idx += blockDim.x) {
-      const int value = idx >> 8, key = (idx >> 3) & (TK - 1), part = idx & 7;
-      const uint4 b = *reinterpret_cast<const uint4*>(&raw[st][value * TK * D + key * D + part * 16]);
-      const uint32_t sw = words[2 * value * TK + key], bw = words[(2 * value + 1) * TK + key];
-      const float scale = part < 4 ? __uint_as_float(sw << 16) : __uint_as_float(sw & 0xFFFF0000u);
-      const float bias = part < 4 ? __uint_as_float(bw << 16) : __uint_as_float(bw & 0xFFFF0000u);
-      uint32_t out[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t word = i < 2 ? b.x : i < 4 ? b.y : i < 6 ? b.z : b.w;
-        const int shift = (i & 1) * 16;
-        out[i] = codectx::bf2(fmaf(scale, static_cast<float>((word >> shift) & 0xFFu), bias),
-                              fmaf(scale, static_cast<float>((word >> (shift + 8)) & 0xFFu), bias));
-      }
-      uint4* dst = reinterpret_cast<uint4*>(value ? &vs[0][key][part * 16] : &ks[0][key][part * 16]);
-      dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
-      dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
-    }
-  };
-""", "/*CONVERT*/": """    convert(st);
-    __syncthreads();
-""", "[BF]": "[0]"}
-
+"""The kernel with its tile's source left open (`engine.cuda_chunk_tiles`: a bf16 cache's tiles or an 8-bit
+store's)."""
 
 def _source(parts: dict[str, str]) -> str:
     body = _BODY
@@ -306,8 +227,8 @@ def _source(parts: dict[str, str]) -> str:
     return body
 
 
-SOURCE = _source(_BF16)
-SOURCE_Q8 = _source(_Q8)
+SOURCE = _source(cuda_chunk_tiles.BF16)
+SOURCE_Q8 = _source(cuda_chunk_tiles.Q8)
 
 
 @functools.lru_cache(maxsize=1)
@@ -340,14 +261,22 @@ def split_size(n: int, blocks_per_split: int, target_blocks: int = 528, least: i
     return cuda_backend.split_size(n, blocks_per_split, target_blocks, least, TILE)
 
 
-def q8_problem(L: int, G: int, D: int, keys: tuple) -> str | None:
+def q8_rows_problem(D: int, bits: int, group_size: int, dtype: mx.Dtype) -> str | None:
+    """Why an 8-bit store's rows of dim D (`bits`, groups of `group_size`, scales in `dtype`) are not the 8-bit
+    kernel's (None: they are): bytes of dim 128 in groups of 64, bf16 scales."""
+    if D != DIM or bits != 8 or group_size != 64 or dtype != mx.bfloat16:
+        return f"head dim {D}, {bits}-bit cache in groups of {group_size}, {dtype} scales"
+    return None
+
+
+def q8_problem(L: int, G: int, D: int, keys: tuple, values: tuple) -> str | None:
     """Why a chunk of L queries with G query heads per KV head of dim D over an 8-bit store's (packed, scales,
-    biases) keys is not the 8-bit kernel's (None: it is): bytes of dim 128 in groups of 64, bf16 scales."""
-    packed, scales = keys[0], keys[1]
-    if D != DIM or packed.dtype != mx.uint32 or packed.shape[-1] != D // 4:
-        return f"head dim {D}, {packed.shape[-1] * 32 // D}-bit cache"
-    if scales.dtype != mx.bfloat16 or scales.shape[-1] != D // 64:
-        return f"{scales.dtype} scales, {D // scales.shape[-1]}-value groups"
+    biases) keys and values is not the 8-bit kernel's (None: it is; `q8_rows_problem`)."""
+    for packed, scales, _ in (keys, values):
+        bits = packed.shape[-1] * 32 // D if packed.dtype == mx.uint32 else 0
+        problem = q8_rows_problem(D, bits, D // max(1, scales.shape[-1]), scales.dtype)
+        if problem is not None:
+            return problem
     return shape_problem(L, G, D, mx.bfloat16)
 
 
@@ -368,7 +297,7 @@ def chunk_attention(queries: mx.array, keys: mx.array | tuple, values: mx.array 
     key_rows, value_rows = (keys[0], values[0]) if eight_bit else (keys, values)
     kv_heads = key_rows.shape[1]
     G = H // kv_heads
-    problem = f"{B} sequences" if B != 1 else q8_problem(L, G, D, keys) if eight_bit else \
+    problem = f"{B} sequences" if B != 1 else q8_problem(L, G, D, keys, values) if eight_bit else \
         shape_problem(L, G, D, keys.dtype)
     span = cuda_backend.split_span(n, min(key_rows.shape[2], value_rows.shape[2]))
     if problem is not None or span < L or key_rows.shape[2] < span or value_rows.shape[2] < span:

@@ -9,6 +9,8 @@ the same thing:
 - linears: one transformer block's quantized linears on one input row, ours
   against `mx.quantized_matmul`, the block repeated `REPEAT` times so that one
   evaluation holds many products, as a decode step does (112 for a 7-linear block);
+  then those of few, long rows (a down or o projection) split over K (``qmv_split``,
+  `engine.cuda_qmv_split`) against ours unsplit; only together with our linears;
 - attention: `ATTENTION_KEYS` 8-bit keys and values with the model's KV heads
   and head dim, ours against dequantizing them and MLX's fused attention (the
   engine's path for an 8-bit cache on CUDA without this kernel), several caches taken in
@@ -72,11 +74,12 @@ logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
                 "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed",
-                "attention_chunk_q8")
+                "attention_chunk_q8", "qmv_split")
 MARGIN = 0.05
 NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
          ("qmv_fused", ("qmv",), "qmv"),  # one launch of our linears' kernel
+         ("qmv_split", ("qmv",), "qmv"),  # our linears' kernel, split
          *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
 """(kernel, any of these must run too, named in the note) for the kernels that run only beside others."""
 
@@ -112,6 +115,8 @@ class DecodeKernels:
             products' rows, query heads on their columns) for the one-query attention instead.
         attention_chunk_q8: `engine.cuda_chunk_attention`'s 8-bit kernel for forwards of
             2..`decode_kernels.CHUNK_MAX_ROWS` tokens over an 8-bit cache's dense rows, read where they lie.
+        qmv_split: `engine.cuda_qmv_split` for our linears of few, long rows (a down or o projection), each
+            warp's rows split over K (only with `qmv`).
     """
 
     qmv: bool = False
@@ -130,6 +135,7 @@ class DecodeKernels:
     attention_staged: bool = False
     attention_transposed: bool = False
     attention_chunk_q8: bool = False
+    qmv_split: bool = False
 
     @property
     def any(self) -> bool:
@@ -155,7 +161,7 @@ class DecodeKernels:
         chunk_q8 = self.attention_chunk_q8 and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
                                     staged=self.attention_staged, transposed=self.attention_transposed,
-                                    chunk_q8=chunk_q8) \
+                                    chunk_q8=chunk_q8, split=self.qmv_split) \
             if qmv or attention or chunk or mlp or rope or chunk_q8 else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
@@ -200,8 +206,8 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         return DecodeKernels(notes=notes)
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
-        return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=True, kv_write=ours,
-                             mlp_compiled=True,
+        return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=_q8_chunk_takes(model),
+                             kv_write=ours, mlp_compiled=True, qmv_split=True,
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
                              rope_fused=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
@@ -261,6 +267,15 @@ def _chunk_kernel_takes_one_query(model: Any) -> bool:
     shape = attention_shape(model)
     return (shape is not None and cpu_attention.wirable(model)
             and cuda_chunk_attention.shape_problem(1, shape[0] // shape[1], shape[2], compute_dtype(model)) is None)
+
+
+def _q8_chunk_takes(model: Any) -> bool:
+    """Whether the 8-bit chunk kernel takes `model`'s rows in the engine's 8-bit cache (dim 128, groups of 64,
+    scales in the model's dtype: bf16)."""
+    from engine import cuda_chunk_attention
+
+    shape = attention_shape(model)
+    return shape is not None and cuda_chunk_attention.q8_rows_problem(shape[2], 8, 64, compute_dtype(model)) is None
 
 
 def _our_attention_takes(model: Any) -> bool:

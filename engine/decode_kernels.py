@@ -36,6 +36,7 @@ from engine import compiled_mlp, cuda_chunk_attention
 from engine.switches import Switch
 
 _qmv = Switch("codectx_qmv_kernel")
+_qmv_split = Switch("codectx_qmv_split")
 _attention = Switch("codectx_attention_kernel")
 _mma = Switch("codectx_attention_mma")
 _staged = Switch("codectx_attention_staged")
@@ -52,6 +53,8 @@ CHUNK_MAX_ROWS = 48
 a verify forward); longer chunks keep MLX's attention (cuDNN), whose plan cost a long chunk amortizes."""
 qmv_on = _qmv.on
 """Whether quantized linears of decode size use `engine.cuda_qmv` on this thread now."""
+qmv_split_on = _qmv_split.on
+"""Whether those of few, long rows split each warp's rows over K (`engine.cuda_qmv_split`) on this thread now."""
 attention_on = _attention.on
 """Whether one-query attention over an 8-bit cache uses `engine.cuda_attention` on this thread now."""
 chunk_on = _chunk.on
@@ -74,7 +77,8 @@ rope_on = _rope.on
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
           kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False,
-          staged: bool = False, transposed: bool = False, chunk_q8: bool = False) -> Iterator[None]:
+          staged: bool = False, transposed: bool = False, chunk_q8: bool = False,
+          split: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `staged`: it is
     `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `transposed`: it is
@@ -83,13 +87,14 @@ def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
     stores (`engine.qkv`) write one-row chunks through `engine.cuda_kv_write`; `mlp`: wired MLPs replay
     their trace for one row (`engine.compiled_mlp`); `fused`: linears of one input take one launch
     (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch; `chunk_q8`:
-    a chunk over an 8-bit cache's dense rows attends through `engine.cuda_chunk_attention`'s 8-bit kernel."""
+    a chunk over an 8-bit cache's dense rows attends through `engine.cuda_chunk_attention`'s 8-bit kernel; `split`:
+    our linears of few, long rows split their warps' rows over K (`engine.cuda_qmv_split`; only with `qmv`)."""
     if attention or chunk_q8:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), \
             _staged.scope(attention and staged), _transposed.scope(attention and transposed), _chunk.scope(chunk), \
             _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope), \
-            _chunk_q8.scope(chunk_q8):
+            _chunk_q8.scope(chunk_q8), _qmv_split.scope(qmv and split):
         yield
 
 
@@ -132,13 +137,13 @@ class Q8Rows(tuple):
         return rows
 
 
-def q8_chunk_takes(queries: mx.array, keys: Any, mask: Any, group_size: int, bits: int) -> bool:
+def q8_chunk_takes(queries: mx.array, keys: Any, values: Any, mask: Any, group_size: int, bits: int) -> bool:
     """Whether `engine.cuda_chunk_attention`'s 8-bit kernel takes a causal chunk of 2..`CHUNK_MAX_ROWS` queries
     over an 8-bit store's (packed, scales, biases) rows, the chunk's own last."""
     B, H, L, D = queries.shape
     return (B == 1 and bits == 8 and group_size == 64 and isinstance(mask, str) and mask == "causal"
             and 1 < L <= CHUNK_MAX_ROWS and L <= keys[0].shape[2]
-            and cuda_chunk_attention.q8_problem(L, H // keys[0].shape[1], D, tuple(keys)) is None)
+            and cuda_chunk_attention.q8_problem(L, H // keys[0].shape[1], D, tuple(keys), tuple(values)) is None)
 
 
 def install() -> None:
@@ -156,7 +161,7 @@ def install() -> None:
             if not _chunk_q8.on():
                 return original(queries, q_keys, q_values, scale, mask, group_size, bits)
             n = q_keys[0].shape[2]  # rows the window cache handed out for our chunk kernel (`engine.window`)
-            if q8_chunk_takes(queries, q_keys, mask, group_size, bits):
+            if q8_chunk_takes(queries, q_keys, q_values, mask, group_size, bits):
                 return cuda_chunk_attention.chunk_attention(queries, tuple(q_keys), tuple(q_values), n, scale)
             return cuda_attention.reference(queries, q_keys, q_values, n, scale, group_size, mask, bits)
         for kernel in attention_kernels():

@@ -74,6 +74,7 @@ def measure(model: Any) -> Timings:
         head = getattr(model, "lm_head", None)
         own_head = [head] if isinstance(head, nn.QuantizedLinear) and cuda_qmv.unsupported(head, dtype) is None else []
         timings["qmv"] = _time_linears(linears, dtype, own_head)
+        timings.update(_time_split(linears, dtype))
         timings.update(_time_compiled_mlp(model, dtype))
         timings.update(_time_fused(model, dtype))
     shape = attention_shape(model)
@@ -110,6 +111,29 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype,
     pairs = list(zip(linears, xs)) * REPEAT
     return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
             best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
+
+
+def _time_split(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> Timings:
+    """"qmv_split": the block's linears that `engine.cuda_qmv_split` splits (few, long rows: a down or o
+    projection) on one row, `REPEAT` times per evaluation, split against `engine.cuda_qmv` unsplit, after each
+    was held to a float32 product. Left out where none splits or it fails its check (or to compile)."""
+    from engine import cuda_qmv_split
+
+    split = [m for m in linears if cuda_qmv_split.split_k(m.weight.shape[0], m.weight.shape[1] * 32 // m.bits,
+                                                          m.bits) > 1]
+    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(60 + i)).astype(dtype)
+          for i, m in enumerate(split)]
+    try:
+        for m, x in zip(split, xs):
+            weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
+            check_close("qmv_split", cuda_qmv_split.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+    except Exception as err:  # noqa: BLE001 - a variant of our linears: left out, not fatal
+        logger.warning("decode kernels: %s; not splitting our linears", err)
+        return {}
+    pairs = list(zip(split, xs)) * REPEAT
+    return {"qmv_split": (best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]),
+                          best_seconds(lambda: [cuda_qmv_split.linear_product(m, x) for m, x in pairs]))} \
+        if split else {}
 
 
 def _time_compiled_mlp(model: Any, dtype: mx.Dtype) -> Timings:

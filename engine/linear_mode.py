@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_dequant, cuda_qmv, decode_kernels
+from engine import cuda_dequant, cuda_qmv, cuda_qmv_split, decode_kernels
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
 from engine.timing import best_seconds
@@ -79,7 +79,7 @@ class DequantizingLinear(nn.QuantizedLinear):
         if _dequantize.on():
             return dequantized_product(self, x)
         if decode_sized(self, x):
-            return cuda_qmv.linear_product(self, x)
+            return (cuda_qmv_split if decode_kernels.qmv_split_on() else cuda_qmv).linear_product(self, x)
         return super().__call__(x)
 
 

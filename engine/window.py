@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from engine import decode_kernels
+from engine import cuda_chunk_attention, decode_kernels
 from engine.qkv import DenseKVStore, KVStore, QuantizedKVStore, direct_attention_works
 from engine.request import SegmentKind, SegmentLike, segment_kind
 
@@ -211,7 +211,8 @@ class WindowKVCache:
             return self.store.rows(self.offset)
         # A short chunk over the 8-bit rows: our chunk kernel reads them where they lie (engine.decode_kernels).
         self._direct = (self.store.quantized and plan.dense and 1 < n <= decode_kernels.CHUNK_MAX_ROWS
-                        and decode_kernels.chunk_q8_on()) or (
+                        and decode_kernels.chunk_q8_on() and cuda_chunk_attention.q8_rows_problem(
+                            keys.shape[-1], self.store.bits, self.store.group_size, keys.dtype) is None) or (
                         self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
                         and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
                                                    self.store.group_size, str(mx.default_device())))

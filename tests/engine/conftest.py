@@ -83,6 +83,7 @@ def semantic_kernels(monkeypatch):
     monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *shape: None)  # the tiny model's heads
     monkeypatch.setattr(cuda_chunk_attention, "_kernel", lambda: chunk)
     monkeypatch.setattr(cuda_chunk_attention, "q8_problem", lambda *shape: None)  # the tiny model's dim and dtype
+    monkeypatch.setattr(cuda_chunk_attention, "q8_rows_problem", lambda *shape: None)
     monkeypatch.setattr(cuda_chunk_attention, "_kernel_q8", lambda: q8_chunk_stand_in(calls))
     monkeypatch.setattr(cuda_attention_mma, "_merge_kernel", lambda: merge)
     return calls

@@ -19,7 +19,8 @@ UNQUANTIZED = {"mode": "unquantized", "min_rows": 0, "source": "no quantized lay
 """The linear mode of a float32 model (engine.linear_mode): nothing to choose."""
 NO_KERNELS = {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,
               "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False,
-              "attention_staged": False, "attention_transposed": False, "attention_chunk_q8": False, "source": "not CUDA",
+              "attention_staged": False, "attention_transposed": False, "attention_chunk_q8": False, "qmv_split": False,
+              "source": "not CUDA",
               "timings_ms": {},
               "notes": []}
 """Our CUDA decode kernels (engine.decode_choice) on the CPU: nothing to choose."""

@@ -12,13 +12,13 @@ import mlx.nn as nn
 import pytest
 
 from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed, cuda_backend,
-                    cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv)
+                    cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv, cuda_qmv_split)
 from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
              cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
-             cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel)
+             cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel, cuda_qmv_split._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
@@ -53,6 +53,8 @@ def launch_every_kernel() -> None:
             scales = mx.zeros((n, HIDDEN // group_size), dtype=dtype)
             cuda_qmv.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
                          group_size=group_size)
+            cuda_qmv_split.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
+                               group_size=group_size, split=2)
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
@@ -108,6 +110,7 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert {label.split("_")[1] for label in sources} >= {"qmv", "qmv3", "dequantize", "q8", "chunk", "kv"}
     assert any(label.startswith("codectx_dequantize_rows") for label in sources)
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
+    assert any(label.startswith("codectx_qmv_split") for label in sources)
     assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
     assert any(label.startswith("codectx_q8_attention_transposed") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
