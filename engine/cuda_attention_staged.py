@@ -142,6 +142,24 @@ staged kernels' shared layout: key rows, value rows, then four scale words a key
 kernel's constant): a whole tile's sources are offsets advanced a tile a call, not computed per row (fewer
 instructions a tile, about ten more registers)."""
 
+TILES = r"""#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < tiles) issue(begin + 16 * s, s);
+    codectx::cp_async_commit();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    codectx::cp_async_wait<STAGES - 2>();  // this lane's copies of tile t have landed
+    __syncwarp();                          // and every lane's; all are done with tile t - 1's stage
+    if (t + STAGES - 1 < tiles) issue(begin + 16 * (t + STAGES - 1), (t + STAGES - 1) % STAGES);
+    codectx::cp_async_commit();
+    const int tile = begin + 16 * t;
+    const unsigned char* st = ring + (t % STAGES) * STAGE;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + 4096);
+"""
+"""The ring's first `STAGES - 1` tiles issued, then the loop over the warp's tiles opened: tile `t` landed,
+the next issued, ``tile`` (its first key), ``st`` (its stage) and ``words`` (its scale words) named; the kernel's
+body follows and closes the loop."""
+
 SOURCE = r"""
   // D = 128, two groups of 64; lane = 4 r + c. Fragments as in the bf16 kernel: score fragments head r
   // (and r + 8), keys 2c, 2c+1, 2c+8, 2c+9 of the tile (j = 0..3); value fragments the same keys,
@@ -161,20 +179,7 @@ SOURCE = r"""
 #pragma unroll
       for (int e = 0; e < 4; ++e) oacc[g][i][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < tiles) issue(begin + 16 * s, s);
-    codectx::cp_async_commit();
-  }
-  for (int t = 0; t < tiles; ++t) {
-    codectx::cp_async_wait<STAGES - 2>();  // this lane's copies of tile t have landed
-    __syncwarp();                          // and every lane's; all are done with tile t - 1's stage
-    if (t + STAGES - 1 < tiles) issue(begin + 16 * (t + STAGES - 1), (t + STAGES - 1) % STAGES);
-    codectx::cp_async_commit();
-    const int tile = begin + 16 * t;
-    const unsigned char* st = ring + (t % STAGES) * STAGE;
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + 4096);
-
+""" + TILES + r"""
     float ksc[4][2], kbi[4][2], vsc[4][2], vbi[4][2];
     bool valid[4];
 #pragma unroll
@@ -252,13 +257,18 @@ SOURCE = r"""
 """ + EPILOGUE
 
 
-@functools.lru_cache(maxsize=4)
-def _kernel(stages: int = STAGES) -> Any:
+def ring_kernel(name: str, source: str, header: str, stages: int) -> Any:
+    """A kernel with the staged attentions' inputs and outputs and `stages` ring stages of shared memory for each
+    of a block's `WARPS` warps."""
     return cuda_backend.kernel(
-        "codectx_q8_attention_staged", SOURCE, HEADER,
-        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
+        name, source, header, input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
         output_names=["part_out", "part_ml"], ensure_row_contiguous=False,
         shared_memory=WARPS * stages * STAGE_BYTES)
+
+
+@functools.lru_cache(maxsize=4)
+def _kernel(stages: int = STAGES) -> Any:
+    return ring_kernel("codectx_q8_attention_staged", SOURCE, HEADER, stages)
 
 
 def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:

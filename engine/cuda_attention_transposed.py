@@ -31,10 +31,9 @@ import mlx.core as mx
 
 from engine import cuda_attention_fragments as fragments
 from engine import cuda_attention_staged as staged
-from engine import cuda_backend
 from engine.cuda_attention_fragments import QUERIES
 
-WARPS = 4  # per block; each warp is one split of the keys
+WARPS = staged.WARPS  # per block (the ring's): each warp is one split of the keys
 STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight
 MAX_HEADS = 8  # query heads per KV head: the products' 8 columns
 TARGET_WARPS = 1584
@@ -90,20 +89,7 @@ SOURCE = r"""
 #pragma unroll
     for (int e = 0; e < 4; ++e) ones[g][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < tiles) issue(begin + 16 * s, s);
-    codectx::cp_async_commit();
-  }
-  for (int t = 0; t < tiles; ++t) {
-    codectx::cp_async_wait<STAGES - 2>();  // this lane's copies of tile t have landed
-    __syncwarp();                          // and every lane's; all are done with tile t - 1's stage
-    if (t + STAGES - 1 < tiles) issue(begin + 16 * (t + STAGES - 1), (t + STAGES - 1) % STAGES);
-    codectx::cp_async_commit();
-    const int tile = begin + 16 * t;
-    const unsigned char* st = ring + (t % STAGES) * STAGE;
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + 4096);
-
+""" + staged.TILES + r"""
     // Keys r and r + 8 (kk = 0, 1): scales, the bias less the 1,024 the bytes enter with, value scales (times
     // VSCALE, clamped to float16's range) and biases; zero past the warp's end.
     float ksc[2][2], kbi[2][2], vsc[2][2], vbi[2][2];
@@ -239,11 +225,7 @@ SOURCE = r"""
 
 @functools.lru_cache(maxsize=4)
 def _kernel(stages: int = STAGES) -> Any:
-    return cuda_backend.kernel(
-        "codectx_q8_attention_transposed", SOURCE, HEADER,
-        input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
-        output_names=["part_out", "part_ml"], ensure_row_contiguous=False,
-        shared_memory=WARPS * stages * staged.STAGE_BYTES)
+    return staged.ring_kernel("codectx_q8_attention_transposed", SOURCE, HEADER, stages)
 
 
 def shape_problem(G: int, D: int, group_size: int) -> str | None:
@@ -256,9 +238,8 @@ def shape_problem(G: int, D: int, group_size: int) -> str | None:
 
 
 def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
-    """Keys per warp: as `engine.cuda_attention_staged.split_size`, for this kernel's blocks and wave."""
-    per_head = max(WARPS, target_warps // max(1, kv_heads) // WARPS * WARPS)
-    return cuda_backend.split_size(n, kv_heads, per_head * kv_heads, 128, staged.TILE)
+    """Keys per warp: `engine.cuda_attention_staged.split_size` (blocks of as many warps) for this kernel's wave."""
+    return staged.split_size(n, kv_heads, target_warps)
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
