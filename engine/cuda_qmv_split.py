@@ -27,18 +27,22 @@ kernel's registers for one input row (48 compiled for sm_90: five blocks of eigh
 LEAST_STEPS = 4
 """Chunk steps (32 lanes' chunks) each part keeps at least."""
 
+_WHOLE_WALK = "for (int it = 0; it < ITERS; ++it)"
+if _LOOP.count(_WHOLE_WALK) != 1:  # each part must walk its own run, not the whole row
+    raise RuntimeError("engine.cuda_qmv's loop header changed: engine.cuda_qmv_split walks parts of it")
+
 _SOURCE = _CONSTANTS + r"""
-  // SPLIT warps take one warp's R rows, each a contiguous run of the chunk steps; lane 0 of each leaves its sums
-  // in shared memory, and the first of them adds them in order and writes the rows.
-  constexpr int PART_ITERS = (ITERS + SPLIT - 1) / SPLIT;
+  // SPLIT warps take one warp's R rows, each a contiguous run of the chunk steps (split evenly); lane 0 of each
+  // leaves its sums in shared memory, and the first of them adds them in order and writes the rows.
+  static_assert(WARPS % SPLIT == 0, "a row group's warps lie in one block");
   const int part = threadIdx.y % SPLIT;
   const int row0 = (blockIdx.y * blockDim.y + threadIdx.y) / SPLIT * R;
   const bool active = row0 < N;
-  const int it_begin = part * PART_ITERS, it_end = min(ITERS, it_begin + PART_ITERS);
-  __shared__ float partial[32][M][R];  // per warp of the block (at most 32)
+  const int it_begin = part * ITERS / SPLIT, it_end = (part + 1) * ITERS / SPLIT;
+  __shared__ float partial[WARPS][M][R];
   float sums[M][R];
   if (active) {
-""" + _ROWS + _LOOP.replace("for (int it = 0; it < ITERS; ++it)", "for (int it = it_begin; it < it_end; ++it)") + r"""
+""" + _ROWS + _LOOP.replace(_WHOLE_WALK, "for (int it = it_begin; it < it_end; ++it)") + r"""
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -76,10 +80,12 @@ def _kernel() -> Any:
                                output_names=["y"])
 
 
+@functools.lru_cache(maxsize=256)
 def split_k(n: int, k: int, bits: int, rows: int = 1) -> int:
     """Warps a product of `n` rows of `k` values splits each warp's rows over: the most of `SPLITS` that keeps the
-    warps within `RESIDENT_WARPS` and each part `LEAST_STEPS` chunk steps long, for one input row (decode; more
-    rows hold more registers, hence fewer resident warps); 1: not split."""
+    warps within `RESIDENT_WARPS` and each part at least `LEAST_STEPS` chunk steps long (the steps split evenly),
+    for one input row (decode; more rows hold more registers, hence fewer resident warps); 1: not split. Asked on
+    every decode call of a split-able linear: kept per shape."""
     if rows != 1:
         return 1
     warps = n // cuda_qmv.rows_per_warp(n)
@@ -102,7 +108,7 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
     out = _kernel()(
         inputs=[x2, weight, scales, biases],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r),
-                  ("SPLIT", split)],
+                  ("SPLIT", split), ("WARPS", WARPS)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[cuda_qmv._out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
     return cuda_qmv._unpadded(out, x, rows, bucket)

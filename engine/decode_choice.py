@@ -207,7 +207,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
     if setting == "codectx":  # ours wherever they apply; the in-place write only where our attention reads it
         ours = _our_attention_takes(model)
         return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=_q8_chunk_takes(model),
-                             kv_write=ours, mlp_compiled=True, qmv_split=True,
+                             kv_write=ours, mlp_compiled=True, qmv_split=_splits_a_linear(model),
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
                              rope_fused=True,
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
@@ -267,6 +267,14 @@ def _chunk_kernel_takes_one_query(model: Any) -> bool:
     shape = attention_shape(model)
     return (shape is not None and cpu_attention.wirable(model)
             and cuda_chunk_attention.shape_problem(1, shape[0] // shape[1], shape[2], compute_dtype(model)) is None)
+
+
+def _splits_a_linear(model: Any) -> bool:
+    """Whether `engine.cuda_qmv_split` splits one of `model`'s first block's linears on one row."""
+    from engine import cuda_qmv_split
+
+    return any(cuda_qmv_split.split_k(m.weight.shape[0], m.weight.shape[1] * 32 // m.bits, m.bits) > 1
+               for m in first_block_linears(model))
 
 
 def _q8_chunk_takes(model: Any) -> bool:

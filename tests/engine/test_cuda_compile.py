@@ -54,7 +54,7 @@ def launch_every_kernel() -> None:
             cuda_qmv.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
                          group_size=group_size)
             cuda_qmv_split.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
-                               group_size=group_size, split=2)
+                               group_size=group_size, split=2 if rows > 1 else 4)
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
