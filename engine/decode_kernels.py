@@ -146,6 +146,12 @@ def q8_chunk_takes(queries: mx.array, keys: Any, values: Any, mask: Any, group_s
             and cuda_chunk_attention.q8_problem(L, H // keys[0].shape[1], D, tuple(keys), tuple(values)) is None)
 
 
+class Q8Chunk(tuple):
+    """An 8-bit store's (packed, scales, biases) rows a window cache handed out for our chunk kernel
+    (`engine.window`, while `chunk_q8_on()`): attended by it where it takes the call, else dequantized (mlx-lm's
+    quantized attention may not take that many queries; other triples keep its call)."""
+
+
 def install() -> None:
     """Route `Q8Rows` through our kernel in mlx-lm's quantized attention, and while `chunk_q8_on()` a short
     chunk's 8-bit rows through `engine.cuda_chunk_attention`'s 8-bit kernel (idempotent)."""
@@ -158,9 +164,9 @@ def install() -> None:
     def quantized_attention(queries: mx.array, q_keys: Any, q_values: Any, scale: float, mask: Any,
                             group_size: int = 64, bits: int = 8) -> mx.array:
         if not isinstance(q_keys, Q8Rows):
-            if not _chunk_q8.on():
+            if not isinstance(q_keys, Q8Chunk):
                 return original(queries, q_keys, q_values, scale, mask, group_size, bits)
-            n = q_keys[0].shape[2]  # rows the window cache handed out for our chunk kernel (`engine.window`)
+            n = q_keys[0].shape[2]
             if q8_chunk_takes(queries, q_keys, q_values, mask, group_size, bits):
                 return cuda_chunk_attention.chunk_attention(queries, tuple(q_keys), tuple(q_values), n, scale)
             return cuda_attention.reference(queries, q_keys, q_values, n, scale, group_size, mask, bits)

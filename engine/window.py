@@ -209,11 +209,12 @@ class WindowKVCache:
         if ours:
             self._direct = True
             return self.store.rows(self.offset)
-        # A short chunk over the 8-bit rows: our chunk kernel reads them where they lie (engine.decode_kernels).
-        self._direct = (self.store.quantized and plan.dense and 1 < n <= decode_kernels.CHUNK_MAX_ROWS
-                        and decode_kernels.chunk_q8_on() and cuda_chunk_attention.q8_rows_problem(
-                            keys.shape[-1], self.store.bits, self.store.group_size, keys.dtype) is None) or (
-                        self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
+        if (self.store.quantized and plan.dense and 1 < n <= decode_kernels.CHUNK_MAX_ROWS
+                and decode_kernels.chunk_q8_on() and cuda_chunk_attention.q8_rows_problem(
+                    keys.shape[-1], self.store.bits, self.store.group_size, keys.dtype) is None):
+            self._direct = True  # a short chunk over the 8-bit rows: our chunk kernel reads them where they lie
+            return tuple(decode_kernels.Q8Chunk(t) for t in self.store.read_quantized(self.offset))
+        self._direct = (self.store.quantized and plan.dense and n <= DIRECT_QUERY_LIMIT
                         and direct_attention_works(n, keys.shape[1], keys.shape[-1], keys.dtype, self.store.bits,
                                                    self.store.group_size, str(mx.default_device())))
         if self._direct:

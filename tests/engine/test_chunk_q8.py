@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from engine import decode_kernels
 from engine.decode_choice import DecodeKernels
-from engine.decode_kernels import CHUNK_MAX_ROWS
+from engine.decode_kernels import CHUNK_MAX_ROWS, Q8Chunk
 from engine.window import WindowPolicy, make_window_cache
 
 POLICY = WindowPolicy(True, 16, 16, 8, 0, "block")
@@ -61,6 +62,25 @@ def test_the_window_cache_hands_out_8bit_rows_only_while_the_kernel_is_asked_for
     rows = mx.zeros((1, cache.store.keys[0].shape[1], 40, 64))  # past the direct limit of mlx-lm's 8-bit attention
     with OURS.scope(rows=40):
         keys, _ = cache.update_and_fetch(rows, rows)
-    assert isinstance(keys, tuple) and keys[0].shape[2] == 80 and cache.bits == 8
+    assert isinstance(keys, Q8Chunk) and keys[0].shape[2] == 80 and cache.bits == 8
     keys, _ = cache.update_and_fetch(rows, rows)
     assert isinstance(keys, mx.array) and keys.shape[2] == 120  # dequantized, as without the kernel
+
+
+def test_other_8bit_rows_keep_mlx_lms_quantized_attention_while_the_kernel_is_asked_for(
+        tiny_loaded, semantic_kernels, monkeypatch):
+    """A traced verify step's buffers (masked) reach mlx-lm's quantized attention as plain triples: they keep its
+    call, not the chunk kernel nor the dequantized fallback kept for the rows handed out for the kernel."""
+    from mlx_lm.models import base
+
+    from engine import cuda_attention
+
+    monkeypatch.setattr(cuda_attention, "reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fallback")))
+    rows = mx.random.normal((1, 2, 300, 64), key=mx.random.key(4))
+    triple = tuple(mx.quantize(rows, group_size=64, bits=8))
+    queries = lambda: mx.random.normal((1, 4, 5, 64), key=mx.random.key(5))  # noqa: E731 - mlx-lm scales them in place
+    decode_kernels.install()
+    expected = decode_kernels._installed[0](queries(), triple, triple, 0.125, "causal", 64, 8)
+    with OURS.scope(rows=5):
+        got = base.quantized_scaled_dot_product_attention(queries(), triple, triple, 0.125, "causal", 64, 8)
+    assert mx.allclose(got, expected).item() and "chunk_q8" not in semantic_kernels
