@@ -78,12 +78,8 @@ def time_chunk_attention(heads: int, kv_heads: int, dim: int, dtype: mx.Dtype, e
         """The first `n` keys and values as the path without the 8-bit kernel attends them."""
         if not eight_bit:
             return [a[..., :n, :] for a in kv]
-        out = []
-        for triple in kv:  # as `engine.qkv.QuantizedKVStore` reads them
-            parts = [a[..., :n, :] for a in triple]
-            ours = cuda_dequant.rows_of(*parts, bits=8, group_size=64)
-            out.append(ours if ours is not None else mx.dequantize(*parts, group_size=64, bits=8))
-        return out
+        return [cuda_dequant.rows_of(*(a[..., :n, :] for a in triple), bits=8, group_size=64)  # as the store reads
+                for triple in kv]
 
     def mlx() -> list[mx.array]:
         n = next(counts)

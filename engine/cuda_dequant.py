@@ -187,15 +187,15 @@ def weight_of(linear: Any, dtype: mx.Dtype) -> mx.array:
     return mx.dequantize(weight, scales, biases, group_size, bits, mode=mode, dtype=dtype)
 
 
-def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array | None:
+def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array:
     """Rows of an 8-bit KV store, (B, H, rows, D * bits / 32) slices of its buffers with their scales and biases,
-    dequantized to the scales' dtype by `dequantize_rows` (read where they lie: MLX's own dequantize copies a
-    slice contiguous first, a pass over the whole history per layer) where it applies and `rows_match_mlx`,
-    else None (the caller uses MLX's); the output is contiguous, shaped as `mx.dequantize`'s."""
+    dequantized to the scales' dtype: by `dequantize_rows` (read where they lie: MLX's own dequantize copies a
+    slice contiguous first, a pass over the whole history per layer) where it applies and `rows_match_mlx`, else
+    by MLX's (the CPU's case); the output is contiguous, shaped as `mx.dequantize`'s."""
     k = packed.shape[-1] * 32 // bits
     if packed.size == 0 or packed.ndim != 4 or not _rows_apply(bits, group_size, k, scales.dtype,
                                                               str(mx.default_device())):
-        return None
+        return mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits)
     return dequantize_rows(packed, scales, biases, bits=bits, group_size=group_size)
 
 

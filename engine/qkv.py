@@ -207,8 +207,7 @@ class QuantizedKVStore:
 
     def _dequantize(self, q: tuple[mx.array, ...], start: int, end: int) -> mx.array:
         parts = [a[..., start:end, :] for a in q]
-        ours = cuda_dequant.rows_of(*parts, bits=self.bits, group_size=self.group_size)  # (MLX's on the CPU)
-        return ours if ours is not None else mx.dequantize(*parts, group_size=self.group_size, bits=self.bits)
+        return cuda_dequant.rows_of(*parts, bits=self.bits, group_size=self.group_size)  # (MLX's on the CPU)
 
     def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
         """Quantize and store the rows; `in_place`: the caller's one reader of them in this step takes
