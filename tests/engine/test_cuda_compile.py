@@ -186,3 +186,16 @@ def test_twelve_warps_of_each_chunk_attention_fit_on_a_multiprocessor(recorder):
         used = resources(source)
         assert -(-used["registers"] // 8) * 8 * cuda_chunk_attention.WARPS * 32 <= 65536, (label, used)
         assert used["spill_stores"] == used["spill_loads"] == 0, (label, used)
+
+
+def test_the_split_linears_registers_hold_the_wave_it_sizes_itself_by(recorder):
+    """`cuda_qmv_split.RESIDENT_WARPS` counts five blocks of `cuda_qmv.WARPS` warps a multiprocessor for one input
+    row: the split kernel must keep to those registers, or its splits spill into a second wave."""
+    launch_every_kernel()
+    one_row = {label: source for label, source in recorder.sources().items()
+               if label.startswith("codectx_qmv_split") and "_1_2_" in label}  # M = 1, R = 2
+    assert one_row
+    blocks = cuda_qmv_split.RESIDENT_WARPS // 132 // cuda_qmv.WARPS
+    for label, source in one_row.items():
+        used = resources(source)
+        assert -(-used["registers"] // 8) * 8 * cuda_qmv.WARPS * 32 * blocks <= 65536, (label, used)
