@@ -265,7 +265,8 @@ def section_chunk(result: dict, context: int, copy_gbs: float, warps: list[int])
                 f"rel err {o['err']:.1e}" for w, o in row["ours"].items()) +
                 f"; MLX first {row['mlx_first_ms']:.1f}, warm {row['mlx_warm_ms']:.1f} ({row['mlx_gbs']:.0f} GB/s), "
                 f"rel err {row['err_mlx']:.1e}; 8-bit: ours warm {row['q8_warm_ms']:.1f} ({row['q8_gbs']:.0f} GB/s), "
-                f"rel err {row['err_q8']:.1e}, dequantized + bf16 kernel {row['dequantized_bf16_warm_ms']:.1f}", flush=True)
+                f"rel err {row['err_q8']:.1e}, dequantized + bf16 kernel {row['dequantized_bf16_warm_ms']:.1f}",
+                flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

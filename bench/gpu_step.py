@@ -66,7 +66,8 @@ def decode_steps(path: Any, cache: list, steps: int, kernels: tuple[bool, bool, 
                  attempts: int = 2, kv_write: bool = False) -> StepTimes:
     """The times of the last of `attempts` runs of steps + 1 decode steps, the cache reset to its offset
     before each run. kernels: (quantized linears, our attention, which one: "cores", or "mma", "staged" or
-    "transposed" where it fits, `engine.cuda_attention.decode_attention`'s names); `kv_write`: our in-place cache write."""
+    "transposed" where it fits, `engine.cuda_attention.decode_attention`'s names); `kv_write`: our in-place cache
+    write."""
     start_offset = cache[0].offset
     token = mx.array([[7]], dtype=mx.uint32)
     times = StepTimes(0.0, 0.0, 0.0)
@@ -146,7 +147,8 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     from engine.decode_choice import DecodeKernels
 
     ours_traced = DecodeKernels(qmv=True, attention_mma=attention == "mma", attention_staged=attention == "staged",
-                                attention_transposed=attention == "transposed", kv_write=True, step_traced=True, attention_chunk=True, step_traced_bf16=True,
+                                attention_transposed=attention == "transposed", kv_write=True, step_traced=True,
+                                attention_chunk=True, step_traced_bf16=True,
                                 source="setting")
     fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True)
     return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--bits", default="16,8", help="cache widths, in the order measured (a process's history matters)")
     ap.add_argument("--writes", default="", help="only these rows (comma-separated names, as the rows' 'write')")
     ap.add_argument("--attention", choices=("mma", "staged", "transposed"), default="mma",
-                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or _transposed.py")
+                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or "
+                         "_transposed.py")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_step.json"))
     a = ap.parse_args(argv)
     result = {"mlx": mx.__version__, "device": str(mx.default_device()),

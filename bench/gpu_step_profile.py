@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="the step's path, as bench/gpu_step.py's rows name them")
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--attention", choices=("mma", "staged", "transposed"), default="mma",
-                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or _transposed.py")
+                    help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or "
+                         "_transposed.py")
     ap.add_argument("--report", default=None, help="ncu's CSV log to read instead of running")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

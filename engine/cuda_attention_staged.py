@@ -170,7 +170,8 @@ SOURCE = r"""
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr bool F16 = true;  // the products take float16
   constexpr bool WHOLE_TILES = false;  // 179 registers with, past three blocks a multiprocessor
-""" + QUERIES + RING + r"""  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+""" + QUERIES + RING + r"""
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, bacc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
   float oacc[2][8][4];
 #pragma unroll
   for (int g = 0; g < 2; ++g)

@@ -148,7 +148,8 @@ SOURCE = r"""
       p[1][e] = codectx::exp2_fast(s[1] - m_new);
       l_run[e] = fmaf(l_run[e], alpha[e], p[0][e] + p[1][e]);
 #pragma unroll
-      for (int g = 0; g < 2; ++g) bacc[e][g] = fmaf(bacc[e][g], alpha[e], fmaf(p[0][e], vbi[0][g], p[1][e] * vbi[1][g]));
+      for (int g = 0; g < 2; ++g)
+        bacc[e][g] = fmaf(bacc[e][g], alpha[e], fmaf(p[0][e], vbi[0][g], p[1][e] * vbi[1][g]));
     }
     if (__any_sync(0xFFFFFFFFu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // past the first tiles seldom
 #pragma unroll

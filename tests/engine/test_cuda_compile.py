@@ -17,8 +17,9 @@ from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
-             cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel, cuda_kv_write._q8_kernel, cuda_qmv._kernel,
-             cuda_qmv._three_kernel, cuda_qmv._glu_kernel, cuda_qk_rope._kernel, cuda_qmv_split._kernel)
+             cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel,
+             cuda_kv_write._q8_kernel, cuda_qmv._kernel, cuda_qmv._three_kernel, cuda_qmv._glu_kernel,
+             cuda_qk_rope._kernel, cuda_qmv_split._kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
