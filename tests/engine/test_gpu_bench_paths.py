@@ -30,3 +30,22 @@ def test_the_attention_benchmarks_decode_and_chunk_rows_have_every_column(record
         assert {"q8_warm_ms", "err_q8", "dequantized_bf16_warm_ms", "mlx_warm_ms"} <= row.keys()
         assert set(row["ours"]) == {12}
     assert any(label.startswith("codectx_chunk_attention_q8") for label in recorder.sources())
+
+
+def test_the_tensor_core_linear_experiment_compiles_and_its_rows_have_every_column(recorder, monkeypatch):  # noqa: F811
+    """bench/gpu_qmv_mma.py: its kernel compiles for the H200 without spilling, and a shape's row (tiny here) has
+    each kernel's time, bandwidth and error."""
+    from tests.engine.cuda_compile import compile_errors, resources
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    bench = importlib.import_module("bench.gpu_qmv_mma")
+    bench._kernel.cache_clear()
+    row = bench.shape_row("tiny", 64, 1024, calls=2, distinct_bytes=1)
+    assert row["split"] == 1 and {"qmv_ms", "mma_ms", "err_qmv", "err_mma", "mma_gbs"} <= row.keys()
+    sources = {label: source for label, source in recorder.sources().items() if label.startswith("codectx_qmv_mma")}
+    assert sources
+    for source in sources.values():
+        assert compile_errors(source) is None
+        used = resources(source)
+        assert used["spill_stores"] == used["spill_loads"] == 0, used
+    bench._kernel.cache_clear()
