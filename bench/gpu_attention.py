@@ -104,10 +104,11 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
 
 DECODE_KERNELS = ("cores", "mma", "staged", "transposed")
 """`engine.cuda_attention.decode_attention`'s kernels, each timed at its defaults."""
-STAGED_VARIANTS = (("staged", 4, 1024), ("staged", 3, 1584), ("transposed", 3, 1584), ("transposed", 4, 1056),
-                   ("transposed", 6, 1056))
-"""(kernel, stages, target warps) of the staged kernels (`engine.cuda_attention_staged`,
-`engine.cuda_attention_transposed`) tried beside their defaults."""
+STAGED_VARIANTS = (("staged", 4, 1024, 0), ("staged", 3, 1584, 0), ("transposed", 3, 1584, 0),
+                   ("transposed", 4, 1056, 0), ("transposed", 6, 1056, 0), ("transposed", 3, 2112, 4))
+"""(kernel, stages, target warps, min blocks: launch bounds, 0 none) of the staged kernels
+(`engine.cuda_attention_staged`, `engine.cuda_attention_transposed`) tried beside their defaults; the last,
+`cuda_attention_transposed.FOUR_BLOCKS`."""
 
 
 def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:
@@ -116,23 +117,24 @@ def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.arr
 
     modules = {"staged": cuda_attention_staged, "transposed": cuda_attention_transposed}
 
-    def call(kq: tuple, vq: tuple, kernel: str, stages: int, warps: int) -> mx.array:
-        part = modules[kernel].partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps)
+    def call(kq: tuple, vq: tuple, kernel: str, stages: int, warps: int, blocks: int) -> mx.array:
+        bounds = {"min_blocks": blocks} if blocks else {}
+        part = modules[kernel].partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps, **bounds)
         return cuda_attention_mma.merge(*part, q.dtype, q.shape)
 
     rows = []
-    for kernel, stages, warps in STAGED_VARIANTS:
+    for kernel, stages, warps, blocks in STAGED_VARIANTS:
+        variant = {"kernel": kernel, "stages": stages, "target_warps": warps, "min_blocks": blocks}
         try:
-            err = rel_err(call(caches[0][2], caches[0][3], kernel, stages, warps), ref)
-            ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], kernel, stages, warps)
-                                    for i in range(CALLS)]) / CALLS
+            err = rel_err(call(caches[0][2], caches[0][3], kernel, stages, warps, blocks), ref)
+            ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], kernel, stages, warps,
+                                         blocks) for i in range(CALLS)]) / CALLS
         except Exception as failure:  # noqa: BLE001 - a variant that does not launch is a row that says so
-            rows.append({"kernel": kernel, "stages": stages, "target_warps": warps, "error": repr(failure)})
+            rows.append({**variant, "error": repr(failure)})
             continue
-        rows.append({"kernel": kernel, "stages": stages, "target_warps": warps, "ms": ms, "gbs": nbytes / ms / 1e6,
-                     "err": err})
-        print(f"  {kernel}, {stages} stages, about {warps} warps: {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), "
-              f"rel err {err:.2e}", flush=True)
+        rows.append({**variant, "ms": ms, "gbs": nbytes / ms / 1e6, "err": err})
+        print(f"  {kernel}, {stages} stages, about {warps} warps" + (f", {blocks} blocks bound" if blocks else "")
+              + f": {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), rel err {err:.2e}", flush=True)
     return rows
 
 

@@ -258,9 +258,14 @@ SOURCE = r"""
 """ + EPILOGUE
 
 
-def ring_kernel(name: str, source: str, header: str, stages: int) -> Any:
+def ring_kernel(name: str, source: str, header: str, stages: int, min_blocks: int = 0) -> Any:
     """A kernel with the staged attentions' inputs and outputs and `stages` ring stages of shared memory for each
-    of a block's `WARPS` warps."""
+    of a block's `WARPS` warps; `min_blocks`: the compiler holds its registers to that many blocks a
+    multiprocessor (launch bounds: MLX writes the kernel's declaration after our header, so the header gives
+    ``__global__`` the bounds)."""
+    if min_blocks:
+        header += (f"\n#undef __global__\n#define __global__ __attribute__((global)) "
+                   f"__launch_bounds__({WARPS * 32}, {min_blocks})\n")
     return cuda_backend.kernel(
         name, source, header, input_names=["q", "kq", "ks", "kb", "vq", "vs", "vb", "meta", "qscale_in", "after"],
         output_names=["part_out", "part_ml"], ensure_row_contiguous=False,

@@ -36,6 +36,10 @@ from engine.cuda_attention_fragments import QUERIES
 WARPS = staged.WARPS  # per block (the ring's): each warp is one split of the keys
 STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight
 MAX_HEADS = 8  # query heads per KV head: the products' 8 columns
+FOUR_BLOCKS = (3, 2112, 4)
+"""(stages, target warps, min blocks) of the variant with four blocks a multiprocessor, for the benchmark: held to
+128 registers by launch bounds it compiles for sm_90 without spilling (a CPU test holds this), and three stages
+keep four blocks' shared memory within the 227 KB."""
 TARGET_WARPS = 1584
 """Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave (a
 block holds 70 KB of shared memory and, compiled for sm_90, 152 registers a thread: three fit, as a CPU test
@@ -225,8 +229,8 @@ SOURCE = r"""
 
 
 @functools.lru_cache(maxsize=4)
-def _kernel(stages: int = STAGES) -> Any:
-    return staged.ring_kernel("codectx_q8_attention_transposed", SOURCE, HEADER, stages)
+def _kernel(stages: int = STAGES, min_blocks: int = 0) -> Any:
+    return staged.ring_kernel("codectx_q8_attention_transposed", SOURCE, HEADER, stages, min_blocks)
 
 
 def shape_problem(G: int, D: int, group_size: int) -> str | None:
@@ -244,10 +248,11 @@ def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
 
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
-                      after: mx.array | None = None, stages: int = STAGES,
-                      target_warps: int = TARGET_WARPS) -> tuple[mx.array, mx.array]:
+                      after: mx.array | None = None, stages: int = STAGES, target_warps: int = TARGET_WARPS,
+                      min_blocks: int = 0) -> tuple[mx.array, mx.array]:
     """Unnormalized partial outputs and (max, sum) pairs as `engine.cuda_attention_mma.partial_attention` returns
-    them; `stages` and `target_warps`: the engine's defaults, other values for the benchmark."""
-    return fragments.partial_attention(_kernel(stages), queries, keys, values, n, scale, after,
+    them; `stages`, `target_warps` and `min_blocks` (`FOUR_BLOCKS`): the engine's defaults, other values for the
+    benchmark."""
+    return fragments.partial_attention(_kernel(stages, min_blocks), queries, keys, values, n, scale, after,
                                        lambda span, kv_heads: split_size(span, kv_heads, target_warps), WARPS,
                                        (("STAGES", stages),))

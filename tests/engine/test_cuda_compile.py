@@ -200,3 +200,21 @@ def test_the_split_linears_registers_hold_the_wave_it_sizes_itself_by(recorder):
     for label, source in one_row.items():
         used = resources(source)
         assert -(-used["registers"] // 8) * 8 * cuda_qmv.WARPS * 32 * blocks <= 65536, (label, used)
+
+
+def test_four_blocks_of_the_transposed_attention_fit_under_launch_bounds_without_spilling(recorder):
+    """`cuda_attention_transposed.FOUR_BLOCKS` (a benchmark's variant): with the bounds its header gives `__global__`,
+    the compiler holds the kernel to four blocks' registers without spilling, and three stages fit four blocks'
+    shared memory. Without the bounds it takes more than four blocks allow."""
+    transposed = cuda_attention_transposed
+    stages, warps, blocks = transposed.FOUR_BLOCKS
+    assert warps == blocks * transposed.WARPS * 132
+    assert blocks * transposed.WARPS * stages * cuda_attention_staged.STAGE_BYTES <= 227 * 1024
+    query, cache = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), eight_bit(1024)
+    for min_blocks in (0, blocks):
+        transposed.partial_attention(query, cache, cache, 700, 0.088, stages=stages, target_warps=warps,
+                                     min_blocks=min_blocks)
+    plain, bounded = (resources(source) for source in recorder.sources().values())
+    threads = blocks * transposed.WARPS * 32
+    assert -(-bounded["registers"] // 8) * 8 * threads <= 65536 < -(-plain["registers"] // 8) * 8 * threads
+    assert bounded["spill_stores"] == bounded["spill_loads"] == bounded["stack"] == 0, bounded
