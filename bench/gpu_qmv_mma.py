@@ -2,8 +2,10 @@
 kernels (`engine.cuda_qmv`, `engine.cuda_qmv_split`) on Qwen3-32B's linear shapes, on the GPU.
 
 In profile e (docs/benchmarks.md, twelfth session) the 8-bit step's linears took 7.9 ms for 18 GB, 2.3 TB/s,
-and `cuda_qmv`'s loop spends about 0.13 warp instructions a weight, compiled for sm_90: at the H200's issue
-rate that alone is about 4 ms a step. Here the weights go through ``mma.sync`` m16n8k16 in bf16:
+and `cuda_qmv`'s loop spends about 0.13 warp instructions a weight, compiled for sm_90 (`scripts/sass_loops.py`:
+1,052 instructions for four steps of 2 rows x 32 lanes x 32 weights). An estimate, not a measurement: over
+about 32.8 billion weights a step that is 4.3 billion warp instructions, about 4 ms of issue on 132
+multiprocessors x 4 schedulers at an assumed 1.98 GHz, one instruction a cycle each. Here the weights go through ``mma.sync`` m16n8k16 in bf16:
 
 - a block of eight warps takes 16 output rows, each warp a run of K in whole groups of 64, their sums
   meeting in shared memory;
@@ -35,9 +37,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine import mlx_env  # noqa: E402
+
+mlx_env.apply()  # as the engine's start-up step does, before MLX starts
+
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
+from bench.gpu_attention import median_ms, rel_err  # noqa: E402
 from engine import cuda_backend, cuda_qmv, cuda_qmv_split  # noqa: E402
 from engine.cuda_attention_fragments import HEADER  # noqa: E402
 
@@ -131,24 +138,6 @@ def quantized(n: int, k: int, seed: int) -> nn.QuantizedLinear:
     return q
 
 
-def rel_err(a: mx.array, ref: mx.array) -> float:
-    a, ref = a.astype(mx.float32), ref.astype(mx.float32)
-    return float(mx.linalg.norm((a - ref).flatten()) / mx.linalg.norm(ref.flatten()))
-
-
-def median_ms(fn: Any, repeats: int = 7) -> float:
-    import time
-    mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        mx.synchronize()
-        start = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def shape_row(name: str, n: int, k: int, calls: int = CALLS, distinct_bytes: float = DISTINCT_BYTES) -> dict:
     """One shape: each kernel's time a call, GB/s and relative error."""
     first = quantized(n, k, 0)
@@ -163,7 +152,7 @@ def shape_row(name: str, n: int, k: int, calls: int = CALLS, distinct_bytes: flo
     for kernel, call in kernels.items():
         try:
             row[f"err_{kernel}"] = rel_err(call(first), ref)
-            ms = median_ms(lambda: [call(linears[i % len(linears)]) for i in range(calls)]) / calls
+            ms = median_ms(lambda: [call(linears[i % len(linears)]) for i in range(calls)], 7) / calls
         except Exception as failure:  # noqa: BLE001 - a kernel that fails is a row that says so
             row[f"{kernel}_error"] = repr(failure)
             continue

@@ -96,6 +96,12 @@ def split_k(n: int, k: int, bits: int, rows: int = 1) -> int:
     return 1
 
 
+def linear_split(linear: Any, rows: int = 1) -> int:
+    """`split_k` for a quantized linear's matrix and `rows` input rows."""
+    weight = linear["weight"]
+    return split_k(weight.shape[0], weight.shape[1] * 32 // linear.bits, linear.bits, rows)
+
+
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
         split: int) -> mx.array:
     """`cuda_qmv.qmv` with each warp's rows split over K among `split` warps."""
@@ -116,10 +122,9 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
 
 def linear_product(linear: Any, x: mx.array) -> mx.array:
     """`cuda_qmv.linear_product`, split over K where `split_k` says so."""
-    weight = linear["weight"]
-    split = split_k(weight.shape[0], x.shape[-1], linear.bits, x.size // x.shape[-1])
+    split = linear_split(linear, x.size // x.shape[-1])
     if split == 1:
         return cuda_qmv.linear_product(linear, x)
-    y = qmv(x, weight, linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
+    y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
             split=split)
     return y + linear["bias"] if "bias" in linear else y

@@ -273,8 +273,7 @@ def _splits_a_linear(model: Any) -> bool:
     """Whether `engine.cuda_qmv_split` splits one of `model`'s first block's linears on one row."""
     from engine import cuda_qmv_split
 
-    return any(cuda_qmv_split.split_k(m.weight.shape[0], m.weight.shape[1] * 32 // m.bits, m.bits) > 1
-               for m in first_block_linears(model))
+    return any(cuda_qmv_split.linear_split(m) > 1 for m in first_block_linears(model))
 
 
 def _q8_chunk_takes(model: Any) -> bool:

@@ -103,14 +103,22 @@ def _time_linears(linears: list[nn.QuantizedLinear], dtype: mx.Dtype,
                   checked: Sequence[nn.QuantizedLinear] = ()) -> tuple[float, float]:
     """The block's `linears` timed, ours against MLX's, after each of them and of `checked` (the model's own
     head, which our kernel multiplies too: `linear_mode.wire_head`) was held to a float32 product."""
-    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(i)).astype(dtype)
-          for i, m in enumerate([*linears, *checked])]
-    for m, x in zip([*linears, *checked], xs):
-        weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
-        check_close("qmv", cuda_qmv.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+    xs = _held_to_float32("qmv", [*linears, *checked], dtype, cuda_qmv.linear_product)
     pairs = list(zip(linears, xs)) * REPEAT
     return (best_seconds(lambda: [nn.QuantizedLinear.__call__(m, x) for m, x in pairs]),
             best_seconds(lambda: [cuda_qmv.linear_product(m, x) for m, x in pairs]))
+
+
+def _held_to_float32(name: str, linears: Sequence[nn.QuantizedLinear], dtype: mx.Dtype,
+                     product: Callable[[nn.QuantizedLinear, mx.array], mx.array], seed: int = 0) -> list[mx.array]:
+    """A random input row for each of `linears` (keys from `seed`), after `product` of each was held to a float32
+    product of its dequantized weight (`check_close`); the rows."""
+    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(seed + i)).astype(dtype)
+          for i, m in enumerate(linears)]
+    for m, x in zip(linears, xs):
+        weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
+        check_close(name, product(m, x), x.astype(mx.float32) @ weight.T)
+    return xs
 
 
 def _time_split(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> Timings:
@@ -119,14 +127,9 @@ def _time_split(linears: list[nn.QuantizedLinear], dtype: mx.Dtype) -> Timings:
     was held to a float32 product. Left out where none splits or it fails its check (or to compile)."""
     from engine import cuda_qmv_split
 
-    split = [m for m in linears if cuda_qmv_split.split_k(m.weight.shape[0], m.weight.shape[1] * 32 // m.bits,
-                                                          m.bits) > 1]
-    xs = [mx.random.normal((1, m.weight.shape[1] * 32 // m.bits), key=mx.random.key(60 + i)).astype(dtype)
-          for i, m in enumerate(split)]
+    split = [m for m in linears if cuda_qmv_split.linear_split(m) > 1]
     try:
-        for m, x in zip(split, xs):
-            weight = mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits, dtype=mx.float32)
-            check_close("qmv_split", cuda_qmv_split.linear_product(m, x), x.astype(mx.float32) @ weight.T)
+        xs = _held_to_float32("qmv_split", split, dtype, cuda_qmv_split.linear_product, seed=60)
     except Exception as err:  # noqa: BLE001 - a variant of our linears: left out, not fatal
         logger.warning("decode kernels: %s; not splitting our linears", err)
         return {}
