@@ -132,10 +132,15 @@ def split_span(n: int | mx.array, rows: int) -> int:
 
 def sizes(n: int | mx.array, *more: int) -> mx.array:
     """A key count and further sizes (keys per split, ...) as our attention kernels read them (int32); `n`
-    may be an int32 array of one element (a traced step's count, `engine.compiled`)."""
+    may be an int32 array of one element (a traced step's count, `engine.compiled`).
+
+    The further sizes are `int32s`' array, the same object in every layer: a traced step's layers then ask for
+    one and the same concatenation, which the trace's common-subexpression pass keeps once. (With a new array
+    per layer a 64-layer step made 64 concatenations, 128 copy kernels: docs/benchmarks.md, *Fourteenth
+    session*.)"""
     if isinstance(n, mx.array):
         count = n.reshape(1).astype(mx.int32)
-        return mx.concatenate([count, mx.array(more, dtype=mx.int32)]) if more else count
+        return mx.concatenate([count, int32s(*more)]) if more else count
     return int32s(n, *more)
 
 
