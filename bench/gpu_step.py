@@ -140,7 +140,8 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     """The step's compute paths by the rows' names: ``ours`` (`path`: the kernels `decode_steps` switches on),
     ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
     are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
-    and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``) and ``mlx+traced`` (MLX's
+    and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``; the block's residual adds in the o
+    and down projections' launches: ``residual_fused``) and ``mlx+traced`` (MLX's
     kernels only, the window step traced: its attention is masked over the whole buffer); the traced rows'
     8-bit attention is `attention` ("mma", "staged" or "transposed")."""
     from engine.compute import ComputePath
@@ -150,7 +151,7 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
                                 attention_transposed=attention == "transposed", kv_write=True, step_traced=True,
                                 attention_chunk=True, step_traced_bf16=True,
                                 source="setting")
-    fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True)
+    fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True, residual_fused=True)
     return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
             "ours+traced+fused": ComputePath(model, kernels=fused, compiled=True),
             "mlx+traced": ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)}

@@ -216,10 +216,25 @@ _GLU = _CONSTANTS + r"""
 WARPS = 8
 
 
+def with_residual(source: str, value: str) -> str:
+    """`source` whose one store of `value` into ``y[m * N + row0 + r]`` adds that element of ``res`` (an input of y's
+    shape) in float32 first: a block's residual add in the product's launch (`engine.fused_residual`)."""
+    store = f"static_cast<T>({value})"
+    if source.count(store) != 1:
+        raise RuntimeError(f"engine.cuda_qmv: a kernel's store of {value} changed; its residual form needs one")
+    return source.replace(store, f"static_cast<T>({value} + static_cast<float>(res[(size_t)m * N + row0 + r]))")
+
+
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     return cuda_backend.kernel("codectx_qmv", _SOURCE, _HEADER, input_names=["x", "w", "scales", "biases"],
                                output_names=["y"])
+
+
+@functools.lru_cache(maxsize=1)
+def _residual_kernel() -> Any:
+    return cuda_backend.kernel("codectx_qmv_residual", with_residual(_SOURCE, "v"), _HEADER,
+                               input_names=["x", "w", "scales", "biases", "res"], output_names=["y"])
 
 
 def rows_per_warp(n: int) -> int:
@@ -250,13 +265,15 @@ def _problem(mode: str, bits: int, group_size: int, ndim: int, k: int, biases: b
     return problem
 
 
-def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int) -> mx.array:
-    """``x @ dequantize(weight).T`` for x of at most `MAX_ROWS` rows (leading axes flattened).
+def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
+        residual: mx.array | None = None) -> mx.array:
+    """``x @ dequantize(weight).T`` for x of at most `MAX_ROWS` rows (leading axes flattened), plus `residual`.
 
     Args:
         x: (..., K) bfloat16 or float16, rows = product of the leading axes <= MAX_ROWS.
         weight: (N, K * bits / 32) uint32, MLX's affine packing.
         scales, biases: (N, K / group_size) in x's dtype.
+        residual: None, or what to add to the product (added in the launch where `takes_residual`).
 
     Returns:
         (..., N) in x's dtype.
@@ -266,12 +283,19 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
     x2, rows, bucket = _padded(x)
     r = rows_per_warp(n)
     warps = n // r
-    out = _kernel()(
-        inputs=[x2, weight, scales, biases],
+    fused = takes_residual(residual, x, rows, bucket, n)
+    out = (_residual_kernel() if fused else _kernel())(
+        inputs=[x2, weight, scales, biases, *((residual,) if fused else ())],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
-    return _unpadded(out, x, rows, bucket)
+    out = _unpadded(out, x, rows, bucket)
+    return out if residual is None or fused else residual + out
+
+
+def takes_residual(residual: mx.array | None, x: mx.array, rows: int, bucket: int, n: int) -> bool:
+    """Whether a product of `x` (`rows` in a `bucket`) into `n` outputs adds `residual` in its launch (else MLX adds)."""
+    return residual is not None and bucket == rows and residual.dtype == x.dtype and residual.shape == (*x.shape[:-1], n)
 
 
 def _bucket(rows: int) -> int:
@@ -282,10 +306,19 @@ def _bucket(rows: int) -> int:
     raise ValueError(f"qmv takes at most {MAX_ROWS} rows, got {rows}")
 
 
-def linear_product(linear: Any, x: mx.array) -> mx.array:
-    """`linear(x)` through `qmv` (the caller checked `unsupported` and the row count)."""
-    y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size)
-    return y + linear["bias"] if "bias" in linear else y
+def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
+    """`linear(x)` through `qmv` (the caller checked `unsupported` and the row count), plus `residual` where given
+    (in the launch for a linear without a bias)."""
+    bias = linear["bias"] if "bias" in linear else None
+    y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
+            residual=residual if bias is None else None)
+    return y if bias is None else plus_bias(y, bias, residual)
+
+
+def plus_bias(y: mx.array, bias: mx.array, residual: mx.array | None) -> mx.array:
+    """A product `y` plus its linear's `bias`, then `residual` (where given), in the order MLX's calls add them."""
+    y = y + bias
+    return y if residual is None else residual + y
 
 
 @functools.lru_cache(maxsize=1)

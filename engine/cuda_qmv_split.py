@@ -80,6 +80,12 @@ def _kernel() -> Any:
                                output_names=["y"])
 
 
+@functools.lru_cache(maxsize=1)
+def _residual_kernel() -> Any:
+    return cuda_backend.kernel("codectx_qmv_split_residual", cuda_qmv.with_residual(_SOURCE, "total"), _HEADER,
+                               input_names=["x", "w", "scales", "biases", "res"], output_names=["y"])
+
+
 @functools.lru_cache(maxsize=256)
 def split_k(n: int, k: int, bits: int, rows: int = 1) -> int:
     """Warps a product of `n` rows of `k` values splits each warp's rows over: the most of `SPLITS` that keeps the
@@ -103,28 +109,31 @@ def linear_split(linear: Any, rows: int = 1) -> int:
 
 
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
-        split: int) -> mx.array:
-    """`cuda_qmv.qmv` with each warp's rows split over K among `split` warps."""
+        split: int, residual: mx.array | None = None) -> mx.array:
+    """`cuda_qmv.qmv` with each warp's rows split over K among `split` warps (`residual` as there)."""
     k, n = x.shape[-1], weight.shape[0]
     if WARPS % split:
         raise ValueError(f"a split of {split} does not divide a block's {WARPS} warps")
     x2, rows, bucket = cuda_qmv._padded(x)
     r = cuda_qmv.rows_per_warp(n)
     warps = n // r * split
-    out = _kernel()(
-        inputs=[x2, weight, scales, biases],
+    fused = cuda_qmv.takes_residual(residual, x, rows, bucket, n)
+    out = (_residual_kernel() if fused else _kernel())(
+        inputs=[x2, weight, scales, biases, *((residual,) if fused else ())],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r),
                   ("SPLIT", split), ("WARPS", WARPS)],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[cuda_qmv._out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
-    return cuda_qmv._unpadded(out, x, rows, bucket)
+    out = cuda_qmv._unpadded(out, x, rows, bucket)
+    return out if residual is None or fused else residual + out
 
 
-def linear_product(linear: Any, x: mx.array) -> mx.array:
+def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
     """`cuda_qmv.linear_product`, split over K where `split_k` says so."""
     split = linear_split(linear, x.size // x.shape[-1])
     if split == 1:
-        return cuda_qmv.linear_product(linear, x)
+        return cuda_qmv.linear_product(linear, x, residual)
+    bias = linear["bias"] if "bias" in linear else None
     y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
-            split=split)
-    return y + linear["bias"] if "bias" in linear else y
+            split=split, residual=residual if bias is None else None)
+    return y if bias is None else cuda_qmv.plus_bias(y, bias, residual)

@@ -39,6 +39,9 @@ the same thing:
 - one token's per-head norms and RoPE in one launch (``rope_fused``, `engine.cuda_qk_rope`): the first
   block's, `REPEAT` per evaluation, against the module's own (checked against them at
   `decode_measure.ROPE_POSITION`); where the attention modules can be wired;
+- a block's residual adds in its projections' launches (``residual_fused``, `engine.fused_residual`): the first
+  block's o and down projections on one row, `REPEAT` per evaluation, our kernel and MLX's add against the add in
+  the launch (checked against them); where the blocks can be wired, only together with our linears;
 - the whole one-token step replayed from its trace (`engine.compiled`), over 8-bit caches (``step_traced``,
   only with the in-place write) and over bf16 ones (``step_traced_bf16``, only with the chunk attention),
   measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued
@@ -60,7 +63,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from engine import chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, linear_mode
+from engine import (chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, fused_residual,
+                    linear_mode)
 from engine.chunk_measure import CHUNK_CALLS, CHUNK_ROWS
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_TIMINGS, REPEAT, Timings,
@@ -74,12 +78,13 @@ logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
                 "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed",
-                "attention_chunk_q8", "qmv_split")
+                "attention_chunk_q8", "qmv_split", "residual_fused")
 MARGIN = 0.05
 NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
          ("qmv_fused", ("qmv",), "qmv"),  # one launch of our linears' kernel
          ("qmv_split", ("qmv",), "qmv"),  # our linears' kernel, split
+         ("residual_fused", ("qmv",), "qmv"),  # added in our linears' launches
          *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
 """(kernel, any of these must run too, named in the note) for the kernels that run only beside others."""
 
@@ -117,6 +122,8 @@ class DecodeKernels:
             2..`decode_kernels.CHUNK_MAX_ROWS` tokens over an 8-bit cache's dense rows, read where they lie.
         qmv_split: `engine.cuda_qmv_split` for our linears of few, long rows (a down or o projection), each
             warp's rows split over K (only with `qmv`).
+        residual_fused: `engine.fused_residual` for a decode-sized forward's residual adds, each in the launch of
+            the projection before it (a block's o and down projections; only with `qmv`).
     """
 
     qmv: bool = False
@@ -136,6 +143,7 @@ class DecodeKernels:
     attention_transposed: bool = False
     attention_chunk_q8: bool = False
     qmv_split: bool = False
+    residual_fused: bool = False
 
     @property
     def any(self) -> bool:
@@ -161,7 +169,7 @@ class DecodeKernels:
         chunk_q8 = self.attention_chunk_q8 and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
                                     staged=self.attention_staged, transposed=self.attention_transposed,
-                                    chunk_q8=chunk_q8, split=self.qmv_split) \
+                                    chunk_q8=chunk_q8, split=self.qmv_split, residual=self.residual_fused) \
             if qmv or attention or chunk or mlp or rope or chunk_q8 else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
@@ -174,6 +182,8 @@ class DecodeKernels:
             fused_linears.wire(model)
         if self.mlp_compiled:
             compiled_mlp.wire(model)
+        if self.residual_fused:
+            fused_residual.wire(model)
         if self.attention_chunk or self.qmv_fused or self.rope_fused:
             cpu_attention.wire(model)  # the attention modules' call that reaches the chunk kernel, the fused q, k, v
 
@@ -209,7 +219,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=_q8_chunk_takes(model),
                              kv_write=ours, mlp_compiled=True, qmv_split=_splits_a_linear(model),
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
-                             rope_fused=True,
+                             rope_fused=True, residual_fused=fused_residual.wirable(model),
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_dequant, cuda_qmv, cuda_qmv_split, decode_kernels
+from engine import cuda_dequant, cuda_qmv, cuda_qmv_split, decode_kernels, fused_residual
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
 from engine.timing import best_seconds
@@ -78,8 +78,9 @@ class DequantizingLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if _dequantize.on():
             return dequantized_product(self, x)
-        if decode_sized(self, x):
-            return (cuda_qmv_split if decode_kernels.qmv_split_on() else cuda_qmv).linear_product(self, x)
+        if decode_sized(self, x):  # (with the block's residual, where it offers this product one)
+            kernel = cuda_qmv_split if decode_kernels.qmv_split_on() else cuda_qmv
+            return kernel.linear_product(self, x, fused_residual.take(self))
         return super().__call__(x)
 
 

@@ -33,8 +33,9 @@ def engine(tiny_loaded):
 
 @pytest.fixture
 def semantic_kernels(monkeypatch):
-    """Stand-ins for our CUDA kernels (no CPU build): the linears compute MLX's quantized product; the write
-    writes nothing and returns its row's position; the 8-bit attention returns a pattern of its key count n
+    """Stand-ins for our CUDA kernels (no CPU build): the linears compute MLX's quantized product (plus the
+    residual they are given, for the kernel that adds one); the write writes nothing and returns its row's
+    position; the 8-bit attention returns a pattern of its key count n
     and of what it is ordered after (the write's position p; without a write, n again): sin(0.05 n + d) +
     cos(0.3 p) for dim d of every head; the chunk attention (a full-precision cache) attends for real over
     the first n rows, through a mask; the 8-bit chunk attention attends causally for real over the rows it is
@@ -78,6 +79,7 @@ def semantic_kernels(monkeypatch):
     monkeypatch.setattr(cuda_attention, "unsupported", lambda *args: None)
     monkeypatch.setattr(cuda_qmv, "unsupported", lambda linear, dtype: None)
     monkeypatch.setattr(cuda_qmv, "_kernel", lambda: qmv)
+    monkeypatch.setattr(cuda_qmv, "_residual_kernel", lambda: qmv_residual_stand_in(calls))
     monkeypatch.setattr(cuda_kv_write, "_q8_kernel", lambda: write)
     monkeypatch.setattr(cuda_attention, "_kernels", lambda: (partial, merge))
     monkeypatch.setattr(cuda_chunk_attention, "shape_problem", lambda *shape: None)  # the tiny model's heads
@@ -87,6 +89,17 @@ def semantic_kernels(monkeypatch):
     monkeypatch.setattr(cuda_chunk_attention, "_kernel_q8", lambda: q8_chunk_stand_in(calls))
     monkeypatch.setattr(cuda_attention_mma, "_merge_kernel", lambda: merge)
     return calls
+
+
+def qmv_residual_stand_in(calls: list) -> object:
+    """`semantic_kernels`' stand-in for our linear that adds a residual: MLX's product plus ``res``, rounded once."""
+    def qmv_residual(inputs, template, output_shapes, output_dtypes, **_):
+        calls.append("qmv+residual")
+        x, w, scales, biases, residual = inputs
+        t = dict(template)
+        out = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=t["GS"], bits=t["BITS"])
+        return [(out.reshape(output_shapes[0]) + residual).astype(output_dtypes[0])]
+    return qmv_residual
 
 
 def q8_chunk_stand_in(calls: list) -> object:

@@ -19,7 +19,7 @@ FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
              cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel,
              cuda_kv_write._q8_kernel, cuda_qmv._kernel, cuda_qmv._three_kernel, cuda_qmv._glu_kernel,
-             cuda_qk_rope._kernel, cuda_qmv_split._kernel)
+             cuda_qk_rope._kernel, cuda_qmv_split._kernel, cuda_qmv._residual_kernel, cuda_qmv_split._residual_kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
@@ -56,6 +56,12 @@ def launch_every_kernel() -> None:
                          group_size=group_size)
             cuda_qmv_split.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
                                group_size=group_size, split=2 if rows > 1 else 4)
+            if rows == 1:  # a block's residual added in the launch (decode)
+                residual = mx.zeros((1, rows, n), dtype=dtype)
+                cuda_qmv.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
+                             group_size=group_size, residual=residual)
+                cuda_qmv_split.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
+                                   group_size=group_size, split=2, residual=residual)
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
@@ -112,6 +118,8 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert any(label.startswith("codectx_dequantize_rows") for label in sources)
     assert any(label.startswith("codectx_qmv_glu") for label in sources)
     assert any(label.startswith("codectx_qmv_split") for label in sources)
+    assert any(label.startswith("codectx_qmv_residual") for label in sources)
+    assert any(label.startswith("codectx_qmv_split_residual") for label in sources)
     assert any(label.startswith("codectx_q8_attention_staged") for label in sources)
     assert any(label.startswith("codectx_q8_attention_transposed") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
@@ -194,7 +202,7 @@ def test_the_split_linears_registers_hold_the_wave_it_sizes_itself_by(recorder):
     row: the split kernel must keep to those registers, or its splits spill into a second wave."""
     launch_every_kernel()
     one_row = {label: source for label, source in recorder.sources().items()
-               if label.startswith("codectx_qmv_split") and "_1_2_" in label}  # M = 1, R = 2
+               if label.startswith("codectx_qmv_split") and "_1_2_" in label}  # M = 1, R = 2 (with a residual too)
     assert one_row
     blocks = cuda_qmv_split.RESIDENT_WARPS // 132 // cuda_qmv.WARPS
     for label, source in one_row.items():
