@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, decode_choice, linear_mode
+from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
@@ -73,12 +73,23 @@ class ComputePath:
         # With our kernels, decode is traced only over the stores they hold the traced step for, verify never.
         ours = frozenset(kind for kind, on in (("q8", self.kernels.step_traced),
                                                ("dense", self.kernels.step_traced_bf16)) if on)
-        traced = compiled and (bool(ours) or not self.kernels.any)
+        mlx_trace = compiled and not self.kernels.any and not self._dynamic_writes_grow()
         windows = attention != "numpy"  # keep NumPy's attention (a trace holds MLX's) over window caches
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
-                                          ours=ours, windows=windows) if traced else None
+                                          ours=ours, windows=windows) if compiled and ours or mlx_trace else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
-            if compiled and not self.kernels.any else None
+            if mlx_trace else None
+
+    def _dynamic_writes_grow(self) -> bool:
+        """Whether a trace's row writes with MLX's kernels (dynamic slice updates, `engine.trace_caches`) cost what
+        the whole cache buffer holds: on MLX's CUDA backend (0.32) the update launches a thread per element of the
+        buffer, about 1 ms a layer's write at 131,072 rows on the H200 (docs/benchmarks.md, fourteenth session).
+        There only our kernels' traces run (their own measurement, `engine.step_measure`); noted."""
+        if not cuda_backend.cuda_available():
+            return False
+        self.notes = (*self.notes, "compile: no trace with MLX's kernels on CUDA (its dynamic row writes cost the "
+                                   "whole cache buffer each)")
+        return True
 
     @property
     def kind(self) -> str:

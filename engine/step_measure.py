@@ -13,8 +13,12 @@ trace (not falling back), and at every step the plain step's logits and every la
 the plain step it is checked against attends with the trace's kernel (`decode_kernels.one_query_chunk`),
 after that kernel's one-query call was held to MLX's (`chunk_measure.check_chunk_one_query`): on the H200 the
 64-layer step checked against MLX's attention differed by 5.5e-2 (docs/benchmarks.md, twelfth session).
-Few keys on purpose: what a trace can save is the host's part, whose operations are the same at any
-context length (the device's part grows with it).
+What a trace can save is the host's part, whose operations are the same at any context length; what it may
+add can grow with the context, so the caches are not short. MLX 0.32's CUDA dynamic slice update (a bf16 traced
+step's row write, `engine.trace_caches.BufferCache`) launches a thread per element of the whole cache buffer,
+not of the row: about 1 ms a write at 131,072 rows on the H200 (136.6 ms a 64-layer step, twelfth session's
+profile e), 8 µs at 1,024 rows, where the saved host time (about 5 ms a step) would have hidden it. At
+`TRACE_KEYS` such a write costs about 17 ms a step, and the bf16 trace loses to the plain step, as at 131k.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-TRACE_KEYS = 1024
+TRACE_KEYS = 16384
 STEPS = 8
 Forward = Callable[[mx.array, list], mx.array]
 """A one-token forward: (tokens (1, 1), cache) -> logits (1, 1, vocab)."""

@@ -84,3 +84,22 @@ def test_an_exact_path_is_the_models_own_call(tiny_loaded):
     model = tiny_loaded.model
     ids = mx.array([[3, 4, 5, 6]], dtype=mx.uint32)
     assert mx.array_equal(exact(model).forward(ids, make_cache(model)), model(ids, cache=make_cache(model))).item()
+
+
+def test_on_cuda_only_our_kernels_traces_run(tiny_loaded, monkeypatch):
+    """MLX's CUDA dynamic slice update (a trace's row write with MLX's kernels) costs the whole cache buffer: there
+    the path traces neither decode nor verify with MLX's kernels, and says so; our kernels' measured trace stays."""
+    from engine import cuda_backend
+    from engine.compute import ComputePath
+    from engine.decode_choice import DecodeKernels
+
+    model = tiny_loaded.model
+    assert ComputePath(model, compiled=True).decode_step is not None  # elsewhere (here: the CPU) both are traced
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
+    mlx_only = ComputePath(model, compiled=True)
+    assert mlx_only.decode_step is None and mlx_only.verify_step is None
+    assert any("no trace with MLX's kernels on CUDA" in note for note in mlx_only.notes)
+    traced = ComputePath(model, compiled=True, kernels=DecodeKernels(qmv=True, attention=True, kv_write=True,
+                                                                      step_traced=True, source="setting"))
+    assert traced.decode_step is not None and traced.verify_step is None
+    assert not any("no trace" in note for note in traced.notes)
