@@ -19,7 +19,8 @@ and one token's norms and RoPE, in one launch each (``ours+traced+fused``, the e
 (``mlx-only``; on CUDA the ``mlx`` rows run our linears and attention beside MLX's write), plain and
 replayed from its trace (``mlx-only+traced``; ``mlx+traced`` elsewhere): the engine's step under
 ``compute.kernels: mlx``, whose traced attention is masked over the whole buffer, which takes MLX's
-CUDA attention off its fused kernels. A process's history matters (``--bits`` orders the widths).
+CUDA attention off its fused kernels. (Since the fourteenth session the engine traces nothing with MLX's
+kernels on CUDA, whose dynamic row write costs the whole buffer, `engine.compute`: those rows are left out there.) A process's history matters (``--bits`` orders the widths).
 MLX's CUDA graph cache size (`engine.mlx_env`) is read once per process: compare settings with one
 process each.
 
@@ -177,6 +178,8 @@ def measure(lengths: list[int], steps: int, shape_name: str, widths: tuple[int, 
             writes = ("mlx", "ours", "ours+traced", "ours+traced+fused") if bits == 8 else \
                 ("mlx", "ours+traced", "ours+traced+fused")
             writes = (*writes, "mlx-only", "mlx-only+traced") if ours else ("mlx", "mlx+traced")
+            if paths["mlx+traced"].decode_step is None:  # on CUDA the engine traces nothing with MLX's kernels
+                writes = tuple(w for w in writes if w not in ("mlx+traced", "mlx-only+traced"))
             writes = tuple(w for w in writes if not only or w in only)
             for write in writes:
                 row: dict[str, Any] = {"context": context, "kv_bits": bits, "write": write}
