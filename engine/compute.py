@@ -43,6 +43,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["ComputeOptions", "ComputePath", "choose", "exact"]
 
 
+NO_MLX_TRACE_ON_CUDA = "compile: no trace with MLX's kernels on CUDA (its dynamic row writes cost the whole cache buffer)"
+"""The path's note where it traces nothing with MLX's kernels: a trace writes each layer's row with a dynamic
+slice update (`engine.trace_caches`), which MLX's CUDA backend (0.32) launches with a thread per element of the
+whole buffer, about 1 ms a layer at 131,072 rows on the H200 (docs/benchmarks.md, fourteenth session). There only
+our kernels' traces run, each chosen by its own measurement (`engine.step_measure`)."""
+
+
 class ComputePath:
     """How one engine computes its model's forward (build it with `choose` or `exact`).
 
@@ -73,23 +80,15 @@ class ComputePath:
         # With our kernels, decode is traced only over the stores they hold the traced step for, verify never.
         ours = frozenset(kind for kind, on in (("q8", self.kernels.step_traced),
                                                ("dense", self.kernels.step_traced_bf16)) if on)
-        mlx_trace = compiled and not self.kernels.any and not self._dynamic_writes_grow()
+        mlx_trace = compiled and not self.kernels.any
+        if mlx_trace and cuda_backend.cuda_available():
+            mlx_trace = False
+            self.notes = (*self.notes, NO_MLX_TRACE_ON_CUDA)
         windows = attention != "numpy"  # keep NumPy's attention (a trace holds MLX's) over window caches
         self._decode = CompiledDecodeStep(model, 1, fallback=self.call, scope=self._traced_scope,
-                                          ours=ours, windows=windows) if compiled and ours or mlx_trace else None
+                                          ours=ours, windows=windows) if (compiled and ours) or mlx_trace else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
             if mlx_trace else None
-
-    def _dynamic_writes_grow(self) -> bool:
-        """Whether a trace's row writes with MLX's kernels (dynamic slice updates, `engine.trace_caches`) cost what
-        the whole cache buffer holds: on MLX's CUDA backend (0.32) the update launches a thread per element of the
-        buffer, about 1 ms a layer's write at 131,072 rows on the H200 (docs/benchmarks.md, fourteenth session).
-        There only our kernels' traces run (their own measurement, `engine.step_measure`); noted."""
-        if not cuda_backend.cuda_available():
-            return False
-        self.notes = (*self.notes, "compile: no trace with MLX's kernels on CUDA (its dynamic row writes cost the "
-                                   "whole cache buffer each)")
-        return True
 
     @property
     def kind(self) -> str:
