@@ -46,8 +46,9 @@ __all__ = ["ComputeOptions", "ComputePath", "choose", "exact"]
 NO_MLX_TRACE_ON_CUDA = "compile: no trace with MLX's kernels on CUDA (its dynamic row writes cost the whole cache buffer)"
 """The path's note where it traces nothing with MLX's kernels: a trace writes each layer's row with a dynamic
 slice update (`engine.trace_caches`), which MLX's CUDA backend (0.32) launches with a thread per element of the
-whole buffer, about 1 ms a layer at 131,072 rows on the H200 (docs/benchmarks.md, fourteenth session). There only
-our kernels' traces run, each chosen by its own measurement (`engine.step_measure`)."""
+whole buffer, about 1 ms a layer at 131,072 rows on the H200 (docs/benchmarks.md, fourteenth session), and attends
+over the whole buffer through a mask, off MLX's fused attention. There only our kernels' traces run, each chosen
+by its own measurement (`engine.step_measure`; the bf16 one writes its rows by a scatter)."""
 
 
 class ComputePath:

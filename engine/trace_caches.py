@@ -13,8 +13,8 @@ stand-in caches below are what the model's layers call while the step is traced:
   backend, `engine.decode_choice`'s ``step_traced``) the row is written in place
   (`engine.cuda_kv_write`) and attended by `engine.cuda_attention` with the key count as an array.
 
-With ours over full precision (``step_traced_bf16``) the row is written by the same slice update and
-the one query attended by `engine.cuda_chunk_attention` with the key count as an array (reached
+With ours over full precision (``step_traced_bf16``) the row is written by a scatter along the positions
+(`scattered`: MLX's CUDA dynamic slice update costs the whole buffer) and the one query attended by `engine.cuda_chunk_attention` with the key count as an array (reached
 through the attention modules' wired call, `engine.decode_kernels.attend_chunk`).
 
 `layer_buffers` and `put_back` are the only places that know where each kind of cache keeps its
@@ -48,8 +48,8 @@ class BufferCache:
         self.count: mx.array | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
-        self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
+        write = scattered if self.ours else _slice_updated
+        self.keys, self.values = write(self.keys, keys, self.offset), write(self.values, values, self.offset)
         if self.ours:
             self.count = self.offset + keys.shape[2]
         return self.keys, self.values
@@ -88,6 +88,20 @@ class Q8BufferCache:
 
     def buffers(self) -> tuple[Any, Any]:
         return self.keys, self.values
+
+
+def scattered(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
+    """`buffer` (B, H, capacity, D) with `rows` (B, H, n, D) written from position `offset` (an array), as a scatter
+    along the positions. The trace's row write over bf16 buffers with our kernels (on MLX's CUDA backend): there a
+    dynamic slice update launches a thread per element of the whole buffer, about 1 ms a layer at 131,072 rows
+    (docs/benchmarks.md, fourteenth session), and MLX's scatter one per element of the rows."""
+    n = rows.shape[2]
+    positions = (offset.reshape(1) + mx.arange(n, dtype=offset.dtype)).reshape(1, 1, n, 1)
+    return mx.put_along_axis(buffer, mx.broadcast_to(positions, rows.shape), rows, axis=2)
+
+
+def _slice_updated(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
+    return mx.slice_update(buffer, rows, offset, axes=(2,))
 
 
 def _causal_over_buffer(n: int, capacity: int, offset: mx.array, window_size: int | None) -> mx.array:

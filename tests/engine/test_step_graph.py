@@ -45,3 +45,21 @@ def test_a_traced_8bit_steps_layers_share_one_array_of_sizes(tiny_model_dir, sem
     one_layer = traced_step_operations(model, tmp_path)
     assert names.count("Concatenate") == one_layer.count("Concatenate") >= 1
     assert len(names) > len(one_layer)  # (two models: the second has fewer layers to show)
+
+
+def test_a_traced_bf16_step_writes_its_rows_by_a_scatter(tiny_model_dir, semantic_kernels, tmp_path):
+    """MLX's CUDA dynamic slice update launches a thread per element of the whole cache buffer (about 1 ms a
+    layer's write at 131k rows on the H200): the bf16 trace with our kernels writes each row by a scatter, which
+    launches one per element of the row (`engine.trace_caches.scattered`)."""
+    from engine.decode_choice import DecodeKernels
+
+    model = quantized_model(tiny_model_dir)
+    traced = ComputePath(model, kernels=DecodeKernels(qmv=True, attention_chunk=True, step_traced_bf16=True,
+                                                      source="setting"), compiled=True)
+    cache = filled_cache(model, DENSE, 16, 200, mx.float32)
+    token = mx.array([[7]], dtype=mx.uint32)
+    mx.eval(traced.forward(token, cache, "last"))
+    names = operations(traced, tmp_path, traced.forward(token, cache, "last"))
+    assert (traced.decode_step.traces, traced.decode_step.fallbacks) == (1, 0)
+    assert "DynamicSliceUpdate" not in names
+    assert names.count("ScatterAxis") == 2 * len(model.layers)  # keys and values, each layer
