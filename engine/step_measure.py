@@ -18,7 +18,10 @@ add can grow with the context, so the caches are not short. MLX 0.32's CUDA dyna
 step's row write, `engine.trace_caches.BufferCache`) launches a thread per element of the whole cache buffer,
 not of the row: about 1 ms a write at 131,072 rows on the H200 (136.6 ms a 64-layer step, twelfth session's
 profile e), 8 µs at 1,024 rows, where the saved host time (about 5 ms a step) would have hidden it. At
-`TRACE_KEYS` such a write costs about 17 ms a step, and the bf16 trace loses to the plain step, as at 131k.
+`TRACE_KEYS` such a write costs about 8.5 ms a step, and a trace with it loses to the plain step, as at 131k.
+(The bf16 trace now writes by a scatter, `engine.trace_caches.scattered`; the length guards against the next
+such cost.) The two caches of a measurement are freed, and MLX's cache of freed buffers emptied, when it ends:
+at `TRACE_KEYS` a 64-layer model's two bf16 caches hold 4 GiB.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from engine.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
-TRACE_KEYS = 16384
+TRACE_KEYS = 8192
 STEPS = 8
 Forward = Callable[[mx.array, list], mx.array]
 """A one-token forward: (tokens (1, 1), cache) -> logits (1, 1, vocab)."""
@@ -113,6 +116,9 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> T
     except Exception as err:  # noqa: BLE001 - an optimization: left out, not fatal
         logger.warning("decode kernels: traced step (%s): %s; not using it", name, err)
         return {}
+    finally:
+        caches = None
+        mx.clear_cache()  # the caches' buffers back to the device, not kept for reuse after the load
 
 
 def check_traced_step(plain: Forward, traced: CompiledDecodeStep, plain_cache: list, traced_cache: list,

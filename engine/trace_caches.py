@@ -96,7 +96,10 @@ def scattered(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
     dynamic slice update launches a thread per element of the whole buffer, about 1 ms a layer at 131,072 rows
     (docs/benchmarks.md, fourteenth session), and MLX's scatter one per element of the rows."""
     n = rows.shape[2]
-    positions = (offset.reshape(1) + mx.arange(n, dtype=offset.dtype)).reshape(1, 1, n, 1)
+    if n == 1:  # a decode step's row: the offset itself (no operation of its own in each layer: each is a launch)
+        positions = offset.reshape(1, 1, 1, 1)
+    else:
+        positions = (offset.reshape(1) + mx.arange(n, dtype=offset.dtype)).reshape(1, 1, n, 1)
     return mx.put_along_axis(buffer, mx.broadcast_to(positions, rows.shape), rows, axis=2)
 
 

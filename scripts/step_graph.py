@@ -62,6 +62,10 @@ def step_operations(layers: int, bits: int, variant: str, rows: int) -> collecti
     with decode_kernels.scope(qmv=True, attention=bits == 8, staged=True, kv_write=bits == 8):
         mx.eval(step.forward(token, cache, logits="last"))  # traced here
         logits = step.forward(token, cache, logits="last")  # replayed
+    traced = step.decode_step
+    if traced is None or traced.traces != 1 or traced.fallbacks:
+        raise SystemExit(f"{variant}: the step was not replayed from one trace here ({traced and traced.fallbacks} "
+                         "fallbacks); its graph would not be the GPU's")
     with tempfile.TemporaryDirectory() as tmp:
         dot = Path(tmp) / "step.dot"
         mx.export_to_dot(str(dot), logits)
@@ -72,8 +76,8 @@ def step_operations(layers: int, bits: int, variant: str, rows: int) -> collecti
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, choices=(8, 16), default=8)
-    ap.add_argument("--variant", default="ours+traced+fused",
-                    help="bench/gpu_step.py's step path (ours+traced, ours+traced+fused, mlx+traced)")
+    ap.add_argument("--variant", default="ours+traced+fused", choices=("ours+traced", "ours+traced+fused"),
+                    help="bench/gpu_step.py's traced step path (the engine traces nothing with MLX's kernels on CUDA)")
     ap.add_argument("--rows", type=int, default=1024, help="cache rows")
     a = ap.parse_args(argv)
     mx.set_default_device(mx.cpu)

@@ -94,7 +94,8 @@ def test_on_cuda_only_our_kernels_traces_run(tiny_loaded, monkeypatch):
     from engine.decode_choice import DecodeKernels
 
     model = tiny_loaded.model
-    assert ComputePath(model, compiled=True).decode_step is not None  # elsewhere (here: the CPU) both are traced
+    elsewhere = ComputePath(model, compiled=True)  # (here: the CPU) both are traced
+    assert elsewhere.decode_step is not None and elsewhere.verify_step is not None
     monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
     mlx_only = ComputePath(model, compiled=True)
     assert mlx_only.decode_step is None and mlx_only.verify_step is None

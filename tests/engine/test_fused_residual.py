@@ -73,7 +73,9 @@ def test_a_traced_step_adds_the_residuals_of_each_step(tiny_model_dir, semantic_
     plain = ComputePath(model, kernels=DecodeKernels(**{**TRACED.__dict__, "step_traced": False}))
     traced = ComputePath(model, kernels=DecodeKernels(**{**TRACED.__dict__, "residual_fused": True}), compiled=True)
     caches = [filled_cache(model, DENSE, 8, 200, mx.float32) for _ in range(2)]
+    before = len(semantic_kernels)
     check_traced_step(lambda t, c: plain.forward(t, c), traced.decode_step, *caches)  # the load-time check passes
+    assert semantic_kernels[before:].count("qmv+residual") == 2 * len(model.layers)  # in the trace, made once
     expected = greedy(lambda t, c: plain.forward(t, c, "last"), caches[0], 8)
     got = greedy(lambda t, c: traced.forward(t, c, "last"), caches[1], 8)
     assert got[0] == expected[0] and (traced.decode_step.traces, traced.decode_step.fallbacks) == (1, 0)
@@ -103,3 +105,42 @@ def test_it_runs_only_beside_our_linears_and_where_the_blocks_take_the_call(tiny
     assert resolve(quantized_model(tiny_model_dir), "codectx", cuda=True).residual_fused
     assert not fused_residual.wirable(tiny_hybrid(seed=1))  # other blocks: MLX's adds, even when forced
     assert not resolve(tiny_hybrid(seed=1), "codectx", cuda=True).residual_fused
+
+
+def test_the_split_kernel_and_a_linear_with_a_bias_add_the_residual_once(tiny_model_dir, semantic_kernels,
+                                                                         monkeypatch):
+    import mlx.nn as nn
+
+    from engine import cuda_qmv_split
+    from conftest import qmv_residual_stand_in
+
+    def split(inputs, template, output_shapes, output_dtypes, **_):  # MLX's product, whatever the split
+        semantic_kernels.append("split")
+        x, w, scales, biases = inputs[:4]
+        t = dict(template)
+        out = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=t["GS"], bits=t["BITS"])
+        return [out.reshape(output_shapes[0]).astype(output_dtypes[0])]
+
+    split_residual = qmv_residual_stand_in(semantic_kernels)
+
+    def split_plus(inputs, **options):
+        semantic_kernels.append("split")
+        return split_residual(inputs, **options)
+
+    monkeypatch.setattr(cuda_qmv_split, "_kernel", lambda: split)
+    monkeypatch.setattr(cuda_qmv_split, "_residual_kernel", lambda: split_plus)
+    monkeypatch.setattr(cuda_qmv_split, "split_k", lambda n, k, bits, rows=1: 2)
+    model = quantized_model(tiny_model_dir)
+    expected = forward(ComputePath(quantized_model(tiny_model_dir), kernels=OURS), [7])
+    before = len(semantic_kernels)
+    got = forward(ComputePath(model, kernels=DecodeKernels(**{**FUSED.__dict__, "qmv_split": True})), [7])
+    launched = semantic_kernels[before:]
+    assert launched.count("qmv+residual") == 2 * len(model.layers) and launched.count("split") == 7 * len(model.layers)
+    assert mx.allclose(got, expected, atol=1e-4).item()
+    biased = nn.QuantizedLinear(128, 64, bias=True, group_size=64, bits=4)
+    biased.bias = mx.random.normal((64,), key=mx.random.key(3))
+    x, r = mx.random.normal((1, 1, 128), key=mx.random.key(4)), mx.random.normal((1, 1, 64), key=mx.random.key(5))
+    before = len(semantic_kernels)
+    for kernel in (cuda_qmv, cuda_qmv_split):  # the bias first, then the residual, in MLX's order; one launch each
+        assert mx.allclose(kernel.linear_product(biased, x, r), r + biased(x), atol=1e-5).item()
+    assert semantic_kernels[before:] == ["qmv", "split"]
