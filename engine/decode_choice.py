@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from engine import (chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, fused_residual,
-                    linear_mode)
+                    linear_mode, residual_measure)
 from engine.chunk_measure import CHUNK_CALLS, CHUNK_ROWS
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_TIMINGS, REPEAT, Timings,
@@ -243,9 +243,12 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
 
 
 def measure_all(model: Any) -> Timings:
-    """Each kernel timed (`engine.decode_measure.measure`, `engine.chunk_measure.measure`), then the step traced
-    with those that would run (`engine.step_measure.time_traced_step`)."""
+    """Each kernel timed (`engine.decode_measure.measure`, `engine.residual_measure.measure`,
+    `engine.chunk_measure.measure`), then the step traced with those that would run
+    (`engine.step_measure.time_traced_step`)."""
     timings = measure_kernels(model)
+    if "qmv" in timings:  # (beside our linears only)
+        timings.update(residual_measure.measure(model))
     timings.update(chunk_measure.measure(model, cpu_attention.wirable(model)))
     chosen, _ = choose_kernels(timings)
     return {**timings, **time_traced_step(model, DecodeKernels(source="measured", **chosen))}

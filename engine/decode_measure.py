@@ -13,8 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
-from engine import (compiled_mlp, cpu_attention, cuda_qk_rope, cuda_qmv, decode_kernels, fused_linears, fused_residual,
-                    linear_mode)
+from engine import compiled_mlp, cpu_attention, cuda_qk_rope, cuda_qmv, decode_kernels, fused_linears, linear_mode
 from engine.linear_mode import first_block_linears
 from engine.timing import best_seconds
 
@@ -78,7 +77,6 @@ def measure(model: Any) -> Timings:
         timings.update(_time_split(linears, dtype))
         timings.update(_time_compiled_mlp(model, dtype))
         timings.update(_time_fused(model, dtype))
-        timings.update(time_residual(model, dtype))
     shape = attention_shape(model)
     if shape is not None:
         heads, kv_heads, dim = shape
@@ -194,35 +192,6 @@ def _time_fused(model: Any, dtype: mx.Dtype) -> Timings:
                               best_seconds(lambda: [fused() for _ in range(REPEAT)]))}
     except Exception as err:  # noqa: BLE001 - the newest kernels: left out, not fatal
         logger.warning("decode kernels: fused linears: %s; not using them", err)
-        return {}
-
-
-def time_residual(model: Any, dtype: mx.Dtype) -> Timings:
-    """"residual_fused": the first block's o and down projections on one row, `REPEAT` each per evaluation, our
-    kernel then MLX's add against the add in the launch, checked first against them (and so the split kernel's,
-    where it splits the projection). Left out where no block takes the call (`engine.fused_residual`) or the check fails (or the kernel
-    does not compile)."""
-    from engine import cuda_qmv_split
-
-    found = fused_residual.blocks(model)
-    if not found:
-        return {}
-    linears = (found[0].self_attn.o_proj, found[0].mlp.down_proj)
-    if not all(cuda_qmv.takes(m, dtype) for m in linears):
-        return {}
-    rows = [(m, *(mx.random.normal((1, 1, n), key=mx.random.key(70 + 2 * i + j)).astype(dtype)
-                  for j, n in enumerate((m.weight.shape[1] * 32 // m.bits, m.weight.shape[0]))))
-            for i, m in enumerate(linears)]
-    try:
-        for m, x, r in rows:
-            kernels = (cuda_qmv, cuda_qmv_split) if cuda_qmv_split.linear_split(m) > 1 else (cuda_qmv,)
-            for kernel in kernels:
-                check_close("residual_fused", kernel.linear_product(m, x, r), r + kernel.linear_product(m, x))
-        return {"residual_fused": (
-            best_seconds(lambda: [r + cuda_qmv.linear_product(m, x) for _ in range(REPEAT) for m, x, r in rows]),
-            best_seconds(lambda: [cuda_qmv.linear_product(m, x, r) for _ in range(REPEAT) for m, x, r in rows]))}
-    except Exception as err:  # noqa: BLE001 - the newest kernel: left out, not fatal
-        logger.warning("decode kernels: residual adds in the projections: %s; not using them", err)
         return {}
 
 

@@ -4,7 +4,7 @@ mlx-lm's llama, qwen2 and qwen3 blocks compute ``h = x + attention(norm(x))`` an
 decode step on the GPU each add is a launch of its own: 128 a step of a 64-layer model, 0.33 ms of the 16.7 ms
 an 8-bit step took in the H200's profile (docs/benchmarks.md, twelfth session), while the products before them
 (the attention's o projection, the MLP's down projection) are our kernel, which can add the residual as it
-stores its output. With ``residual_fused`` (measured at load beside our linears: `engine.decode_measure`), `wire` gives each
+stores its output. With ``residual_fused`` (measured at load beside our linears: `engine.residual_measure`), `wire` gives each
 such block `ResidualCall`. While the switch is on, the block offers x to its attention's o projection and h to
 its MLP's down projection (`added`); their call through our kernel takes it (`take`, in
 `engine.linear_mode.DequantizingLinear`) and adds it in the launch (`engine.cuda_qmv.with_residual`, in float32,

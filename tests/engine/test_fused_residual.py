@@ -2,7 +2,7 @@
 offer them, that the model computes the same, and when the engine runs it. Our kernels are CUDA's: the
 `semantic_kernels` stand-ins (conftest.py) compute MLX's product, plus the residual for the kernel that adds one,
 and record their calls; the device code is compiled in test_cuda_compile.py and checked against MLX's add at load
-(`engine.decode_measure.time_residual`)."""
+(`engine.residual_measure`)."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +13,7 @@ from test_decode_kernels import DENSE
 from test_linear_mode import quantized_model
 from test_traced_step import TRACED
 
-from engine import cuda_qmv, decode_measure, fused_residual
+from engine import cuda_qmv, fused_residual, residual_measure
 from engine.compute import ComputePath
 from engine.decode_choice import DecodeKernels, choose_kernels, resolve
 from engine.step_measure import check_traced_step, filled_cache
@@ -86,13 +86,25 @@ def test_the_load_time_check_leaves_out_a_kernel_that_drops_the_residual(tiny_mo
                                                                           monkeypatch, caplog):
     model = quantized_model(tiny_model_dir)
     fused_residual.wire(model)
-    timings = decode_measure.time_residual(model, mx.float32)
+    timings = residual_measure.measure(model)
     assert set(timings) == {"residual_fused"} and all(t > 0 for t in timings["residual_fused"])
     product = cuda_qmv._kernel()
     monkeypatch.setattr(cuda_qmv, "_residual_kernel", lambda: lambda inputs, **options: product(inputs[:4], **options))
-    with caplog.at_level(logging.WARNING, logger="engine.decode_measure"):
-        assert decode_measure.time_residual(model, mx.float32) == {}
+    with caplog.at_level(logging.WARNING, logger="engine.residual_measure"):
+        assert residual_measure.measure(model) == {}
     assert "residual_fused kernel disagrees" in caplog.text
+    monkeypatch.undo()
+
+
+def test_the_load_time_check_holds_the_wired_block_to_its_own_call(tiny_model_dir, semantic_kernels, monkeypatch,
+                                                                   caplog):
+    """A block whose wiring added a residual its projection had taken (twice, then) fails the check at load."""
+    model = quantized_model(tiny_model_dir)
+    added = fused_residual.added
+    monkeypatch.setattr(fused_residual, "added", lambda linear, residual, call: residual + added(linear, residual, call))
+    with caplog.at_level(logging.WARNING, logger="engine.residual_measure"):
+        assert residual_measure.measure(model) == {}
+    assert "residual_fused block disagrees" in caplog.text
 
 
 def test_it_runs_only_beside_our_linears_and_where_the_blocks_take_the_call(tiny_model_dir):
@@ -112,7 +124,6 @@ def test_the_split_kernel_and_a_linear_with_a_bias_add_the_residual_once(tiny_mo
     import mlx.nn as nn
 
     from engine import cuda_qmv_split
-    from conftest import qmv_residual_stand_in
 
     def split(inputs, template, output_shapes, output_dtypes, **_):  # MLX's product, whatever the split
         semantic_kernels.append("split")
@@ -121,7 +132,7 @@ def test_the_split_kernel_and_a_linear_with_a_bias_add_the_residual_once(tiny_mo
         out = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=t["GS"], bits=t["BITS"])
         return [out.reshape(output_shapes[0]).astype(output_dtypes[0])]
 
-    split_residual = qmv_residual_stand_in(semantic_kernels)
+    split_residual = cuda_qmv._residual_kernel()  # semantic_kernels' stand-in: the product plus the residual
 
     def split_plus(inputs, **options):
         semantic_kernels.append("split")
