@@ -1,0 +1,71 @@
+"""Greedy tokens of one prompt through pairs of engines: a linear-mode difference told from run-to-run differences.
+
+`bench/gpu_engine.py`'s ``linear_agreement`` compares greedy tokens between ``compute.linear: quantized`` and
+``dequantized``. When they differ, this script says whether two engines of the *same* settings differ too
+(the decode path is then not deterministic), and whether MLX's kernels alone (``compute.kernels: mlx``) agree:
+for each kernels setting, three engines in turn over bench/prefill.py's random Qwen3-32B-shaped model cut to
+`--layers` layers (quantized, quantized again, dequantized), `--tokens` greedy tokens each, and where their
+tokens first differ.
+
+    # device tool, carry [".gpu"]:
+    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_agreement.py --out $OUT/gpu_agreement.json
+    python bench/gpu_agreement.py --shape tiny --layers 2 --prompt 256 --tokens 8   # CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+
+from bench.gpu_workload import random_loaded  # noqa: E402
+from bench.prefill import SHAPES  # noqa: E402
+from engine.compute_options import ComputeOptions  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.request import Request, TokenEvent  # noqa: E402
+
+
+def greedy(loaded: Any, ids: list[int], tokens: int, linear: str, kernels: str) -> dict[str, Any]:
+    """One engine's greedy tokens for `ids`, and what its compute path ran."""
+    with Engine(loaded, prefill_chunk=2048, compute=ComputeOptions(linear=linear, kernels=kernels)) as eng:
+        handle = eng.submit(Request(prompt_ids=ids, max_tokens=tokens))
+        out = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+        return {"linear": linear, "kernels": kernels, "tokens": out, "path": eng.compute.identity()}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3-32b", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    loaded = random_loaded(SHAPES[a.shape], f"{a.shape}-{a.layers}l", a.layers, 8192)
+    vocab = loaded.model.args.vocab_size
+    ids = [int(t) for t in mx.random.randint(256, vocab - 16, (a.prompt,), key=mx.random.key(5)).tolist()]
+    result: dict[str, Any] = {"device": str(mx.default_device()), "mlx": mx.__version__, "runs": []}
+    for kernels in ("auto", "mlx"):
+        runs = [greedy(loaded, ids, a.tokens, linear, kernels) for linear in ("quantized", "quantized", "dequantized")]
+        result["runs"] += runs
+        same, modes = (first_difference(runs[0]["tokens"], runs[i]["tokens"]) for i in (1, 2))
+        print(f"kernels={kernels}: quantized twice first differ at {same}; quantized vs dequantized at {modes} "
+              f"({runs[0]['path']})", flush=True)
+    if a.out:
+        a.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {a.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
