@@ -31,9 +31,10 @@ from engine.engine import Engine  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
 
 
-def greedy(loaded: Any, ids: list[int], tokens: int, linear: str, kernels: str) -> dict[str, Any]:
-    """One engine's greedy tokens for `ids`, and what its compute path ran."""
-    with Engine(loaded, prefill_chunk=2048, compute=ComputeOptions(linear=linear, kernels=kernels)) as eng:
+def greedy(loaded: Any, ids: list[int], tokens: int, linear: str, kernels: str = "auto",
+           chunk: int = 2048) -> dict[str, Any]:
+    """One engine's greedy tokens for `ids` (prefill chunks of `chunk`), and what its compute path ran."""
+    with Engine(loaded, prefill_chunk=chunk, compute=ComputeOptions(linear=linear, kernels=kernels)) as eng:
         handle = eng.submit(Request(prompt_ids=ids, max_tokens=tokens))
         out = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
         return {"linear": linear, "kernels": kernels, "tokens": out, "path": eng.compute.identity()}

@@ -55,6 +55,7 @@ preload_blas()  # before MLX is imported
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds, request_profile  # noqa: E402
+from bench.gpu_agreement import first_difference, greedy  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
@@ -329,16 +330,13 @@ def linear_agreement(run: Run, layers: int, prompt_tokens: int, max_tokens: int)
     vocab = loaded.model.args.vocab_size
     ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
                   for k in (5, 6))
-    tokens = {}
-    for mode in ("quantized", "dequantized"):
-        with Engine(loaded, prefill_chunk=run.a.chunk, compute=ComputeOptions(linear=mode)) as eng:
-            handle = eng.submit(Request(prompt_ids=ids, max_tokens=max_tokens))
-            tokens[mode] = [t for e in handle if isinstance(e, TokenEvent) for t in e.token_ids]
+    tokens = {mode: greedy(loaded, ids, max_tokens, mode, chunk=run.a.chunk)["tokens"]
+              for mode in ("quantized", "dequantized")}
     q, d = _last_logits(loaded.model, "quantized", ids), _last_logits(loaded.model, "dequantized", ids)
     chunked = _last_logits(loaded.model, "quantized", ids, prompt_tokens // 2)
     elsewhere = _last_logits(loaded.model, "quantized", other)
     top2 = mx.sort(q)[-2:]
-    diff = next((i for i, (a, b) in enumerate(zip(tokens["quantized"], tokens["dequantized"])) if a != b), None)
+    diff = first_difference(tokens["quantized"], tokens["dequantized"])
     return dict(layers=layers, prompt_tokens=prompt_tokens, greedy_tokens=len(tokens["quantized"]),
                 greedy_identical=tokens["quantized"] == tokens["dequantized"], first_difference=diff,
                 distinct_greedy_tokens=len(set(tokens["quantized"])),

@@ -306,17 +306,15 @@ def _bucket(rows: int) -> int:
     raise ValueError(f"qmv takes at most {MAX_ROWS} rows, got {rows}")
 
 
-def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
-    """`linear(x)` through `qmv` (the caller checked `unsupported` and the row count), plus `residual` where given
-    (in the launch for a linear without a bias)."""
+def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None, product: Any = None) -> mx.array:
+    """`linear(x)` through `product` (`qmv`, or another kernel of its signature: `engine.cuda_qmv_split`'s; the caller
+    checked `unsupported` and the row count), plus `residual` where given: in the launch for a linear without a
+    bias, else after the bias, in the order MLX's calls add them."""
     bias = linear["bias"] if "bias" in linear else None
-    y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
-            residual=residual if bias is None else None)
-    return y if bias is None else plus_bias(y, bias, residual)
-
-
-def plus_bias(y: mx.array, bias: mx.array, residual: mx.array | None) -> mx.array:
-    """A product `y` plus its linear's `bias`, then `residual` (where given), in the order MLX's calls add them."""
+    y = (product or qmv)(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits,
+                         group_size=linear.group_size, residual=residual if bias is None else None)
+    if bias is None:
+        return y
     y = y + bias
     return y if residual is None else residual + y
 

@@ -131,9 +131,4 @@ def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
 def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
     """`cuda_qmv.linear_product`, split over K where `split_k` says so."""
     split = linear_split(linear, x.size // x.shape[-1])
-    if split == 1:
-        return cuda_qmv.linear_product(linear, x, residual)
-    bias = linear["bias"] if "bias" in linear else None
-    y = qmv(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size,
-            split=split, residual=residual if bias is None else None)
-    return y if bias is None else cuda_qmv.plus_bias(y, bias, residual)
+    return cuda_qmv.linear_product(linear, x, residual, None if split == 1 else functools.partial(qmv, split=split))

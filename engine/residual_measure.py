@@ -49,13 +49,18 @@ def measure(model: Any) -> Timings:
 def check_block(block: Any, dtype: mx.Dtype) -> None:
     """Raises RuntimeError unless `block`'s call on one random row (no cache) through our linears gives the same
     with its residuals offered to its projections as with MLX's adds: the wiring held to the block's own call (each
-    residual added once). The block is given `fused_residual.ResidualCall` (its own call while the switch is off)."""
+    residual added once). The block has `fused_residual.ResidualCall` for the check and its own class back after
+    (the compute path wires the blocks if the kernel is chosen)."""
+    own = type(block)
     compiled_mlp.mix_in(block, fused_residual.ResidualCall)
     x = mx.random.normal((1, 1, block.self_attn.o_proj.weight.shape[0]), key=mx.random.key(80)).astype(dtype)
     linears = [m for m in block.modules() if isinstance(m, nn.QuantizedLinear)]
-    with linear_mode.wired(linears):
-        with decode_kernels.scope(qmv=True, attention=False):
-            plain = block(x)
-        with decode_kernels.scope(qmv=True, attention=False, residual=True):
-            fused = block(x)
+    try:
+        with linear_mode.wired(linears):
+            with decode_kernels.scope(qmv=True, attention=False):
+                plain = block(x)
+            with decode_kernels.scope(qmv=True, attention=False, residual=True):
+                fused = block(x)
+    finally:
+        block.__class__ = own
     check_close("residual_fused", fused, plain, "block")

@@ -94,7 +94,7 @@ def scattered(buffer: mx.array, rows: mx.array, offset: mx.array) -> mx.array:
     """`buffer` (B, H, capacity, D) with `rows` (B, H, n, D) written from position `offset` (an array), as a scatter
     along the positions. The trace's row write over bf16 buffers with our kernels (on MLX's CUDA backend): there a
     dynamic slice update launches a thread per element of the whole buffer, about 1 ms a layer at 131,072 rows
-    (docs/benchmarks.md, fourteenth session), and MLX's scatter one per element of the rows."""
+    (docs/benchmarks.md, fourteenth session), and by MLX's source its scatter one per element of the rows."""
     n = rows.shape[2]
     if n == 1:  # a decode step's row: the offset itself (no operation of its own in each layer: each is a launch)
         positions = offset.reshape(1, 1, 1, 1)

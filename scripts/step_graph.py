@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import re
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine")]
 
 import mlx.core as mx  # noqa: E402
-from cuda_compile import Recorder  # noqa: E402
+from cuda_compile import Recorder, graph_operations  # noqa: E402
 
 from engine import cuda_backend, decode_kernels  # noqa: E402
 
@@ -66,11 +64,7 @@ def step_operations(layers: int, bits: int, variant: str, rows: int) -> collecti
     if traced is None or traced.traces != 1 or traced.fallbacks:
         raise SystemExit(f"{variant}: the step was not replayed from one trace here ({traced and traced.fallbacks} "
                          "fallbacks); its graph would not be the GPU's")
-    with tempfile.TemporaryDirectory() as tmp:
-        dot = Path(tmp) / "step.dot"
-        mx.export_to_dot(str(dot), logits)
-        names = re.findall(r'\[label ="(\w+)"', dot.read_text())
-    return collections.Counter(names)
+    return collections.Counter(graph_operations(logits))
 
 
 def main(argv: list[str] | None = None) -> dict:

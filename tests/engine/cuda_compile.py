@@ -20,6 +20,7 @@ import ctypes
 import functools
 import importlib.util
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,15 @@ class Recorder:
             label = definition.name + "".join(f"_{str(v).split('.')[-1]}" for _, v in template)
             out.setdefault(kernel_source(definition, inputs, template, outputs), label)
         return {label: source for source, label in out.items()}
+
+
+def graph_operations(*outputs: mx.array) -> list[str]:
+    """The names of the operations in the graph of `outputs` (unevaluated), as `mx.export_to_dot` writes them: what
+    a step replayed on the GPU launches, read on the CPU (`tests/engine/test_step_graph.py`, `scripts/step_graph.py`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dot = Path(tmp) / "graph.dot"
+        mx.export_to_dot(str(dot), *outputs)
+        return re.findall(r'\[label ="(\w+)"', dot.read_text())
 
 
 def kernel_source(definition: Definition, inputs: tuple, template: tuple, output_dtypes: tuple) -> str:
