@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -124,6 +125,7 @@ class DecodeKernels:
             warp's rows split over K (only with `qmv`).
         residual_fused: `engine.fused_residual` for a decode-sized forward's residual adds, each in the launch of
             the projection before it (a block's o and down projections; only with `qmv`).
+        measure_s: Seconds measuring took at this load (0 when cached, set or not measured).
     """
 
     qmv: bool = False
@@ -144,6 +146,7 @@ class DecodeKernels:
     attention_chunk_q8: bool = False
     qmv_split: bool = False
     residual_fused: bool = False
+    measure_s: float = 0.0
 
     @property
     def any(self) -> bool:
@@ -190,6 +193,7 @@ class DecodeKernels:
     def describe(self) -> dict[str, Any]:
         """For `ComputePath.describe()` (status, doctor, `Engine.stats()`)."""
         return {**{name: getattr(self, name) for name in KERNEL_NAMES}, "source": self.source,
+                "measure_s": round(self.measure_s, 3),
                 "timings_ms": {k: [round(a * 1e3, 3), round(b * 1e3, 3)] for k, (a, b) in sorted(self.timings.items())},
                 "notes": list(self.notes)}
 
@@ -229,7 +233,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
                               # the traced step is timed on the whole model: its host work grows with the layers
                               "step": [TRACE_KEYS, STEPS, len(getattr(model, "layers", []))],
                               "code": code_version()})
-    timings, source = cache.get(key, parse=str), "cached"
+    timings, source, began = cache.get(key, parse=str), "cached", time.perf_counter()
     if timings is None:
         try:
             timings, source = (measure or measure_all)(model), "measured"
@@ -238,8 +242,9 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
             return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",))
         cache.put(key, timings)
     chosen, notes = choose_kernels(timings)
-    logger.info("decode kernels: %s (%s)", chosen, source)
-    return DecodeKernels(source=source, timings=dict(timings), notes=notes, **chosen)
+    seconds = time.perf_counter() - began if source == "measured" else 0.0
+    logger.info("decode kernels: %s (%s%s)", chosen, source, f", {seconds:.1f} s" if seconds else "")
+    return DecodeKernels(source=source, timings=dict(timings), notes=notes, measure_s=seconds, **chosen)
 
 
 def measure_all(model: Any) -> Timings:

@@ -21,7 +21,7 @@ NO_KERNELS = {"qmv": False, "attention": False, "attention_mma": False, "attenti
               "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False,
               "attention_staged": False, "attention_transposed": False, "attention_chunk_q8": False, "qmv_split": False,
               "residual_fused": False,
-              "source": "not CUDA",
+              "source": "not CUDA", "measure_s": 0.0,
               "timings_ms": {},
               "notes": []}
 """Our CUDA decode kernels (engine.decode_choice) on the CPU: nothing to choose."""

@@ -47,6 +47,9 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
+    # the load's cost is reported where it measured, and not where the cache answered
+    assert first.measure_s > 0 and first.describe()["measure_s"] >= 0
+    assert again.measure_s == 0.0 and again.describe()["measure_s"] == 0.0
     # changed kernel code (or the Python that calls it) is measured and checked again, not trusted from the cache
     monkeypatch.setattr(decode_choice, "code_version", lambda: "another version")
     assert resolve(q4_model, "auto", measure=timings, cache=store, cuda=True).source == "measured"

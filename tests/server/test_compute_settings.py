@@ -47,7 +47,7 @@ def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(t
             "kernels": {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,
                         "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False,
                         "attention_staged": False, "attention_transposed": False, "attention_chunk_q8": False,
-                        "qmv_split": False, "residual_fused": False, "source": "not CUDA",
+                        "qmv_split": False, "residual_fused": False, "source": "not CUDA", "measure_s": 0.0,
                         "timings_ms": {},
                         "notes": []}}
         assert engine.prefix.policy.compute == engine.compute.identity()
