@@ -69,27 +69,28 @@ TRACED = (("step_traced", 8, "q8", "kv_write"), ("step_traced_bf16", 16, "dense"
 """The traced steps measured: (name, cache bits, store kind in the trace, the kernel it needs chosen)."""
 
 
-def time_traced_step(model: Any, kernels: Any) -> Timings:
+def time_traced_step(model: Any, kernels: Any, baseline: Any = None) -> Timings:
     """"step_traced" (8-bit caches) and "step_traced_bf16" (bf16 caches): seconds per one-token step,
     plain against traced (module docstring), with `kernels` (an `engine.decode_choice.DecodeKernels`) as
     chosen; each only where they hold the kernel its trace needs (the in-place write, the chunk attention),
-    and left out where its traced step fails its check."""
+    and left out where its traced step fails its check. `baseline`: the kernels the plain step runs (default
+    `kernels`; `engine.decode_choice.FOR_THE_TRACE`: a kernel the trace holds that lost alone is not in it)."""
     if attention_shape(model) is None:
         return {}
     kernels.wire(model)
     timings: Timings = {}
     for name, bits, kind, needs in TRACED:
         if getattr(kernels, needs):
-            timings.update(_time_traced(model, kernels, name, bits, kind))
+            timings.update(_time_traced(model, kernels, name, bits, kind, baseline or kernels))
     return timings
 
 
-def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str) -> Timings:
+def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str, baseline: Any) -> Timings:
     from engine import decode_kernels
     from engine.window import WindowPolicy
 
     def plain(tokens: mx.array, cache: list) -> mx.array:
-        with kernels.scope(tokens.size):
+        with baseline.scope(tokens.size):
             return model(tokens, cache=cache)
 
     inside = dataclasses.replace(kernels, **{name: True})  # the switches the trace is made under

@@ -140,7 +140,18 @@ def test_the_traced_step_runs_where_measured_faster_and_only_with_the_in_place_w
             "step_traced": (30e-3, 20e-3)}
     chosen = resolve(model, "auto", measure=Timings(wins), cache=store, cuda=True)
     assert chosen.step_traced and chosen.identity().endswith("+step_traced")
-    without_write = resolve(model, "auto", measure=Timings({**wins, "kv_write": (1e-3, 2e-3)}),
+    # the write lost alone, but the trace holding it won: both run (its own timing is of untraced steps)
+    held = resolve(model, "auto", measure=Timings({**wins, "kv_write": (1e-3, 2e-3)}),
+                   cache=LinearModeCache(tmp_path / "held.json"), cuda=True)
+    assert held.step_traced and held.kv_write
+    assert "kernels: kv_write slower alone, chosen for step_traced" in held.notes
+    assert "kernels: kv_write slower than MLX" not in held.notes
+    # ... and where the trace loses too, neither runs
+    neither = resolve(model, "auto", measure=Timings({**wins, "kv_write": (1e-3, 2e-3), "step_traced": (20e-3, 30e-3)}),
+                      cache=LinearModeCache(tmp_path / "neither.json"), cuda=True)
+    assert not (neither.step_traced or neither.kv_write) and "kernels: kv_write slower than MLX" in neither.notes
+    # a write that failed its check (no timing) is never held for the trace
+    without_write = resolve(model, "auto", measure=Timings({k: v for k, v in wins.items() if k != "kv_write"}),
                             cache=LinearModeCache(tmp_path / "other.json"), cuda=True)
     assert not without_write.step_traced and "kernels: step_traced needs kv_write" in without_write.notes
     assert ComputePath(model, kernels=without_write, compiled=True).decode_step is None  # our kernels, no trace
@@ -222,3 +233,23 @@ def test_a_store_writes_in_place_only_into_its_own_buffers_with_room_and_takes_a
     other = QuantizedKVStore()
     other.write(0, rows, rows)
     assert not other.in_place_ready(251)  # a row the kernel does not take
+
+
+def test_the_load_time_measurement_times_the_trace_with_a_write_that_lost_alone_against_the_step_without_it(
+        tiny_model_dir, monkeypatch):
+    model = quantized_model(tiny_model_dir)
+    lost = {"qmv": (2e-3, 1e-3), "attention": (1e-3, 0.5e-3), "kv_write": (1e-3, 2e-3)}
+    monkeypatch.setattr(decode_choice, "measure_kernels", lambda m: dict(lost))
+    monkeypatch.setattr(decode_choice.residual_measure, "measure", lambda m: {})
+    monkeypatch.setattr(decode_choice.chunk_measure, "measure", lambda m, wirable: {})
+    timed = []
+    monkeypatch.setattr(decode_choice, "time_traced_step", lambda m, kernels, baseline: timed.append(
+        (kernels, baseline)) or {"step_traced": (30e-3, 20e-3)})
+    timings = decode_choice.measure_all(model)
+    (kernels, baseline), = timed
+    assert kernels.kv_write and not baseline.kv_write and kernels.attention and baseline.attention
+    assert decode_choice.choose_kernels(timings)[0]["kv_write"]
+    timed.clear()  # a write that failed its check is not held
+    monkeypatch.setattr(decode_choice, "measure_kernels", lambda m: {k: v for k, v in lost.items() if k != "kv_write"})
+    decode_choice.measure_all(model)
+    assert not timed[0][0].kv_write
