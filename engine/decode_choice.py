@@ -88,6 +88,11 @@ NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one rea
          ("residual_fused", ("qmv",), "qmv"),  # added in our linears' launches
          *((name, (kernel,), kernel) for name, _, _, kernel in TRACED))  # what each trace holds
 """(kernel, any of these must run too, named in the note) for the kernels that run only beside others."""
+HELD_BACK = {"step_traced_bf16": "slower than the plain step at 131,072 keys on the H200 though faster over the "
+                                   "8,192 rows it is timed over (docs/benchmarks.md, fifteenth session, run h)"}
+"""Kernels `auto` does not run whatever their load-time timings say, and why (``codectx`` still forces them): the bf16
+trace's cost grows with the context faster than its measurement sees (run h: a 25.7 ms step against the untraced
+17.8 of run d at 131k; the suspect is its row write copying each layer's whole buffers, `engine.trace_caches`)."""
 FOR_THE_TRACE = (("step_traced", "kv_write"),)
 """(traced step, a kernel it needs that serves nothing but the steps the trace replays): where the trace wins, the
 kernel runs with it even where it lost alone. Its own timing is of one-token steps outside a trace, which the
@@ -278,6 +283,10 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
         if slower != fastest:
             chosen[slower] = False
             notes.append(f"kernels: {slower} slower than {fastest}")
+    for name, why in HELD_BACK.items():
+        if chosen[name]:
+            chosen[name] = False
+            notes.append(f"kernels: {name} held back: {why}")
     for trace, kernel in FOR_THE_TRACE:
         if chosen[trace] and not chosen[kernel] and kernel in timings:
             chosen[kernel] = True

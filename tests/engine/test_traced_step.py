@@ -253,3 +253,15 @@ def test_the_load_time_measurement_times_the_trace_with_a_write_that_lost_alone_
     monkeypatch.setattr(decode_choice, "measure_kernels", lambda m: {k: v for k, v in lost.items() if k != "kv_write"})
     decode_choice.measure_all(model)
     assert not timed[0][0].kv_write
+
+
+def test_the_bf16_trace_is_held_back_whatever_its_timing_and_forced_by_the_codectx_setting(tiny_model_dir, tmp_path):
+    """Run h (H200): the bf16 trace won over 8,192 rows and lost at 131,072 keys (`decode_choice.HELD_BACK`)."""
+    model = quantized_model(tiny_model_dir)
+    timings = {"qmv": (2e-3, 1e-3), "attention_chunk": (1e-3, 0.2e-3), "step_traced_bf16": (18e-3, 12e-3)}
+    chosen = resolve(model, "auto", measure=Timings(timings), cache=LinearModeCache(tmp_path / "m.json"), cuda=True)
+    assert chosen.attention_chunk and not chosen.step_traced_bf16
+    assert any(note.startswith("kernels: step_traced_bf16 held back: slower than the plain step at 131,072 keys")
+               for note in chosen.notes)
+    assert decode_choice.resolve(model, "codectx", cuda=True).step_traced_bf16 == \
+        decode_choice._chunk_kernel_takes_one_query(model)
