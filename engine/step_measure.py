@@ -96,11 +96,13 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str, base
     inside = dataclasses.replace(kernels, **{name: True})  # the switches the trace is made under
 
     def reference(tokens: mx.array, cache: list) -> mx.array:
-        """The plain step attending as the trace does: over bf16 caches our chunk kernel attends the traced
-        step's one query where MLX's attends the plain step's (each kernel is held to MLX's on its own,
+        """The plain step attending as the trace does: over 8-bit caches its keys split over the buffers' rows
+        as the trace's are (`decode_kernels.split_as_traced`); over bf16 caches our chunk kernel attends the
+        traced step's one query where MLX's attends the plain step's (each kernel is held to MLX's on its own,
         `engine.decode_measure`; 64 layers of the two agree less closely than one), under the trace's switches."""
         if kind != "dense":
-            return plain(tokens, cache)
+            with decode_kernels.split_as_traced():
+                return plain(tokens, cache)
         with inside.scope(tokens.size, traced=True), decode_kernels.one_query_chunk():
             return model(tokens, cache=cache)
 

@@ -265,3 +265,24 @@ def test_the_bf16_trace_is_held_back_whatever_its_timing_and_forced_by_the_codec
                for note in chosen.notes)
     assert decode_choice.resolve(model, "codectx", cuda=True).step_traced_bf16 == \
         decode_choice._chunk_kernel_takes_one_query(model)
+
+
+def test_the_8bit_traces_reference_splits_its_keys_as_the_trace_does(tiny_model_dir, semantic_kernels, monkeypatch):
+    """Run h (H200): over 8,192 rows the plain step split the keys over the count and the trace over the buffers'
+    rows, and 64 random layers made that 4.86e-2 apart. The check's reference now splits as the trace does."""
+    from engine import cuda_attention, decode_kernels
+
+    counts = []
+    real = cuda_attention.decode_attention
+    monkeypatch.setattr(cuda_attention, "decode_attention", lambda q, k, v, n, *rest, **kw: counts.append(
+        isinstance(n, mx.array)) or real(q, k, v, n, *rest, **kw))
+    model = quantized_model(tiny_model_dir)
+    path = ComputePath(model, kernels=OURS)
+    cache = filled_cache(model, WindowPolicy(enabled=False), 8, 200, mx.float32)
+    token = mx.array([[1]], dtype=mx.uint32)
+    mx.eval(path.forward(token, cache))
+    plain_counts, counts[:] = list(counts), []
+    with decode_kernels.split_as_traced():
+        mx.eval(path.forward(token, cache))
+    assert plain_counts and not any(plain_counts)  # a plain step's count is the int it holds
+    assert counts and all(counts)  # the reference's is an array, as a trace's
