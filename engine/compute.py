@@ -207,8 +207,11 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
         kernels = dataclasses.replace(kernels, **dict.fromkeys(wired, False), notes=(
             *kernels.notes, f"kernels: {' and '.join(wired)} need a llama/qwen-style attention "
                             f"({type(model).__module__})"))
+    compiled = options.compile and numpy_forward is None
+    if not compiled:
+        kernels = decode_choice.untraced(kernels)
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
-                       compiled=options.compile and numpy_forward is None, linear=linear, kernels=kernels,
+                       compiled=compiled, linear=linear, kernels=kernels,
                        notes=[*notes, *linear.notes, *kernels.notes])
     logger.info("compute path: %s", path.identity())
     return path

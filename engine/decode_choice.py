@@ -49,7 +49,8 @@ the same thing:
 
 A kernel runs when it is at least `MARGIN` faster and its relative error
 against a float32 reference is under `decode_measure.MAX_ERROR` (MLX's own 4-bit product
-measured 8e-3 there). Timings are cached with the linear mode's
+measured 8e-3 there), except those `HELD_BACK` (never in ``auto``) and those `FOR_THE_TRACE`
+(chosen with a trace that wins holding them, even where they lost alone). Timings are cached with the linear mode's
 (``CODECTX_HOME/compute/linear-modes.json``), under a hash of our kernels' code
 (`cuda_backend.code_version`): changed code is measured and checked again. ``mlx`` keeps
 MLX's kernels; ``codectx`` uses ours wherever they apply on CUDA. On any other backend there is
@@ -61,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from engine import (chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, fused_residual,
@@ -266,8 +267,8 @@ def measure_all(model: Any) -> Timings:
         timings.update(residual_measure.measure(model))
     timings.update(chunk_measure.measure(model, cpu_attention.wirable(model)))
     chosen, _ = choose_kernels(timings)
-    held = {kernel: True for _, kernel in FOR_THE_TRACE if kernel in timings and not chosen[kernel]
-            and _needs_met(kernel, chosen)}
+    held = {kernel: True for trace, kernel in FOR_THE_TRACE if kernel in timings and not chosen[kernel]
+            and trace not in HELD_BACK and _needs_met(kernel, chosen)}
     return {**timings, **time_traced_step(model, DecodeKernels(source="measured", **{**chosen, **held}),
                                           baseline=DecodeKernels(source="measured", **chosen))}
 
@@ -288,15 +289,30 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
             chosen[name] = False
             notes.append(f"kernels: {name} held back: {why}")
     for trace, kernel in FOR_THE_TRACE:
-        if chosen[trace] and not chosen[kernel] and kernel in timings:
+        if chosen[trace] and not chosen[kernel] and kernel in timings and kernel not in HELD_BACK:
             chosen[kernel] = True
             notes = [n for n in notes if n != f"kernels: {kernel} slower than MLX"]
-            notes.append(f"kernels: {kernel} slower alone, chosen for {trace}")
+            notes.append(_held_note(kernel, trace))
     for name, needs, what in NEEDS:  # in order: a rule may drop what a later one needs
         if chosen[name] and not _needs_met(name, chosen):
             chosen[name] = False
             notes.append(f"kernels: {name} needs {what}")
     return chosen, tuple(notes)
+
+
+def _held_note(kernel: str, trace: str) -> str:
+    return f"kernels: {kernel} slower alone, chosen for {trace}"
+
+
+def untraced(kernels: DecodeKernels) -> DecodeKernels:
+    """`kernels` for a path that traces nothing (``compute.compile`` off): a kernel that runs only for a trace
+    (`FOR_THE_TRACE`, where it lost alone) is off."""
+    held = [kernel for trace, kernel in FOR_THE_TRACE if getattr(kernels, kernel) and _held_note(kernel, trace)
+            in kernels.notes]
+    if not held:
+        return kernels
+    return replace(kernels, **dict.fromkeys(held, False),
+                   notes=(*kernels.notes, *(f"kernels: {k} off: held for a trace this path does not make" for k in held)))
 
 
 def _needs_met(name: str, chosen: Mapping[str, bool]) -> bool:

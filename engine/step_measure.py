@@ -100,9 +100,9 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str, base
         as the trace's are (`decode_kernels.split_as_traced`); over bf16 caches our chunk kernel attends the
         traced step's one query where MLX's attends the plain step's (each kernel is held to MLX's on its own,
         `engine.decode_measure`; 64 layers of the two agree less closely than one), under the trace's switches."""
-        if kind != "dense":
-            with decode_kernels.split_as_traced():
-                return plain(tokens, cache)
+        if kind != "dense":  # (the trace's kernels, a write held for it included: not the timed baseline's)
+            with kernels.scope(tokens.size), decode_kernels.split_as_traced():
+                return model(tokens, cache=cache)
         with inside.scope(tokens.size, traced=True), decode_kernels.one_query_chunk():
             return model(tokens, cache=cache)
 

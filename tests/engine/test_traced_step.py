@@ -255,7 +255,8 @@ def test_the_load_time_measurement_times_the_trace_with_a_write_that_lost_alone_
     assert not timed[0][0].kv_write
 
 
-def test_the_bf16_trace_is_held_back_whatever_its_timing_and_forced_by_the_codectx_setting(tiny_model_dir, tmp_path):
+def test_the_bf16_trace_is_held_back_whatever_its_timing_and_forced_by_the_codectx_setting(tiny_model_dir, tmp_path,
+                                                                                          monkeypatch):
     """Run h (H200): the bf16 trace won over 8,192 rows and lost at 131,072 keys (`decode_choice.HELD_BACK`)."""
     model = quantized_model(tiny_model_dir)
     timings = {"qmv": (2e-3, 1e-3), "attention_chunk": (1e-3, 0.2e-3), "step_traced_bf16": (18e-3, 12e-3)}
@@ -263,8 +264,8 @@ def test_the_bf16_trace_is_held_back_whatever_its_timing_and_forced_by_the_codec
     assert chosen.attention_chunk and not chosen.step_traced_bf16
     assert any(note.startswith("kernels: step_traced_bf16 held back: slower than the plain step at 131,072 keys")
                for note in chosen.notes)
-    assert decode_choice.resolve(model, "codectx", cuda=True).step_traced_bf16 == \
-        decode_choice._chunk_kernel_takes_one_query(model)
+    monkeypatch.setattr(decode_choice, "_chunk_kernel_takes_one_query", lambda model: True)
+    assert decode_choice.resolve(model, "codectx", cuda=True).step_traced_bf16
 
 
 def test_the_8bit_traces_reference_splits_its_keys_as_the_trace_does(tiny_model_dir, semantic_kernels, monkeypatch):
@@ -286,3 +287,27 @@ def test_the_8bit_traces_reference_splits_its_keys_as_the_trace_does(tiny_model_
         mx.eval(path.forward(token, cache))
     assert plain_counts and not any(plain_counts)  # a plain step's count is the int it holds
     assert counts and all(counts)  # the reference's is an array, as a trace's
+
+
+def test_a_write_held_for_the_8bit_trace_is_checked_inside_it_and_off_where_nothing_is_traced(
+        tiny_model_dir, semantic_kernels, monkeypatch, tmp_path):
+    """The trace holding the write is checked against a plain step with the same write, split as the trace splits
+    (`decode_kernels.split_as_traced`, entered for each of the check's steps); only the timed baseline goes
+    without the write. A path that traces nothing (``compute.compile`` off) does not run a write held for a trace."""
+    from engine import decode_kernels, step_measure
+
+    monkeypatch.setattr(step_measure, "TRACE_KEYS", 1024)
+    entered = []
+    real = decode_kernels.split_as_traced
+    monkeypatch.setattr(decode_kernels, "split_as_traced", lambda: entered.append(1) or real())
+    model = quantized_model(tiny_model_dir)
+    baseline = DecodeKernels(**{**OURS.__dict__, "kv_write": False})
+    assert set(time_traced_step(model, OURS, baseline=baseline)) == {"step_traced"}
+    assert len(entered) == 3
+    wins = {"qmv": (2e-3, 1e-3), "attention": (1e-3, 0.5e-3), "kv_write": (1e-3, 2e-3), "step_traced": (30e-3, 20e-3)}
+    held = resolve(model, "auto", measure=Timings(wins), cache=LinearModeCache(tmp_path / "held.json"), cuda=True)
+    monkeypatch.setattr(decode_choice, "resolve", lambda model, setting: held)
+    untraced = choose(model, ComputeOptions(attention="mlx", compile=False))
+    assert held.kv_write and not untraced.kernels.kv_write
+    assert "kernels: kv_write off: held for a trace this path does not make" in untraced.notes
+    assert choose(model, ComputeOptions(attention="mlx")).kernels.kv_write  # traced: it runs
