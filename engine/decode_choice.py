@@ -267,8 +267,8 @@ def measure_all(model: Any) -> Timings:
         timings.update(residual_measure.measure(model))
     timings.update(chunk_measure.measure(model, cpu_attention.wirable(model)))
     chosen, _ = choose_kernels(timings)
-    held = {kernel: True for trace, kernel in FOR_THE_TRACE if kernel in timings and not chosen[kernel]
-            and trace not in HELD_BACK and _needs_met(kernel, chosen)}
+    held = {kernel: True for trace, kernel in FOR_THE_TRACE if _holdable(trace, kernel, chosen, timings)
+            and _needs_met(kernel, chosen)}
     return {**timings, **time_traced_step(model, DecodeKernels(source="measured", **{**chosen, **held}),
                                           baseline=DecodeKernels(source="measured", **chosen))}
 
@@ -289,10 +289,10 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
             chosen[name] = False
             notes.append(f"kernels: {name} held back: {why}")
     for trace, kernel in FOR_THE_TRACE:
-        if chosen[trace] and not chosen[kernel] and kernel in timings and kernel not in HELD_BACK:
+        if chosen[trace] and _holdable(trace, kernel, chosen, timings):
             chosen[kernel] = True
             notes = [n for n in notes if n != f"kernels: {kernel} slower than MLX"]
-            notes.append(_held_note(kernel, trace))
+            notes.append(f"kernels: {kernel} slower alone, chosen for {trace}")
     for name, needs, what in NEEDS:  # in order: a rule may drop what a later one needs
         if chosen[name] and not _needs_met(name, chosen):
             chosen[name] = False
@@ -300,15 +300,18 @@ def choose_kernels(timings: Mapping[str, tuple[float, float]]) -> tuple[dict[str
     return chosen, tuple(notes)
 
 
-def _held_note(kernel: str, trace: str) -> str:
-    return f"kernels: {kernel} slower alone, chosen for {trace}"
+def _holdable(trace: str, kernel: str, chosen: Mapping[str, bool], timings: Mapping[str, Any]) -> bool:
+    """Whether `trace` may hold `kernel` (`FOR_THE_TRACE`): measured (its check passed) and lost alone, neither
+    of them held back."""
+    return kernel in timings and not chosen[kernel] and trace not in HELD_BACK and kernel not in HELD_BACK
 
 
 def untraced(kernels: DecodeKernels) -> DecodeKernels:
     """`kernels` for a path that traces nothing (``compute.compile`` off): a kernel that runs only for a trace
-    (`FOR_THE_TRACE`, where it lost alone) is off."""
-    held = [kernel for trace, kernel in FOR_THE_TRACE if getattr(kernels, kernel) and _held_note(kernel, trace)
-            in kernels.notes]
+    (`FOR_THE_TRACE`: running, though its own timing lost) is off."""
+    won = decide(kernels.timings)
+    held = [kernel for _, kernel in FOR_THE_TRACE if getattr(kernels, kernel) and kernel in kernels.timings
+            and not won[kernel]]
     if not held:
         return kernels
     return replace(kernels, **dict.fromkeys(held, False),
