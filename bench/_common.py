@@ -170,3 +170,13 @@ def save_json(result: dict, out: str, quiet: bool = False) -> None:
     Path(out).write_text(json.dumps(result, indent=1, default=str))
     if not quiet:
         print(f"wrote {out}")
+
+
+def llama_tools_folder() -> Path:
+    """The folder scripts/build-llama-server.sh builds llama.cpp's tools into (its `--where`: the script
+    alone names it, from the version and the instruction set it builds for)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server.sh"
+    out = subprocess.run(["bash", str(script), "--where"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())

@@ -41,10 +41,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import blas_arguments, machine, markdown_table, write_json  # noqa: E402
+from bench._common import blas_arguments, llama_tools_folder, machine, markdown_table, write_json  # noqa: E402
 
 TYPES = "F16,Q8_0,Q6_K,Q5_K_M,Q5_0,Q4_K_M,Q4_1,Q4_0,Q3_K_M,Q2_K"
-LLAMA_VERSION = "0.3.36"
 SOURCE_TYPE = "Q4_1"  # the default model's GGUF
 
 
@@ -75,8 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def llama_tools() -> Path:
     """The folder scripts/build-llama-server.sh fills with llama-quantize, llama-bench and their libraries."""
-    cache = Path(os.environ.get("CODECTX_DEV_CACHE") or Path.home() / ".cache" / "codectx-dev")
-    folder = cache / f"llama-server-{LLAMA_VERSION}"
+    folder = llama_tools_folder()
     missing = [t for t in ("llama-quantize", "llama-bench") if not (folder / t).is_file()]
     if missing:
         raise SystemExit(f"no {', '.join(missing)} in {folder}: run scripts/build-llama-server.sh")

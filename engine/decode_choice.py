@@ -136,7 +136,8 @@ class DecodeKernels:
             warp's rows split over K (only with `qmv`).
         residual_fused: `engine.fused_residual` for a decode-sized forward's residual adds, each in the launch of
             the projection before it (a block's o and down projections; only with `qmv`).
-        measure_s: Seconds measuring took at this load (0 when cached, set or not measured).
+        measure_s: Seconds measuring took at this load, a failed attempt's included (0 when cached, set or
+            not measured).
     """
 
     qmv: bool = False
@@ -250,7 +251,8 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
             timings, source = (measure or measure_all)(model), "measured"
         except Exception as err:  # noqa: BLE001 - the kernels are an optimization: keep MLX's
             logger.warning("decode kernels: measuring failed (%s); using MLX's", err)
-            return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",))
+            return DecodeKernels(source="fallback", notes=(f"kernels: measuring failed: {err}",),
+                                 measure_s=time.perf_counter() - began)  # what the failed attempt cost
         cache.put(key, timings)
     chosen, notes = choose_kernels(timings)
     seconds = time.perf_counter() - began if source == "measured" else 0.0

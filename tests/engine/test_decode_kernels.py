@@ -237,6 +237,7 @@ def test_settings_and_the_cpu_leave_nothing_to_choose(q4_model, tmp_path, caplog
         fallback = resolve(q4_model, "auto", measure=broken, cache=store, cuda=True)
     assert (fallback.qmv, fallback.attention, fallback.source) == (False, False, "fallback")
     assert "disagrees" in fallback.notes[0] and "measuring failed" in caplog.text
+    assert fallback.measure_s > 0  # the failed attempt's seconds are reported, not hidden as 0
 
 
 def test_forcing_our_kernels_writes_in_place_only_for_heads_our_attention_takes(q4_model, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from pytest_lsp import LanguageClient
 
 from server.http.prometheus import parse
 from tests.http.http_harness import free_port, stdio_http_config
-from tests.server.harness import command, default_options, start
+from tests.server.harness import command, default_options, end_session, start
 
 
 PORT = free_port()
@@ -25,7 +25,7 @@ URL = f"http://127.0.0.1:{PORT}"
 async def editor(lsp_client: LanguageClient, http_model, http_workspace):
     await start(lsp_client, "vscode", http_workspace, default_options(http_model))
     yield
-    await lsp_client.shutdown_session()
+    await end_session(lsp_client)
 
 
 async def _wait_for_engine(http: httpx.AsyncClient, timeout: float = 120) -> dict:

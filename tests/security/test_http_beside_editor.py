@@ -16,7 +16,7 @@ import pytest_lsp
 from pytest_lsp import LanguageClient
 
 from tests.http.http_harness import free_port, stdio_http_config
-from tests.server.harness import command, default_options, start
+from tests.server.harness import command, default_options, end_session, start
 
 CONTENT = "\u20ac" * 400_000
 
@@ -29,7 +29,7 @@ URL = f"http://127.0.0.1:{PORT}"
 async def editor(lsp_client: LanguageClient, security_model, security_workspace):
     await start(lsp_client, "vscode", security_workspace, default_options(security_model))
     yield
-    await lsp_client.shutdown_session()
+    await end_session(lsp_client)
 
 
 async def _engine_up(http: httpx.AsyncClient, timeout: float = 120) -> str:

@@ -14,8 +14,8 @@ import pytest_asyncio
 import pytest_lsp
 from pytest_lsp import LanguageClient
 
-from tests.server.harness import (build_server_test_model, collect_streams, default_options, server_config, start,
-                                  write_sample_workspace)
+from tests.server.harness import (build_server_test_model, collect_streams, default_options, end_session, server_config,
+                                  start, write_sample_workspace)
 from tests.server.shared_server import SharedServers
 
 KINDS = ["vscode", "neovim"]
@@ -36,7 +36,7 @@ async def client(request, lsp_client: LanguageClient, tiny_model, workspace):
     """A server of its own, initialized with `kind` capabilities and the tiny model."""
     await _start_own(request.param, lsp_client, tiny_model, workspace)
     yield
-    await lsp_client.shutdown_session()
+    await end_session(lsp_client)
 
 
 @pytest_lsp.fixture(config=server_config())
@@ -45,7 +45,7 @@ async def vscode_client(lsp_client: LanguageClient, tiny_model, workspace):
     (for tests where the client kind does not matter)."""
     await _start_own("vscode", lsp_client, tiny_model, workspace)
     yield
-    await lsp_client.shutdown_session()
+    await end_session(lsp_client)
 
 
 async def _start_own(kind: str, lsp_client: LanguageClient, tiny_model: Path, workspace: Path) -> None:
@@ -61,7 +61,7 @@ async def raw_client(lsp_client: LanguageClient, tiny_model, workspace):
     lsp_client.streams = collect_streams(lsp_client)
     lsp_client.root = workspace
     yield
-    await lsp_client.shutdown_session()
+    await end_session(lsp_client)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -67,6 +67,17 @@ def collect_streams(client: LanguageClient) -> list:
     return received
 
 
+async def end_session(client: LanguageClient) -> None:
+    """Ends the server in whatever state the test left it: `shutdown` then `exit` after an initialize;
+    `exit` alone before one (a fixture set up after the client failed), which LSP answers by exiting
+    with status 1. pytest-lsp's `shutdown_session` sends nothing before an initialize, and its fixture
+    then waits for a server that waits for its next message."""
+    if client.capabilities is None and client.error is None:
+        client.exit(None)
+    else:
+        await client.shutdown_session()
+
+
 async def start(client: LanguageClient, kind: str, root: Path, options: dict) -> types.InitializeResult:
     params = types.InitializeParams(
         capabilities=client_capabilities(CLIENTS[kind]), root_uri=root.as_uri(),

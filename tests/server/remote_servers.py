@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench._common import llama_tools_folder
 from server import ask_cmd
 from tests.http.http_harness import free_port  # noqa: F401 - the remote tests take it from here
 
@@ -21,9 +22,14 @@ def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
     """Reads the process's stderr until a line holds `marker` (fails if it exits or takes too
     long). A thread reads the lines: a buffered pipe may hold several while the descriptor
     shows none left."""
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stderr.readline, b"")] and None,
-                     daemon=True).start()
+    lines: queue.Queue[bytes | None] = queue.Queue()
+
+    def read() -> None:
+        for line in iter(process.stderr.readline, b""):
+            lines.put(line)
+        lines.put(None)  # end of stderr: the process is gone (or closed it)
+
+    threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
     seen = b""
     while (left := deadline - time.monotonic()) > 0:
@@ -31,10 +37,12 @@ def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
             line = lines.get(timeout=left)
         except queue.Empty:
             break
+        if line is None:
+            raise AssertionError(f"the server exited before it started (status {process.wait()}): {seen[-2000:]!r}")
         seen += line
         if marker in line:
             return
-    raise AssertionError(f"the server did not start: {seen[-2000:]!r}")
+    raise AssertionError(f"the server did not start in {START_TIMEOUT_S} s: {seen[-2000:]!r}")
 
 
 def ask(*argv: str) -> tuple[int, str, str]:
@@ -53,13 +61,9 @@ def prompt_and_cached(footer_line: str) -> tuple[int, int]:
     return prompt, int(footer_line.split("(cached ")[1].split(",")[0])
 
 
-LLAMA_VERSION = "0.3.36"
-
-
 def llama_server_dir() -> Path:
     """Where scripts/build-llama-server.sh put `llama-server` and its libraries (dev-setup builds it)."""
-    cache = Path(os.environ.get("CODECTX_DEV_CACHE") or Path.home() / ".cache" / "codectx-dev")
-    folder = cache / f"llama-server-{LLAMA_VERSION}"
+    folder = llama_tools_folder()
     assert (folder / "llama-server").is_file(), f"no llama-server in {folder}: run scripts/dev-setup.sh"
     return folder
 
