@@ -70,8 +70,11 @@ def collect_streams(client: LanguageClient) -> list:
 async def end_session(client: LanguageClient) -> None:
     """Ends the server in whatever state the test left it: `shutdown` then `exit` after an initialize;
     `exit` alone before one (a fixture set up after the client failed), which LSP answers by exiting
-    with status 1. pytest-lsp's `shutdown_session` sends nothing before an initialize, and its fixture
-    then waits for a server that waits for its next message."""
+    with status 1; nothing where the test ended the server itself. pytest-lsp's `shutdown_session` sends
+    nothing before an initialize, and its fixture then waits for a server that waits for its next message."""
+    server = client._server  # noqa: SLF001 - pytest-lsp keeps the process here
+    if server is not None and server.returncode is not None:
+        return
     if client.capabilities is None and client.error is None:
         client.exit(None)
     else:

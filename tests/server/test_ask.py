@@ -167,7 +167,6 @@ async def test_shutdown_with_a_request_in_flight(vscode_client):
     assert info.value.code == -32800
     client.exit(None)
     assert await client._server.wait() == 0  # noqa: SLF001 - pytest-lsp keeps the process here
-    client.capabilities = None  # already shut down; the fixture must not repeat it
 
 
 @SHARED
