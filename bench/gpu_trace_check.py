@@ -4,13 +4,14 @@ The load-time check of ``step_traced`` (`engine.step_measure.check_traced_step`)
 error, 4.86e-2 on the step's logits, on the H200 (run h) and on the H100 (run i), after the plain step it is held
 to split its keys as the trace does: a difference that repeats to three digits on two cards is not the order of
 a float sum. This runs the check's three one-token steps over a random Qwen3-32B-shaped model's filled 8-bit
-caches, three ways from equal caches, and prints each step's relative error of the logits and of every layer's
+caches, four ways from equal caches, and prints each step's relative error of the logits and of every layer's
 written row:
 
 - ``plain``: the check's reference (the kernels' scope, the keys split as traced);
 - ``eager``: the trace's own function (`CompiledDecodeStep._trace`: the stand-in caches, the count and position as
   arrays, the traced scope) run without `mx.compile`;
-- ``traced``: the same replayed from its trace, as the engine runs it.
+- ``traced``: the same replayed from its trace, as the engine runs it;
+- ``mlx``: the plain step on MLX's kernels alone: how far two sound implementations drift on this model.
 
 eager against plain isolates the stand-ins and the traced scope; traced against eager isolates the compilation.
 Each variant turns one of the kernels off (the rest as the engine chose them on the H200), at each row count.
@@ -59,7 +60,7 @@ def rel(a: mx.array, b: mx.array) -> float:
 
 
 def one(model, kernels: DecodeKernels, rows: int, steps: int) -> dict:
-    """The three ways's errors over `steps` steps from equal caches of `rows` rows."""
+    """The four ways' errors over `steps` steps from equal caches of `rows` rows."""
     def plain(tokens, cache):
         with kernels.scope(tokens.size), decode_kernels.split_as_traced():
             return model(tokens, cache=cache)
@@ -68,17 +69,21 @@ def one(model, kernels: DecodeKernels, rows: int, steps: int) -> dict:
     traced = CompiledDecodeStep(model, 1, fallback=plain, scope=inside, ours=frozenset({"q8"}))
     eager = CompiledDecodeStep(model, 1, fallback=plain, scope=inside, ours=frozenset({"q8"}))
     eager._compiled = eager._trace  # the trace's function, run as it is
-    caches = [filled_cache(model, WindowPolicy(enabled=False), 8, rows, compute_dtype(model)) for _ in range(3)]
+    def mlx(tokens, cache):  # MLX's kernels only: how far two sound implementations drift on this model
+        return model(tokens, cache=cache)
+
+    caches = [filled_cache(model, WindowPolicy(enabled=False), 8, rows, compute_dtype(model)) for _ in range(4)]
     token, out = mx.array([[1]], dtype=mx.uint32), []
     for step in range(steps):
         at = caches[0][0].offset
-        logits = [f(token, c) for f, c in zip((plain, eager, traced), caches)]
+        logits = [f(token, c) for f, c in zip((plain, eager, traced, mlx), caches)]
         mx.eval(logits)
         written = [[c.store.read(at, at + 1) for c in cache] for cache in caches]
         worst_row = {name: max(rel(x, y) for ours, ref in zip(written[i], written[0]) for x, y in zip(ours, ref))
                      for i, name in ((1, "eager"), (2, "traced"))}
         out.append({"step": step, "eager_vs_plain": rel(logits[1], logits[0]),
                     "traced_vs_plain": rel(logits[2], logits[0]), "traced_vs_eager": rel(logits[2], logits[1]),
+                    "plain_vs_mlx": rel(logits[0], logits[3]),
                     "row_eager_vs_plain": worst_row["eager"], "row_traced_vs_plain": worst_row["traced"],
                     "fallbacks": [eager.fallbacks, traced.fallbacks]})
         token = mx.argmax(logits[0][:, -1, :], axis=-1).reshape(1, 1)
