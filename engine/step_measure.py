@@ -96,12 +96,17 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str, base
     inside = dataclasses.replace(kernels, **{name: True})  # the switches the trace is made under
 
     def reference(tokens: mx.array, cache: list) -> mx.array:
-        """The plain step attending as the trace does: over 8-bit caches its keys split over the buffers' rows
-        as the trace's are (`decode_kernels.split_as_traced`); over bf16 caches our chunk kernel attends the
-        traced step's one query where MLX's attends the plain step's (each kernel is held to MLX's on its own,
-        `engine.decode_measure`; 64 layers of the two agree less closely than one), under the trace's switches."""
-        if kind != "dense":  # (the trace's kernels, a write held for it included: not the timed baseline's)
-            with kernels.scope(tokens.size), decode_kernels.split_as_traced():
+        """The plain step computing as the trace does, under the trace's switches (its kernels, a write held
+        for it included, not the timed baseline's; its MLPs not compiled apart, `DecodeKernels.scope`): over
+        8-bit caches its keys split over the buffers' rows as the trace's are (`decode_kernels.split_as_traced`);
+        over bf16 caches our chunk kernel attends the traced step's one query where MLX's attends the plain
+        step's. Each kernel is held to MLX's on its own (`engine.decode_measure`), but 64 random layers amplify
+        any change of rounding: on the H100 the 8-bit plain step with its MLPs compiled apart (the residual
+        added outside the down projection) and the trace differed by 4.9e-2, the same trace and the plain step
+        computing as it does by 0.0, and the plain step and MLX's kernels alone by 9e-2 (docs/benchmarks.md,
+        sixteenth session, run j)."""
+        if kind != "dense":
+            with inside.scope(tokens.size, traced=True), decode_kernels.split_as_traced():
                 return model(tokens, cache=cache)
         with inside.scope(tokens.size, traced=True), decode_kernels.one_query_chunk():
             return model(tokens, cache=cache)
