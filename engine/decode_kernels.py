@@ -72,9 +72,9 @@ one_query_chunk = _one_query.scope
 split_as_traced = _as_traced.scope
 """Inside this block, a plain one-token forward over an 8-bit cache splits its keys over the buffers' rows, as a
 traced step does (its count an array): the reference the 8-bit trace is checked against (`engine.step_measure`), so
-that the check compares the trace and not two ways of splitting the keys. (On the H200, run h, the check failed at
-4.86e-2 against 2e-2 over 8,192 rows with the plain step splitting over the count; that the split is the cause is
-likely, not proven: docs/benchmarks.md, fifteenth session.)"""
+that the check compares the trace and not two ways of splitting the keys. (The check's failure in runs h and i,
+4.86e-2 against 2e-2, had another cause: the reference's MLPs compiled apart, `engine.step_measure`; run j found the
+trace and the reference computing as it does 0.0 apart, split as here: docs/benchmarks.md, sixteenth session.)"""
 kv_write_on = _kv_write.on
 """Whether a one-row cache write goes through `engine.cuda_kv_write` (in place) on this thread now."""
 fused_on = _fused.on

@@ -311,3 +311,21 @@ def test_a_write_held_for_the_8bit_trace_is_checked_inside_it_and_off_where_noth
     assert held.kv_write and not untraced.kernels.kv_write
     assert "kernels: kv_write off: held for a trace this path does not make" in untraced.notes
     assert choose(model, ComputeOptions(attention="mlx")).kernels.kv_write  # traced: it runs
+
+
+def test_the_8bit_traces_reference_runs_its_mlps_as_the_trace_does(tiny_model_dir, semantic_kernels, monkeypatch):
+    """Run j (H100, bench/gpu_trace_check.py): the trace equalled its own function run eagerly, and that function
+    was 4.9e-2 from a reference whose MLPs replayed their own compiled trace (the residual added apart); with the
+    MLPs run as the trace runs them, 0.0. The check's reference runs them so, whatever the timed step does."""
+    from engine import compiled_mlp, decode_kernels, step_measure
+
+    monkeypatch.setattr(step_measure, "TRACE_KEYS", 1024)
+    mlps_apart = []
+    real = decode_kernels.split_as_traced
+    monkeypatch.setattr(decode_kernels, "split_as_traced", lambda: mlps_apart.append(compiled_mlp._on.on()) or real())
+    model = quantized_model(tiny_model_dir)
+    kernels = DecodeKernels(**{**OURS.__dict__, "mlp_compiled": True})
+    with kernels.scope(1):
+        assert compiled_mlp._on.on()  # the plain step's MLPs replay their own trace
+    assert set(time_traced_step(model, kernels)) == {"step_traced"}
+    assert mlps_apart == [False, False, False]  # the check's three reference steps
