@@ -323,7 +323,7 @@ class Engine:
         request = job.request
         if job.cancelled.is_set():
             raise RequestCancelled(request.request_id)
-        metrics.prompt_tokens = len(request.all_token_ids())
+        metrics.prompt_tokens = request.prompt_length()
         logits = self._prefill(job, metrics)
         return "length" if request.max_tokens == 0 else self._stream(job, logits, metrics, emitted)
 

@@ -9,7 +9,9 @@ one). `SegmentKind` is the one vocabulary of segment kinds. No MLX here.
 """
 from __future__ import annotations
 
+import array
 import itertools
+import sys
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Iterable, Protocol, Sequence
@@ -267,7 +269,13 @@ class Request:
     def all_token_ids(self) -> list[int]:
         if self.prompt_ids is not None:
             return list(self.prompt_ids)
-        return [t for s in self.segments for t in s.token_ids]
+        return list(itertools.chain.from_iterable(s.token_ids for s in self.segments))
+
+    def prompt_length(self) -> int:
+        """`len(all_token_ids())` without building the list (131k tokens: about 1 ms of a request's host time)."""
+        if self.prompt_ids is not None:
+            return len(self.prompt_ids)
+        return sum(len(s.token_ids) for s in self.segments)
 
 
 @dataclass
@@ -366,6 +374,13 @@ class DoneEvent:
 Event = TokenEvent | DoneEvent
 
 
+_NATIVE_U32 = sys.byteorder == "little" and array.array("I").itemsize == 4
+
+
 def token_bytes(token_ids: Iterable[int]) -> bytes:
-    """Token ids as little-endian uint32 bytes (what hashes and stores compare)."""
+    """Token ids as little-endian uint32 bytes (what hashes and stores compare). Where the machine's own unsigned
+    int is that, by `array` (131k tokens in about 1 ms on a 2-core CPU, against 3 through NumPy); ids outside
+    uint32 raise OverflowError there, as NumPy does."""
+    if _NATIVE_U32:
+        return array.array("I", token_ids).tobytes()
     return np.asarray(list(token_ids), dtype="<u4").tobytes()
