@@ -105,10 +105,8 @@ def _time_traced(model: Any, kernels: Any, name: str, bits: int, kind: str, base
         added outside the down projection) and the trace differed by 4.9e-2, the same trace and the plain step
         computing as it does by 0.0, and the plain step and MLX's kernels alone by 9e-2 (docs/benchmarks.md,
         sixteenth session, run j)."""
-        if kind != "dense":
-            with inside.scope(tokens.size, traced=True), decode_kernels.split_as_traced():
-                return model(tokens, cache=cache)
-        with inside.scope(tokens.size, traced=True), decode_kernels.one_query_chunk():
+        attending = decode_kernels.one_query_chunk() if kind == "dense" else decode_kernels.split_as_traced()
+        with inside.scope(tokens.size, traced=True), attending:
             return model(tokens, cache=cache)
 
     traced = CompiledDecodeStep(model, 1, fallback=plain, scope=lambda rows: inside.scope(rows, traced=True),
