@@ -169,7 +169,8 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 ttft_s=round(m.ttft_s, 4), prefill_s=round(m.prefill_s, 4), prefill_tps=round(m.prefill_tps, 1),
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
-                restore_s=log.restore_s, forwards=log.forwards, token_gaps=request_profile.token_gaps(arrivals),
+                restore_s=log.restore_s, forwards=log.forwards, records=log.records, detaches=log.detaches,
+                token_gaps=request_profile.token_gaps(arrivals),
                 decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids)
 
 

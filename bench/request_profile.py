@@ -66,20 +66,23 @@ class ForwardLog(logging.Handler):
     [tokens, keys after it, seconds including the wait for its evaluation], the restore's seconds, and
     each decode step's host milliseconds in `decode_steps`: [building the step last queued, submitting
     it, waiting for the token then read] (`engine.generate.decode`: one record per token read after a
-    step was built).
+    step was built); each checkpoint recorded during the prefill as [tokens, seconds] in `records` (its copy
+    for the archive included), and each detach of the checkpoints a restore leaves behind in `detaches`.
 
         with request_profile.ForwardLog() as log:
             ask(...)
-        log.forwards, log.restore_s, log.decode_steps
+        log.forwards, log.restore_s, log.decode_steps, log.records, log.detaches
     """
 
-    LOGGERS = ("engine.generate", "engine.prefix_cache")
+    LOGGERS = ("engine.generate", "engine.prefix_cache", "engine.checkpoints")
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.forwards: list[list[float]] = []
         self.restore_s: float | None = None
         self.decode_steps: list[list[float]] = []
+        self.records: list[list[float]] = []
+        self.detaches: list[list[float]] = []
         self._levels: list[int] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -90,6 +93,10 @@ class ForwardLog(logging.Handler):
         step = getattr(record, "decode_step", None)
         if step is not None:
             self.decode_steps.append([round(s * 1e3, 3) for s in step])
+        for field, into in (("record", self.records), ("detach", self.detaches)):
+            value = getattr(record, field, None)
+            if value is not None:
+                into.append([value[0], round(value[1], 4)])
         restore_s = getattr(record, "restore_s", None)
         if restore_s is not None:
             self.restore_s = round(restore_s, 4)

@@ -220,7 +220,12 @@ class PrefixCache:
         def confirm(done: int, total: int) -> None:
             metrics.recomputed_tokens = done
             while pending and pending[0].end <= offset + done:
-                self.store.record(self.cache, pending.pop(0))
+                b, began = pending.pop(0), time.perf_counter()
+                self.store.record(self.cache, b)
+                if log.isEnabledFor(logging.DEBUG):  # benchmarks read `record` (bench/request_profile.ForwardLog)
+                    seconds = time.perf_counter() - began
+                    log.debug("record [%d, %d): %.4f s (its archive copy included)", b.start, b.end, seconds,
+                              extra={"record": (b.end - b.start, seconds)})
             if on_chunk is not None:
                 on_chunk(offset + done, len(ids))
 
