@@ -7,7 +7,8 @@ same launches and the same order of every float sum.) This runs the check's thre
 caches, four ways from equal caches, and prints each step's relative error of the logits and of every layer's
 written row:
 
-- ``plain``: the check's reference (the kernels' scope, the keys split as traced);
+- ``plain``: the check's reference before the fix (94586d4): the kernels' scope, its MLPs compiled apart, the keys
+  split as traced;
 - ``eager``: the trace's own function (`CompiledDecodeStep._trace`: the stand-in caches, the count and position as
   arrays, the traced scope) run without `mx.compile`;
 - ``traced``: the same replayed from its trace, as the engine runs it;
@@ -17,7 +18,7 @@ eager against plain isolates the stand-ins and the traced scope; traced against 
 Each variant turns one of the kernels off (the rest as the engine chose them on the H200), at each row count.
 
     # device tool, carry [".gpu"]:
-    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_trace_check.py --out $OUT/gpu_trace_check.json
+    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_trace_check.py --layers 64 --out $OUT/gpu_trace_check.json
 """
 from __future__ import annotations
 

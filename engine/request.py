@@ -378,9 +378,9 @@ _NATIVE_U32 = sys.byteorder == "little" and array.array("I").itemsize == 4
 
 
 def token_bytes(token_ids: Iterable[int]) -> bytes:
-    """Token ids as little-endian uint32 bytes (what hashes and stores compare). Where the machine's own unsigned
-    int is that, by `array` (131k tokens in about 1 ms on a 2-core CPU, against 3 through NumPy); ids outside
-    uint32 raise OverflowError there, as NumPy does."""
-    if _NATIVE_U32:
+    """Token ids as little-endian uint32 bytes (what hashes and stores compare). Python ints, where the machine's
+    own unsigned int is that, by `array` (131k tokens in about 1 ms on a 2-core CPU, against 3 through NumPy; an id
+    outside uint32 raises OverflowError on both paths); a NumPy array through NumPy."""
+    if _NATIVE_U32 and not isinstance(token_ids, np.ndarray):
         return array.array("I", token_ids).tobytes()
     return np.asarray(list(token_ids), dtype="<u4").tobytes()

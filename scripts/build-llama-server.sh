@@ -64,7 +64,7 @@ tar -xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
 SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
 GENERATOR=()
 command -v ninja >/dev/null 2>&1 && GENERATOR=(-G Ninja)
-cmake -S "$SRC" -B "$WORK/build" "${GENERATOR[@]}" "${ISA_FLAGS[@]}" -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
+cmake -S "$SRC" -B "$WORK/build" "${GENERATOR[@]}" ${ISA_FLAGS[@]+"${ISA_FLAGS[@]}"} -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
   -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build "$WORK/build" --target "${MISSING[@]}" -j"$(nproc)" >&2
 # Each file lands by rename, so a llama-server already running from $TARGET keeps its old inodes.

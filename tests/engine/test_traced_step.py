@@ -5,6 +5,8 @@ named `semantic_kernels`, whose outputs carry the positions and key counts they 
 froze a step's position, or a kernel fed another count, would change the logits."""
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 import pytest
 from test_compiled import greedy
@@ -322,7 +324,14 @@ def test_the_8bit_traces_reference_runs_its_mlps_as_the_trace_does(tiny_model_di
     monkeypatch.setattr(step_measure, "TRACE_KEYS", 1024)
     mlps_apart = []
     real = decode_kernels.split_as_traced
-    monkeypatch.setattr(decode_kernels, "split_as_traced", lambda: mlps_apart.append(compiled_mlp._on.on()) or real())
+
+    @contextlib.contextmanager
+    def spied():  # the MLPs' switch as the reference's forward will see it: read on entering, inside its scope
+        mlps_apart.append(compiled_mlp._on.on())
+        with real():
+            yield
+
+    monkeypatch.setattr(decode_kernels, "split_as_traced", spied)
     model = quantized_model(tiny_model_dir)
     kernels = DecodeKernels(**{**OURS.__dict__, "mlp_compiled": True})
     with kernels.scope(1):

@@ -38,7 +38,7 @@ def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
         except queue.Empty:
             break
         if line is None:
-            raise AssertionError(f"the server exited before it started (status {process.wait()}): {seen[-2000:]!r}")
+            raise AssertionError(f"the server exited before it started (status {process.wait(timeout=5)}): {seen[-2000:]!r}")
         seen += line
         if marker in line:
             return
