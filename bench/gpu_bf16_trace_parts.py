@@ -36,7 +36,8 @@ HEADS, KV_HEADS, DIM, CALLS, DISTINCT = 64, 8, 128, 64, 16
 
 def row(n: int) -> dict:
     cap = buffer_positions(n + 1)
-    bufs = [mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(i)).astype(mx.bfloat16) for i in range(DISTINCT)]
+    bufs = [mx.random.normal((1, KV_HEADS, cap, DIM), key=mx.random.key(i)).astype(mx.bfloat16)
+            for i in range(DISTINCT)]
     mx.eval(bufs)
     q = mx.random.normal((1, HEADS, 1, DIM), key=mx.random.key(99)).astype(mx.bfloat16)
     new = mx.random.normal((1, KV_HEADS, 1, DIM), key=mx.random.key(98)).astype(mx.bfloat16)
@@ -46,8 +47,9 @@ def row(n: int) -> dict:
     scale = DIM ** -0.5
     out = {"keys": n, "buffer_rows": cap}
     out["scatter_ms"] = median_ms(lambda: [write(bufs[i % DISTINCT], new, at) for i in range(CALLS)]) / CALLS
-    out["ours_ms"] = median_ms(lambda: [cuda_chunk_attention.chunk_attention(q, bufs[i % DISTINCT], bufs[i % DISTINCT],
-                                                                             count, scale) for i in range(CALLS)]) / CALLS
+    attend = cuda_chunk_attention.chunk_attention
+    out["ours_ms"] = median_ms(lambda: [attend(q, bufs[i % DISTINCT], bufs[i % DISTINCT], count, scale)
+                                        for i in range(CALLS)]) / CALLS
     out["mlx_ms"] = median_ms(lambda: [mx.fast.scaled_dot_product_attention(
         q, bufs[i % DISTINCT][..., :n + 1, :], bufs[i % DISTINCT][..., :n + 1, :], scale=scale)
         for i in range(CALLS)]) / CALLS

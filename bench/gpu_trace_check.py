@@ -3,9 +3,9 @@
 The load-time check of ``step_traced`` (`engine.step_measure.check_traced_step`) failed with the same relative
 error, 4.86e-2 on the step's logits, on the H200 (run h) and on the H100 (run i), after the plain step it is held
 to split its keys as the trace does. (The repeat to three digits says little: both cards have 132 SMs, so the
-same launches and the same order of every float sum.) This runs the check's three one-token steps over a random Qwen3-32B-shaped model's filled 8-bit
-caches, four ways from equal caches, and prints each step's relative error of the logits and of every layer's
-written row:
+same launches and the same order of every float sum.) This runs the check's three one-token steps over a random
+Qwen3-32B-shaped model's filled 8-bit caches, four ways from equal caches, and prints each step's relative error of
+the logits and of every layer's written row:
 
 - ``plain``: the check's reference before the fix (94586d4): the kernels' scope, its MLPs compiled apart, the keys
   split as traced;

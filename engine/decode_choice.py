@@ -316,8 +316,8 @@ def untraced(kernels: DecodeKernels) -> DecodeKernels:
             and not won[kernel]]
     if not held:
         return kernels
-    return replace(kernels, **dict.fromkeys(held, False),
-                   notes=(*kernels.notes, *(f"kernels: {k} off: held for a trace this path does not make" for k in held)))
+    off = tuple(f"kernels: {k} off: held for a trace this path does not make" for k in held)
+    return replace(kernels, **dict.fromkeys(held, False), notes=(*kernels.notes, *off))
 
 
 def _needs_met(name: str, chosen: Mapping[str, bool]) -> bool:

@@ -224,8 +224,8 @@ class PrefixCache:
                 self.store.record(self.cache, b)
                 if log.isEnabledFor(logging.DEBUG):  # benchmarks read `record` (bench/request_profile.ForwardLog)
                     seconds = time.perf_counter() - began
-                    log.debug("record [%d, %d): %.4f s (with its archive copy where the archive is on)", b.start, b.end, seconds,
-                              extra={"record": (b.end - b.start, seconds)})
+                    log.debug("record [%d, %d): %.4f s (with its archive copy where the archive is on)", b.start,
+                              b.end, seconds, extra={"record": (b.end - b.start, seconds)})
             if on_chunk is not None:
                 on_chunk(offset + done, len(ids))
 

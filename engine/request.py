@@ -272,7 +272,8 @@ class Request:
         return list(itertools.chain.from_iterable(s.token_ids for s in self.segments))
 
     def prompt_length(self) -> int:
-        """`len(all_token_ids())` without building the list (131k tokens: about 1 ms of a request's host time)."""
+        """`len(all_token_ids())` without building the list (131k tokens: 0.68 ms of host time saved,
+        `bench/host_time.py`)."""
         if self.prompt_ids is not None:
             return len(self.prompt_ids)
         return sum(len(s.token_ids) for s in self.segments)
@@ -379,8 +380,9 @@ _NATIVE_U32 = sys.byteorder == "little" and array.array("I").itemsize == 4
 
 def token_bytes(token_ids: Iterable[int]) -> bytes:
     """Token ids as little-endian uint32 bytes (what hashes and stores compare). Python ints, where the machine's
-    own unsigned int is that, by `array` (131k tokens in about 1 ms on a 2-core CPU, against 3 through NumPy; an id
-    outside uint32 raises OverflowError on both paths); a NumPy array through NumPy."""
+    own unsigned int is that, by `array` (a 131k-token prompt's boundaries in 3.2 ms on a 2-core CPU, against 5.0
+    through NumPy: `bench/host_time.py`; an id outside uint32 raises OverflowError on both paths); a NumPy array
+    through NumPy."""
     if _NATIVE_U32 and not isinstance(token_ids, np.ndarray):
         return array.array("I", token_ids).tobytes()
     return np.asarray(list(token_ids), dtype="<u4").tobytes()

@@ -71,7 +71,8 @@ async def end_session(client: LanguageClient) -> None:
     """Ends the server in whatever state the test left it: `shutdown` then `exit` after an initialize;
     `exit` alone before one (a fixture set up after the client failed), which LSP answers by exiting
     with status 1; nothing where the test ended the server itself (and awaited its exit, which sets the status
-    this reads: a test that sends `exit` without awaiting it gets a second shutdown). pytest-lsp's `shutdown_session` sends
+    this reads: a test that sends `exit` without awaiting it gets a second shutdown). pytest-lsp's
+    `shutdown_session` sends
     nothing before an initialize, and its fixture then waits for a server that waits for its next message."""
     server = client._server  # noqa: SLF001 - pytest-lsp keeps the process here
     if server is not None and server.returncode is not None:

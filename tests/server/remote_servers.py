@@ -38,7 +38,8 @@ def wait_for_line(process: subprocess.Popen, marker: bytes) -> None:
         except queue.Empty:
             break
         if line is None:
-            raise AssertionError(f"the server exited before it started (status {process.wait(timeout=5)}): {seen[-2000:]!r}")
+            status = process.wait(timeout=5)
+            raise AssertionError(f"the server exited before it started (status {status}): {seen[-2000:]!r}")
         seen += line
         if marker in line:
             return
