@@ -105,10 +105,12 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
 DECODE_KERNELS = ("cores", "mma", "staged", "transposed")
 """`engine.cuda_attention.decode_attention`'s kernels, each timed at its defaults."""
 STAGED_VARIANTS = (("staged", 4, 1024, 0), ("staged", 3, 1584, 0), ("transposed", 3, 1584, 0),
-                   ("transposed", 4, 1056, 0), ("transposed", 6, 1056, 0), ("transposed", 3, 2112, 4))
+                   ("transposed", 4, 1056, 0), ("transposed", 6, 1056, 0), ("transposed", 3, 2112, 4),
+                   ("transposed", 3, 3168, 0), ("transposed", 3, 6336, 0))
 """(kernel, stages, target warps, min blocks: launch bounds, 0 none) of the staged kernels
-(`engine.cuda_attention_staged`, `engine.cuda_attention_transposed`) tried beside their defaults; the last,
-`cuda_attention_transposed.FOUR_BLOCKS`."""
+(`engine.cuda_attention_staged`, `engine.cuda_attention_transposed`) tried beside their defaults;
+`cuda_attention_transposed.FOUR_BLOCKS`; then the transposed kernel over two and four waves of shorter
+splits (Nsight Compute read one wave's multiprocessors idle 14% of the kernel's time, 76% DRAM throughput)."""
 
 
 def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:
