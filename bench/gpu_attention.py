@@ -104,13 +104,14 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
 
 DECODE_KERNELS = ("cores", "mma", "staged", "transposed")
 """`engine.cuda_attention.decode_attention`'s kernels, each timed at its defaults."""
-STAGED_VARIANTS = (("staged", 4, 1024, 0), ("staged", 3, 1584, 0), ("transposed", 3, 1584, 0),
-                   ("transposed", 4, 1056, 0), ("transposed", 6, 1056, 0), ("transposed", 3, 2112, 4),
-                   ("transposed", 3, 3168, 0), ("transposed", 3, 6336, 0))
-"""(kernel, stages, target warps, min blocks: launch bounds, 0 none) of the staged kernels
-(`engine.cuda_attention_staged`, `engine.cuda_attention_transposed`) tried beside their defaults;
-`cuda_attention_transposed.FOUR_BLOCKS`; then the transposed kernel over two and four waves of shorter
-splits (Nsight Compute read one wave's multiprocessors idle 14% of the kernel's time, 76% DRAM throughput)."""
+STAGED_VARIANTS = (("staged", 4, 1024, 0, False), ("staged", 3, 1584, 0, False), ("transposed", 4, 1584, 0, False),
+                   ("transposed", 3, 1584, 0, True), ("transposed", 4, 1056, 0, True), ("transposed", 6, 1056, 0, True),
+                   ("transposed", 3, 2112, 4, False), ("transposed", 3, 3168, 0, True))
+"""(kernel, stages, target warps, min blocks: launch bounds, 0 none; the transposed kernel's warps folded in
+each block, `cuda_attention_transposed.COMBINE`) of the staged kernels (`engine.cuda_attention_staged`,
+`engine.cuda_attention_transposed`) tried beside their defaults: the transposed kernel's default with a partial
+a warp (before `COMBINE`); `cuda_attention_transposed.FOUR_BLOCKS` (which spills with `COMBINE`); two waves of
+shorter splits (Nsight Compute read one wave's multiprocessors idle 14% of the kernel's time)."""
 
 
 def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:
@@ -119,23 +120,26 @@ def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.arr
 
     modules = {"staged": cuda_attention_staged, "transposed": cuda_attention_transposed}
 
-    def call(kq: tuple, vq: tuple, kernel: str, stages: int, warps: int, blocks: int) -> mx.array:
-        bounds = {"min_blocks": blocks} if blocks else {}
-        part = modules[kernel].partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps, **bounds)
+    def call(kq: tuple, vq: tuple, kernel: str, stages: int, warps: int, blocks: int, combine: bool) -> mx.array:
+        options = {"min_blocks": blocks} if blocks else {}
+        if kernel == "transposed":
+            options["combine"] = combine
+        part = modules[kernel].partial_attention(q, kq, vq, n, scale, stages=stages, target_warps=warps, **options)
         return cuda_attention_mma.merge(*part, q.dtype, q.shape)
 
     rows = []
-    for kernel, stages, warps, blocks in STAGED_VARIANTS:
-        variant = {"kernel": kernel, "stages": stages, "target_warps": warps, "min_blocks": blocks}
+    for kernel, stages, warps, blocks, combine in STAGED_VARIANTS:
+        variant = {"kernel": kernel, "stages": stages, "target_warps": warps, "min_blocks": blocks, "combine": combine}
         try:
-            err = rel_err(call(caches[0][2], caches[0][3], kernel, stages, warps, blocks), ref)
+            err = rel_err(call(caches[0][2], caches[0][3], kernel, stages, warps, blocks, combine), ref)
             ms = median_ms(lambda: [call(caches[i % DISTINCT][2], caches[i % DISTINCT][3], kernel, stages, warps,
-                                         blocks) for i in range(CALLS)]) / CALLS
+                                         blocks, combine) for i in range(CALLS)]) / CALLS
         except Exception as failure:  # noqa: BLE001 - a variant that does not launch is a row that says so
             rows.append({**variant, "error": repr(failure)})
             continue
         rows.append({**variant, "ms": ms, "gbs": nbytes / ms / 1e6, "err": err})
         print(f"  {kernel}, {stages} stages, about {warps} warps" + (f", {blocks} blocks bound" if blocks else "")
+              + (", a partial a block" if combine else "")
               + f": {ms:.3f} ms ({nbytes / ms / 1e6:.0f} GB/s), rel err {err:.2e}", flush=True)
     return rows
 

@@ -139,7 +139,8 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
 
 def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     """The step's compute paths by the rows' names: ``ours`` (`path`: the kernels `decode_steps` switches on),
-    ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
+    ``ours+fused`` (the fused launches below, nothing traced: the bf16 step as the engine runs it while the
+    bf16 trace is held back), ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
     are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
     and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``; the block's residual adds in the o
     and down projections' launches: ``residual_fused``) and ``mlx+traced`` (MLX's
@@ -153,7 +154,9 @@ def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
                                 attention_chunk=True, step_traced_bf16=True,
                                 source="setting")
     fused = dataclasses.replace(ours_traced, qmv_fused=True, rope_fused=True, residual_fused=True)
-    return {"ours": path, "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
+    untraced = dataclasses.replace(fused, step_traced=False, step_traced_bf16=False, kv_write=False)
+    return {"ours": path, "ours+fused": ComputePath(model, kernels=untraced, compiled=True),
+            "ours+traced": ComputePath(model, kernels=ours_traced, compiled=True),
             "ours+traced+fused": ComputePath(model, kernels=fused, compiled=True),
             "mlx+traced": ComputePath(model, kernels=DecodeKernels(source="setting"), compiled=True)}
 

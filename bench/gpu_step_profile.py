@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--bits", type=int, choices=(8, 16), default=8)
     ap.add_argument("--length", type=int, default=131072)
     ap.add_argument("--steps", type=int, default=2, help="steps profiled (also what --report divides by)")
-    ap.add_argument("--variant", choices=("ours", "ours+traced", "ours+traced+fused"), default="ours+traced+fused",
+    ap.add_argument("--variant", choices=("ours", "ours+fused", "ours+traced", "ours+traced+fused"),
+                    default="ours+traced+fused",
                     help="the step's path, as bench/gpu_step.py's rows name them")
     ap.add_argument("--shape", default="qwen3-32b", help="bench/prefill.py's shape (tiny: a CPU smoke run)")
     ap.add_argument("--attention", choices=("mma", "staged", "transposed"), default="mma",

@@ -179,13 +179,14 @@ value product plus the value-bias sums, and each split's (max, sum)."""
 
 def partial_attention(kernel: Any, queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                       after: mx.array | None, split_size: Callable[[int, int], int], warps: int,
-                      template: tuple = ()) -> tuple[mx.array, mx.array]:
+                      template: tuple = (), per_block: bool = False) -> tuple[mx.array, mx.array]:
     """One launch of a split-key kernel written with these pieces (inputs ``q, kq, ks, kb, vq, vs, vb, meta,
     qscale_in, after``): blocks of `warps` warps, each warp a split of `split_size(span, kv_heads)` keys.
     Returns unnormalized partial outputs (H, splits, 128) and (max, sum) pairs (H, splits, 2) in base 2, which
     `engine.cuda_attention_mma.merge` folds; `n` as an array splits over the buffers' capacity
     (`engine.cuda_attention.decode_attention`); `after`: an array the kernel must run after, unread;
-    `template`: the kernel's own constants beside the scales' dtype and the query heads per KV head."""
+    `template`: the kernel's own constants beside the scales' dtype and the query heads per KV head; `per_block`:
+    the kernel writes one partial a block (its warps folded), not one a warp."""
     B, H, L, D = queries.shape
     if B != 1 or L != 1:
         raise ValueError(f"one query of one sequence, got {B} x {L}")
@@ -193,7 +194,7 @@ def partial_attention(kernel: Any, queries: mx.array, keys: tuple, values: tuple
     span = cuda_backend.split_span(n, keys[0].shape[2])
     cs = split_size(span, kv_heads)
     blocks = -(-(-(-span // cs)) // warps)
-    splits = blocks * warps
+    splits = blocks if per_block else blocks * warps
     q = mx.contiguous(queries.astype(mx.bfloat16))  # read as H rows of D (flat): no reshape
     meta = cuda_backend.sizes(n, cs)
     return tuple(kernel(

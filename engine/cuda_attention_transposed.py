@@ -40,6 +40,10 @@ FOUR_BLOCKS = (3, 2112, 4)
 """(stages, target warps, min blocks) of the variant with four blocks a multiprocessor, for the benchmark: held to
 128 registers by launch bounds it compiles for sm_90 without spilling (a CPU test holds this), and three stages
 keep four blocks' shared memory within the 227 KB."""
+COMBINE = True
+"""Each block folds its warps' partials before writing them (one partial a block for the merge to read back, a
+fourth of the bytes), in shared memory once its warps have left their loops. Nsight Compute on an H100 at 131k
+keys: the merge of one partial a warp took 6.6 us a layer, 0.43 ms of a 17.8 ms 8-bit step (docs/benchmarks.md)."""
 TARGET_WARPS = 1584
 """Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave (a
 block holds 70 KB of shared memory and, compiled for sm_90, 152 registers a thread: three fit, as a CPU test
@@ -202,12 +206,17 @@ SOURCE = r"""
       bacc[e][0] += __shfl_xor_sync(0xFFFFFFFFu, bacc[e][0], mask);
       bacc[e][1] += __shfl_xor_sync(0xFFFFFFFFu, bacc[e][1], mask);
     }
+  // COMBINE: the block's warps stage their partials in shared memory (the rings, free once every warp has left
+  // its loop) and the block writes one partial: a fourth of the bytes for the merge to read back.
+  float* staged_out = reinterpret_cast<float*>(smem);  // [WARPS][G][128], then the (max, sum) pairs
+  float* staged_ml = staged_out + WARPS_PER_BLOCK * G * 128;
+  if (COMBINE) __syncthreads();
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int head = 2 * c + e;
     if (head >= G) continue;
     const size_t h = (size_t)kvh * G + head;
-    float* dst = part_out + (h * splits + split) * 128;
+    float* dst = COMBINE ? staged_out + (warp * G + head) * 128 : part_out + (h * splits + split) * 128;
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       float out[8];
@@ -221,8 +230,34 @@ SOURCE = r"""
       to[1] = make_float4(out[4], out[5], out[6], out[7]);
     }
     if (r == 0) {
-      part_ml[(h * splits + split) * 2] = m_run[e];
-      part_ml[(h * splits + split) * 2 + 1] = l_run[e];
+      float* ml = COMBINE ? staged_ml + (warp * G + head) * 2 : part_ml + (h * splits + split) * 2;
+      ml[0] = m_run[e];
+      ml[1] = l_run[e];
+    }
+  }
+  if (COMBINE) {
+    __syncthreads();
+    const int block = blockIdx.x, blocks = gridDim.x;
+    for (int i = threadIdx.x; i < G * 128; i += blockDim.x) {
+      const int head = i >> 7, d = i & 127;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_BLOCK; ++w) m = fmaxf(m, staged_ml[(w * G + head) * 2]);
+      float o = 0.f, l = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS_PER_BLOCK; ++w) {
+        const float mw = staged_ml[(w * G + head) * 2];
+        if (mw == -INFINITY) continue;  // a warp without keys
+        const float a = exp2f(mw - m);
+        o = fmaf(a, staged_out[(w * G + head) * 128 + d], o);
+        l = fmaf(a, staged_ml[(w * G + head) * 2 + 1], l);
+      }
+      const size_t h = (size_t)kvh * G + head;
+      part_out[(h * blocks + block) * 128 + d] = o;
+      if (d == 0) {
+        part_ml[(h * blocks + block) * 2] = m;
+        part_ml[(h * blocks + block) * 2 + 1] = l;
+      }
     }
   }
 """
@@ -249,10 +284,11 @@ def split_size(n: int, kv_heads: int, target_warps: int = TARGET_WARPS) -> int:
 
 def partial_attention(queries: mx.array, keys: tuple, values: tuple, n: int | mx.array, scale: float,
                       after: mx.array | None = None, stages: int = STAGES, target_warps: int = TARGET_WARPS,
-                      min_blocks: int = 0) -> tuple[mx.array, mx.array]:
+                      min_blocks: int = 0, combine: bool = COMBINE) -> tuple[mx.array, mx.array]:
     """Unnormalized partial outputs and (max, sum) pairs as `engine.cuda_attention_mma.partial_attention` returns
-    them; `stages`, `target_warps` and `min_blocks` (`FOUR_BLOCKS`): the engine's defaults, other values for the
-    benchmark."""
+    them, one per block where `combine` (`COMBINE`), else one per warp; `stages`, `target_warps`, `min_blocks`
+    (`FOUR_BLOCKS`) and `combine`: the engine's defaults, other values for the benchmark."""
     return fragments.partial_attention(_kernel(stages, min_blocks), queries, keys, values, n, scale, after,
                                        lambda span, kv_heads: split_size(span, kv_heads, target_warps), WARPS,
-                                       (("STAGES", stages),))
+                                       (("STAGES", stages), ("WARPS_PER_BLOCK", WARPS), ("COMBINE", int(combine))),
+                                       per_block=combine)

@@ -213,7 +213,8 @@ def test_the_split_linears_registers_hold_the_wave_it_sizes_itself_by(recorder):
 def test_four_blocks_of_the_transposed_attention_fit_under_launch_bounds_without_spilling(recorder):
     """`cuda_attention_transposed.FOUR_BLOCKS` (a benchmark's variant): with the bounds its header gives `__global__`,
     the compiler holds the kernel to four blocks' registers without spilling, and three stages fit four blocks'
-    shared memory. Without the bounds it takes more than four blocks allow."""
+    shared memory. Without the bounds it takes more than four blocks allow. (Measured with a partial a warp: with
+    its warps folded in the block, `COMBINE`, it spills.)"""
     transposed = cuda_attention_transposed
     stages, warps, blocks = transposed.FOUR_BLOCKS
     assert warps == blocks * transposed.WARPS * 132
@@ -221,8 +222,32 @@ def test_four_blocks_of_the_transposed_attention_fit_under_launch_bounds_without
     query, cache = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), eight_bit(1024)
     for min_blocks in (0, blocks):
         transposed.partial_attention(query, cache, cache, 700, 0.088, stages=stages, target_warps=warps,
-                                     min_blocks=min_blocks)
+                                     min_blocks=min_blocks, combine=False)
     plain, bounded = (resources(source) for source in recorder.sources().values())
     threads = blocks * transposed.WARPS * 32
     assert -(-bounded["registers"] // 8) * 8 * threads <= 65536 < -(-plain["registers"] // 8) * 8 * threads
     assert bounded["spill_stores"] == bounded["spill_loads"] == bounded["stack"] == 0, bounded
+
+
+def test_the_transposed_attention_folds_a_blocks_warps_into_one_partial_for_the_merge(recorder):
+    """With `COMBINE` (the engine's default) the transposed attention writes one partial a block, and the merge is
+    handed that many; with it off, one a warp. Both sources compile, and the folded one keeps three blocks'
+    registers without spilling (the test above covers the default)."""
+    transposed = cuda_attention_transposed
+    assert transposed.COMBINE
+    query, cache = mx.zeros((1, H, 1, D), dtype=mx.bfloat16), eight_bit(131072 + 256)
+    folded = transposed.partial_attention(query, cache, cache, 131072, 0.088)
+    apart = transposed.partial_attention(query, cache, cache, 131072, 0.088, combine=False)
+    assert apart[0].shape[1] == transposed.WARPS * folded[0].shape[1]
+    assert folded[0].shape == (H, folded[1].shape[1], D) and folded[1].shape[2] == 2
+    assert -(-folded[0].shape[1] * KV // 3) <= 132  # one wave of three blocks a multiprocessor
+    merged = cuda_attention_mma.merge(*folded, mx.bfloat16)
+    assert merged.shape == (H, D)
+    templates = [dict(template) for definition, _, template, _ in recorder.launches
+                 if definition.name.startswith("codectx_q8_attention_transposed")]
+    assert [t["COMBINE"] for t in templates] == [1, 0]
+    for label, source in recorder.sources().items():
+        if label.startswith("codectx_q8_attention_transposed"):
+            assert compile_errors(source) is None, label
+            used = resources(source)
+            assert used["spill_stores"] == used["spill_loads"] == 0, (label, used)

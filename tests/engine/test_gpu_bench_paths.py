@@ -23,8 +23,8 @@ def test_the_attention_benchmarks_decode_and_chunk_rows_have_every_column(record
     decode = result["decode"][0]
     for kernel in bench.DECODE_KERNELS:
         assert {f"{kernel}_ms", f"{kernel}_gbs", f"err_{kernel}"} <= decode.keys()
-    assert [(v["kernel"], v["stages"]) for v in decode["staged_variants"] if "ms" in v] == \
-        [(kernel, stages) for kernel, stages, _, _ in bench.STAGED_VARIANTS]
+    assert [(v["kernel"], v["stages"], v["combine"]) for v in decode["staged_variants"] if "ms" in v] == \
+        [(kernel, stages, combine) for kernel, stages, _, _, combine in bench.STAGED_VARIANTS]
     assert len(result["chunk"]) == 8  # four chunk sizes at two key counts
     for row in result["chunk"]:
         assert {"q8_warm_ms", "err_q8", "dequantized_bf16_warm_ms", "mlx_warm_ms"} <= row.keys()
