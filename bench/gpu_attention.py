@@ -105,13 +105,13 @@ def section_decode(result: dict, lengths: list[int], copy_gbs: float) -> None:
 DECODE_KERNELS = ("cores", "mma", "staged", "transposed")
 """`engine.cuda_attention.decode_attention`'s kernels, each timed at its defaults."""
 STAGED_VARIANTS = (("staged", 4, 1024, 0, False), ("staged", 3, 1584, 0, False), ("transposed", 4, 1584, 0, False),
-                   ("transposed", 3, 1584, 0, True), ("transposed", 4, 1056, 0, True), ("transposed", 6, 1056, 0, True),
+                   ("transposed", 4, 1584, 0, True), ("transposed", 3, 1584, 0, True), ("transposed", 6, 1056, 0, True),
                    ("transposed", 3, 2112, 4, False), ("transposed", 3, 3168, 0, True))
 """(kernel, stages, target warps, min blocks: launch bounds, 0 none; the transposed kernel's warps folded in
 each block, `cuda_attention_transposed.COMBINE`) of the staged kernels (`engine.cuda_attention_staged`,
-`engine.cuda_attention_transposed`) tried beside their defaults: the transposed kernel's default with a partial
-a warp (before `COMBINE`); `cuda_attention_transposed.FOUR_BLOCKS` (which spills with `COMBINE`); two waves of
-shorter splits (Nsight Compute read one wave's multiprocessors idle 14% of the kernel's time)."""
+`engine.cuda_attention_transposed`) tried beside their defaults: the transposed kernel's defaults before the
+seventeenth session (a partial a warp, three blocks a multiprocessor) and with its warps folded at three blocks;
+`cuda_attention_transposed.FOUR_BLOCKS` (which spills with `COMBINE`); two waves of shorter splits."""
 
 
 def staged_variants(q: mx.array, caches: list, n: int, scale: float, ref: mx.array, nbytes: int) -> list[dict]:

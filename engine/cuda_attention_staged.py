@@ -41,7 +41,8 @@ WARPS = 4  # per block; each warp is one split of the keys
 STAGES = 4  # shared-memory buffers per warp: STAGES - 1 tiles in flight (bench/gpu_attention.py tries others)
 TILE = 16
 STAGE_BYTES = 2 * TILE * 128 + 4 * TILE * 4  # key rows, value rows, four scale words per key
-TARGET_WARPS = 1584
+BLOCKS_PER_MULTIPROCESSOR = 3
+TARGET_WARPS = BLOCKS_PER_MULTIPROCESSOR * WARPS * 132
 """Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave
 (a block holds 70 KB of shared memory and 167 registers a thread, compiled for sm_90: three fit)."""
 

@@ -44,10 +44,13 @@ COMBINE = True
 """Each block folds its warps' partials before writing them (one partial a block for the merge to read back, a
 fourth of the bytes), in shared memory once its warps have left their loops. Nsight Compute on an H100 at 131k
 keys: the merge of one partial a warp took 6.6 us a layer, 0.43 ms of a 17.8 ms 8-bit step (docs/benchmarks.md)."""
-TARGET_WARPS = 1584
-"""Warps in all at long contexts: three blocks of four on each of the H200's 132 multiprocessors, one wave (a
-block holds 70 KB of shared memory and, compiled for sm_90, 152 registers a thread: three fit, as a CPU test
-holds)."""
+BLOCKS_PER_MULTIPROCESSOR = 2
+TARGET_WARPS = BLOCKS_PER_MULTIPROCESSOR * WARPS * 132
+"""Warps in all at long contexts: two blocks of four on each of the H200's 132 multiprocessors, one wave. With each
+block folding its warps (`COMBINE`), two blocks a multiprocessor ran faster than three at 131,072 keys: 0.097
+against 0.104 ms a call with the merge on the H200 (run q), 0.120 against 0.122 on an H100 (run o;
+docs/benchmarks.md, seventeenth session). Three would fit (a block holds 70 KB of shared memory and, compiled for
+sm_90, 152 registers a thread, as a CPU test holds)."""
 
 HEADER = staged.HEADER + r"""
 namespace codectx {

@@ -130,14 +130,15 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
 
 @pytest.mark.parametrize("module", [cuda_attention_staged, cuda_attention_transposed], ids=lambda m: m.__name__)
 def test_three_blocks_of_a_staged_attention_fit_on_a_multiprocessor(recorder, module):
-    """`TARGET_WARPS` of the staged attentions is one wave of three blocks a multiprocessor: each kernel must keep
-    to the registers (65,536 a multiprocessor, allocated eight a thread at a time) and shared memory (227 KB) of
-    three, without spilling."""
+    """`TARGET_WARPS` of the staged attentions is one wave of `BLOCKS_PER_MULTIPROCESSOR` blocks a multiprocessor
+    (three for the staged kernel, two for the transposed one): each kernel must keep to the registers (65,536 a
+    multiprocessor, allocated eight a thread at a time) and shared memory (227 KB) of three, without spilling."""
     launch_every_kernel()
     kernel = "codectx_q8_attention_" + module.__name__.rsplit("_", 1)[1]
     sources = [source for label, source in recorder.sources().items() if label.startswith(kernel)]
     assert sources
-    assert module.TARGET_WARPS == 3 * module.WARPS * 132
+    assert module.TARGET_WARPS == module.BLOCKS_PER_MULTIPROCESSOR * module.WARPS * 132
+    assert module.BLOCKS_PER_MULTIPROCESSOR <= 3
     assert 3 * module.WARPS * module.STAGES * cuda_attention_staged.STAGE_BYTES <= 227 * 1024
     threads = 3 * module.WARPS * 32
     for source in sources:
@@ -175,8 +176,9 @@ def test_the_compile_check_finds_an_error_in_a_kernel_body(recorder):
 
 @pytest.mark.parametrize("module", [cuda_attention_staged, cuda_attention_transposed], ids=lambda m: m.__name__)
 def test_the_staged_attentions_blocks_stay_within_one_wave_at_every_key_count(module):
-    """`TARGET_WARPS` of the staged attentions is one wave (three blocks on each of 132 multiprocessors): each KV
-    head's warps are whole blocks, so no key count spills blocks into a second wave."""
+    """`TARGET_WARPS` of the staged attentions is one wave (`BLOCKS_PER_MULTIPROCESSOR` blocks on each of 132
+    multiprocessors, at most the three that fit): each KV head's warps are whole blocks, so no key count spills
+    blocks into a second wave."""
     wave = module.TARGET_WARPS // module.WARPS
     for kv_heads in (8, 4, 2):
         for n in range(16384, 140000, 97):
@@ -240,7 +242,7 @@ def test_the_transposed_attention_folds_a_blocks_warps_into_one_partial_for_the_
     apart = transposed.partial_attention(query, cache, cache, 131072, 0.088, combine=False)
     assert apart[0].shape[1] == transposed.WARPS * folded[0].shape[1]
     assert folded[0].shape == (H, folded[1].shape[1], D) and folded[1].shape[2] == 2
-    assert -(-folded[0].shape[1] * KV // 3) <= 132  # one wave of three blocks a multiprocessor
+    assert folded[0].shape[1] * KV <= transposed.TARGET_WARPS // transposed.WARPS  # one wave
     merged = cuda_attention_mma.merge(*folded, mx.bfloat16)
     assert merged.shape == (H, D)
     templates = [dict(template) for definition, _, template, _ in recorder.launches
