@@ -67,7 +67,8 @@ class ForwardLog(logging.Handler):
     each decode step's host milliseconds in `decode_steps`: [building the step last queued, submitting
     it, waiting for the token then read] (`engine.generate.decode`: one record per token read after a
     step was built); each checkpoint recorded during the prefill as [tokens, seconds] in `records` (its copy
-    for the archive included), and each detach of the checkpoints a restore leaves behind in `detaches`.
+    for the archive included until the seventeenth session; since, made between requests), and each detach of
+    the checkpoints a restore leaves behind in `detaches`.
 
         with request_profile.ForwardLog() as log:
             ask(...)

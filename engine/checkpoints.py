@@ -9,7 +9,9 @@ recurrent snapshot taken at that boundary. When a request leaves the main
 line (a different question, an edit), the checkpoints about to be overwritten
 are *detached*: their tail of KV is copied out so that a later request can
 branch back to them. Detached tails and recurrent snapshots are the bytes the
-budget counts; eviction is LRU with protected checkpoints last.
+budget counts; eviction is LRU with protected checkpoints last. The archive's
+copies are made the same way, late: when the engine is idle, or just before
+the line leaves the rows they cover (`CheckpointStore.settle`).
 
 The engine's worker thread is the only writer. Other threads may `plan` (what
 `Engine.probe` does): the worker takes the store's lock only around its
@@ -134,6 +136,7 @@ class CheckpointStore:
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._tick = 0
         self._lock = threading.RLock()  # the index (_by_key, _line, _evicted) against `plan` elsewhere
+        self._owed: list[Checkpoint] = []  # recorded for the archive, its copy not yet made (`settle`)
 
     # -- lookup -------------------------------------------------------------
 
@@ -213,6 +216,7 @@ class CheckpointStore:
         if any(cp.kv is None for cp in plan.path[common:]):
             raise state.StateError("a main-line checkpoint is not on the live line")
         base = self._line[common - 1].boundary.end if common else 0
+        self.settle(cache, above=base)  # the archive's copies of rows about to be overwritten
         self._leave_line(cache, common, base)
         state.trim_to(cache, base)
         spans = [(cp.kv, cp.boundary.end - cp.boundary.start) for cp in plan.path[common:]]
@@ -266,14 +270,50 @@ class CheckpointStore:
             self._line.append(cp)
         for c in self._line:
             c.last_used = self._tick
-        if (self.archive is not None and b.kind.archived
-                and self.archive.get(b.key) is None):
-            self.archive.submit(b, state.copy_kv_span(cache, b.start, b.end), cp.recurrent)
+        if self.archive is not None and b.kind.archived and self.archive.get(b.key) is None:
+            self._owed.append(cp)  # copied for the archive by `settle`, off the request's path
         self._enforce_budget()
         return cp
 
+    def settle(self, cache: Sequence[Any], above: int = -1, stop: Callable[[], bool] | None = None) -> int:
+        """Hand the archive its copies of the checkpoints recorded since, those whose spans end after `above` (all
+        by default), newest first, until `stop()` says to stop; return how many are still owed.
+
+        `record` leaves the copy for later: a checkpoint's rows stay in the live cache until the line leaves them,
+        and `restore` and `rollback` settle what they are about to overwrite before they do, so the copies are made
+        where nothing waits on them (the engine's worker settles between requests, `engine.engine`). On the H200 a
+        copy took 11-13 ms for a 2,048-row checkpoint of an 8-bit cache, 0.82 s of a 131k-token cold ask
+        (docs/benchmarks.md, seventeenth session). Newest first: the hot tail an edit overwrites next goes first.
+        """
+        owed = [cp for cp in self._owed if cp.boundary.end > above]
+        began, done = time.perf_counter(), 0
+        for cp in reversed(owed):
+            if stop is not None and stop():
+                break
+            self._owed.remove(cp)
+            b = cp.boundary
+            if self.archive is None or self.archive.get(b.key) is not None:
+                continue
+            try:
+                kv = state.copy_kv_span(cache, b.start, b.end)
+            except state.StateError as err:  # rows no longer there: the archive does without this one
+                log.warning("not archiving the checkpoint at %d: %s", b.end, err)
+                continue
+            self.archive.submit(b, kv, cp.recurrent)
+            done += 1
+        if done and log.isEnabledFor(logging.DEBUG):
+            seconds = time.perf_counter() - began
+            log.debug("copied %d checkpoint(s) for the archive: %.4f s", done, seconds,
+                      extra={"archive_copy": (done, seconds)})
+        return len(self._owed)
+
+    def forget_owed(self) -> None:
+        """Owe the archive nothing (a live cache no longer known to hold its checkpoints' rows)."""
+        self._owed.clear()
+
     def rollback(self, cache: Sequence[Any]) -> int:
         """Drop unconfirmed state (a cancelled prefill or decode); return the offset kept."""
+        self.settle(cache, above=self.line_offset)
         state.trim_to(cache, self.line_offset)
         self._set_recurrent(cache)
         return self.line_offset

@@ -46,13 +46,11 @@ class Engine:
     """Serves generation requests for one loaded model.
 
     Args:
-        loaded: A `LoadedModel` from `engine.loading.load_model` (uses its
-            `model`, `tokenizer` and `model_id`).
+        loaded: A `LoadedModel` from `engine.loading.load_model` (its `model`, `tokenizer`, `model_id`).
         kv_bits: 16 (model dtype) or 8 (quantized KV, group 64, from token 0).
         prefill_chunk: Tokens per prefill forward call.
         checkpoint_budget_bytes: Bytes checkpoints may own (None: 1/8 of memory).
-        archive_bytes: Size cap of the disk archive under ``CODECTX_HOME``
-            (0, the default, keeps checkpoints in memory only).
+        archive_bytes: Size cap of the disk archive under ``CODECTX_HOME`` (0, the default: memory only).
         speculation: Decode mode: "off", "lookup" (prompt lookup), "draft"
             (needs `draft`) or "auto" (speculates while it pays off); greedy
             output is the same in every mode (engine.speculative).
@@ -267,10 +265,12 @@ class Engine:
                 if job is None:
                     break
                 (job.serve or self._serve)(job)
+                self.prefix.settle_archive(stop=self._queue.nonempty)  # the archive's copies, while nothing waits
             while not self._queue.empty():  # only jobs submitted before close() remain
                 job = self._queue.get()
                 if job is not None:
                     (job.serve or self._serve)(job)  # cancelled already: ends at once
+            self.prefix.settle_archive()
         finally:
             # MLX keeps per-thread streams; left alive past this thread's exit they
             # abort the process at interpreter exit ("terminate called ...").

@@ -67,6 +67,10 @@ class JobQueue:
     def empty(self) -> bool:
         return self._queue.empty()
 
+    def nonempty(self) -> bool:
+        """Whether a job (or the close marker) is waiting."""
+        return not self._queue.empty()
+
     def outranked(self, priority: int) -> bool:
         """True when a queued job has a more urgent priority than `priority`."""
         with self._lock:

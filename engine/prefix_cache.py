@@ -130,6 +130,7 @@ class PrefixCache:
         """
         self._retired = self._retired | {cp.boundary.token_key for cp in self.store.checkpoints()}
         if self.archive is not None:
+            self.store.settle(self.cache)
             self.archive.close()
         self._decoding = ([], 0, None)
         self._last_prefix = ()
@@ -224,8 +225,8 @@ class PrefixCache:
                 self.store.record(self.cache, b)
                 if log.isEnabledFor(logging.DEBUG):  # benchmarks read `record` (bench/request_profile.ForwardLog)
                     seconds = time.perf_counter() - began
-                    log.debug("record [%d, %d): %.4f s (with its archive copy where the archive is on)", b.start,
-                              b.end, seconds, extra={"record": (b.end - b.start, seconds)})
+                    log.debug("record [%d, %d): %.4f s (its archive copy comes later: CheckpointStore.settle)",
+                              b.start, b.end, seconds, extra={"record": (b.end - b.start, seconds)})
             if on_chunk is not None:
                 on_chunk(offset + done, len(ids))
 
@@ -285,6 +286,7 @@ class PrefixCache:
             if self._rebuild is None:
                 raise
             log.exception("the live cache could not be rolled back; it starts afresh")
+            self.store.forget_owed()  # its rows are not known to be the checkpoints' any more
             self.switch_policy(self.policy, self._rebuild(), self.window)
             kept = 0
         self._update_stats()
@@ -295,9 +297,21 @@ class PrefixCache:
         with self._stats_lock:
             return dict(self._stats)
 
+    def settle_archive(self, stop: Callable[[], bool] | None = None) -> None:
+        """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`. Call it on the thread
+        that runs the requests, between them (the engine's worker does, while no request waits)."""
+        if self.archive is None:
+            return
+        try:
+            self.store.settle(self.cache, stop=stop)
+        except Exception:  # noqa: BLE001 - the archive is an optimization; the worker must outlive it
+            log.exception("copying checkpoints for the archive failed")
+
     def close(self) -> None:
-        """Finish archive writes."""
+        """Finish archive writes (the copies still owed first: call it on the thread that ran the requests, or
+        after `settle_archive` there)."""
         if self.archive is not None:
+            self.store.settle(self.cache)
             self.archive.close()
 
     def _update_stats(self) -> None:
