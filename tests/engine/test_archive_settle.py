@@ -97,6 +97,42 @@ def test_a_rollback_trims_only_unconfirmed_rows_and_leaves_the_copies_owed(tmp_p
     assert len(archive) == 0
 
 
+def test_a_rollback_below_an_evicted_checkpoint_copies_its_rows_before_trimming_them(tmp_path):
+    """Evicting a checkpoint of the line shortens the line, so a rollback trims rows a checkpoint still owes the
+    archive: it copies them first, and the archive holds the rows as they were, not what was written after."""
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    store = CheckpointStore("pol", 1 << 20, archive=archive)
+    cache, checkpoints = _recorded(store)
+    before = _keys(cache, 4, 8)
+    store._drop(checkpoints[1])  # eviction, as a tight budget does: b and c leave the line
+    assert store.line_offset == 4
+    _grow(cache, 90, 2)
+    assert store.rollback(cache) == 4
+    _grow(cache, 70, 8)  # a later request's rows where b and c were
+    store.settle(cache)
+    archive.flush()
+    kv, _ = archive.load(archive.get(checkpoints[1].boundary.key))
+    assert mx.array_equal(kv["0.kv.0"], before[0]) and mx.array_equal(kv["1.kv.0"], before[1])
+
+
+def test_a_copy_that_fails_is_skipped_and_the_others_are_still_made(tmp_path, monkeypatch, caplog):
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    store = CheckpointStore("pol", 1 << 20, archive=archive)
+    cache, checkpoints = _recorded(store)
+    copy = state.copy_kv_span
+
+    def failing(cache, start, end):
+        if start == 4:
+            raise MemoryError("out of device memory")
+        return copy(cache, start, end)
+
+    monkeypatch.setattr(state, "copy_kv_span", failing)
+    assert store.settle(cache) == 0
+    archive.flush()
+    assert [archive.get(cp.boundary.key) is not None for cp in checkpoints] == [True, False, True]
+    assert "out of device memory" in caplog.text
+
+
 def test_the_engine_copies_checkpoints_for_the_archive_between_requests_and_before_it_closes(
         tmp_path, monkeypatch, tiny_loaded):
     monkeypatch.setenv("CODECTX_HOME", str(tmp_path))
