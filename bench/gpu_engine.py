@@ -170,6 +170,7 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
                 restore_s=log.restore_s, forwards=log.forwards, records=log.records, detaches=log.detaches,
+                archive_copies=log.archive_copies,
                 token_gaps=request_profile.token_gaps(arrivals),
                 decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids)
 

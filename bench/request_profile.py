@@ -67,12 +67,14 @@ class ForwardLog(logging.Handler):
     each decode step's host milliseconds in `decode_steps`: [building the step last queued, submitting
     it, waiting for the token then read] (`engine.generate.decode`: one record per token read after a
     step was built); each checkpoint recorded during the prefill as [tokens, seconds] in `records` (its copy
-    for the archive included until the seventeenth session; since, made between requests), and each detach of
-    the checkpoints a restore leaves behind in `detaches`.
+    for the archive included until the seventeenth session; since, made between requests), each detach of
+    the checkpoints a restore leaves behind in `detaches`, and each batch of the archive's copies the worker made
+    while attached as [checkpoints, seconds] in `archive_copies` (`engine.checkpoints.CheckpointStore.settle`:
+    those a restore makes before it overwrites their rows count in its seconds too).
 
         with request_profile.ForwardLog() as log:
             ask(...)
-        log.forwards, log.restore_s, log.decode_steps, log.records, log.detaches
+        log.forwards, log.restore_s, log.decode_steps, log.records, log.detaches, log.archive_copies
     """
 
     LOGGERS = ("engine.generate", "engine.prefix_cache", "engine.checkpoints")
@@ -84,6 +86,7 @@ class ForwardLog(logging.Handler):
         self.decode_steps: list[list[float]] = []
         self.records: list[list[float]] = []
         self.detaches: list[list[float]] = []
+        self.archive_copies: list[list[float]] = []
         self._levels: list[int] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -94,7 +97,7 @@ class ForwardLog(logging.Handler):
         step = getattr(record, "decode_step", None)
         if step is not None:
             self.decode_steps.append([round(s * 1e3, 3) for s in step])
-        for field, into in (("record", self.records), ("detach", self.detaches)):
+        for field, into in (("record", self.records), ("detach", self.detaches), ("archive_copy", self.archive_copies)):
             value = getattr(record, field, None)
             if value is not None:
                 into.append([value[0], round(value[1], 4)])

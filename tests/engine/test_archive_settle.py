@@ -150,3 +150,18 @@ def test_the_engine_copies_checkpoints_for_the_archive_between_requests_and_befo
     archived = [b for b in engine.prefix.store.boundaries(layout) if b.kind.archived]
     assert len(inside) == len(archived) > 0 and not any(inside)
     assert len(engine.prefix.archive) == len(archived)  # all written by the time the engine closed
+
+
+def test_the_benchmarks_log_reader_collects_the_archives_copies(tmp_path):
+    """`bench/request_profile.ForwardLog` (what `bench/gpu_engine.py` rows carry as `archive_copies`)."""
+    from bench.request_profile import ForwardLog
+
+    archive = CheckpointArchive("pol", 1 << 20, tmp_path)
+    store = CheckpointStore("pol", 1 << 20, archive=archive)
+    cache, _ = _recorded(store)
+    with ForwardLog() as log:
+        store.settle(cache, stop=iter([False, True]).__next__)
+        store.settle(cache)
+    assert [count for count, _ in log.archive_copies] == [1, 2]
+    assert all(seconds >= 0 for _, seconds in log.archive_copies)
+    archive.close()
