@@ -51,22 +51,18 @@ class Engine:
         prefill_chunk: Tokens per prefill forward call.
         checkpoint_budget_bytes: Bytes checkpoints may own (None: 1/8 of memory).
         archive_bytes: Size cap of the disk archive under ``CODECTX_HOME`` (0, the default: memory only).
-        speculation: Decode mode: "off", "lookup" (prompt lookup), "draft"
-            (needs `draft`) or "auto" (speculates while it pays off); greedy
-            output is the same in every mode (engine.speculative).
+        speculation: Decode mode: "off", "lookup" (prompt lookup), "draft" (needs `draft`) or "auto" (speculates
+            while it pays off); greedy output is the same in every mode (engine.speculative).
         draft: A `engine.draft_model.DraftModelDrafter` for "draft"/"auto"
             (`engine.draft_model.drafter_for` builds one from a model name).
-        window: An `engine.window.WindowPolicy` for windowed prefill
-            (`approximation.enabled`); None or a disabled policy gives exact
-            attention, and so does a window with G + W >= the model's context.
-            Which positions are windowed follows each request's segment
-            layout; the policy is part of the checkpoint fingerprint.
-        compute: How the forward is computed (`engine.compute.choose` resolves
-            it once, here); the resolved path is part of the checkpoint fingerprint.
+        window: An `engine.window.WindowPolicy` for windowed prefill (`approximation.enabled`); None or a disabled
+            policy gives exact attention, and so does a window with G + W >= the model's context. Which positions
+            are windowed follows each request's segment layout; the policy is part of the checkpoint fingerprint.
+        compute: How the forward is computed (`engine.compute.choose` resolves it once, here); the resolved path
+            is part of the checkpoint fingerprint.
 
     Raises:
-        ValueError: For unsupported `kv_bits`, `prefill_chunk` < 1, or
-            speculation "draft" without a draft model.
+        ValueError: For unsupported `kv_bits`, `prefill_chunk` < 1, or speculation "draft" without a draft model.
     """
 
     def __init__(self, loaded: Any, *, kv_bits: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
@@ -100,8 +96,7 @@ class Engine:
         self._active: dict[str, Job] = {}
         self._running: str | None = None
         self._closed = False
-        self._counts = {"served": 0, "cancelled": 0, "failed": 0,
-                        "prompt_tokens": 0, "decode_tokens": 0}
+        self._counts = {"served": 0, "cancelled": 0, "failed": 0, "prompt_tokens": 0, "decode_tokens": 0}
         self._worker = threading.Thread(target=self._work, name="codectx-engine", daemon=True)
         self._worker.start()
 
@@ -112,8 +107,8 @@ class Engine:
 
         Args:
             request: What to generate.
-            on_progress: Called on the worker thread after each prefill chunk
-                with (prompt tokens done, prompt tokens total); keep it short.
+            on_progress: Called on the worker thread after each prefill chunk with (prompt tokens done,
+                prompt tokens total); keep it short.
 
         Raises:
             EngineClosedError: After `close()`.
@@ -135,11 +130,8 @@ class Engine:
         return submit_batch(self, batch, on_progress)
 
     def set_window(self, window: Any) -> None:
-        """Use another window policy (or None: exact attention) from the next request on.
-
-        Checkpoints made under the old policy are not reused; the next request
-        over the same tokens reports "policy mismatch". Safe from any thread.
-        """
+        """Use another window policy (or None: exact attention) from the next request on. Checkpoints made under
+        the old policy are not reused; the next request over the same tokens reports "policy mismatch". Any thread."""
         with self._lock:
             self._pending_window = (window,)
 
@@ -147,6 +139,11 @@ class Engine:
         """How much of a prompt could be restored right now, and why not more (any thread; no
         MLX work: cheap enough for every hover). See `PrefixCache.probe`."""
         return self.prefix.probe(segments)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is queued or running and the worker's work between requests (the archive's
+        copies) is done, as after a user has read an answer; False if `timeout` seconds passed first."""
+        return self._queue.idle.wait(timeout)
 
     def warm_prefix(self) -> tuple[SegmentLike, ...]:
         """The repository prefix last prefilled, while the engine still holds all of it, else ()
@@ -265,13 +262,15 @@ class Engine:
                 if job is None:
                     break
                 (job.serve or self._serve)(job)
-                self.prefix.settle_archive(stop=self._queue.nonempty)  # the archive's copies, while nothing waits
+                if not self.prefix.settle_archive(stop=self._queue.nonempty):  # the archive's copies, if none waits
+                    self._queue.mark_idle()
             while not self._queue.empty():  # only jobs submitted before close() remain
                 job = self._queue.get()
                 if job is not None:
                     (job.serve or self._serve)(job)  # cancelled already: ends at once
             self.prefix.settle_archive()
         finally:
+            self._queue.idle.set()
             # MLX keeps per-thread streams; left alive past this thread's exit they
             # abort the process at interpreter exit ("terminate called ...").
             mx.synchronize()

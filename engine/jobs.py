@@ -41,6 +41,8 @@ class JobQueue:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._waiting: Counter[int] = Counter()  # priorities of queued, not running, jobs
+        self.idle = threading.Event()  # nothing queued, and the worker done with its work after the last job
+        self.idle.set()
 
     def new_job(self, request: Request, handle: Any, on_progress: Callable[[int, int], None] | None) -> Job:
         """A job with the next place in line (not queued yet)."""
@@ -48,9 +50,10 @@ class JobQueue:
 
     def put(self, job: Job) -> None:
         """Queue `job` at its priority and its original FIFO place."""
-        with self._lock:
+        with self._lock:  # queued under the lock, so `mark_idle` never sees it cleared and still empty
             self._waiting[int(job.request.priority)] += 1
-        self._queue.put((int(job.request.priority), job.seq, job))
+            self.idle.clear()
+            self._queue.put((int(job.request.priority), job.seq, job))
 
     def put_close(self) -> None:
         """Make `get` return None next (before any queued job)."""
@@ -70,6 +73,12 @@ class JobQueue:
     def nonempty(self) -> bool:
         """Whether a job (or the close marker) is waiting."""
         return not self._queue.empty()
+
+    def mark_idle(self) -> None:
+        """The worker has nothing left to do: `idle`, unless a job arrived meanwhile."""
+        with self._lock:
+            if self._queue.empty():
+                self.idle.set()
 
     def outranked(self, priority: int) -> bool:
         """True when a queued job has a more urgent priority than `priority`."""

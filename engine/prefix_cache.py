@@ -297,15 +297,17 @@ class PrefixCache:
         with self._stats_lock:
             return dict(self._stats)
 
-    def settle_archive(self, stop: Callable[[], bool] | None = None) -> None:
-        """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`. Call it on the thread
-        that runs the requests, between them (the engine's worker does, while no request waits)."""
+    def settle_archive(self, stop: Callable[[], bool] | None = None) -> int:
+        """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`; how many are still owed.
+        Call it on the thread that runs the requests, between them (the engine's worker does, while none waits)."""
         if self.archive is None:
-            return
+            return 0
         try:
-            self.store.settle(self.cache, stop=stop)
+            return self.store.settle(self.cache, stop=stop)
         except Exception:  # noqa: BLE001 - the archive is an optimization; the worker must outlive it
             log.exception("copying checkpoints for the archive failed")
+            self.store.forget_owed()
+            return 0
 
     def close(self) -> None:
         """Finish archive writes (the copies still owed first: call it on the thread that ran the requests, or

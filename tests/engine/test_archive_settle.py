@@ -165,3 +165,34 @@ def test_the_benchmarks_log_reader_collects_the_archives_copies(tmp_path):
     assert [count for count, _ in log.archive_copies] == [1, 2]
     assert all(seconds >= 0 for _, seconds in log.archive_copies)
     archive.close()
+
+
+def test_the_engine_is_idle_only_once_no_request_waits_and_the_archive_is_owed_nothing(
+        tmp_path, monkeypatch, tiny_loaded):
+    monkeypatch.setenv("CODECTX_HOME", str(tmp_path))
+    layout = ask(tiny_loaded.tokenizer, repo_segments(tiny_loaded.tokenizer), "Where is main?")
+    with Engine(tiny_loaded, prefill_chunk=16, archive_bytes=64 << 20) as engine:
+        assert engine.wait_idle(timeout=0)  # nothing submitted yet
+        during: list[bool] = []
+        run(engine, layout, on_progress=lambda *_: during.append(engine.wait_idle(timeout=0)))
+        assert during and not any(during)
+        assert engine.wait_idle(timeout=60)
+        assert engine.prefix.store.settle(engine.prefix.cache, stop=lambda: True) == 0  # all copied, none owed
+        engine.prefix.archive.flush()  # the writer thread writes what the worker handed it
+        assert len(engine.prefix.archive) == len([b for b in engine.prefix.store.boundaries(layout)
+                                                  if b.kind.archived])
+
+
+def test_the_queue_is_idle_only_when_marked_with_nothing_queued():
+    from engine.jobs import JobQueue
+    from engine.request import Request
+
+    jobs = JobQueue()
+    assert jobs.idle.is_set()
+    jobs.put(jobs.new_job(Request(prompt_ids=[1, 2], max_tokens=1), None, None))
+    assert not jobs.idle.is_set()
+    jobs.mark_idle()
+    assert not jobs.idle.is_set()  # a job is still queued
+    assert jobs.get() is not None and jobs.empty()
+    jobs.mark_idle()
+    assert jobs.idle.is_set()
