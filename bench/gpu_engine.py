@@ -150,12 +150,18 @@ class Run:
         shutil.rmtree(self.home / "archive", ignore_errors=True)
 
 
+def idle(eng: Engine, timeout_s: float = 600) -> None:
+    """Wait for the engine to be idle (`Engine.wait_idle`); a worker that never gets there fails the run."""
+    if not eng.wait_idle(timeout_s):
+        raise RuntimeError(f"the engine was not idle after {timeout_s:.0f} s")
+
+
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
     """One request; its metrics, its prefill forwards and decode steps (`request_profile.ForwardLog`), decoded
     ids, the spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran. It starts
     with the engine idle (`Engine.wait_idle`: the archive's copies of the last ask made), as after a user has read
     an answer; before the seventeenth session those copies were made inside the asks."""
-    eng.wait_idle()
+    idle(eng)
     mx.reset_peak_memory()
     with request_profile.ForwardLog() as log:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
@@ -295,7 +301,7 @@ def edit_warm_ask(run: Run, eng: Engine, edited: Any, length: int, config: str) 
     """The editor's flow: the file edited again, warm-up prefills the new layout (as the server's does once
     the user pauses), then an ask: what a question costs once the edit is warm."""
     again, key = edited.edited(seed=8)
-    eng.wait_idle()
+    idle(eng)
     start = time.perf_counter()
     warm = eng.submit(Request(segments=again.prefix, max_tokens=0, priority=Priority.BACKGROUND)).result()
     warm_s = time.perf_counter() - start
