@@ -151,16 +151,14 @@ class Run:
 
 
 def idle(eng: Engine, timeout_s: float = 600) -> None:
-    """Wait for the engine to be idle (`Engine.wait_idle`); a worker that never gets there fails the run."""
-    if not eng.wait_idle(timeout_s):
+    if not eng.wait_idle(timeout_s):  # `Engine.wait_idle`: a worker that never gets there fails the run
         raise RuntimeError(f"the engine was not idle after {timeout_s:.0f} s")
 
 
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
     """One request; its metrics, its prefill forwards and decode steps (`request_profile.ForwardLog`), decoded
     ids, the spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran. It starts
-    with the engine idle (`Engine.wait_idle`: the archive's copies of the last ask made), as after a user has read
-    an answer; before the seventeenth session those copies were made inside the asks."""
+    with the engine idle (the archive's copies of the last ask made), as after a user has read an answer."""
     idle(eng)
     mx.reset_peak_memory()
     with request_profile.ForwardLog() as log:
@@ -179,8 +177,7 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 decode_tokens=m.decode_tokens, decode_tps=round(m.decode_tps, 2), drafted=m.drafted_tokens,
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
                 restore_s=log.restore_s, forwards=log.forwards, records=log.records, detaches=log.detaches,
-                archive_copies=log.archive_copies,
-                token_gaps=request_profile.token_gaps(arrivals),
+                archive_copies=log.archive_copies, token_gaps=request_profile.token_gaps(arrivals),
                 decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids)
 
 

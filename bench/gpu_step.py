@@ -140,12 +140,12 @@ def step_model(shape_name: str = "qwen3-32b") -> tuple[Any, Any, Any]:
 def step_paths(model: Any, path: Any, attention: str = "mma") -> dict[str, Any]:
     """The step's compute paths by the rows' names: ``ours`` (`path`: the kernels `decode_steps` switches on),
     ``ours+fused`` (the fused launches below, nothing traced: the bf16 step as the engine runs it while the
-    bf16 trace is held back), ``ours+traced`` (the whole step replayed from its trace, our kernels in it: `engine.compiled`; its switches
-    are its own), ``ours+traced+fused`` (the same with each block's q, k, v, its MLP's gate, up and activation,
-    and one token's norms and RoPE in one launch each: ``qmv_fused``, ``rope_fused``; the block's residual adds in the o
-    and down projections' launches: ``residual_fused``) and ``mlx+traced`` (MLX's
-    kernels only, the window step traced: its attention is masked over the whole buffer); the traced rows'
-    8-bit attention is `attention` ("mma", "staged" or "transposed")."""
+    bf16 trace is held back), ``ours+traced`` (the whole step replayed from its trace, our kernels in it:
+    `engine.compiled`; its switches are its own), ``ours+traced+fused`` (the same with each block's q, k, v,
+    its MLP's gate, up and activation, and one token's norms and RoPE in one launch each: ``qmv_fused``,
+    ``rope_fused``; the block's residual adds in the o and down projections' launches: ``residual_fused``) and
+    ``mlx+traced`` (MLX's kernels only, the window step traced: its attention is masked over the whole buffer);
+    the traced rows' 8-bit attention is `attention` ("mma", "staged" or "transposed")."""
     from engine.compute import ComputePath
     from engine.decode_choice import DecodeKernels
 

@@ -282,11 +282,12 @@ class CheckpointStore:
         `record` leaves the copy for later: a checkpoint's rows stay in the live cache until the line leaves them,
         and `restore` and `rollback` settle what they are about to overwrite before they do, so the copies are made
         where nothing waits on them (the engine's worker settles between requests, `engine.engine`). On the H200 a
-        copy took 11-13 ms for a 2,048-row checkpoint of an 8-bit cache, 0.82 s of a 131k-token cold ask
-        (docs/benchmarks.md, seventeenth session). Newest first: the hot tail an edit overwrites next goes first, so
-        a short pause before the edit's ask spares it the copies; a child may then reach the archive before its
-        parent, which a restart can use only once the parent follows (the worker settles all before it exits). A
-        copy that fails is logged and skipped: the archive is an optimization, and rollback must go on.
+        record with its copy took 5-22 ms (median 13) for a 2,048-row checkpoint of an 8-bit cache, 0.82 s of a
+        131k-token cold ask (run q's `records`, docs/benchmarks.md, seventeenth session). Newest first: the hot tail
+        an edit overwrites next goes first, so a short pause before the edit's ask spares it the copies; a child may
+        then reach the archive before its parent, which a restart can use only once the parent follows (the worker
+        settles all before it exits). A copy that fails is logged and skipped: the archive is an optimization, and
+        rollback must go on.
         """
         owed = [cp for cp in self._owed if cp.boundary.end > above]
         began, done = time.perf_counter(), 0

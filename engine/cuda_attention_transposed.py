@@ -43,13 +43,15 @@ keep four blocks' shared memory within the 227 KB."""
 COMBINE = True
 """Each block folds its warps' partials before writing them (one partial a block for the merge to read back, a
 fourth of the bytes), in shared memory once its warps have left their loops. Nsight Compute on an H100 at 131k
-keys: the merge of one partial a warp took 6.6 us a layer, 0.43 ms of a 17.8 ms 8-bit step (docs/benchmarks.md)."""
+keys: the merge of one partial a warp took 6.6 us a layer (run l), 0.43 ms of a 17.8 ms 8-bit step (run n); with
+one a block, 0.26 ms (run p; docs/benchmarks.md, seventeenth session)."""
 BLOCKS_PER_MULTIPROCESSOR = 2
 TARGET_WARPS = BLOCKS_PER_MULTIPROCESSOR * WARPS * 132
 """Warps in all at long contexts: two blocks of four on each of the H200's 132 multiprocessors, one wave. With each
 block folding its warps (`COMBINE`), two blocks a multiprocessor ran faster than three at 131,072 keys: 0.097
-against 0.104 ms a call with the merge on the H200 (run q), 0.120 against 0.122 on an H100 (run o;
-docs/benchmarks.md, seventeenth session). Three would fit (a block holds 70 KB of shared memory and, compiled for
+against 0.104 ms a call with the merge on the H200 (run q). On an H100 it was 0.120 against 0.122 in run o, 0.132
+against 0.128 in run r, and 7.50 against 7.52 ms a step inside the traced step (runs r, p): within that card's
+noise (docs/benchmarks.md, seventeenth session). Three would fit (a block holds 70 KB of shared memory and, compiled for
 sm_90, 152 registers a thread, as a CPU test holds)."""
 
 HEADER = staged.HEADER + r"""

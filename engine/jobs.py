@@ -70,10 +70,6 @@ class JobQueue:
     def empty(self) -> bool:
         return self._queue.empty()
 
-    def nonempty(self) -> bool:
-        """Whether a job (or the close marker) is waiting."""
-        return not self._queue.empty()
-
     def mark_idle(self) -> None:
         """The worker has nothing left to do: `idle`, unless a job arrived meanwhile."""
         with self._lock:

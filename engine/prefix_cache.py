@@ -130,7 +130,7 @@ class PrefixCache:
         """
         self._retired = self._retired | {cp.boundary.token_key for cp in self.store.checkpoints()}
         if self.archive is not None:
-            self.store.settle(self.cache)
+            self.settle_archive()
             self.archive.close()
         self._decoding = ([], 0, None)
         self._last_prefix = ()
@@ -299,21 +299,15 @@ class PrefixCache:
 
     def settle_archive(self, stop: Callable[[], bool] | None = None) -> int:
         """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`; how many are still owed.
-        Call it on the thread that runs the requests, between them (the engine's worker does, while none waits)."""
-        if self.archive is None:
-            return 0
-        try:
-            return self.store.settle(self.cache, stop=stop)
-        except Exception:  # noqa: BLE001 - the archive is an optimization; the worker must outlive it
-            log.exception("copying checkpoints for the archive failed")
-            self.store.forget_owed()
-            return 0
+        Call it on the thread that runs the requests, between them (the engine's worker does, while none waits).
+        A copy that fails is skipped there, so this does not raise for one."""
+        return self.store.settle(self.cache, stop=stop)
 
     def close(self) -> None:
         """Finish archive writes (the copies still owed first: call it on the thread that ran the requests, or
         after `settle_archive` there)."""
         if self.archive is not None:
-            self.store.settle(self.cache)
+            self.settle_archive()
             self.archive.close()
 
     def _update_stats(self) -> None:
