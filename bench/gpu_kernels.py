@@ -18,7 +18,8 @@ Sections (each prints a table row; JSON has every number):
   bits): values that differ, time, bytes per second;
 - ``tail``: the forwards of an edit + ask on the 64-layer model over a bf16 cache of
   ``--context`` positions (45, 1,037 and 1,082 rows; quantized kernel, MLX's dequantize, ours;
-  the same forwards over an empty cache) and their attention alone.
+  the same forwards over an empty cache) and their attention alone;
+- ``rows``: an 8-bit cache's rows dequantized for a chunk and copied out for a checkpoint (`bench/gpu_rows.py`).
 
     bash .gpu/install.sh && python3 bench/gpu_kernels.py --out $OUT/gpu_kernels.json
 """
@@ -42,6 +43,7 @@ import mlx.nn as nn  # noqa: E402
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err, section_decode  # noqa: E402
+from bench.gpu_rows import section_rows  # noqa: E402
 from bench.gpu_step import decode_steps, step_model  # noqa: E402
 from engine.step_measure import filled_cache  # noqa: E402
 from engine import cuda_qmv  # noqa: E402
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
                "attention": lambda: section_decode(result, [int(x) for x in a.lengths.split(",")], copy_gbs),
                "step": lambda: section_step(result, a.context, a.steps),
                "dequant": lambda: section_dequant(result, copy_gbs),
-               "tail": lambda: section_tail(result, a.context)}
+               "tail": lambda: section_tail(result, a.context),
+               "rows": lambda: section_rows(result, a.context, copy_gbs)}
     run_sections(runners, sections, result, a.out)
     return result
 

@@ -72,10 +72,10 @@ _VALUES = r"""  float q[8];
   packed.y = codectx::pack2(v[2], v[3], out);
   packed.z = codectx::pack2(v[4], v[5], out);
   packed.w = codectx::pack2(v[6], v[7], out);
-  reinterpret_cast<uint4*>(out)[t] = packed;
+  reinterpret_cast<uint4*>(out)[o] = packed;
 """
 """Eight values from the packed words at ``wp`` with their group's scale ``s`` and bias ``b``, stored as
-one 16-byte write at ``out[t]``."""
+one 16-byte write at ``out[o]`` (``o`` in 16-byte units)."""
 
 _SOURCE = r"""
   const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -84,22 +84,26 @@ _SOURCE = r"""
   const float s = static_cast<float>(scales[g]);
   const float b = static_cast<float>(biases[g]);
   const uint32_t* wp = w + t * (BITS == 4 ? 1 : 2);
+  const size_t o = t;
 """ + _VALUES
 
 _ROWS_SOURCE = r"""
   // Rows of a (B, H, rows, words) buffer slice read where they lie (any batch, head and row stride; the
-  // words of a row contiguous), eight values a thread, written contiguous.
-  const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= (size_t)sizes[0]) return;
-  const size_t per_row = sizes[1], rows = sizes[2], heads = sizes[3];
-  const size_t col = t % per_row, row = (t / per_row) % rows, bh = t / (per_row * rows);
-  const size_t bi = bh / heads, h = bh % heads;
-  const size_t g = (col * 8) / GS;
+  // words of a row contiguous), eight values a thread, written contiguous. The grid's y is batch x head and
+  // K (values a row) a constant, so a thread finds its row and column by a shift, not by 64-bit divisions
+  // (the first version's: 21.0-22.4 against 20.3 ms for a forward's 128 calls at 132k rows on the H100).
+  constexpr int PER_ROW = K / 8;  // threads a row
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  const int rows = sizes[0], heads = sizes[1];
+  if (t >= rows * PER_ROW) return;
+  const int row = t / PER_ROW, col = t % PER_ROW, bi = blockIdx.y / heads, h = blockIdx.y % heads;
+  const int g = (col * 8) / GS;
   const float s = static_cast<float>(
       scales[bi * scales_strides[0] + h * scales_strides[1] + row * scales_strides[2] + g]);
   const float b = static_cast<float>(
       biases[bi * biases_strides[0] + h * biases_strides[1] + row * biases_strides[2] + g]);
   const uint32_t* wp = w + bi * w_strides[0] + h * w_strides[1] + row * w_strides[2] + col * (BITS == 4 ? 1 : 2);
+  const size_t o = ((size_t)blockIdx.y * rows + row) * PER_ROW + col;
 """ + _VALUES
 
 
@@ -126,11 +130,11 @@ def dequantize_rows(packed: mx.array, scales: mx.array, biases: mx.array, *, bit
     (B, H, rows, K). Each row's words, scales and biases must be contiguous (a slice along the rows is)."""
     B, H, rows, _ = packed.shape
     k = packed.shape[-1] * 32 // bits
-    count = B * H * rows * k // VALUES_PER_THREAD
+    threads = rows * k // VALUES_PER_THREAD
     return _rows_kernel()(
-        inputs=[packed, scales, biases, cuda_backend.int32s(count, k // VALUES_PER_THREAD, rows, H)],
-        template=[("T", scales.dtype), ("BITS", bits), ("GS", group_size)],
-        grid=(-(-count // THREADS) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
+        inputs=[packed, scales, biases, cuda_backend.int32s(rows, H)],
+        template=[("T", scales.dtype), ("BITS", bits), ("GS", group_size), ("K", k)],
+        grid=(-(-threads // THREADS) * THREADS, B * H, 1), threadgroup=(THREADS, 1, 1),
         output_shapes=[(B, H, rows, k)], output_dtypes=[scales.dtype])[0]
 
 
