@@ -63,6 +63,29 @@ async def test_the_card_counts_the_files_that_refer_to_the_name(tiny_model, tmp_
     assert "Referenced" not in loading.markdown and loading.markdown.endswith(hover.LOADING_LINE)
 
 
+async def test_an_answer_finished_before_its_done_callback_ran_is_served_as_the_cache(tiny_model, tmp_path):
+    """A hover that comes between an answer's end and its storing (the task's done callback runs on a later turn of
+    the event loop) is a cache hit: nothing is generated for it, and the counters say so. (Served as the model's
+    answer before, with no hit counted: the VS Code client's end-to-end test failed on that race under load.)"""
+    root = write_repo(tmp_path)
+    host = await host_on(tiny_model, root, 0)
+    session = host.ready_now()
+    cache = session.hover_cache
+    try:
+        first = await hover.explain(session, cache, "helper", root / "one.py", session.prompt.files)
+        assert first.source == "signature"
+        (key, task), = cache.pending.items()
+        await asyncio.gather(task)
+        text = cache.answers.pop(key)  # as it was before `_store` ran: done, still pending, not in the cache
+        cache.pending[key] = task
+        hits = session.counters.hover_cache_hits
+        again = await hover.explain(session, cache, "helper", root / "one.py", session.prompt.files)
+        assert again.source == "cache" and again.markdown.split("\n\n")[1].startswith(text[:20])
+        assert session.counters.hover_cache_hits == hits + 1
+    finally:
+        host.close()
+
+
 async def test_the_head_quotes_the_signatures_of_the_callees_first_named_first(tiny_model, tmp_path):
     root = write_repo(tmp_path)
     host = await host_on(tiny_model, root, 60000)

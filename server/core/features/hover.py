@@ -226,6 +226,10 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         session.counters.hover_cache_hits += 1
         return HoverAnswer(render(site, cache.answers[key]), "cache")
     task = cache.pending.get(key)
+    if task is not None and task.done() and not task.cancelled() and task.exception() is None:
+        # Finished before this hover came: an answer of the cache whose done callback (`_store`) has not run yet.
+        session.counters.hover_cache_hits += 1
+        return HoverAnswer(render(site, task.result()), "cache")
     if task is None and _left_to_preparation(session):
         return HoverAnswer(render(site, None, pending=True), "signature")
     task = task or start(session, cache, site, key, started)
