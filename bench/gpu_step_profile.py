@@ -22,6 +22,9 @@ them; at the copy bandwidth `bench/gpu_engine.py` measures, about 3,550 GB/s, th
         --csv --print-units base --log-file $OUT/ncu-8.csv python3 bench/gpu_step_profile.py --bits 8
     python3 bench/gpu_step_profile.py --report $OUT/ncu-8.csv --steps 2 --out $OUT/gpu_step_profile-8.json
     python bench/gpu_step_profile.py --shape tiny --length 1024 --bits 8 --variant ours   # CPU smoke run (no profiler)
+
+With ``--forward ROWS`` it profiles forwards of ROWS rows at the cache's end instead (an edit + ask's hot copy,
+1,037 rows, or its question, 45), as the engine's prefill runs them.
 """
 from __future__ import annotations
 
@@ -104,6 +107,40 @@ def profiler(call: str) -> bool:
     return getattr(driver, call)() == 0
 
 
+def _forwards(a: argparse.Namespace) -> tuple[Any, Any, float]:
+    """`--forward`: forwards of `a.forward` rows at the end of a dense cache of `a.length` rows, as an edit + ask's
+    prefill runs them (run q's choices: dequantized linears from 128 rows, our chunk attentions up to 48 rows),
+    a few untimed, then `a.steps` between the profiler's start and stop; the offset put back before each."""
+    import time
+
+    import mlx.core as mx
+
+    from bench.gpu_step import step_model
+    from engine.decode_choice import DecodeKernels
+    from engine.linear_mode import LinearMode
+    from engine.step_measure import filled_cache
+    from engine.window import set_dense_from
+
+    model, policy, path = step_model(a.shape)
+    path.linear = LinearMode("dequantized", min_rows=128)
+    ours = mx.default_device() == mx.gpu
+    path.kernels = DecodeKernels(qmv=ours, attention_chunk=ours, attention_chunk_q8=ours, source="bench")
+    cache = filled_cache(model, policy, a.bits, a.length)
+    set_dense_from(cache, a.length)
+    ids = mx.array([[7] * a.forward], dtype=mx.uint32)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            for c in cache:
+                c.offset = a.length
+            mx.eval(path.forward(ids, cache, logits="last"))
+    run(3)
+    started = profiler("cuProfilerStart")
+    began = time.perf_counter()
+    run(a.steps)
+    return started, model, time.perf_counter() - began
+
+
 def profile(a: argparse.Namespace) -> dict[str, Any]:
     import time
 
@@ -113,6 +150,14 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     from engine import mlx_env
     from engine.step_measure import filled_cache
 
+    if a.forward:
+        started, model, seconds = _forwards(a)
+        stopped = profiler("cuProfilerStop")
+        result = {"forward_rows": a.forward, "kv_bits": a.bits, "length": a.length, "forwards": a.steps,
+                  "ms_per_forward_profiled": round(seconds / a.steps * 1e3, 3), "profiler": started and stopped,
+                  "mlx": mx.__version__, "device": str(mx.default_device()), "mlx_env": mlx_env.current()}
+        print(result, flush=True)
+        return result
     model, policy, path = step_model(a.shape)
     ours = mx.default_device() == mx.gpu
     if a.variant != "ours" and not ours:
@@ -151,6 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--attention", choices=("mma", "staged", "transposed"), default="mma",
                     help="our 8-bit attention on tensor cores: engine/cuda_attention_mma.py, _staged.py or "
                          "_transposed.py")
+    ap.add_argument("--forward", type=int, default=0,
+                    help="profile --steps forwards of this many rows at the cache's end instead (an edit + ask's)")
     ap.add_argument("--report", default=None, help="ncu's CSV log to read instead of running")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
