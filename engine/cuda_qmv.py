@@ -267,26 +267,28 @@ def _problem(mode: str, bits: int, group_size: int, ndim: int, k: int, biases: b
 
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
         residual: mx.array | None = None) -> mx.array:
-    """``x @ dequantize(weight).T`` for x of at most `MAX_ROWS` rows (leading axes flattened), plus `residual`.
+    """``x @ dequantize(weight).T`` for x (..., K), bfloat16 or float16, of at most `MAX_ROWS` rows (leading axes
+    flattened), plus `residual` (added in the launch where `takes_residual`); weight (N, K * bits / 32) uint32 in
+    MLX's affine packing, scales and biases (N, K / group_size) in x's dtype. Returns (..., N) in x's dtype."""
+    return launch((_kernel, _residual_kernel), x, weight, scales, biases, bits=bits, group_size=group_size,
+                  residual=residual)
 
-    Args:
-        x: (..., K) bfloat16 or float16, rows = product of the leading axes <= MAX_ROWS.
-        weight: (N, K * bits / 32) uint32, MLX's affine packing.
-        scales, biases: (N, K / group_size) in x's dtype.
-        residual: None, or what to add to the product (added in the launch where `takes_residual`).
 
-    Returns:
-        (..., N) in x's dtype.
-    """
-    k = x.shape[-1]
-    n = weight.shape[0]
+def launch(kernels: tuple[Any, Any], x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int,
+           group_size: int, residual: mx.array | None = None, split: int = 1,
+           template: tuple[tuple[str, Any], ...] = ()) -> mx.array:
+    """The launch of `qmv` and of `engine.cuda_qmv_split.qmv`: `kernels` (the plain kernel's factory, the one adding
+    `residual`), x padded to its row bucket, `rows_per_warp` rows a warp and `split` warps a row group, `template`
+    after the shared constants."""
+    k, n = x.shape[-1], weight.shape[0]
     x2, rows, bucket = _padded(x)
     r = rows_per_warp(n)
-    warps = n // r
+    warps = n // r * split
     fused = takes_residual(residual, x, rows, bucket, n)
-    out = (_residual_kernel() if fused else _kernel())(
+    out = (kernels[1] if fused else kernels[0])()(
         inputs=[x2, weight, scales, biases, *((residual,) if fused else ())],
-        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r)],
+        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r),
+                  *template],
         grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
         output_shapes=[_out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
     out = _unpadded(out, x, rows, bucket)

@@ -111,21 +111,10 @@ def linear_split(linear: Any, rows: int = 1) -> int:
 def qmv(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int, group_size: int,
         split: int, residual: mx.array | None = None) -> mx.array:
     """`cuda_qmv.qmv` with each warp's rows split over K among `split` warps (`residual` as there)."""
-    k, n = x.shape[-1], weight.shape[0]
     if WARPS % split:
         raise ValueError(f"a split of {split} does not divide a block's {WARPS} warps")
-    x2, rows, bucket = cuda_qmv._padded(x)
-    r = cuda_qmv.rows_per_warp(n)
-    warps = n // r * split
-    fused = cuda_qmv.takes_residual(residual, x, rows, bucket, n)
-    out = (_residual_kernel() if fused else _kernel())(
-        inputs=[x2, weight, scales, biases, *((residual,) if fused else ())],
-        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("M", bucket), ("R", r),
-                  ("SPLIT", split), ("WARPS", WARPS)],
-        grid=(32, (warps + WARPS - 1) // WARPS * WARPS, 1), threadgroup=(32, WARPS, 1),
-        output_shapes=[cuda_qmv._out_shape(x, bucket, rows, n)], output_dtypes=[x.dtype])[0]
-    out = cuda_qmv._unpadded(out, x, rows, bucket)
-    return out if residual is None or fused else residual + out
+    return cuda_qmv.launch((_kernel, _residual_kernel), x, weight, scales, biases, bits=bits, group_size=group_size,
+                           residual=residual, split=split, template=(("SPLIT", split), ("WARPS", WARPS)))
 
 
 def linear_product(linear: Any, x: mx.array, residual: mx.array | None = None) -> mx.array:
