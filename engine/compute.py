@@ -138,8 +138,10 @@ class ComputePath:
             return self.numpy_forward(tokens, cache, logits)
         if self._decode is not None and tokens.shape == (1, 1):
             return self._decode(tokens, cache)
-        out = self.call(tokens, cache)
-        return out[:, -1:, :] if logits == "last" else out
+        if logits != "last":
+            return self.call(tokens, cache)
+        with linear_mode.head_last_row():  # a wired head multiplies the last row only
+            return self.call(tokens, cache)[:, -1:, :]
 
     def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Speculative verification: the last token and the drafts in one forward (all logits)."""

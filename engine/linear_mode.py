@@ -65,6 +65,10 @@ Measure = Callable[[Any], Timings]
 _dequantize = Switch("codectx_dequantized_linears")
 dequantized_linears = _dequantize.scope
 """Inside this block, wired linears on this thread multiply with dequantized weights."""
+_last_row = Switch("codectx_head_last_row")
+head_last_row = _last_row.scope
+"""Inside this block, a wired LM head (`wire_head`) on this thread multiplies the last row of its input only: a
+forward asked for the last position's logits (`engine.compute.ComputePath.forward`), a prefill's final chunk."""
 
 
 class DequantizingLinear(nn.QuantizedLinear):
@@ -86,11 +90,14 @@ class DequantizingLinear(nn.QuantizedLinear):
 
 class DecodeHeadLinear(nn.QuantizedLinear):
     """A model's quantized LM head through `engine.cuda_qmv` for decode-sized inputs while `qmv_on()` (assigned
-    as its class by `wire_head`); never dequantized (a prefill chunk's head multiplies its last row only),
-    elsewhere the quantized kernel. On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s, 0.42 ms of
-    a 16.7 ms step (docs/benchmarks.md, twelfth session)."""
+    as its class by `wire_head`); never dequantized; inside `head_last_row()` on the last row of its input only
+    (a prefill's final chunk: the head of a 1,037-row chunk took 11.3 ms on the H100 for the other rows' logits,
+    which nothing reads: docs/benchmarks.md, *GPU engine*, eighteenth session); elsewhere the quantized kernel.
+    On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s, 0.42 ms of a 16.7 ms step (twelfth session)."""
 
     def __call__(self, x: mx.array) -> mx.array:
+        if _last_row.on() and x.ndim == 3 and x.shape[1] > 1:
+            x = x[:, -1:, :]
         if decode_sized(self, x):
             return cuda_qmv.linear_product(self, x)
         return super().__call__(x)
