@@ -68,7 +68,10 @@ def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) 
 
 
 def _cache_state(cache: list[Any]) -> list[Any]:
-    return [c.state for c in cache]
+    """What a forward wrote into `cache`, to evaluate: a window cache's buffers as its store holds them (its
+    `state` would hand out views, after which the first decode step's row could not be written in place and the
+    step would leave its trace: `WindowKVCache.written`), any other cache's `state`."""
+    return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
 def prefill(

@@ -253,6 +253,15 @@ class WindowKVCache:
     def state(self, arrays: tuple[mx.array, ...]) -> None:
         self.offset = self.store.load(tuple(arrays))
 
+    def written(self) -> list[mx.array]:
+        """The store's whole buffers, for evaluating what a forward wrote (`engine.generate.prefill`): unlike
+        `state`, no views handed out, so the store still holds them alone and the next decode step's row may be
+        written in place (`engine.qkv.QuantizedKVStore.in_place_ready`)."""
+        if self.store.keys is None:
+            return []
+        keys, values = self.store.buffers()
+        return [*keys, *values] if self.store.quantized else [keys, values]
+
     @property
     def meta_state(self) -> tuple[str, ...]:
         """Strings naming dense_from, the policy and the storage (see `restore_window_cache`)."""
