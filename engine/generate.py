@@ -74,6 +74,16 @@ def _cache_state(cache: list[Any]) -> list[Any]:
     return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
+def _forward_done(chunk: tuple[int, int], since: float) -> float:
+    """Log a finished prefill forward, (rows, keys), timed from `since` (the forward before it finished: the time
+    it added, its build overlapped); return now."""
+    now = time.perf_counter()
+    if log.isEnabledFor(logging.DEBUG):  # benchmarks read `forward` (bench/request_profile.ForwardLog)
+        forward = (*chunk, now - since)
+        log.debug("prefill forward: %d tokens, %d keys, %.4f s", *forward, extra={"forward": forward})
+    return now
+
+
 def prefill(
     compute: ComputePath | Any,
     cache: list[Any],
@@ -110,26 +120,27 @@ def prefill(
     path = path_of(compute)
     ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
     spans = chunk_spans(len(token_ids), chunk_size, boundaries)
-    logits = None
+    logits, running, mark = None, None, time.perf_counter()
     for start, end in spans:
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
         last = end == len(token_ids)
-        began = time.perf_counter()
+        # Built while the chunk before still runs; queued only once it has finished (`mx.synchronize`): a chunk's KV
+        # write updates the cache's buffer in place only when no queued work still reads it (on the H200, queuing
+        # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*). Only the
+        # cache is evaluated, but for the last chunk's logits.
         out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
+        if running is not None:
+            mx.synchronize()
+            mark = _forward_done(running, mark)
+        running = (end - start, state.attention_offset(cache))
         if last:
             logits = out[:, -1, :]
             mx.eval(logits, _cache_state(cache))
+            mark = _forward_done(running, mark)
         else:
-            # Only the cache is evaluated: the lazy logits of this chunk are never computed.
-            # (Not queued ahead of the previous chunk: a chunk's KV write updates the cache's
-            # buffer in place only when no queued work still reads it; on the H200, queuing
-            # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*.)
-            mx.eval(_cache_state(cache))
-        if log.isEnabledFor(logging.DEBUG):  # benchmarks read `forward` (bench/request_profile.ForwardLog)
-            forward = (end - start, state.attention_offset(cache), time.perf_counter() - began)
-            log.debug("prefill forward: %d tokens, %d keys, %.4f s", *forward, extra={"forward": forward})
-        if on_chunk is not None:
+            mx.async_eval(_cache_state(cache))
+        if on_chunk is not None:  # (a chunk's checkpoint needs its position only: `CheckpointStore.record`)
             on_chunk(end, len(token_ids))
     return logits
 

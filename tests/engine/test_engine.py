@@ -60,6 +60,29 @@ def test_chunked_prefill_equals_one_shot(tiny_loaded, long_ids, chunk):
     assert mx.abs(chunked - one_shot).max().item() <= 1e-3
 
 
+def test_a_chunk_is_built_while_the_one_before_runs_and_queued_after_it(tiny_loaded, long_ids, monkeypatch):
+    """The host builds chunk n + 1's graph before it waits for chunk n, and queues n + 1 only once n has finished
+    (a chunk's write is in place only when nothing queued holds the buffer); each chunk's checkpoint position is
+    reported after it is queued. MLX's calls are wrapped (not ours) to see their order; the logits are the
+    one-shot prefill's (within test_chunked_prefill_equals_one_shot's tolerance)."""
+    model = tiny_loaded.model
+    expected = prefill(model, make_cache(model), long_ids, chunk_size=len(long_ids))
+    events = []
+    calls = {"forward": model.__call__, "synchronize": mx.synchronize, "async_eval": mx.async_eval}
+    monkeypatch.setattr(type(model), "__call__", lambda self, *a, **k: events.append("build") or calls["forward"](
+        *a, **k))
+    monkeypatch.setattr(mx, "synchronize", lambda *a: events.append("wait") or calls["synchronize"](*a))
+    monkeypatch.setattr(mx, "async_eval", lambda *a: events.append("queue") or calls["async_eval"](*a))
+    cache = make_cache(model)
+    logits = prefill(model, cache, long_ids, chunk_size=200, boundaries=[100],
+                     on_chunk=lambda done, total: events.append(done))
+    chunks = len(chunk_spans(len(long_ids), 200, [100]))
+    assert events[:4] == ["build", "queue", 100, "build"] and events[4] == "wait"
+    assert events.count("build") == chunks and events.count("wait") == chunks - 1
+    assert events.count("queue") == chunks - 1 and events[-1] == len(long_ids)  # the last chunk: evaluated
+    assert mx.abs(logits - expected).max().item() <= 1e-3
+
+
 def test_kv8_close_to_kv16_and_same_greedy_tokens(tiny_loaded, long_ids):
     model = tiny_loaded.model
     runs = {}
