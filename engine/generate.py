@@ -5,6 +5,8 @@
 - `prefill` runs the prompt in chunks, in order, and returns the logits of
   the last position. Chunking restarts at every boundary given, so a caller
   that restores state at a boundary replays exactly the same forward calls.
+  The host builds a chunk's graph while the one before runs on the device,
+  and queues it once that one has finished.
 - `decode` yields sampled token ids until EOS, `max_tokens` or cancellation. It is
   pipelined one step ahead: step n + 1 (the forward of token n, the next sampling) is
   built from the lazy token n and queued (``mx.async_eval``) before token n is read, so
