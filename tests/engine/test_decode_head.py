@@ -4,26 +4,30 @@ CUDA's: a stand-in computing MLX's quantized product takes its place here (tests
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import llama
 from test_linear_mode import quantized_model
 
+from engine import linear_mode
 from engine.decode_choice import DecodeKernels
+
+
+def untied_llama(layers: int) -> llama.Model:
+    """A tiny llama with its own LM head, every linear quantized (4-bit, group 64)."""
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=layers, intermediate_size=256,
+                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=256,
+                           tie_word_embeddings=False)
+    model = llama.Model(args)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return model
 
 
 def test_a_models_own_quantized_head_takes_our_linear_kernel_in_decode_and_a_tied_one_is_left_alone(
         tiny_model_dir, semantic_kernels):
     """On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s (0.42 ms of a 16.7 ms step): a model's own
     quantized head multiplies through our kernel where a one-token forward's linears do, never dequantized."""
-    import mlx.nn as nn
-    from mlx_lm.models import llama
-
-    from engine import linear_mode
-
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=1, intermediate_size=256,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=256,
-                           tie_word_embeddings=False)
-    model = llama.Model(args)
-    nn.quantize(model, group_size=64, bits=4)
-    mx.eval(model.parameters())
+    model = untied_llama(1)
     kernels = DecodeKernels(qmv=True, source="setting")
     token = mx.array([[3]])
     expected = model(token)
@@ -44,19 +48,10 @@ def test_a_forward_for_the_last_logits_multiplies_the_heads_last_row_only(monkey
     """A prefill's final chunk asks for its last position's logits (`ComputePath.forward(logits="last")`): a wired
     head multiplies that row alone (the head of a 1,037-row chunk took 11.3 ms on the H100 for logits nothing read),
     and the logits are the full forward's last row. Forwards for every position keep every row."""
-    import mlx.nn as nn
-    from mlx_lm.models import llama
-
-    from engine import linear_mode
     from engine.compute import ComputeOptions, choose
     from engine.kv import make_cache
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=256,
-                           tie_word_embeddings=False)
-    model = llama.Model(args)
-    nn.quantize(model, group_size=64, bits=4)
-    mx.eval(model.parameters())
+    model = untied_llama(2)
     assert linear_mode.wire_head(model)
     path = choose(model, ComputeOptions(attention="mlx", forward="mlx", compile=False, linear="quantized"))
     rows = []
