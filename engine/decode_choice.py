@@ -20,7 +20,8 @@ the same thing:
   `engine.cuda_attention_staged`'s (``attention_staged``, its bytes staged through shared memory) and
   `engine.cuda_attention_transposed`'s (``attention_transposed``, the same with keys on the products' rows,
   for at most 8 query heads per KV head);
-  of those that beat MLX's, the fastest runs;
+  of those that beat MLX's, the fastest runs (on a near tie the one that ranked first at long context,
+  `decode_measure.faster_attention`);
 - chunk attention (``attention_chunk``, `engine.cuda_chunk_attention`): `CHUNK_ROWS` queries over
   a bf16 cache, a forward's layers per evaluation, each evaluation at a new key count as in use
   (MLX's cuDNN attention then builds a plan each time), against MLX's attention; and over an 8-bit cache's

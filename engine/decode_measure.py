@@ -29,16 +29,25 @@ Timings = dict[str, tuple[float, float]]
 """Kernel -> (MLX seconds, ours seconds); absent: it could not run on this model."""
 
 
-ATTENTION_TIMINGS = {"attention_staged": "staged", "attention_transposed": "transposed", "attention_mma": "mma",
+ATTENTION_TIMINGS = {"attention_transposed": "transposed", "attention_staged": "staged", "attention_mma": "mma",
                      "attention": "cores"}
 """Our one-query attention kernels: the name of each one's timing (and `engine.decode_choice`'s switch) ->
-`engine.cuda_attention.decode_attention`'s name for it; on a tie the earlier wins."""
+`engine.cuda_attention.decode_attention`'s name for it, in the order they ranked over 131,072 keys (H100, run l:
+114, 120 and 144 µs a call for the first three; docs/benchmarks.md, *GPU engine*): on a near tie the earlier wins."""
+ATTENTION_NEAR = 0.05
+"""How close to the fastest an earlier attention kernel wins: they are timed over `ATTENTION_KEYS` keys, where
+their ramp and tail weigh more than at long contexts; at 16,384 keys the three tensor-core kernels came within 1%
+(run u, H200) and noise picked the one slowest over 131,072."""
 
 
 def faster_attention(timings: Mapping[str, tuple[float, float]]) -> str | None:
-    """Of our attention kernels measured (`ATTENTION_TIMINGS`), the fastest (the earlier on a tie); None: none."""
+    """Of our attention kernels measured (`ATTENTION_TIMINGS`), the earliest within `ATTENTION_NEAR` of the
+    fastest; None: none."""
     measured = [name for name in ATTENTION_TIMINGS if name in timings]
-    return min(measured, key=lambda name: timings[name][1]) if measured else None
+    if not measured:
+        return None
+    best = min(timings[name][1] for name in measured)
+    return next(name for name in measured if timings[name][1] <= best * (1 + ATTENTION_NEAR))
 
 
 def attention_shape(model: Any) -> tuple[int, int, int] | None:
