@@ -381,22 +381,3 @@ def test_a_kernel_gets_a_new_name_when_its_source_or_its_signature_changes(monke
     cuda_backend.kernel("k", "out[0] = a[0];", input_names=["a", "after"], output_names=["out"])
     cuda_backend.kernel("k", "out[0] = 2 * a[0];", input_names=["a"], output_names=["out"])
     assert names[0] == names[1] and len(set(names)) == 3 and all(n.startswith("k_") for n in names)
-
-
-
-def test_of_attention_kernels_within_a_near_tie_the_one_that_ranked_first_at_long_context_runs(q4_model, tmp_path):
-    """Timed over 16,384 keys the tensor-core kernels came within 1% of each other (run u, H200: mma 0.943, staged
-    0.952, transposed 0.950 ms) and noise picked mma, the slowest over 131,072 keys (H100, run l: 144 against 114 µs
-    for transposed). Within `ATTENTION_NEAR` the earlier of `ATTENTION_TIMINGS` runs; a clear win still decides."""
-    from engine.decode_measure import ATTENTION_NEAR, faster_attention
-
-    run_u = {"attention_mma": (3.125e-3, 0.943e-3), "attention_staged": (3.125e-3, 0.952e-3),
-             "attention_transposed": (3.125e-3, 0.950e-3), "attention": (3.125e-3, 1.56e-3)}
-    assert faster_attention(run_u) == "attention_transposed"
-    clear = {**run_u, "attention_mma": (3.125e-3, 0.950e-3 / (1 + 2 * ATTENTION_NEAR))}
-    assert faster_attention(clear) == "attention_mma"
-    assert faster_attention({"attention": (1e-3, 0.5e-3)}) == "attention" and faster_attention({}) is None
-    chosen = resolve(q4_model, "auto", measure=Timings({**run_u, "kv_write": (1e-3, 0.2e-3)}),
-                     cache=LinearModeCache(tmp_path / "near.json"), cuda=True)
-    assert (chosen.attention_transposed, chosen.attention_mma, chosen.attention_staged) == (True, False, False)
-    assert "kernels: attention_mma slower than attention_transposed" in chosen.notes
