@@ -204,10 +204,11 @@ def rows_of(packed: mx.array, scales: mx.array, biases: mx.array, *, bits: int, 
 
 
 @functools.lru_cache(maxsize=None)
-def rows_match_mlx(bits: int, group_size: int, dtype: mx.Dtype) -> bool:
-    """Whether `dequantize_rows` equals `mx.dequantize` bit for bit on a random slice of a store-shaped buffer
-    (rows strided across heads, an odd start and count; once per process)."""
-    buffer = mx.random.normal((1, 4, 512, 2 * group_size), key=mx.random.key(19)).astype(dtype)
+def rows_match_mlx(bits: int, group_size: int, dtype: mx.Dtype, k: int) -> bool:
+    """Whether `dequantize_rows` equals `mx.dequantize` bit for bit on a random slice of a store-shaped buffer of
+    rows of `k` values (a template constant: each row width builds its own kernel; rows strided across heads, an
+    odd start and count; once per process)."""
+    buffer = mx.random.normal((1, 4, 512, k), key=mx.random.key(19)).astype(dtype)
     parts = [a[..., 37:290, :] for a in mx.quantize(buffer, group_size=group_size, bits=bits)]
     try:
         ours = dequantize_rows(*parts, bits=bits, group_size=group_size)
@@ -220,7 +221,7 @@ def rows_match_mlx(bits: int, group_size: int, dtype: mx.Dtype) -> bool:
 @functools.lru_cache(maxsize=None)
 def _rows_apply(bits: int, group_size: int, k: int, dtype: mx.Dtype, device: str) -> bool:
     """`rows_of`'s verdict per row width and device (asked for every layer of every prefill chunk)."""
-    return unsupported(bits, group_size, k, dtype) is None and rows_match_mlx(bits, group_size, dtype)
+    return unsupported(bits, group_size, k, dtype) is None and rows_match_mlx(bits, group_size, dtype, k)
 
 
 @functools.lru_cache(maxsize=None)

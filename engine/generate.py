@@ -135,7 +135,7 @@ def prefill(
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)
-        running = (end - start, state.attention_offset(cache))
+        running = (end - start, state.attention_offset(cache) if log.isEnabledFor(logging.DEBUG) else 0)
         if last:
             logits = out[:, -1, :]
             mx.eval(logits, _cache_state(cache))

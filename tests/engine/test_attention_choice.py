@@ -27,7 +27,11 @@ def test_of_attention_kernels_within_a_near_tie_the_one_that_ranked_first_at_lon
     clear = {**run_u, "attention_mma": (3.125e-3, 0.950e-3 / (1 + 2 * ATTENTION_NEAR))}
     assert faster_attention(clear) == "attention_mma"
     assert faster_attention({"attention": (1e-3, 0.5e-3)}) == "attention" and faster_attention({}) is None
+    # only those that beat MLX's by the margin compete: the cache write is timed beside the one that runs
+    assert faster_attention({"attention_mma": (1e-3, 0.94e-3), "attention_transposed": (1e-3, 0.96e-3)}) == \
+        "attention_mma"
     chosen = resolve(q4_model, "auto", measure=Timings({**run_u, "kv_write": (1e-3, 0.2e-3)}),
                      cache=LinearModeCache(tmp_path / "near.json"), cuda=True)
     assert (chosen.attention_transposed, chosen.attention_mma, chosen.attention_staged) == (True, False, False)
-    assert "kernels: attention_mma slower than attention_transposed" in chosen.notes
+    assert "kernels: attention_mma within 5% of attention_transposed" in chosen.notes
+    assert "kernels: attention_staged slower than attention_transposed" in chosen.notes
