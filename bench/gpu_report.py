@@ -1,11 +1,12 @@
 """bench/gpu_engine.py's table and the issue's goals, from the result JSON (no MLX here).
 
-    python bench/gpu_report.py bench/results/gpu_engine-qwen3-32b-131072.json   # reprint a run
+    python bench/gpu_report.py bench/results/gpu_engine-qwen3-32b-131072.json   # reprint a run, its goals read again
 """
 from __future__ import annotations
 
 import json
 import sys
+from statistics import median
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,21 @@ def _goal(goals: list, name: str, value: str, met: bool) -> None:
     goals.append({"goal": name, "value": value, "met": bool(met)})
 
 
+ASKS = ("cold ask", "follow-up", "edit + ask", "edit, warm-up, ask")
+"""The asks whose decode rates the 8-bit/bf16 goal compares: one ask's 64 tokens swing with the bf16 path's host
+time (1.16-1.40x across run u's asks, 1.26-1.60x across run q's), so the goal reads their median, not one of them."""
+
+
+def decode_ratios(result: dict[str, Any], n: int) -> dict[str, float]:
+    """Per ask of `ASKS` run in both widths at `n` tokens, 8-bit KV's decode rate over bf16's."""
+    ratios = {}
+    for step in ASKS:
+        f16, f8 = _row(result, n, "window-16", step), _row(result, n, "window-8", step)
+        if f16 and f8 and f16.get("decode_tps") and f8.get("decode_tps"):
+            ratios[step] = f8["decode_tps"] / f16["decode_tps"]
+    return ratios
+
+
 def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's goals, per length, from whatever rows the run has."""
     out: list[dict[str, Any]] = []
@@ -91,10 +107,11 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                 share = follow["decode_tps"] / follow["decode_bound_tps"]
                 _goal(out, f"{n} {config}: decode >= 50% of the bandwidth bound",
                       f"{follow['decode_tps']:.1f} of {follow['decode_bound_tps']:.1f} tok/s ({share:.0%})", share >= 0.5)
-        f16, f8 = _row(result, n, "window-16", "follow-up"), _row(result, n, "window-8", "follow-up")
-        if f16 and f8:
-            ratio = f8["decode_tps"] / f16["decode_tps"]
-            _goal(out, f"{n}: decode 8-bit KV >= 1.3x fp16 KV", f"{ratio:.2f}x", ratio >= 1.3)
+        ratios = decode_ratios(result, n)
+        if ratios:
+            middle = median(ratios.values())
+            _goal(out, f"{n}: decode 8-bit KV >= 1.3x fp16 KV (the median over the asks)",
+                  f"{middle:.2f}x ({', '.join(f'{step} {r:.2f}x' for step, r in ratios.items())})", middle >= 1.3)
     agreement = result.get("linear_agreement")
     if agreement:
         _goal(out, "greedy output identical between the linear modes",
@@ -104,4 +121,6 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    print(table(json.loads(Path(sys.argv[1]).read_text())))
+    run = json.loads(Path(sys.argv[1]).read_text())
+    run["goals"] = goals(run)  # read again under the current definitions (a run's JSON keeps its own reading)
+    print(table(run))
