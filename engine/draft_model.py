@@ -31,6 +31,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine.checkpoints import Plan
 from engine.compute import ComputeOptions, ComputePath, choose
 from engine.errors import DraftModelMismatchError
+from engine.generate import written_arrays
 from engine.policy import CachePolicy
 from engine.prefix_cache import PrefixCache, model_dtype
 from engine.request import Metrics, Request
@@ -219,7 +220,7 @@ class DraftModelDrafter:
                 return False
             chunk = tokens[len(self._consumed) : len(self._consumed) + self.prefill_step]
             self.compute.forward(mx.array([chunk], dtype=mx.uint32), self.cache, logits="none")
-            mx.eval([c.state for c in self.cache])
+            mx.eval(written_arrays(self.cache))
             self.forwards += 1
             self._consumed.extend(chunk)
         return True

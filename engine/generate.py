@@ -69,10 +69,11 @@ def chunk_spans(n_tokens: int, chunk_size: int, boundaries: Sequence[int] = ()) 
     return spans
 
 
-def _cache_state(cache: list[Any]) -> list[Any]:
-    """What a forward wrote into `cache`, to evaluate: a window cache's buffers as its store holds them (its
-    `state` would hand out views, after which the first decode step's row could not be written in place and the
-    step would leave its trace: `WindowKVCache.written`), any other cache's `state`."""
+def written_arrays(cache: Sequence[Any]) -> list[Any]:
+    """What a forward wrote into `cache`, to evaluate (the prefill's chunks, a draft model's catch-up): a window
+    cache's buffers as its store holds them (its `state` would hand out views, after which the next decode step's
+    row could not be written in place and the step would leave its trace: `WindowKVCache.written`), any other
+    cache's `state`."""
     return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
@@ -138,10 +139,10 @@ def prefill(
         running = (end - start, state.attention_offset(cache) if log.isEnabledFor(logging.DEBUG) else 0)
         if last:
             logits = out[:, -1, :]
-            mx.eval(logits, _cache_state(cache))
+            mx.eval(logits, written_arrays(cache))
             mark = _forward_done(running, mark)
         else:
-            mx.async_eval(_cache_state(cache))
+            mx.async_eval(written_arrays(cache))
         if on_chunk is not None:  # (a chunk's checkpoint needs its position only: `CheckpointStore.record`)
             on_chunk(end, len(token_ids))
     return logits
