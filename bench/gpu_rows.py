@@ -10,7 +10,7 @@
   an edit + ask does it), 8-bit and bf16: the host's and the device's time together, as the request waits for it.
   (A kernel copying a layer's six 8-bit arrays in one launch was measured here on the H100: 5.65 against 6.56 ms
   with 8-bit KV, 2.56 against 2.40 with bf16; MLX's custom-kernel call costs the host about as much as the copies
-  it replaces. Not kept.)
+  it replaces. Not kept, so not reproducible from this tree.)
 
     bash .gpu/install.sh && python3 bench/gpu_kernels.py --sections rows --out $OUT/gpu_kernels.json
 """

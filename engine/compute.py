@@ -138,8 +138,9 @@ class ComputePath:
             return self.numpy_forward(tokens, cache, logits)
         if self._decode is not None and tokens.shape == (1, 1):
             return self._decode(tokens, cache)
-        if logits != "last":
-            return self.call(tokens, cache)
+        if logits != "last" or tokens.shape[-1] == 1:  # (one row: decode's untraced step, nothing to leave out)
+            out = self.call(tokens, cache)
+            return out if logits != "last" else out[:, -1:, :]
         with linear_mode.head_last_row():  # a wired head multiplies the last row only
             return self.call(tokens, cache)[:, -1:, :]
 

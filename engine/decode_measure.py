@@ -36,8 +36,8 @@ ATTENTION_TIMINGS = {"attention_transposed": "transposed", "attention_staged": "
 114, 120 and 144 µs a call for the first three; docs/benchmarks.md, *GPU engine*): on a near tie the earlier wins."""
 ATTENTION_NEAR = 0.05
 """How close to the fastest an earlier attention kernel wins: they are timed over `ATTENTION_KEYS` keys, where
-their ramp and tail weigh more than at long contexts; at 16,384 keys the three tensor-core kernels came within 1%
-(run u, H200) and noise picked the one slowest over 131,072."""
+they rank otherwise than at long contexts. At 16,384 keys the three tensor-core kernels came within 1% (run u,
+H200) and noise picked mma, the slowest of them over 131,072 keys on the H100 (run l)."""
 
 
 MARGIN = 0.05

@@ -68,6 +68,20 @@ class HoverCache:
         """What an answer about `site` depends on."""
         return site.key, self.index.dependencies_hash(site, files)
 
+    def answer(self, key: tuple[str, str]) -> str | None:
+        """The answer stored under `key`, or that of its generation if it has finished and its done callback
+        (`_store`, run on a later turn of the event loop) has not stored it yet; None: none."""
+        if key in self.answers:
+            return self.answers[key]
+        return finished(self.pending.get(key))
+
+
+def finished(task: asyncio.Task | None) -> str | None:
+    """The answer of a generation that has ended without error, else None (running, cancelled or failed)."""
+    if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
+
 
 PENDING_LINE = "*codectx: explanation pending; hover again in a moment.*"
 LOADING_LINE = "*codectx: the model is loading; explanations follow.*"
@@ -222,14 +236,11 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         return None
     session.counters.hovers += 1
     key = cache.key(site, files)
-    if key in cache.answers:
+    known = cache.answer(key)
+    if known is not None:
         session.counters.hover_cache_hits += 1
-        return HoverAnswer(render(site, cache.answers[key]), "cache")
+        return HoverAnswer(render(site, known), "cache")
     task = cache.pending.get(key)
-    if task is not None and task.done() and not task.cancelled() and task.exception() is None:
-        # Finished before this hover came: an answer of the cache whose done callback (`_store`) has not run yet.
-        session.counters.hover_cache_hits += 1
-        return HoverAnswer(render(site, task.result()), "cache")
     if task is None and _left_to_preparation(session):
         return HoverAnswer(render(site, None, pending=True), "signature")
     task = task or start(session, cache, site, key, started)
@@ -242,8 +253,8 @@ async def explain(session: Session, cache: HoverCache, name: str, current: Path,
         if not (task.cancelled() and not asyncio.current_task().cancelling()):
             raise
         text = None  # a background preparation of this answer was interrupted, not this hover
-    if text is None and task.done() and not task.cancelled() and task.exception() is None:
-        text = task.result()  # finished, not stored in the cache yet (its done callback is queued)
+    if text is None:
+        text = finished(task)  # finished as the wait ran out, not stored in the cache yet
     if text is None:
         # Pending unless it failed: a cancelled preparation is generated again on the next hover.
         failed = task.done() and not task.cancelled() and task.exception() is not None
