@@ -59,12 +59,18 @@ def test_cancel_closes_the_stream_and_the_server_stops_generating(llama, default
     try:
         handle = backend.submit(Request(prompt_ids=tokenizer.encode("Count from one to five hundred: one, two,"),
                                         max_tokens=4000, sampling=SamplingParams(temperature=0.0)))
+        queued = backend.submit(Request(prompt_ids=tokenizer.encode("Say yes."), max_tokens=4))
         for _ in handle:  # the server is generating (4,000 tokens would take it tens of seconds)
             assert any(slot["is_processing"] for slot in endpoint.get_json("slots"))
+            queued.cancel()
+            assert backend.stats()["requests_cancelled"] == 1  # counted at the cancel: a status read next agrees
             handle.cancel()
+            assert backend.stats()["requests_cancelled"] == 2  # before the worker has left the stream
             break
         done = handle.result(timeout=30)
         assert done.finish_reason == "cancelled" and done.metrics.decode_tokens < 4000
+        assert queued.result(timeout=30).finish_reason == "cancelled"
+        assert backend.stats()["requests_cancelled"] == 2 and backend.stats()["requests_served"] == 0
         deadline = time.monotonic() + 20  # the server notices the closed connection at its next write
         while any(slot["is_processing"] for slot in endpoint.get_json("slots")):
             assert time.monotonic() < deadline, "the server kept generating after the stream was closed"

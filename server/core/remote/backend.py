@@ -82,8 +82,8 @@ class RemoteBackend:
                 raise RemoteEngineError("the remote backend is closed")
             heapq.heappush(self._queue, (int(request.priority), next(self._order), request, handle))
             running = self._current
-            if running is not None and request.priority < running[0].priority and running[1] is not None:
-                running[1].close()  # more urgent work waits: the running request ends "cancelled"
+            if running is not None and request.priority < running[0].priority:
+                self._stop(running[1])  # more urgent work waits: the running request ends "cancelled"
             self._cond.notify_all()
         return handle
 
@@ -95,12 +95,22 @@ class RemoteBackend:
         return [until_done(self, self.submit(r), r.request_id) for r in requests]
 
     def cancel(self, request_id: str) -> None:
+        """Stop a queued or running request, counted now: a status read after the editor's cancel
+        has its answer sees it, though the worker may still be leaving the stream."""
         with self._cond:
-            self._cancelled.add(request_id)
             running = self._current
-            if running is not None and running[0].request_id == request_id and running[1] is not None:
-                running[1].close()
+            if running is not None and running[0].request_id == request_id:
+                self._stop(running[1])
+            elif any(queued[2].request_id == request_id for queued in self._queue):
+                self._cancelled.add(request_id)
+                self._counters["requests_cancelled"] += 1
             self._cond.notify_all()
+
+    def _stop(self, stream: CompletionStream | None) -> None:
+        """Close the running request's stream (it ends "cancelled") and count it, once; under `_cond`."""
+        if stream is not None and not stream.closed:
+            stream.close()
+            self._counters["requests_cancelled"] += 1
 
     def probe(self, segments: Sequence[SegmentLike]) -> Probe:
         """What the server most likely holds: the leading tokens `segments` share with the last
@@ -232,8 +242,9 @@ class RemoteBackend:
                 self._last_error = str(err)
             logger.warning("remote engine: %s", err)
             return DoneEvent(request.request_id, "error", "".join(texts), metrics, err)
-        if stream.closed:
-            self._counters["requests_cancelled"] += 1
+        with self._cond:  # a cancel from here on finds the request finished, and counts nothing
+            closed, self._current = stream.closed, (request, None)
+        if closed:  # counted where it was closed (`_stop`)
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._last_prompt = tuple(request.all_token_ids())
