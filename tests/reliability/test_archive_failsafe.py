@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from lsprotocol import types
 from pytest_lsp import ClientServerConfig
 
 from tests.server.harness import build_server_test_model, command, default_options, start, write_sample_workspace
@@ -134,6 +135,8 @@ async def test_write_failures_on_a_full_disk_switch_the_archive_off_once(home, w
         before = (await command(client, "codectx.status"))["engine"]["archive"]
         await ask_ok(client)  # its checkpoints (8 KiB and more) cannot be written
         await ask_ok(client, "Explain greet.")
+        while not any(OFF in m.message for m in client.log_messages):  # the writer thread's first failed write
+            await client.wait_for_notification(types.WINDOW_LOG_MESSAGE)
         state = (await command(client, "codectx.status"))["engine"]
     assert before == "on"
     assert state["archive"].startswith("off: cannot write") and "File too large" in state["archive"]
