@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, linear_mode
+from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, last_row, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
@@ -73,6 +73,7 @@ class ComputePath:
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
         self.kernels = kernels or DecodeKernels()
+        last_row.wire(model)  # the head's call that a forward for the last logits narrows to one row
         self.kernels.wire(model)  # the classes our kernels are called through
         self.numpy_forward = numpy_forward
         self.compiled = compiled
@@ -141,7 +142,7 @@ class ComputePath:
         if logits != "last" or tokens.shape[-1] == 1:  # (one row: decode's untraced step, nothing to leave out)
             out = self.call(tokens, cache)
             return out if logits != "last" else out[:, -1:, :]
-        with linear_mode.head_last_row():  # a wired head multiplies the last row only
+        with last_row.scope():  # the head multiplies the last row only (`engine.last_row`)
             return self.call(tokens, cache)[:, -1:, :]
 
     def verify(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:

@@ -33,6 +33,7 @@ import numpy as np
 from mlx_lm.models.base import create_attention_mask, quantized_scaled_dot_product_attention
 
 from engine import blas, cpu_attention
+from engine.last_row import LastRowEmbedding, LastRowLinear
 from engine.cpu_attention import as_numpy
 
 SUPPORTED_MODULES = frozenset({"mlx_lm.models.llama"})
@@ -146,6 +147,12 @@ class NumpyForward:
         return x + layer.down(gate / (1 + np.exp(-gate)) * layer.up(h))
 
 
+EMBEDDINGS = (nn.Embedding, LastRowEmbedding)
+HEADS = (nn.Linear, LastRowLinear)
+"""The classes of a model's embeddings and own head computed here: MLX's, or the same with the last-row call a
+compute path wires (`engine.last_row`: computes the same, its head product here is our own)."""
+
+
 def supports(model: Any) -> bool:
     """True when `NumpyForward` computes exactly what `model`'s own call does."""
     if type(model).__module__ not in SUPPORTED_MODULES or not hasattr(model, "model"):
@@ -153,9 +160,9 @@ def supports(model: Any) -> bool:
     inner = model.model
     if getattr(inner, "swa_idx", None) is not None or not hasattr(inner, "embed_tokens"):
         return False
-    if type(inner.embed_tokens) is not nn.Embedding or inner.embed_tokens.weight.dtype != mx.float32:
+    if type(inner.embed_tokens) not in EMBEDDINGS or inner.embed_tokens.weight.dtype != mx.float32:
         return False
-    if not model.args.tie_word_embeddings and (type(model.lm_head) is not nn.Linear
+    if not model.args.tie_word_embeddings and (type(model.lm_head) not in HEADS
                                                or model.lm_head.weight.dtype != mx.float32):
         return False
     norms = [inner.norm] + [n for b in inner.layers for n in (b.input_layernorm, b.post_attention_layernorm)]

@@ -43,6 +43,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine import cuda_dequant, cuda_qmv, cuda_qmv_split, decode_kernels, fused_residual
+from engine.last_row import LastRowQuantizedLinear, last_row
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
 from engine.timing import best_seconds
@@ -65,10 +66,6 @@ Measure = Callable[[Any], Timings]
 _dequantize = Switch("codectx_dequantized_linears")
 dequantized_linears = _dequantize.scope
 """Inside this block, wired linears on this thread multiply with dequantized weights."""
-_last_row = Switch("codectx_head_last_row")
-head_last_row = _last_row.scope
-"""Inside this block, a wired LM head (`wire_head`) on this thread multiplies the last row of its input only: a
-forward asked for the last position's logits (`engine.compute.ComputePath.forward`), a prefill's final chunk."""
 
 
 class DequantizingLinear(nn.QuantizedLinear):
@@ -88,26 +85,24 @@ class DequantizingLinear(nn.QuantizedLinear):
         return super().__call__(x)
 
 
-class DecodeHeadLinear(nn.QuantizedLinear):
+class DecodeHeadLinear(LastRowQuantizedLinear):
     """A model's quantized LM head through `engine.cuda_qmv` for decode-sized inputs while `qmv_on()` (assigned
-    as its class by `wire_head`); never dequantized; inside `head_last_row()` on the last row of its input only
-    (a prefill's final chunk: the head of a 1,037-row chunk took 11.3 ms on the H100 for the other rows' logits,
-    which nothing reads: docs/benchmarks.md, *GPU engine*, eighteenth session); elsewhere the quantized kernel.
-    On the H200 MLX's kernel read a Qwen3-32B head at 1.04 TB/s, 0.42 ms of a 16.7 ms step (twelfth session)."""
+    as its class by `wire_head`); never dequantized; inside `engine.last_row.scope()` on the last row of its
+    input only, as every wired head; elsewhere the quantized kernel. On the H200 MLX's kernel read a Qwen3-32B
+    head at 1.04 TB/s, 0.42 ms of a 16.7 ms step (docs/benchmarks.md, *GPU engine*, twelfth session)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _last_row.on() and x.ndim == 3 and x.shape[1] > 1:
-            x = x[:, -1:, :]
+        x = last_row(x)
         if decode_sized(self, x):
             return cuda_qmv.linear_product(self, x)
-        return super().__call__(x)
+        return nn.QuantizedLinear.__call__(self, x)
 
 
 def wire_head(model: Any) -> bool:
     """Give `model`'s own quantized LM head (not tied to the embeddings) `DecodeHeadLinear`'s call
     (idempotent); whether it has one."""
     head = getattr(model, "lm_head", None)
-    if type(head) is nn.QuantizedLinear:
+    if type(head) in (nn.QuantizedLinear, LastRowQuantizedLinear):
         head.__class__ = DecodeHeadLinear
     return isinstance(head, DecodeHeadLinear)
 
