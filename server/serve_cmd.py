@@ -32,10 +32,23 @@ def _host_port(value: str) -> tuple[str, int]:
     return host or LOOPBACK, int(port)
 
 
+def _loopback_host_port(value: str) -> tuple[str, int]:
+    """`_host_port`, on a loopback host only: the language server has no key, whoever connects is the editor
+    (picks the workspace, the engine URL and its key file)."""
+    from server.http.config import is_loopback
+
+    host, port = _host_port(value)
+    if not is_loopback(host):
+        raise argparse.ArgumentTypeError(
+            f"--tcp listens on loopback only ({host!r} is not): the language server has no authentication, and "
+            "whoever connects chooses the workspace and settings; from another machine, forward the port over SSH")
+    return host, port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds `serve`'s options to a (sub)parser."""
-    parser.add_argument("--tcp", type=_host_port, metavar="[HOST:]PORT",
-                        help=f"listen on TCP instead of stdio (host defaults to {LOOPBACK})")
+    parser.add_argument("--tcp", type=_loopback_host_port, metavar="[HOST:]PORT",
+                        help=f"listen on TCP instead of stdio, for debugging: a loopback host only (default {LOOPBACK})")
     parser.add_argument("--log-file", help="write logs here instead of stderr")
     parser.add_argument("--log-level", default="INFO", choices=LEVELS,
                         help="what is logged (to the client as window/logMessage, or to --log-file)")
