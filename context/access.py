@@ -62,8 +62,9 @@ class AccessPolicy:
         symlinked folder sends paths under it (`relative` accepts both)."""
         self.rules = rules
         self.deny = tuple(DEFAULT_DENY) + tuple(deny)
-        try:
+        try:  # matched against the name folded to lower case too: `.ENV` opens `.env` on a case-insensitive volume
             self._deny = pathspec.GitIgnoreSpec.from_lines(self.deny)
+            self._deny_folded = pathspec.GitIgnoreSpec.from_lines(p.lower() for p in self.deny)
         except (ValueError, re.error) as err:  # a deny pattern that cannot work must not fail open
             raise WorkspaceError(f"invalid deny pattern in {list(deny)!r}: {err}") from err
         self.tree = git_tree(self.root)
@@ -98,14 +99,33 @@ class AccessPolicy:
         """Why a root-relative path may not be read, judged by its name alone; None if it may."""
         if not _is_utf8(rel):  # git and the walk give such names surrogate-escaped; no tokenizer takes them
             return "file name is not UTF-8"
-        parts = rel.split("/")
-        if GIT_METADATA in parts:
-            return METADATA_REASON
-        if self._deny.match_file(rel + ("/" if is_dir else "")):
-            return "secret (deny list)"
+        reason = self._protected(rel, is_dir)
+        if reason is not None:
+            return reason
         if rel not in self._tracked and self.ignore.ignored(rel, is_dir):
             return "ignored"
         return self.rules.path_reason(rel)
+
+    def edit_refusal(self, path: str | Path) -> str | None:
+        """Why an edit codectx proposes to the editor (a file to create or change) may not name `path`:
+        outside the workspace, in git's metadata, a secret's name, or a way through a link that leads out of
+        the workspace or to such a name; None when it may. (Ignore rules and the scan's globs do not bind:
+        a new test file may be one the scan leaves out.) The editor writes; codectx only proposes."""
+        try:
+            rel = self.relative(path)
+        except AccessDeniedError as err:
+            return str(err)
+        return self._protected(rel) or self._link_refusal(rel)
+
+    def _protected(self, rel: str, is_dir: bool = False) -> str | None:
+        """Git's metadata or a secret's name, in any letter case (macOS and Windows volumes open `.GIT/config`
+        and `.ENV` as `.git/config` and `.env`; elsewhere refusing such a name costs nothing)."""
+        if GIT_METADATA in rel.lower().split("/"):
+            return METADATA_REASON
+        name = rel + ("/" if is_dir else "")
+        if self._deny.match_file(name) or self._deny_folded.match_file(name.lower()):
+            return "secret (deny list)"
+        return None
 
     # ----- reading ----------------------------------------------------------------------------
 

@@ -110,7 +110,10 @@ async def _edit_for(session: Session, name: str, data: dict) -> types.WorkspaceE
     if name == "docstring":
         insertion = await code_actions.docstring_insertion(session, path, text, rng.start.line + 1)
     else:
-        insertion = await code_actions.tests_insertion(session, session.root, path, text, rng.start.line + 1)
+        try:
+            insertion = await code_actions.tests_insertion(session, session.root, path, text, rng.start.line + 1)
+        except ContextError as err:
+            raise InvalidArgumentsError(f"codectx proposes no edit to {err}") from err
     if insertion is None:
         return None
     target_uri = from_fs_path(str(insertion.path))

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import ast
+import os
 
+import pytest
+
+from context.errors import AccessDeniedError
 from server.core.features import code_actions
 from tests.server.harness import SAMPLE_UTIL
 from tests.server.scripted import session_for
@@ -40,3 +44,25 @@ async def test_a_new_test_file_imports_the_function(workspace):
     assert insertion.create and insertion.path == workspace / "tests" / "test_util.py"
     assert insertion.text.startswith("from util import greet\n")
     assert defined(insertion.text) == ["test_greet"]
+
+
+async def test_no_test_file_is_proposed_through_a_link_that_leads_out_of_the_workspace(workspace, tmp_path_factory):
+    """A repository's `tests` link to a folder outside would steer a model-written file there; the policy refuses
+    it before the model is asked, and says why."""
+    outside = tmp_path_factory.mktemp("outside")  # (the workspace is the test's tmp_path)
+    os.symlink(outside, workspace / "tests")
+    session, engine = session_for(workspace, ["def test_add():\n    assert add(1, 2) == 3"])
+    with pytest.raises(AccessDeniedError, match="tests/test_util.py: symlink outside workspace"):
+        await code_actions.tests_insertion(session, workspace, workspace / "util.py", SAMPLE_UTIL, 5)
+    assert engine.requests == [] and list(outside.iterdir()) == []
+
+
+async def test_no_test_is_appended_to_a_file_the_policy_refuses(workspace, tmp_path_factory):
+    (workspace / "tests").mkdir()
+    secret = tmp_path_factory.mktemp("outside") / "elsewhere.py"
+    secret.write_text(EXISTING, encoding="utf-8")
+    os.symlink(secret, workspace / "tests" / "test_util.py")
+    session, engine = session_for(workspace, ["def test_add_2():\n    assert add(2, 2) == 4"])
+    with pytest.raises(AccessDeniedError, match="symlink outside workspace"):
+        await code_actions.tests_insertion(session, workspace, workspace / "util.py", SAMPLE_UTIL, 5)
+    assert engine.requests == [] and secret.read_text(encoding="utf-8") == EXISTING

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import shutil
 
+import pytest
 from lsprotocol import types
-
+from pygls.exceptions import JsonRpcException
 from pytest_lsp import client_capabilities
 
 from server.core.features import ask as ask_feature
@@ -189,6 +191,25 @@ async def test_write_tests_extends_an_existing_test_file(shared_each_kind):
     assert tests[0] == "test_add" and len(tests) >= 2 and len(set(tests)) == len(tests)
     close_document(client, client.root / "util.py")
     shutil.rmtree(client.root / "tests")  # the module's workspace as it was
+
+
+@SHARED
+async def test_write_tests_offers_no_edit_through_a_link_out_of_the_workspace(shared_each_kind, tmp_path):
+    client = shared_each_kind
+    os.symlink(tmp_path, client.root / "tests")  # a repository's tests/ leading elsewhere
+    try:
+        uri = open_document(client, client.root / "util.py")
+        rng = types.Range(start=types.Position(4, 4), end=types.Position(4, 4))
+        actions = await client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), range=rng,
+            context=types.CodeActionContext(diagnostics=[])))
+        action = next(a for a in actions if a.data["action"] == "tests")
+        with pytest.raises(JsonRpcException, match="proposes no edit to tests/test_util.py: symlink outside workspace"):
+            await client.code_action_resolve_async(action)
+        close_document(client, client.root / "util.py")
+    finally:
+        (client.root / "tests").unlink()
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_hover_positions_in_utf32(raw_client, tiny_model):

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from context.errors import ContextError
+from context.errors import AccessDeniedError
 
 from ..prompt import Turn
 from ..session import Session
@@ -78,21 +78,25 @@ async def tests_insertion(session: Session, root: Path, path: Path, text: str, l
 
     The model's draft is used when it parses as Python; otherwise it is kept as
     comments under a failing placeholder, so the file always stays valid.
+
+    Raises:
+        AccessDeniedError: The access policy refuses the test file (`Session.edit_refusal`, or reading one
+            that exists): the editor is offered no edit there.
     """
     site = enclosing_definition(path, text, line)
+    target = root / "tests" / f"test_{path.stem}.py"
     if site is None or path.suffix != ".py":
         return None
+    refusal = session.edit_refusal(target)
+    if refusal is not None:  # e.g. a tests/ link that leads out of the workspace: no edit is offered there
+        raise AccessDeniedError(f"{target.relative_to(root).as_posix()}: {refusal}")
     name = site.definition.name
     draft = await _complete(session, f"Write a pytest test function for:\n```\n{site.snippet}\n```",
                             session.settings.ask.max_tokens)
     module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
-    target = root / "tests" / f"test_{path.stem}.py"
     existing = session.buffer_text(target)  # an open buffer's unsaved text wins
     if existing is None and os.path.lexists(target):
-        try:
-            existing = session.read_text(target)
-        except ContextError:  # a test file codectx may not read is not one to append to
-            return None
+        existing = session.read_text(target)  # a test file codectx may not read is not one to append to
     taken = set(re.findall(r"^\s*(?:async\s+)?def\s+(\w+)", existing or "", re.M))
     block = _test_block(_free_name(f"test_{name}", taken), draft, taken)
     if existing is None:
