@@ -131,6 +131,9 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
 
 @server.feature(types.INITIALIZED)
 def initialized(ls: CodectxServer, params: types.InitializedParams) -> None:
+    if ls.start_up_task is not None:  # once: another would load (and hold) a second model
+        logger.warning("initialized sent again: ignored")
+        return
     ls.start_up_task = asyncio.ensure_future(ls.start_up())
 
 

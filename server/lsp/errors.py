@@ -25,6 +25,7 @@ ENGINE_CLOSED = -32005
 REQUEST_CANCELLED = -32800  # LSP's RequestCancelled
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+SERVER_NOT_INITIALIZED = -32002  # LSP's own code (the same number as a failed load: that needs an `initialize`)
 INVALID_PARAMS = -32602
 
 
@@ -56,6 +57,10 @@ class ParseError(CoreError):
     """A frame whose body is not JSON."""
 
 
+class ServerNotInitializedError(CoreError):
+    """A request before `initialize` (LSP's ServerNotInitialized)."""
+
+
 _CODES = {
     Category.CANCELLED: REQUEST_CANCELLED,
     Category.MODEL_NOT_FOUND: MODEL_NOT_FOUND,
@@ -69,6 +74,7 @@ _CODES = {
 _LSP_ONLY: list[tuple[type[BaseException], int, str]] = [
     (InvalidRequestError, INVALID_REQUEST, "Invalid request: {err}"),
     (ParseError, PARSE_ERROR, "Parse error: {err}"),
+    (ServerNotInitializedError, SERVER_NOT_INITIALIZED, "Server not initialized: {err}"),
 ]
 
 

@@ -55,7 +55,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
 from . import messages
-from .errors import InvalidParamsError, InvalidRequestError, to_rpc_error
+from .errors import InvalidParamsError, InvalidRequestError, ServerNotInitializedError, to_rpc_error
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class CodectxProtocol(LanguageServerProtocol):
         self.exit_code: int | None = None
         self.on_exit: Callable[[int], None] | None = None  # set by the transport
         self._shown: set[tuple[str, str | None]] = set()
+        self._initialize_seen = False
 
     # -- receiving --------------------------------------------------------
 
@@ -87,6 +88,8 @@ class CodectxProtocol(LanguageServerProtocol):
             if envelope.kind == "request":
                 self.reply_error(envelope.id, InvalidRequestError(f"{envelope.method} after shutdown"))
             return
+        if self._out_of_order(envelope):
+            return
         what = f"params for {envelope.method}" if envelope.method else f"response to request {envelope.id}"
         try:
             message = messages.structure(self._converter, data, messages.message_type(self, data, envelope.kind),
@@ -94,7 +97,26 @@ class CodectxProtocol(LanguageServerProtocol):
         except InvalidParamsError as err:
             self._not_structured(envelope, data, err)
             return
+        if envelope.kind == "request" and envelope.method == types.INITIALIZE:
+            self._initialize_seen = True  # (one with bad params was answered above: the client may send another)
         self.handle_message(message)
+
+    def _out_of_order(self, envelope: messages.Envelope) -> bool:
+        """LSP's order, enforced (answered or logged): `initialize` once, and before it nothing but `exit`.
+        A second `initialize` would have replaced the session (open buffers lost, the loaded model left behind)."""
+        if envelope.kind == "response" or envelope.method == types.EXIT:
+            return False
+        if envelope.method == types.INITIALIZE and envelope.kind == "request":
+            if self._initialize_seen:
+                self.reply_error(envelope.id, InvalidRequestError("initialize may only be sent once"))
+            return self._initialize_seen
+        if self._initialize_seen:
+            return False
+        if envelope.kind == "request":
+            self.reply_error(envelope.id, ServerNotInitializedError(f"{envelope.method} before initialize"))
+        else:
+            logger.warning("%s before initialize: dropped", envelope.method)
+        return True
 
     def _not_structured(self, envelope: messages.Envelope, data: dict, err: InvalidParamsError) -> None:
         if envelope.kind == "request":
