@@ -35,7 +35,7 @@ class Turn:
     content: str
 
 
-def _text(content: str) -> str:
+def tokenizable(content: str) -> str:
     """`content` without lone surrogates (JSON can carry "\\ud800"; tokenizers refuse it)."""
     return content.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
@@ -124,7 +124,7 @@ class WorkspacePrompt:
         `focus` (`focus(...).segments`) goes after the stable prefix, before the turns."""
         self._flush()
         *earlier, question = turns
-        return self.workspace.prompt(_text(question.content), [(t.role, _text(t.content)) for t in earlier],
+        return self.workspace.prompt(tokenizable(question.content), [(t.role, tokenizable(t.content)) for t in earlier],
                                      focus)
 
     def focus(self, query: FocusQuery, budget: int) -> Focus:

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from tests.security.http_process import HttpProcess
 
 MAX_PROMPT_TOKENS = 512
-SAFETY_FACTOR = 2  # server.http.prompt_limits.SAFETY_FACTOR, restated: the test checks the documented bound
+SAFETY_FACTOR = 2  # server.core.prompt_size.SAFETY_FACTOR, restated: the test checks the documented bound
 FUZZ_CASES = 300
 SEED = 15
 

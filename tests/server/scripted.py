@@ -29,6 +29,9 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(ids).decode("utf-8")
 
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(256)}  # one byte a token (as a byte-level vocabulary spells them)
+
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> str:
         text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
         return text + ("<|assistant|>\n" if add_generation_prompt else "")

@@ -183,3 +183,23 @@ async def test_a_client_work_done_token_carries_the_stream(shared):
     deltas = [r.message for r in reports if r.kind == "report" and r.percentage is None]
     assert result["text"] and "".join(deltas) == result["text"] == streamed(client)
     assert not [t for t in client.progress_reports if str(t).startswith("codectx-ask")]
+
+
+@SHARED
+async def test_a_question_or_answer_that_cannot_fit_the_context_is_refused_and_the_next_ask_answers(shared):
+    """A huge paste is refused by its characters, before it is tokenized on the server's loop; one that is
+    tokenized and still cannot fit, or an answer as long as the context, is refused before the engine sees it:
+    neither holds the engine for minutes while the next ask waits."""
+    client = shared
+    before = await status(client)
+    cases = [(dict(question="x " * 1_000_000, maxTokens=4), "refused before tokenizing"),
+             (dict(question="def f(): pass\n" * 3000, maxTokens=4), "the question and its selection are"),
+             (dict(question="Explain greet.", maxTokens=10**9), "leaves no room for the prompt")]
+    for arguments, fragment in cases:
+        with pytest.raises(JsonRpcException) as info:
+            await command(client, "codectx.ask", **arguments)
+        assert info.value.code == -32602 and fragment in str(info.value)
+    answered = await command(client, "codectx.ask", question="Explain greet.", maxTokens=4)
+    assert answered["finishReason"] in ("length", "stop")
+    state = await status(client)
+    assert state["engine"]["requests_served"] == before["engine"]["requests_served"] + 1  # only the last one ran

@@ -10,7 +10,8 @@ from context.focus import Focus
 from context.focus_query import FocusQuery
 from engine.request import SamplingParams
 
-from ..prompt import Turn
+from ..prompt import Turn, tokenizable
+from ..prompt_size import PromptTooLongError, check_text_fits
 from ..session import Session
 from ..tools import CALL_CLOSE, ToolError, WorkspaceTools, parse_tool_call
 
@@ -74,13 +75,16 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 
     Raises:
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
+        PromptTooLongError: The question, its selection or the answer's length cannot fit in the context.
     """
     settings = session.settings.ask
+    answer_tokens = max_tokens or settings.max_tokens
+    asked = question_text(question, selection, path)
+    check_fits(session, asked, answer_tokens)
     conversation_id, history = session.base.conversations.get(conversation_id)
-    turns = history + [Turn("user", question_text(question, selection, path))]
+    turns = history + [Turn("user", asked)]
     pieces: list[str] = []
     calls: list[dict] = []
-    answer_tokens = max_tokens or settings.max_tokens
     focused = focus_of(session, focus or FocusQuery(question, path=path), turns, answer_tokens)
 
     def emit(text: str) -> None:
@@ -107,6 +111,25 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     history += [turns[len(history)], Turn("assistant", text)]
     return AskResult(text, done.finish_reason, metrics, conversation_id, calls,
                      focused.as_dict() if focused else None)
+
+
+def check_fits(session: Session, asked: str, answer_tokens: int) -> None:
+    """Refuse a question (with its selection) or an answer's length that cannot fit in the model's context,
+    whatever the repository prefix: by characters first, so that a huge paste is never tokenized.
+
+    Raises:
+        PromptTooLongError: Says which, and the context's size.
+    """
+    context = session.backend.context_length
+    if answer_tokens >= context:
+        raise PromptTooLongError(f"maxTokens {answer_tokens} leaves no room for the prompt in the model's context "
+                                 f"of {context} tokens")
+    room = context - answer_tokens
+    check_text_fits(session.backend.tokenizer, [asked], room, "the question and its selection")
+    tokens = len(session.backend.tokenizer.encode(tokenizable(asked)))
+    if tokens > room:
+        raise PromptTooLongError(f"the question and its selection are {tokens} tokens; with an answer of "
+                                 f"{answer_tokens} the model's context of {context} tokens has room for {room}")
 
 
 def focus_of(session: Session, query: FocusQuery, turns: list[Turn], answer_tokens: int) -> Focus | None:
