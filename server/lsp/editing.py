@@ -116,7 +116,9 @@ async def _edit_for(session: Session, name: str, data: dict) -> types.WorkspaceE
             raise InvalidArgumentsError(f"codectx proposes no edit to {err}") from err
     if insertion is None:
         return None
-    target_uri = from_fs_path(str(insertion.path))
+    # The document's own URI as the editor spelled it (`a(1)+b.py` unescaped, say), so the edit names that
+    # buffer and its version; another file's, spelled here.
+    target_uri = uri if insertion.path == path else from_fs_path(str(insertion.path))
     target_text = text if insertion.path == path else ("" if insertion.create else document_text(session, target_uri))
     doc = session.documents.get(target_uri)
     return convert.insertion_edit(target_uri, target_text, insertion.line, insertion.column, insertion.text,

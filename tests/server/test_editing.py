@@ -194,6 +194,31 @@ async def test_write_tests_extends_an_existing_test_file(shared_each_kind):
 
 
 @SHARED
+async def test_an_edit_names_the_document_as_the_editor_spelled_its_uri(shared_each_kind):
+    """Neovim leaves `(`, `)` and `+` unescaped in a file URI; an edit re-spelled (`%28...%2B`) would name no
+    open buffer and carry no version, so the editor could apply it to a stale text."""
+    client = shared_each_kind
+    path = client.root / "a(1)+b.py"
+    path.write_text("def double(x):\n    return 2 * x\n", encoding="utf-8")
+    uri = "file://" + str(path)
+    assert uri != path.as_uri()  # the spelling differs from Python's (and the server's) own
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=uri, language_id="python", version=3, text=path.read_text(encoding="utf-8"))))
+    try:
+        rng = types.Range(start=types.Position(1, 4), end=types.Position(1, 4))
+        actions = await client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), range=rng,
+            context=types.CodeActionContext(diagnostics=[])))
+        resolved = await client.code_action_resolve_async(next(a for a in actions if a.data["action"] == "docstring"))
+        (change,) = resolved.edit.document_changes
+        assert change.text_document.uri == uri and change.text_document.version == 3
+    finally:
+        client.text_document_did_close(types.DidCloseTextDocumentParams(
+            text_document=types.TextDocumentIdentifier(uri=uri)))
+        path.unlink()
+
+
+@SHARED
 async def test_write_tests_offers_no_edit_through_a_link_out_of_the_workspace(shared_each_kind, tmp_path):
     client = shared_each_kind
     os.symlink(tmp_path, client.root / "tests")  # a repository's tests/ leading elsewhere
