@@ -13,7 +13,6 @@ from typing import Any, Callable, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
-from pygls.uris import to_fs_path
 
 from server.core.host import SessionHost
 from server.core.ready import ReadySession
@@ -122,7 +121,7 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
     settings, ls.settings_problems = parse_settings(params.initialization_options)
     root = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
     encoding = convert.choose_encoding(params.capabilities)
-    base = LoadingSession(settings, DocumentStore(encoding), Path(to_fs_path(root)) if root else Path.cwd())
+    base = LoadingSession(settings, DocumentStore(encoding), (convert.file_path(root) if root else None) or Path.cwd())
     ls.host = SessionHost(base, ls.on_warmth)
     ls.host.begin()
     if ls.client_log is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pygls.uris import to_fs_path
 
 from context.focus_query import FocusQuery
 from server.core.features import ask as ask_feature
@@ -108,7 +107,8 @@ def _selection(session: Session, options: dict, question: str) -> tuple[str | No
         return None, None, FocusQuery(question)
     _, text, rng = editing.document_range(session, options)
     span = convert.to_span(text, rng, session.documents.encoding)
-    path = to_fs_path(options["uri"])
+    found = convert.file_path(options["uri"])  # (a file `document_range` read: a file URI)
+    path = str(found) if found else None
     if span.start == span.end:
         found = identifier_at(text, span.start)
         return "", path, FocusQuery(question, symbol=found[0] if found else None, path=path)

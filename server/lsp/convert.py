@@ -7,10 +7,13 @@ Lines end at "\\n", "\\r\\n" or "\\r" and nowhere else.
 """
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from lsprotocol import types
 from pygls.protocol import default_converter
+from pygls.uris import to_fs_path
 
 from server.core.span import Span
 
@@ -28,6 +31,14 @@ _OTHER_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _ASTRAL = re.compile("[\U00010000-\U0010FFFF]")  # two UTF-16 code units each
 _JSON = default_converter()
 register_strict_primitives(_JSON)  # command arguments come from the client too
+
+
+def file_path(uri: str) -> Path | None:
+    """The absolute path a `file:` URI names; None for another scheme (`untitled:`) or for a file URI whose
+    path is not absolute here (`file:relative.py`, a Windows drive's `file:///C:/a.py` on a POSIX host):
+    read against the workspace root, such a path would name another file."""
+    path = to_fs_path(uri)
+    return Path(path) if path and os.path.isabs(path) else None
 
 
 def choose_encoding(capabilities: types.ClientCapabilities) -> types.PositionEncodingKind:

@@ -12,8 +12,8 @@ from functools import cached_property
 from pathlib import Path
 
 from lsprotocol import types
-from pygls.uris import to_fs_path
 
+from . import convert
 from .buffer import LineBuffer
 from .errors import DocumentNotOpenError, EditRejectedError, InvalidPositionError
 
@@ -42,8 +42,7 @@ class Document:
     @cached_property
     def path(self) -> Path | None:
         """The file system path, or None for non-file URIs."""
-        fs_path = to_fs_path(self.uri)
-        return Path(fs_path) if fs_path else None
+        return convert.file_path(self.uri)
 
     def apply(self, changes: Sequence[types.TextDocumentContentChangeEvent],
               encoding: types.PositionEncodingKind) -> None:

@@ -5,11 +5,10 @@ in the same file; code actions and commands wait for the model.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.uris import from_fs_path, to_fs_path
+from pygls.uris import from_fs_path
 
 from context.errors import ContextError
 
@@ -48,7 +47,9 @@ def _register_hover(server: Any) -> None:
         if found is None:
             return None
         name, span = found
-        path = Path(to_fs_path(params.text_document.uri))
+        path = convert.file_path(params.text_document.uri)
+        if path is None:  # not a file (an untitled buffer, a relative file URI): nothing to explain it from
+            return None
         if session is None:
             answer = ls.host.static_hover(name, path)
         else:
@@ -106,7 +107,7 @@ def _register_code_actions(server: Any) -> None:
 
 async def _edit_for(session: Session, name: str, data: dict) -> types.WorkspaceEdit | None:
     uri, text, rng = document_range(session, data)
-    path = Path(to_fs_path(uri))
+    path = convert.file_path(uri)  # (a file URI: `document_range` read it)
     if name == "docstring":
         insertion = await code_actions.docstring_insertion(session, path, text, rng.start.line + 1)
     else:
@@ -146,11 +147,11 @@ def document_text(session: Session | LoadingSession, uri: Any) -> str:
         InvalidArgumentsError: Not a file URI, or a file the policy refuses (outside the
             workspace, a secret, ignored, ...); the message says why.
     """
-    path = to_fs_path(uri) if isinstance(uri, str) else None
-    if not path:
-        raise InvalidArgumentsError(f"not a file URI: {uri!r}")
+    path = convert.file_path(uri) if isinstance(uri, str) else None
+    if path is None:
+        raise InvalidArgumentsError(f"not a file URI with an absolute path: {uri!r}")
     try:
-        return session.read_text(Path(path))
+        return session.read_text(path)
     except ContextError as err:
         raise InvalidArgumentsError(f"codectx does not read {err}") from err
 

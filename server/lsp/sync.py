@@ -5,16 +5,11 @@ changes while the model loads is read by the workspace prompt once it is built.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.uris import to_fs_path
 
-
-def _path(uri: str) -> Path | None:
-    path = to_fs_path(uri)
-    return Path(path) if path else None
+from . import convert
 
 
 def register(server: Any) -> None:
@@ -29,7 +24,7 @@ def register(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls, params: types.DidChangeTextDocumentParams) -> None:
         doc = ls.base.documents.change(params)
-        ls.host.changed([_path(doc.uri)])
+        ls.host.changed([convert.file_path(doc.uri)])
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=doc.uri, diagnostics=[]))
         changes = params.content_changes
         line = changes[-1].range.start.line + 1 if changes and hasattr(changes[-1], "range") else 1
@@ -38,8 +33,8 @@ def register(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls, params: types.DidCloseTextDocumentParams) -> None:
         if ls.base.documents.close(params.text_document.uri) is not None:
-            ls.host.reread(_path(params.text_document.uri))
+            ls.host.reread(convert.file_path(params.text_document.uri))
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
     def did_change_watched(ls, params: types.DidChangeWatchedFilesParams) -> None:
-        ls.host.changed([_path(change.uri) for change in params.changes])
+        ls.host.changed([convert.file_path(change.uri) for change in params.changes])

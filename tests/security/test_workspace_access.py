@@ -193,3 +193,19 @@ async def test_a_workspace_opened_through_a_symlinked_folder_keeps_working(layou
         answer = await hover(client, main, 4, main.read_text(encoding="utf-8").splitlines()[4].index("add(") + 1)
         assert answer is not None and "**add**" in answer.contents.value
         await ask(client)
+
+
+async def test_a_buffer_under_a_relative_file_uri_stands_for_no_workspace_file(layout):
+    """`file:util.py` has no absolute path: read against the root it would have replaced `util.py` in the
+    prompt with the buffer's text. Such a buffer names no file: the prefix stays as it was, hover is quiet."""
+    root, _ = layout
+    async with served(root) as client:
+        before = await show_context(client)
+        for uri in ("file:util.py", "file:///C:/ws/util.py"):
+            client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+                uri=uri, language_id="python", version=1, text=OUTSIDE_TEXT)))
+            after = await show_context(client)
+            assert prompt_keys(after) == prompt_keys(before) and prefix_tokens(after) == prefix_tokens(before)
+            answer = await client.text_document_hover_async(types.HoverParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 1)))
+            assert answer is None

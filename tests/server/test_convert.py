@@ -100,3 +100,17 @@ def test_range_json_round_trip_and_rejects_garbage():
     assert convert.range_from_json(convert.range_to_json(rng)) == rng
     with pytest.raises(Exception):
         convert.range_from_json({"start": {"line": "x"}})
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("file:///tmp/a.py", "/tmp/a.py"), ("file:///tmp/a%281%29%2Bb.py", "/tmp/a(1)+b.py"),
+    ("file:///tmp/a(1)+b.py", "/tmp/a(1)+b.py"),
+    ("file:relative.py", None),  # read against the workspace root it would name another file
+    ("file:///C:/proj/a.py", None),  # a Windows drive: not an absolute path on this host
+    ("untitled:Untitled-1", None), ("https://example.org/a.py", None),
+])
+def test_only_file_uris_with_an_absolute_path_name_a_file(uri, expected):
+    found = convert.file_path(uri)
+    assert (None if found is None else str(found)) == expected
+    doc = DocumentStore(UTF16).open(types.TextDocumentItem(uri=uri, language_id="python", version=1, text="x"))
+    assert doc.path == found  # an open buffer knows its file the same way
