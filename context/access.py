@@ -25,6 +25,7 @@ from context.ignore import IgnoreRules, is_ignore_file
 from context.listing import GIT_METADATA, METADATA_REASON, Listing, git_tree, list_git, walk
 from context.git import GitError
 from context.scan import VENDORED_DIRS, ScanResult, ScanRules, Skipped, SourceFile, decode, minified
+from context.volume_case import ignores_case
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,10 @@ class AccessPolicy:
         symlinked folder sends paths under it (`relative` accepts both)."""
         self.rules = rules
         self.deny = tuple(DEFAULT_DENY) + tuple(deny)
-        try:  # matched against the name folded to lower case too: `.ENV` opens `.env` on a case-insensitive volume
+        self.folds_case = ignores_case(self.root)
+        """Whether the root's volume opens a name in any letter case: then secrets' names and git's metadata are
+        matched in any case (`.ENV` opens `.env` there; here `Credentials/` may be an ordinary folder)."""
+        try:
             self._deny = pathspec.GitIgnoreSpec.from_lines(self.deny)
             self._deny_folded = pathspec.GitIgnoreSpec.from_lines(p.lower() for p in self.deny)
         except (ValueError, re.error) as err:  # a deny pattern that cannot work must not fail open
@@ -118,12 +122,11 @@ class AccessPolicy:
         return self._protected(rel) or self._link_refusal(rel)
 
     def _protected(self, rel: str, is_dir: bool = False) -> str | None:
-        """Git's metadata or a secret's name, in any letter case (macOS and Windows volumes open `.GIT/config`
-        and `.ENV` as `.git/config` and `.env`; elsewhere refusing such a name costs nothing)."""
-        if GIT_METADATA in rel.lower().split("/"):
+        """Git's metadata or a secret's name; in any letter case where the volume opens names so (`folds_case`)."""
+        if GIT_METADATA in (rel.lower() if self.folds_case else rel).split("/"):
             return METADATA_REASON
         name = rel + ("/" if is_dir else "")
-        if self._deny.match_file(name) or self._deny_folded.match_file(name.lower()):
+        if self._deny.match_file(name) or self.folds_case and self._deny_folded.match_file(name.lower()):
             return "secret (deny list)"
         return None
 

@@ -128,7 +128,7 @@ def walk(root: Path, ignore: IgnoreRules, vendored: frozenset[str]) -> Listing:
 
 
 def _folder_reason(name: str, rel: str, ignore: IgnoreRules, vendored: frozenset[str]) -> str | None:
-    if name.lower() == GIT_METADATA:  # `.GIT` is git's folder on a case-insensitive volume
+    if name == GIT_METADATA:
         return METADATA_REASON
     if ignore.ignored(rel, is_dir=True):
         return "ignored"
