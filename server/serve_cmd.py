@@ -29,6 +29,7 @@ def _host_port(value: str) -> tuple[str, int]:
         host, port = LOOPBACK, value
     if not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT or PORT, got {value!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]: a socket takes ::1
     return host or LOOPBACK, int(port)
 
 

@@ -88,10 +88,6 @@ class LoadingSession:
         doc = self.documents.by_path(path)
         return doc.text if doc is not None else None
 
-    def edit_refusal(self, path: Path) -> str | None:
-        """Why an edit proposed to the editor may not name `path` (`AccessPolicy.edit_refusal`), or None."""
-        return self.prompt.access.edit_refusal(path)
-
     def read_text(self, path: Path) -> str:
         """A workspace file's current text before the workspace is built (a hover's static card
         while the model loads), through an access policy with the workspace's rules.

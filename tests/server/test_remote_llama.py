@@ -63,6 +63,7 @@ def test_cancel_closes_the_stream_and_the_server_stops_generating(llama, default
         for _ in handle:  # the server is generating (4,000 tokens would take it tens of seconds)
             assert any(slot["is_processing"] for slot in endpoint.get_json("slots"))
             queued.cancel()
+            queued.cancel()  # a session's cancel-all, then the awaiting task's own: one cancellation
             assert backend.stats()["requests_cancelled"] == 1  # counted at the cancel: a status read next agrees
             handle.cancel()
             assert backend.stats()["requests_cancelled"] == 2  # before the worker has left the stream

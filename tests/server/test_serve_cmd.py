@@ -43,7 +43,7 @@ def test_tcp_on_an_address_other_machines_reach_is_refused(address, tmp_path):
 
 
 @pytest.mark.parametrize("address, expected", [("9000", (LOOPBACK, 9000)), ("localhost:9000", ("localhost", 9000)),
-                                               ("127.0.0.2:9000", ("127.0.0.2", 9000)), ("[::1]:9000", ("[::1]", 9000))])
+                                               ("127.0.0.2:9000", ("127.0.0.2", 9000)), ("[::1]:9000", ("::1", 9000))])
 def test_tcp_on_loopback_is_accepted(address, expected):
     parser = argparse.ArgumentParser()
     add_arguments(parser)

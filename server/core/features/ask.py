@@ -80,7 +80,7 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     settings = session.settings.ask
     answer_tokens = max_tokens or settings.max_tokens
     asked = question_text(question, selection, path)
-    check_fits(session, asked, answer_tokens)
+    await asyncio.to_thread(check_fits, session, asked, answer_tokens)  # tokenizing a long paste: not on the loop
     conversation_id, history = session.base.conversations.get(conversation_id)
     turns = history + [Turn("user", asked)]
     pieces: list[str] = []

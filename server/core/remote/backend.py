@@ -101,7 +101,8 @@ class RemoteBackend:
             running = self._current
             if running is not None and running[0].request_id == request_id:
                 self._stop(running[1])
-            elif any(queued[2].request_id == request_id for queued in self._queue):
+            elif request_id not in self._cancelled and any(queued[2].request_id == request_id
+                                                           for queued in self._queue):  # once: a second cancel
                 self._cancelled.add(request_id)
                 self._counters["requests_cancelled"] += 1
             self._cond.notify_all()
