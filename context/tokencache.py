@@ -123,10 +123,11 @@ class TokenCache:
                 encoded = self.tokenizer.encode_batch(todo)
             else:
                 encoded = [self.tokenizer.encode(t) for t in todo]
-            for key, ids in zip(missing, encoded):
-                self._live[key] = tuple(ids)
+            fresh = {key: tuple(ids) for key, ids in zip(missing, encoded)}
+            for key, ids in fresh.items():  # (bounded: a batch over the bound keeps its last texts only)
+                self._live[key] = ids
             self._dirty = True
-            out = [self._live[k] if o is None else o for k, o in zip(keys, out)]
+            out = [fresh[k] if o is None else o for k, o in zip(keys, out)]
         self.hits += len(texts) - len(missing)
         return out  # type: ignore[return-value]
 

@@ -34,3 +34,22 @@ def test_token_cache_memory_is_bounded_and_misses_re_tokenize(monkeypatch):
     misses = tokens.misses
     assert tokens.encode("version 000 of a file\n")[0] == ord("v")  # evicted: tokenized again
     assert tokens.misses == misses + 1
+
+
+def test_a_batch_larger_than_the_bound_is_encoded_whole(monkeypatch):
+    """A cold scan tokenizes a repository's files as one batch; one over the live bound (4M tokens, about
+    16 MB of source) evicted its own first texts before they were read back (KeyError: no scan, ever)."""
+    class Chars:
+        fingerprint, chat_template = "chars", None
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+        def encode_batch(self, texts):
+            return [self.encode(t) for t in texts]
+
+    monkeypatch.setattr("context.tokencache.MAX_LIVE_TOKENS", 100)
+    tokens = TokenCache(Chars(), persist=False)
+    texts = [f"file {i:03d}: some source\n" for i in range(20)]  # 20 x 23 tokens, 4.6 times the bound
+    assert tokens.encode_many(texts) == [tuple(ord(c) for c in t) for t in texts]
+    assert tokens._live.total <= 100
