@@ -63,8 +63,13 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    """Any integer (an API's seed may be negative or wider than 64 bits); the samplers take it modulo 2**64."""
     repetition_penalty: float = 1.0
     loop_guard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seed is not None:  # MLX's and NumPy's generators take unsigned 64-bit seeds only
+            object.__setattr__(self, "seed", int(self.seed) % 2**64)
 
 
 class SegmentKind(StrEnum):

@@ -83,7 +83,7 @@ def settings_from(args: argparse.Namespace) -> Any:
     """The server's settings tree with the command line's model options over its defaults.
 
     Raises:
-        UsageError: A malformed `--window`, `--prefill-chunk` or `--repetition-penalty`.
+        UsageError: A malformed `--window`, `--prefill-chunk`, `--repetition-penalty` or `--temperature`.
     """
     from server.core.settings import Settings
 
@@ -96,6 +96,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         raise UsageError("--prefill-chunk must be >= 1")
     if not 1.0 <= args.repetition_penalty < float("inf"):
         raise UsageError("--repetition-penalty must be a number >= 1.0")
+    if not 0.0 <= args.temperature < float("inf"):  # (nan fails too)
+        raise UsageError("--temperature must be a number >= 0 (0 is greedy)")
     model = dataclasses.replace(defaults.model, kv_bits=args.kv_bits,
                                 gguf_bits=args.gguf_bits or defaults.model.gguf_bits,
                                 prefill_chunk=args.prefill_chunk or defaults.model.prefill_chunk,

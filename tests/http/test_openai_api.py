@@ -98,6 +98,16 @@ def _error(response) -> dict:
     return response.json()["error"]
 
 
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+def test_any_seed_the_api_accepts_samples_and_repeats(client, api, seed):
+    """A negative seed (the API takes any signed 64-bit one) was a 500: MLX's and NumPy's generators take
+    unsigned seeds only. Now it samples, and the same seed gives the same answer."""
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    answers = [client.chat.completions.create(model=api.model_id, messages=messages, max_tokens=6, temperature=1.0,
+                                              seed=seed).choices[0].message.content for _ in range(2)]
+    assert answers[0] and answers[0] == answers[1]
+
+
 def test_bad_json_is_a_400(api):
     with api.client() as http:
         response = http.post("/v1/chat/completions", content=b'{"model": ', headers={"Content-Type": "application/json"})

@@ -111,6 +111,34 @@ def test_ask_with_missing_model_fails_cleanly(tmp_path):
     assert result.returncode == 2 and "codectx ask:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_temperature_that_cannot_sample_is_a_usage_error(cli_model, value):
+    result = codectx("ask", "--model", str(cli_model), "--temperature", value, "hi")
+    assert result.returncode == 2 and "--temperature must be a number >= 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_any_integer_seed_samples(cli_model):
+    """A negative or 80-bit seed was a TypeError traceback (the generators take unsigned 64-bit seeds)."""
+    for seed in ("-1", "99999999999999999999999"):
+        result = codectx("ask", "--model", str(cli_model), "--temperature", "1", "--seed", seed, "--max-tokens",
+                         "3", "hi")
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_repository_whose_folder_name_is_not_utf8_works(cli_model, tmp_path):
+    """Linux names are bytes: hashing the root for its state file raised UnicodeEncodeError for `ask` and
+    `context` alike."""
+    repo = tmp_path / os.fsdecode(b"repo\xff")
+    repo.mkdir()
+    (repo / "util.py").write_text("def add(a, b):\n    return a + b\n", encoding="utf-8")
+    shown = codectx("context", "--repo", str(repo), "--tokenizer", str(cli_model))
+    asked = codectx("ask", "--repo", str(repo), "--model", str(cli_model), "--max-tokens", "2", "What is add?")
+    for result in (shown, asked):
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "util.py" in shown.stdout
+
+
 def test_a_missing_repository_is_a_usage_error_for_ask_and_context(cli_model, tmp_path):
     """The same bad input gets the same status from both commands (README, CLI: 2 = usage)."""
     missing = str(tmp_path / "nope")
