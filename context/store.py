@@ -1,6 +1,7 @@
 """Small msgpack files under $CODECTX_HOME, written atomically."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -25,12 +26,19 @@ def load(path: Path) -> dict:
 
 
 def save(path: Path, data: dict) -> None:
-    """Writes `data` to `path` atomically (temp file + rename); logs and goes on on failure."""
+    """Writes `data` to `path` atomically (temp file + rename); logs and goes on on failure. The temporary
+    file never stays behind: not after a failed write, nor after Ctrl-C (a cache file can be megabytes)."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             msgpack.pack(data, f, use_bin_type=True)
         os.replace(tmp, path)
+        tmp = None
     except OSError as err:
         log.warning("cannot write cache %s: %s", path, err)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -88,7 +88,7 @@ class Workspace:
         self.progress = progress
         self.tokens = TokenCache(tokenizer, persist=persist)
         self.tags = TagCache(persist=persist)
-        state_name = xxhash.xxh3_64_hexdigest(str(self.root).encode())
+        state_name = xxhash.xxh3_64_hexdigest(os.fsencode(self.root))  # (a root not named in UTF-8 too)
         self._state_path = codectx_home() / "workspaces" / f"{state_name}.msgpack"
         self._tail = HotTail(hot_share, codectx_home() / "workspaces" / f"{state_name}.hot.msgpack"
                              if persist else None)
