@@ -47,7 +47,10 @@ def _open(url: str, api_key: str | None, body: dict | None = None, timeout: floa
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode("utf-8") if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    except ValueError as err:  # no scheme, or one urllib cannot open
+        raise MeasureError(f"{url} is not an http(s) URL ({err})") from err
     try:
         return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - the user's own server
     except urllib.error.HTTPError as err:
@@ -62,8 +65,11 @@ def _open(url: str, api_key: str | None, body: dict | None = None, timeout: floa
 
 def default_model(base: str, api_key: str | None) -> str:
     """The first model listed that is not the repository model."""
-    with _open(f"{base}/v1/models", api_key) as response:
-        ids = [m["id"] for m in json.load(response)["data"]]
+    try:
+        with _open(f"{base}/v1/models", api_key) as response:
+            ids = [m["id"] for m in json.load(response)["data"]]
+    except (ValueError, KeyError, TypeError, OSError) as err:  # (JSON errors are ValueErrors)
+        raise MeasureError(f"{base}/v1/models is not an OpenAI-compatible model list: {err!r}") from err
     plain = [i for i in ids if i != "codectx"]
     if not plain:
         raise MeasureError(f"{base} lists no models")
@@ -88,22 +94,29 @@ def measure(base: str, model: str, text: str, *, fresh: bool, max_tokens: int,
     start = time.perf_counter()
     first_token = None
     final: dict[str, Any] | None = None
-    with _open(f"{base}/v1/chat/completions", api_key, body) as response:
-        for raw in response:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            if "error" in event:
-                raise MeasureError(f"generation failed: {event['error']['message']}")
-            if event.get("choices") and event["choices"][0]["delta"].get("content") and first_token is None:
-                first_token = time.perf_counter() - start
-            if event.get("usage"):
-                final = event
+    try:
+        with _open(f"{base}/v1/chat/completions", api_key, body) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise MeasureError(f"generation failed: {event['error']}")
+                if event.get("choices") and event["choices"][0]["delta"].get("content") and first_token is None:
+                    first_token = time.perf_counter() - start
+                if event.get("usage"):
+                    final = event
+    except OSError as err:  # the connection reset or timed out mid-stream
+        raise MeasureError(f"the stream from {base} broke: {err}") from err
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        raise MeasureError(f"{base} streamed an event that is not a chat completion chunk: {err!r}") from err
     total = time.perf_counter() - start
     if final is None:
         raise MeasureError("the server sent no usage chunk")
-    m = final["codectx"]
+    m = final.get("codectx")
+    if not isinstance(m, dict):
+        raise MeasureError(f"{base} is not a codectx server: its usage chunk has no 'codectx' timings")
     return {"prompt_tokens": m["prompt_tokens"], "cached_tokens": m["cached_tokens"],
             "recomputed_tokens": m["recomputed_tokens"], "prefill_s": m["prefill_s"],
             "prefill_tps": m["prefill_tps"], "ttft_s": m["ttft_s"], "client_ttft_s": first_token,

@@ -54,3 +54,5 @@ def test_human_report_and_errors(api, tmp_path, capsys):
     assert measure_main(["--file", str(tmp_path / "missing.py"), "--url", api.url]) == 2
     assert measure_main(["--file", str(path), "--url", "http://127.0.0.1:9"]) == 1
     assert "cannot reach" in capsys.readouterr().err
+    assert measure_main(["--file", str(path), "--url", "notaurl"]) == 1  # was a ValueError traceback
+    assert "notaurl/v1/models is not an http(s) URL" in capsys.readouterr().err

@@ -105,3 +105,17 @@ def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_model, tmp_pat
     finally:
         process.terminate()
         process.communicate(timeout=60)
+
+
+def test_measure_against_a_server_that_is_not_codectx_says_so(mlx_server, tiny_model, tmp_path, capsys):
+    """`codectx measure` reads codectx's own timings from the usage chunk; another OpenAI-compatible server
+    (mlx_lm's here) has none: a one-line error, not a KeyError traceback."""
+    from server.measure_cmd import main as measure_main
+
+    _, url = mlx_server
+    path = tmp_path / "small.py"
+    path.write_text("x = 1\n", encoding="utf-8")
+    status = measure_main(["--file", str(path), "--url", url.removesuffix("/v1"), "--model", str(tiny_model),
+                           "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert status == 1 and "is not a codectx server" in err and "Traceback" not in err
