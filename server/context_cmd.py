@@ -124,7 +124,10 @@ def resolve_budget(args: argparse.Namespace) -> tuple[int | None, str]:
         return context.budget_tokens, "the context.budgetTokens setting (no model config to size it by)"
     from engine.loaded_model import context_length_of
 
-    length = context_length_of(json.loads((folder / "config.json").read_text()))
+    try:
+        length = context_length_of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, AttributeError) as err:  # unreadable, not JSON, not an object
+        raise UsageError(f"{folder / 'config.json'} is not a model config: {err}") from err
     budget = prefix_budget(context, length, args.max_tokens)
     return budget, (f"what `codectx ask` uses for {folder.name}: context.budgetTokens {context.budget_tokens} "
                     f"within its {length}-token context less {args.max_tokens} answer tokens; "

@@ -89,6 +89,11 @@ def main(argv: list[str]) -> int:
     names = [n for n in a.arms.split(",") if n]
     if not names or any(n not in ARMS for n in names):
         parser.error(f"--arms must name some of {list(ARMS)}")
+    try:  # before the model loads
+        lengths, seeds = [int(x) for x in a.lengths.split(",")], [int(x) for x in a.seeds.split(",")]
+        g, w = (int(x) for x in a.window.split(","))
+    except ValueError:
+        parser.error("--lengths and --seeds take integers, comma-separated, and --window two of them (G,W)")
 
     try:
         compute = ComputeOptions(attention=a.attention, forward=a.forward, compile=a.compile,
@@ -104,7 +109,6 @@ def main(argv: list[str]) -> int:
     from engine.loading import load_model
 
     loaded = load_model(a.model)
-    g, w = (int(x) for x in a.window.split(","))
     arms = _arms(names, g, w, a.tail)
     makers = {"needle": needle_task, "variables": variable_task, "code": code_task}
     kinds = [k for k in a.tasks.split(",") if k]
@@ -112,8 +116,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--tasks must name some of {list(makers)}")
     count = lambda text: len(loaded.tokenizer.encode(text))  # noqa: E731
     tasks = [fit_length(makers[kind], seed, length, count)
-             for length in (int(x) for x in a.lengths.split(","))
-             for seed in (int(x) for x in a.seeds.split(","))
+             for length in lengths
+             for seed in seeds
              for kind in kinds]
 
     def report(runs: list) -> None:  # after every task, so a long run leaves its JSON as it goes

@@ -92,7 +92,11 @@ def _configure_logging(args: argparse.Namespace) -> None:
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     editor = not args.http or args.stdio
     if args.log_file:
-        handler: logging.Handler = logging.FileHandler(args.log_file)
+        try:
+            handler: logging.Handler = logging.FileHandler(args.log_file)
+        except OSError as err:  # a folder, a missing folder, no permission
+            sys.stderr.write(f"codectx serve: cannot write the log file {args.log_file}: {err.strerror}\n")
+            raise SystemExit(2) from err
     else:
         handler = logging.StreamHandler(sys.stderr)
         if editor:

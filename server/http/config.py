@@ -11,6 +11,8 @@ WILDCARD_HOSTS = ("0.0.0.0", "::")
 """Addresses that bind every interface."""
 API_KEY_ENV = "CODECTX_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_CONNECTIONS = 65_536
+"""Most connections (and prompt workers) a server takes: above it a listen backlog overflows the socket call."""
 
 
 class HttpConfigError(ValueError):
@@ -67,8 +69,8 @@ class HttpConfig:
             raise HttpConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise HttpConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if self.max_connections < 1 or self.prompt_workers < 1:
-            raise HttpConfigError("max_connections and prompt_workers must be >= 1")
+        if not (1 <= self.max_connections <= MAX_CONNECTIONS and 1 <= self.prompt_workers <= MAX_CONNECTIONS):
+            raise HttpConfigError(f"max_connections and prompt_workers must be 1 to {MAX_CONNECTIONS}")
         if not (0 < self.idle_timeout_s and 0 < self.request_timeout_s):
             raise HttpConfigError("idle_timeout_s and request_timeout_s must be > 0")
         for name in self.allowed_hosts:

@@ -139,6 +139,27 @@ def test_a_repository_whose_folder_name_is_not_utf8_works(cli_model, tmp_path):
     assert "util.py" in shown.stdout
 
 
+@pytest.mark.parametrize("case", ["config", "log-folder", "log-missing", "connections", "eval-lengths"])
+def test_bad_option_values_are_one_line_usage_errors(cli_model, tmp_path, case):
+    """Each was a traceback (exit 1), some only after the model had loaded."""
+    bad_model = tmp_path / "bad-model"
+    bad_model.mkdir()
+    (bad_model / "config.json").write_text("not json", encoding="utf-8")
+    (tmp_path / "repo").mkdir()
+    args, expected = {
+        "config": (["context", "--repo", str(tmp_path / "repo"), "--tokenizer", str(cli_model), "--model",
+                    str(bad_model)], "is not a model config"),
+        "log-folder": (["serve", "--http", "0", "--log-file", str(tmp_path)], "cannot write the log file"),
+        "log-missing": (["serve", "--http", "0", "--log-file", str(tmp_path / "no" / "log")],
+                        "cannot write the log file"),
+        "connections": (["serve", "--http", "0", "--model", str(cli_model), "--max-connections", "99999999999"],
+                        "max_connections and prompt_workers must be 1 to"),
+        "eval-lengths": (["eval", "--model", str(cli_model), "--lengths", "abc"], "--lengths and --seeds take integers"),
+    }[case]
+    result = codectx(*args, home=tmp_path / "home")
+    assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_a_missing_repository_is_a_usage_error_for_ask_and_context(cli_model, tmp_path):
     """The same bad input gets the same status from both commands (README, CLI: 2 = usage)."""
     missing = str(tmp_path / "nope")
