@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The subcommand's exit status.
     """
+    _standard_streams()
     args, rest = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -74,17 +76,35 @@ def _run(name: str, argv: list[str]) -> int:
     """Runs one subcommand; an error it lets through ends the run with one line and the
     status of its kind (`server.exit_status`); an unexpected one keeps its traceback."""
     from server.core.errors import Category, classify
-    from server.exit_status import INTERRUPTED, UsageError, status_for
+    from server.exit_status import INTERRUPTED, PIPE_CLOSED, UsageError, status_for
 
     try:
         return SUBCOMMANDS[name].load()(argv)
     except KeyboardInterrupt:
         return INTERRUPTED
+    except BrokenPipeError:  # `codectx ask ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
+        return PIPE_CLOSED
     except Exception as err:
         if not isinstance(err, UsageError) and classify(err).category is Category.INTERNAL:
             raise
         sys.stderr.write(f"codectx {name}: {err}\n")
         return status_for(err)
+
+
+def _standard_streams() -> None:
+    """Give a closed standard stream (`codectx ask ... <&-`, a service manager's `>&-`) /dev/null: otherwise
+    the next file opened takes its number (MLX then refused a model file opened as descriptor 0) and a
+    print finds no stream."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="replace", closefd=False))
 
 
 def _version() -> str:

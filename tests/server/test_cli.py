@@ -160,6 +160,28 @@ def test_bad_option_values_are_one_line_usage_errors(cli_model, tmp_path, case):
     assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("closed", [0, 1])
+def test_ask_runs_with_a_closed_standard_stream(cli_model, tmp_path, closed):
+    """With stdin closed the model file took descriptor 0, which MLX refused ("cannot load model"); with
+    stdout closed, printing the answer found no stream."""
+    result = subprocess.run([sys.executable, "-m", "server.cli", "ask", "--model", str(cli_model), "--max-tokens",
+                             "3", "hi"], cwd=ROOT, capture_output=closed != 1, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(closed), stderr=subprocess.PIPE if closed == 1 else None,
+                            env=dict(os.environ, CODECTX_HOME=str(tmp_path)))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_ask_piped_into_a_reader_that_stops_ends_quietly(cli_model, tmp_path):
+    """`codectx ask ... | head -c5`: exit 141 as a shell reports SIGPIPE, no BrokenPipeError traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(cli_model),
+                                "--max-tokens", "400", "hi"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=dict(os.environ, CODECTX_HOME=str(tmp_path)))
+    assert process.stdout.read(5)
+    process.stdout.close()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 141 and b"Traceback" not in err, err
+
+
 def test_a_missing_repository_is_a_usage_error_for_ask_and_context(cli_model, tmp_path):
     """The same bad input gets the same status from both commands (README, CLI: 2 = usage)."""
     missing = str(tmp_path / "nope")
