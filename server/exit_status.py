@@ -6,7 +6,7 @@
 | 1 | the run failed: a model that cannot be loaded, an engine or context error, a port in use, a server that cannot be reached |
 | 2 | the command line cannot run as asked: a bad option, an empty question, a path that is not there, a model that is not found |
 | 130 | interrupted (Ctrl-C) |
-| 141 | the output's reader went away (`codectx ask ... \| head`), as a shell reports SIGPIPE |
+| 141 | the output's reader went away (`codectx ask` piped into `head`), as a shell reports SIGPIPE |
 
 Commands raise `UsageError` for the second kind; `status_for` maps every other error
 through the core's categories (`server.core.errors`), so the same cause gives the same
