@@ -32,32 +32,34 @@ def last_row(x: mx.array) -> mx.array:
     return x[:, -1:, :] if _switch.on() and x.ndim == 3 and x.shape[1] > 1 else x
 
 
-class LastRowLinear(nn.Linear):
+class _HeadCall:
+    """The product of a model's own head (`__call__`), on the last row inside `scope()`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(last_row(x))
+
+
+class _TiedHeadCall:
+    """The product of embeddings that serve as the head (`as_linear`), on the last row inside `scope()`."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return super().as_linear(last_row(x))
+
+
+class LastRowLinear(_HeadCall, nn.Linear):
     """A model's own dense LM head (assigned as its class by `wire`)."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return super().__call__(last_row(x))
 
-
-class LastRowQuantizedLinear(nn.QuantizedLinear):
+class LastRowQuantizedLinear(_HeadCall, nn.QuantizedLinear):
     """A model's own quantized LM head (assigned as its class by `wire`)."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return super().__call__(last_row(x))
 
-
-class LastRowEmbedding(nn.Embedding):
+class LastRowEmbedding(_TiedHeadCall, nn.Embedding):
     """Dense embeddings that serve as the LM head (assigned as their class by `wire`)."""
 
-    def as_linear(self, x: mx.array) -> mx.array:
-        return super().as_linear(last_row(x))
 
-
-class LastRowQuantizedEmbedding(nn.QuantizedEmbedding):
+class LastRowQuantizedEmbedding(_TiedHeadCall, nn.QuantizedEmbedding):
     """Quantized embeddings that serve as the LM head (assigned as their class by `wire`)."""
-
-    def as_linear(self, x: mx.array) -> mx.array:
-        return super().as_linear(last_row(x))
 
 
 _OWN = {nn.Linear: LastRowLinear, nn.QuantizedLinear: LastRowQuantizedLinear}
