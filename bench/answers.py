@@ -106,8 +106,9 @@ def open_session(settings: Any, backend: Any, repo: Path, question: str, max_tok
     signature map (`Workspace.map_share = 1.0`: no file whole, files by rank).
     """
     from server.ask_cmd import repo_session
+    from server.context_cmd import progress_bar
 
-    session, tools = repo_session(settings, backend, repo, question, max_tokens, sys.stderr)
+    session, tools = repo_session(settings, backend, repo, question, max_tokens, progress_bar(sys.stderr))
     if arm == "repo-map":
         session.prompt.workspace.map_share = 1.0
         session.prompt.workspace.build()

@@ -23,3 +23,7 @@ class QueryFileError(ContextError):
 
 class AccessDeniedError(ContextError):
     """A workspace path the access policy refuses (outside the root, a secret, ignored, ...)."""
+
+
+class ScanStopped(Exception):
+    """Raised by a scan's progress callback to stop the scan (Ctrl-C, shutdown); not a failure."""

@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import xxhash
 
@@ -22,7 +22,7 @@ from context.layout import Layout, left_out_rows
 from context.order import dependency_order, pinned
 from context.access import AccessPolicy
 from context.prompt import DEFAULT_SYSTEM, prompt_segments
-from context.scan import ScanRules, Skipped, SourceFile, inside_skipped_folder
+from context.scan import ScanProgress, ScanRules, Skipped, SourceFile, inside_skipped_folder, no_progress
 from context.segments import FILE_FORMAT, MAP_CLOSE, MAP_OPEN, Segment, block, map_entry, neutralize, text_hash
 from context.tags import TagCache
 from context.tokencache import TokenCache, text_key
@@ -56,7 +56,10 @@ class Workspace:
             files); without a budget, the share of the prefix the tail may grow to. A tail
             that outgrows it is folded back into place (a full rebuild).
         persist: Use the on-disk caches and state under $CODECTX_HOME.
-        progress: Called as progress(done, total) while files are processed.
+        progress: Called as progress(stage, done, total) while `build` parses files (stage
+            "parsing") and tokenizes uncounted ones ("tokenizing", in batches). What it raises
+            stops the build and propagates; no state is saved then. (The attribute of that
+            name can be replaced between builds.)
 
     Raises:
         WorkspaceError: `root` is not a folder.
@@ -67,7 +70,7 @@ class Workspace:
                  system: str = DEFAULT_SYSTEM, tools: str = "", template: ChatTemplate | None = None,
                  focus: Sequence[str] = (), max_file_bytes: int = 1 << 20, map_share: float = 0.1,
                  hysteresis: float = 0.5, hot_share: float = 0.15, persist: bool = True,
-                 progress: Callable[[int, int], None] | None = None, deny: Sequence[str] = ()) -> None:
+                 progress: ScanProgress | None = None, deny: Sequence[str] = ()) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise WorkspaceError(f"workspace root is not a folder: {root}")
@@ -85,7 +88,7 @@ class Workspace:
         self.hysteresis = hysteresis
         self.hot_share = hot_share
         self.persist = persist
-        self.progress = progress
+        self.progress: ScanProgress = progress or no_progress
         self.tokens = TokenCache(tokenizer, persist=persist)
         self.tags = TagCache(persist=persist)
         state_name = xxhash.xxh3_64_hexdigest(os.fsencode(self.root))  # (a root not named in UTF-8 too)
@@ -141,9 +144,9 @@ class Workspace:
         result.files = [files[p] for p in sorted(files)]
         total = len(result.files)
         for n, f in enumerate(result.files, 1):
-            self._files[f.path] = self._entry(f)
-            if self.progress and (n % 256 == 0 or n == total):
-                self.progress(n, total)
+            self._files[f.path] = entry = self._entry(f)
+            entry.tags  # parsed here (the order and map need them) so that progress counts the parsing
+            self.progress("parsing", n, total)
         if fold:
             self._recent.update((p, "edited") for p in self._tail)
             self._tail.clear()
@@ -282,13 +285,8 @@ class Workspace:
             raise WorkspaceError(str(err)) from err
 
     def _entry(self, f: SourceFile) -> WorkspaceFile:
-        if f.replaced:
-            self._replaced.add(f.path)
-        else:
-            self._replaced.discard(f.path)
-        language = language_of(f.path)
-        h = text_hash(f.text)
-        return WorkspaceFile(f.path, language, h, f.text, f.replaced, self.tags)
+        (self._replaced.add if f.replaced else self._replaced.discard)(f.path)
+        return WorkspaceFile(f.path, language_of(f.path), text_hash(f.text), f.text, f.replaced, self.tags)
 
     def _read_go_mod(self) -> str | None:
         item = self.access.read("go.mod")
@@ -350,7 +348,9 @@ class Workspace:
     def _file_costs(self, paths: list[str]) -> dict[str, int]:
         files = [self._files[p] for p in paths]
         keys = [text_key(f"{FILE_FORMAT}\0{f.path}\0{f.language}\0{f.content_hash}") for f in files]
-        return dict(zip(paths, self.tokens.count_chunked(SegmentTexts(files), keys)))
+        counted = self.tokens.count_chunked(SegmentTexts(files), keys,
+                                            lambda done, total: self.progress("tokenizing", done, total))
+        return dict(zip(paths, counted))
 
     def _map_text(self, path: str) -> str:
         return map_entry(path, self._files[path].tags.definitions)

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+from context.scan import ScanProgress
 from server.core.prefix_budget import ASK_MAX_TOKENS
 from server.exit_status import FAILED, INTERRUPTED, USAGE, UsageError, check_folder, status_for
 
@@ -260,7 +261,7 @@ class _Asker:
 
     async def _with_repo(self) -> tuple[dict, str] | int:
         """The repository through the core: workspace prompt, session and the ask feature."""
-        from context.errors import ContextError
+        from context.errors import ContextError, ScanStopped
         from context.focus_query import FocusQuery
         from server.context_cmd import fit_summary
         from server.core.features.ask import ask, focus_of
@@ -268,6 +269,8 @@ class _Asker:
 
         try:
             session, tools = await asyncio.to_thread(self._session)
+        except ScanStopped:
+            return INTERRUPTED
         except ContextError as error:
             self.err.write(f"codectx ask: {error}\n")
             return status_for(error)
@@ -291,20 +294,32 @@ class _Asker:
         return result.metrics, result.finish_reason
 
     def _session(self) -> tuple[Any, Any]:
+        """The repository's session (scans: on a worker thread); Ctrl-C stops the scan."""
+        from context.errors import ScanStopped
+        from server.context_cmd import progress_bar
+
+        bar = progress_bar(self.err)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if self.interrupted:
+                raise ScanStopped
+            bar(stage, done, total)
+
         return repo_session(self.settings, self.backend, self.args.repo, self.args.question,
-                            self.args.max_tokens, self.err)
+                            self.args.max_tokens, progress)
 
 
 def repo_session(settings: Any, backend: Any, repo: Path, question: str, max_tokens: int,
-                 err: TextIO | None = None) -> tuple[Any, Any]:
+                 progress: ScanProgress | None = None) -> tuple[Any, Any]:
     """A core session over `repo` with the server's prompt, built as `codectx ask --repo`
     builds it (its prefix budget leaves room for `question` and `max_tokens`), and its tools.
-    Scans the repository: call it off the event loop. `err` gets the scan's progress bar.
+    Scans the repository: call it off the event loop. `progress` is told how the scan goes
+    (`server.context_cmd.progress_bar` draws it) and may stop it.
 
     Raises:
         ContextError: The repository cannot be scanned.
+        ScanStopped: `progress` stopped the scan.
     """
-    from server.context_cmd import progress_bar
     from server.core.prefix_budget import prefix_budget
     from server.core.prompt import WorkspacePrompt
     from server.core.session import LoadingSession, NoBuffers, Session
@@ -317,6 +332,6 @@ def repo_session(settings: Any, backend: Any, repo: Path, question: str, max_tok
     settings = dataclasses.replace(settings, context=dataclasses.replace(context, budget_tokens=budget))
     base = LoadingSession(settings, NoBuffers(), repo.resolve())
     prompt = WorkspacePrompt(base.root, backend.tokenizer, base.buffer_text, TOOLS_PROMPT,
-                             settings.context, progress=progress_bar(err) if err is not None else None)
+                             settings.context, progress=progress)
     session = Session(base, backend, prompt)
     return session, WorkspaceTools(prompt.access, session.read_text, lambda: prompt.files)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from context.errors import ContextError
 from context.layout import Layout
-from context.scan import iter_reasons
+from context.scan import ScanProgress, iter_reasons
 from engine.request import SegmentKind
 from server.core.prefix_budget import ASK_MAX_TOKENS
 from server.exit_status import UsageError, check_folder, status_for
@@ -159,20 +159,19 @@ def focus_of(ws, question: str):
     return select_focus(ws.files, FocusQuery(question), ws.tokens, Settings().focus.budget_tokens)
 
 
-def progress_bar(stream):
-    state: dict = {}
+def progress_bar(stream) -> ScanProgress:
+    """A scan's progress on `stream`: a bar for each stage that runs over half a second."""
+    bars: dict = {}
 
-    def update(done: int, total: int) -> None:
-        if total < 500:
-            return
-        if "bar" not in state:
+    def update(stage: str, done: int, total: int) -> None:
+        bar = bars.get(stage)
+        if bar is None:
             from tqdm import tqdm
 
-            state["bar"] = tqdm(total=total, unit="file", file=stream, leave=False)
-        state["bar"].n = done
-        state["bar"].refresh()
+            bar = bars[stage] = tqdm(total=total, desc=stage, unit="file", file=stream, leave=False, delay=0.5)
+        bar.update(done - bar.n)
         if done == total:
-            state["bar"].close()
+            bar.close()
 
     return update
 

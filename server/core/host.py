@@ -13,8 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from context.errors import ScanStopped
+from context.scan import ScanProgress
 
 from .backend import Backend, start_backend
 from .errors import NotReadyError
@@ -84,17 +89,38 @@ class SessionHost:
         except asyncio.CancelledError:
             self._starting.add_done_callback(_close_when_started)  # the thread runs on: close what it starts
             raise
+        stop = threading.Event()
         try:
             if self._closed:
                 raise NotReadyError("codectx was shut down while loading")
             stage(f"scanning {self.base.root}")
-            prompt = await asyncio.to_thread(workspace_prompt, self.base, backend.tokenizer)
+            progress = self._scan_progress(stage, stop)
+            prompt = await asyncio.to_thread(workspace_prompt, self.base, backend.tokenizer, progress)
             if self._closed:
                 raise NotReadyError("codectx was shut down while loading")
+        except ScanStopped:
+            backend.close()
+            raise NotReadyError("codectx was shut down while loading") from None
         except BaseException:
+            stop.set()  # cancelled: the scan's thread stops at its next file or batch
             backend.close()
             raise
         return ReadySession(self.base, backend, prompt, self.on_warmth)
+
+    def _scan_progress(self, stage: Callable[[str], None], stop: threading.Event) -> ScanProgress:
+        """The scan's progress as `stage` messages (at most ~4 a second; called on the scan's
+        thread). A `close` or `stop` stops the scan, so that an exit does not wait for it."""
+        loop, shown = self.loop, [0.0]
+
+        def progress(step: str, done: int, total: int) -> None:
+            if self._closed or stop.is_set():
+                raise ScanStopped
+            now = time.monotonic()
+            if done == total or now - shown[0] >= 0.25:
+                shown[0] = now
+                loop.call_soon_threadsafe(stage, f"scanning {self.base.root}: {step} {done}/{total} files")
+
+        return progress
 
     def failed(self, err: Exception) -> None:
         """Loading failed (or never got to load): every waiting and later `ready()` raises `err`."""

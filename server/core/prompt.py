@@ -18,6 +18,7 @@ from context.errors import AccessDeniedError, WorkspaceError
 from context.focus import Focus, select_focus
 from context.focus_query import FocusQuery
 from context.lru import LRUDict
+from context.scan import ScanProgress, no_progress
 from context.segments import Segment
 from context.workspace import Workspace
 
@@ -69,20 +70,22 @@ class WorkspacePrompt:
         buffer_text: An open buffer's text for a path, or None.
         tools: The tool list text (a prefix segment).
         settings: Budget, include/exclude globs and the extra deny patterns.
-        progress: Called with (files done, files total) while the first scan runs.
+        progress: Told (stage, files done, files total) while the first scan runs; it may
+            raise (`context.errors.ScanStopped`) to stop the scan.
 
     Raises:
         ContextError: The workspace cannot be scanned.
     """
 
     def __init__(self, root: Path, tokenizer, buffer_text: Callable[[Path], str | None], tools: str,
-                 settings: ContextSettings, progress: Callable[[int, int], None] | None = None) -> None:
+                 settings: ContextSettings, progress: ScanProgress | None = None) -> None:
         self.root = root
         self.buffer_text = buffer_text
         self.workspace = Workspace(root, tokenizer, budget=settings.budget_tokens, include=settings.include,
                                    exclude=settings.exclude, tools=tools, deny=settings.deny,
                                    progress=progress)
         self.workspace.build()
+        self.workspace.progress = no_progress  # later builds (a reindex, a fold) are not the first scan
         self._dirty: set[Path] = set()
 
     @property

@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from context.scan import ScanProgress
+
 from .backend import Backend
 from .features import hover as hover_feature
 from .features.hover_prefetch import HoverPrefetch
@@ -22,13 +24,14 @@ from .warmup import Warmup
 logger = logging.getLogger(__name__)
 
 
-def workspace_prompt(base: LoadingSession, tokenizer) -> WorkspacePrompt:
+def workspace_prompt(base: LoadingSession, tokenizer, progress: ScanProgress | None = None) -> WorkspacePrompt:
     """The workspace's prompt over `base`'s root, buffers and context settings (scans: blocking).
 
     Raises:
         ContextError: The workspace cannot be scanned.
+        ScanStopped: `progress` stopped the scan.
     """
-    return WorkspacePrompt(base.root, tokenizer, base.buffer_text, TOOLS_PROMPT, base.settings.context)
+    return WorkspacePrompt(base.root, tokenizer, base.buffer_text, TOOLS_PROMPT, base.settings.context, progress)
 
 
 class ReadySession(Session):

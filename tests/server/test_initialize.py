@@ -46,8 +46,10 @@ async def test_model_load_reports_progress_and_becomes_ready(shared):
     result = await status(client)
     assert result["ready"] is True and result["model"]
     load = client.load_reports  # the `codectx-load-*` progress of the server's start-up
-    assert [r.kind for r in load] == ["begin", "report", "end"]
+    assert [r.kind for r in load] == ["begin"] + ["report"] * (len(load) - 2) + ["end"]
     assert load[0].title == "codectx: loading model" and load[1].message.startswith("scanning ")
+    parsed = [r.message.split()[-2].split("/") for r in load[2:-1] if ": parsing " in r.message]
+    assert parsed and parsed[-1][0] == parsed[-1][1]  # files parsed: n/n at the end
 
 
 async def test_invalid_settings_show_message_and_fall_back(raw_client, tiny_model):

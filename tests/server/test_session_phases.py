@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from context.errors import AccessDeniedError
+from context.errors import AccessDeniedError, ScanStopped
 from lsprotocol import types
 
 from engine.errors import ModelNotFoundError
@@ -157,3 +157,68 @@ async def test_an_exit_that_cancels_loading_still_closes_the_engine(tiny_model, 
     gate.open.set()
     await host.wait_closed()
     assert gate.backend.stats()["closed"] is True
+
+
+class ScanGate:
+    """Wraps the host's scan progress: the scan's first report waits until the test lets it go,
+    so "while scanning" is a state the test controls; records every report and the stop."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self.reports: list[tuple[str, int, int]] = []
+        self.scanning, self.go, self.stopped = threading.Event(), threading.Event(), threading.Event()
+        real = host._scan_progress
+
+        def gated(stage, stop):
+            progress = real(stage, stop)
+
+            def report(step: str, done: int, total: int) -> None:
+                self.reports.append((step, done, total))
+                if len(self.reports) == 1:
+                    self.scanning.set()
+                    assert self.go.wait(60), "the test never let the scan go on"
+                try:
+                    progress(step, done, total)
+                except ScanStopped:
+                    self.stopped.set()
+                    raise
+
+            return report
+
+        host._scan_progress = gated
+
+
+@pytest.mark.parametrize("how", ["shutdown", "cancel"])
+async def test_a_shutdown_or_cancel_while_scanning_stops_the_scan(tiny_model, repo, how):
+    """`exit` (the host closed) or a cancelled load progress (the start-up task cancelled) while a
+    large repository is scanned: the scan's thread stops at its next file instead of finishing
+    (the process's exit waited for it: 8 s on a 600-file repository)."""
+    host = SessionHost(loading_session(tiny_model, repo))
+    gate, stages = ScanGate(host), []
+    loading = asyncio.ensure_future(host.load(stage=stages.append))
+    assert await asyncio.to_thread(gate.scanning.wait, 120), "the scan never started"
+    if how == "shutdown":
+        host.close()
+        gate.go.set()
+        with pytest.raises(NotReadyError, match="shut down"):  # once the scan's thread has stopped
+            await loading
+    else:
+        loading.cancel()
+        with pytest.raises(asyncio.CancelledError):  # at once: the scan's thread still waits in the gate
+            await loading
+        gate.go.set()
+    assert await asyncio.to_thread(gate.stopped.wait, 60)
+    assert gate.reports == [("parsing", 1, gate.reports[0][2])]  # stopped at the first file it reported
+    assert stages == [f"scanning {repo}"]
+    host.close()
+
+
+async def test_the_scan_reports_its_files_as_load_stages(tiny_model, repo):
+    host = SessionHost(loading_session(tiny_model, repo))
+    stages: list[str] = []
+    ready = await host.load(stage=stages.append)
+    files = len(ready.prompt.workspace.layout.rows)
+    assert stages[0] == f"scanning {repo}" and f"scanning {repo}: parsing {files}/{files} files" in stages
+    reported = list(stages)
+    await asyncio.to_thread(ready.prompt.rescan)  # a later build (reindex): the load's progress has ended
+    assert stages == reported
+    host.close()
