@@ -174,7 +174,10 @@ class AccessPolicy:
     def _link_refusal(self, rel: str) -> str | None:
         """Why a path whose way passes through a link may not be read (judged on the target)."""
         lexical = os.path.join(self.root, rel)
-        real = os.path.realpath(lexical)
+        try:
+            real = os.path.realpath(lexical)
+        except OSError as err:  # a link it may not read (/proc/1/cwd under a root of /)
+            return f"unreadable ({err.strerror or err})"
         if real == lexical:
             return None
         if not _inside(real, self.root):
@@ -184,8 +187,8 @@ class AccessPolicy:
         return f"symlink to {target}: {reason}" if reason else None
 
     def _read_bytes(self, rel: str) -> bytes | Skipped:
-        real = os.path.realpath(os.path.join(self.root, rel))
         try:
+            real = os.path.realpath(os.path.join(self.root, rel))
             fd = os.open(real, _OPEN_FLAGS)
         except FileNotFoundError:
             return Skipped(rel, "missing")

@@ -32,6 +32,9 @@ from .settings import Settings
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 LOADING = "codectx is still loading the model; try again in a moment"
+RESTART_SECTIONS = ("model", "compute", "memory", "engine", "context")
+"""Settings a loaded session was built with (the model, its compute paths, its caches, the engine it talks to,
+the workspace it scanned): a change applies at the next start."""
 
 
 class SessionHost:
@@ -129,6 +132,13 @@ class SessionHost:
         if not self._loaded.done():
             self._loaded.set_exception(err)
 
+    def load_failure(self) -> BaseException | None:
+        """The error that made loading fail; None while loading, once loaded, or before `initialize`."""
+        loaded = self._loaded
+        if loaded is None or not loaded.done() or loaded.cancelled():
+            return None
+        return loaded.exception()
+
     def ready_now(self) -> ReadySession | None:
         """The ready session, or None while loading (or after loading failed)."""
         loaded = self._loaded
@@ -137,11 +147,13 @@ class SessionHost:
         return loaded.result()
 
     def static_hover(self, name: str, current: Path) -> hover_feature.HoverAnswer | None:
-        """While the model loads: the hover's static card for `name` defined in `current`
-        (no model request; the workspace is not scanned yet, so only that file is searched)."""
+        """While the model loads, or after it failed to: the hover's static card for `name` defined in
+        `current` (no model request; the workspace is not scanned, so only that file is searched)."""
         if self._card_index is None:
             self._card_index = DefinitionIndex(self.base.read_text)
-        return hover_feature.static_card(self._card_index, name, current, [current])
+        failure = self.load_failure()
+        note = hover_feature.LOADING_LINE if failure is None else hover_feature.NOT_LOADED_LINE
+        return hover_feature.static_card(self._card_index, name, current, [current], note)
 
     async def ready(self) -> ReadySession:
         """The ready session, once loaded.
@@ -206,20 +218,20 @@ class SessionHost:
         else:
             ready.prompt.mark_dirty(path)
 
-    def apply_settings(self, settings: Settings) -> bool:
-        """Uses new settings; returns True when they change the model of a loaded session,
-        which keeps its model until a restart (everything else applies at once)."""
+    def apply_settings(self, settings: Settings) -> list[str]:
+        """Uses new settings. A loaded session keeps the sections it was built with
+        (`RESTART_SECTIONS`) until a restart; returns those that changed (everything else
+        applies at once)."""
         ready = self.ready_now()
         before = self.base.settings
-        if ready is not None and settings.model != before.model:
-            self.base.settings = dataclasses.replace(settings, model=before.model)
-        else:
-            self.base.settings = settings
+        kept = [name for name in RESTART_SECTIONS if getattr(settings, name) != getattr(before, name)] \
+            if ready is not None else []
+        self.base.settings = dataclasses.replace(settings, **{name: getattr(before, name) for name in kept})
         if ready is not None and settings.window != before.window:
             ready.backend.set_window(settings.window)  # from the next request on
         if ready is not None and settings.generation != before.generation:
             ready.backend.set_generation(settings.generation)
-        return ready is not None and settings.model != before.model
+        return kept
 
     def shutdown(self) -> None:
         """Stops background work and cancels running requests (LSP `shutdown`; idempotent)."""

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, TypeVar
 
 from context.access import AccessPolicy, quoted_name
 from context.errors import AccessDeniedError
+from context.home import codectx_home
 from context.scan import ScanRules, Skipped
 from engine.request import DoneEvent, Priority, PromptSegment, Request, SamplingParams
 
@@ -101,6 +102,17 @@ class LoadingSession:
             self._access = (rules, AccessPolicy(self.root, ScanRules(context.include, context.exclude), context.deny))
         return read_through(self._access[1], self.buffer_text(path), path)
 
+
+
+def empty_root() -> Path:
+    """The workspace root of a client that opened no folder: an empty folder of ours (created
+    here), so that nothing is scanned rather than whatever folder the server started in."""
+    root = codectx_home() / "no-workspace"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:  # the load then says the folder cannot be used
+        pass
+    return root.resolve()
 
 def read_through(access: AccessPolicy, buffer: str | None, path: Path) -> str:
     """`path`'s text, the open `buffer` if there is one, else the disk, as `access` admits it.
@@ -208,7 +220,8 @@ class Session:
             self._running.discard(request.request_id)
             if kind is not None and request.priority == Priority.INTERACTIVE:
                 self.counters.outcomes.record(kind, outcome)
-        self.counters.last_metrics = done.metrics.as_dict()
+        if request.priority == Priority.INTERACTIVE:  # a warm-up's metrics (no tokens, TTFT 0) would read as an answer's
+            self.counters.last_metrics = done.metrics.as_dict()
         if done.error is not None and done.finish_reason == "error":
             raise done.error
         return done

@@ -16,7 +16,7 @@ from pygls.lsp.server import LanguageServer
 
 from server.core.host import SessionHost
 from server.core.ready import ReadySession
-from server.core.session import LoadingSession
+from server.core.session import LoadingSession, empty_root
 from server.core.settings import Settings, parse_settings
 
 from . import commands, convert, editing, sync
@@ -39,6 +39,7 @@ class CodectxServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         self.host = SessionHost(LoadingSession(Settings(), DocumentStore(convert.UTF16), Path.cwd()))
         self.settings_problems: list[str] = []
+        self.shown_problems: list[str] = []  # (the same problems again, say at Neovim's start-up, are not shown again)
         self.start_up_task: asyncio.Task | None = None
         self.client_log: ClientLogHandler | None = None
         """Set by `codectx serve`: log records go to the client from `initialize` on."""
@@ -69,6 +70,9 @@ class CodectxServer(LanguageServer):
 
     async def start_up(self) -> None:
         """After `initialized`: settings from the client, then the model."""
+        if self.base.root == empty_root():
+            self.show("codectx: no workspace folder is open, so answers see no repository files; open a folder "
+                      "for codectx to read it", types.MessageType.Info)
         try:
             await self.fetch_configuration()
             await self.load()
@@ -81,19 +85,20 @@ class CodectxServer(LanguageServer):
         if workspace and workspace.configuration:
             configs = await self.workspace_configuration_async(
                 types.ConfigurationParams(items=[types.ConfigurationItem(section="codectx")]))
-            if configs and configs[0]:
-                settings, problems = parse_settings(configs[0])
-                self.settings_problems += problems
-                if self.host.apply_settings(settings):
-                    self.show("codectx: model settings changed; restart the server to load the new model",
-                              types.MessageType.Info)
-        if self.settings_problems:
+            if configs and configs[0]:  # it replaces initializationOptions: so do its problems
+                settings, self.settings_problems = parse_settings(configs[0])
+                kept = self.host.apply_settings(settings)
+                if kept:
+                    self.show(f"codectx: {', '.join(f'{name}.*' for name in kept)} settings changed; restart the "
+                              "server to use them (the running engine keeps the old ones)", types.MessageType.Info)
+        if self.settings_problems and self.settings_problems != self.shown_problems:
             self.show("codectx: invalid settings, using defaults for: " + "; ".join(self.settings_problems))
+        self.shown_problems = list(self.settings_problems)
 
     async def load(self) -> None:
         """Loads the model and scans the workspace (progress shown), then warm-up starts."""
         stream = TextStream(self, None, "load", self.supports_progress(), notify=False)
-        await stream.begin("codectx: loading model")
+        await stream.begin("codectx: loading model", cancellable=False)  # a cancelled load would leave no model
         try:
             ready = await self.host.load(stage=stream.stage)
         except Exception as err:
@@ -121,7 +126,8 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
     settings, ls.settings_problems = parse_settings(params.initialization_options)
     root = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
     encoding = convert.choose_encoding(params.capabilities)
-    base = LoadingSession(settings, DocumentStore(encoding), (convert.file_path(root) if root else None) or Path.cwd())
+    # No folder open: an empty one of ours, not the server's working directory (often the home folder).
+    base = LoadingSession(settings, DocumentStore(encoding), (convert.file_path(root) if root else None) or empty_root())
     ls.host = SessionHost(base, ls.on_warmth)
     ls.host.begin()
     if ls.client_log is not None:

@@ -16,7 +16,7 @@ from server.core.question import check_question
 from server.core.session import Session
 
 from . import convert, editing
-from .errors import InvalidArgumentsError
+from .errors import InvalidArgumentsError, user_message
 from .stream import TextStream
 
 
@@ -26,9 +26,11 @@ def register(server: Any) -> None:
 
     @server.command("codectx.status")
     def status_command(ls, *args: Any) -> dict:
+        failure = ls.host.load_failure()
         return status_feature.status(ls.base, ls.host.ready_now(), ls.base.documents.encoding.value,
                                      {"pendingRequests": ls.protocol.pending_requests(),
-                                      "progressTokens": ls.protocol.progress_tokens()})
+                                      "progressTokens": ls.protocol.progress_tokens()},
+                                     user_message(failure) if failure is not None else None)
 
     @server.command("codectx.showContext")
     async def show_context_command(ls, *args: Any) -> dict:

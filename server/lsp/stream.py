@@ -39,8 +39,9 @@ class TextStream:
         self.index = 0
         self.percentage = 0  # $/progress percentages never go back (a tool round prefills again)
 
-    async def begin(self, title: str) -> None:
-        """Creates (unless the client did) and begins the progress; links its cancel to the current task."""
+    async def begin(self, title: str, cancellable: bool = True) -> None:
+        """Creates (unless the client did) and begins the progress; a cancellable one's cancel
+        cancels the current task."""
         if self.token is None:
             return
         if not self.client_token:
@@ -52,9 +53,9 @@ class TextStream:
                 return
         # A begin with a percentage tells the client to show the reports' percentages (LSP).
         self.server.work_done_progress.begin(
-            self.token, types.WorkDoneProgressBegin(title=title, cancellable=True, percentage=0))
+            self.token, types.WorkDoneProgressBegin(title=title, cancellable=cancellable, percentage=0))
         task = asyncio.current_task()
-        if task is not None:
+        if task is not None and cancellable:
             self.server.protocol.link_progress_cancel(self.token, task)
 
     def send(self, text: str) -> None:

@@ -209,3 +209,24 @@ async def test_a_buffer_under_a_relative_file_uri_stands_for_no_workspace_file(l
             answer = await client.text_document_hover_async(types.HoverParams(
                 text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 1)))
             assert answer is None
+
+
+def test_a_link_the_process_may_not_resolve_is_skipped_not_fatal(tmp_path):
+    """A root of `/` (a Neovim started there) holds /proc/1/cwd, whose target the process may not
+    read: `os.path.realpath` raised PermissionError out of the scan, and every request failed.
+    The link here points at /proc/1/cwd too; where this process may read it, the symlink is
+    refused as pointing outside (the same outcome: skipped, and the scan goes on)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "main.py").write_text("x = 1\n", encoding="utf-8")
+    (root / "proc_link").symlink_to("/proc/1/cwd")
+    try:
+        os.path.realpath(root / "proc_link")
+        expected = "symlink outside workspace"
+    except PermissionError:
+        expected = "unreadable (Permission denied)"
+    ws = Workspace(root, ByteTokenizer(), persist=False)
+    ws.build()
+    assert {s.path: s.reason for s in ws.layout.skipped}.get("proc_link") == expected
+    assert ws.access.read("proc_link") == Skipped("proc_link", expected)
+    assert "x = 1" in segment_texts(ws)

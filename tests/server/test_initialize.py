@@ -120,11 +120,19 @@ async def test_window_settings_reach_the_engine(tiny_model, workspace):
 
         window = {"globalTokens": 16, "windowTokens": 32, "denseTailTokens": 8, "continuationTailTokens": 4}
         changed, problems = parse_settings(dict(default_options(tiny_model), window=window))
-        assert problems == [] and host.apply_settings(changed) is False  # no restart needed
+        assert problems == [] and host.apply_settings(changed) == []  # no restart needed
         windowed = await ask(session, maxTokens=1)
         assert windowed["metrics"]["cached_tokens"] == 0  # checkpoints of the old policy are not reused
         assert engine_window(host) == {"enabled": True, "global_tokens": 16, "window_tokens": 32,
                                        "dense_tail": 8, "continuation_tail": 4, "form": "block"}
+
+        # What the loaded session was built with is kept, and named, until a restart (compute.forward
+        # was ignored without a word; a new context.deny pattern too).
+        built, _ = parse_settings(dict(default_options(tiny_model), window=window, compute={"forward": "mlx"},
+                                       context={"deny": ["*.key"]}, ask={"maxTokens": 3}))
+        assert host.apply_settings(built) == ["compute", "context"]
+        assert host.base.settings.compute == settings.compute and host.base.settings.context == settings.context
+        assert host.base.settings.ask.max_tokens == 3  # the rest applies at once
     finally:
         host.close()
 

@@ -122,6 +122,10 @@ async def test_a_load_that_fails_is_every_waiters_answer(tmp_path, repo):
     with pytest.raises(ModelNotFoundError):  # and every later request
         await host.ready()
     assert host.ready_now() is None and status(host)["ready"] is False
+    assert isinstance(host.load_failure(), ModelNotFoundError)  # the status's loadError (LSP: its user message)
+    # A hover no longer promises an explanation that will never come ("the model is loading").
+    card = host.static_hover("add", repo / "util.py").markdown
+    assert hover_feature.NOT_LOADED_LINE in card and hover_feature.LOADING_LINE not in card
     host.changed([repo / "util.py"])  # edits are still taken (nothing to apply them to)
     assert host.base.prefix_version == 1
     host.close()

@@ -85,6 +85,7 @@ def finished(task: asyncio.Task | None) -> str | None:
 
 PENDING_LINE = "*codectx: explanation pending; hover again in a moment.*"
 LOADING_LINE = "*codectx: the model is loading; explanations follow.*"
+NOT_LOADED_LINE = "*codectx: the model did not load, so there is no explanation; `codectx.status` says why.*"
 
 
 def render(site: DefinitionSite, explanation: str | None, pending: bool = False, note: str = PENDING_LINE,
@@ -215,15 +216,16 @@ def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegme
     return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(session.tokenizer.encode(head)))]
 
 
-def static_card(index: DefinitionIndex, name: str, current: Path, files: list[Path]) -> HoverAnswer | None:
-    """The card a hover shows while the model loads (no model request), or None when no
+def static_card(index: DefinitionIndex, name: str, current: Path, files: list[Path],
+                note: str = LOADING_LINE) -> HoverAnswer | None:
+    """The card a hover shows without the model (`note` says why), or None when no
     definition of `name` is found in `current` or `files`. It has no references line: the
     workspace is not scanned yet, and a count over the few files searched would read as the
     workspace's."""
     site = index.find(name, current, files)
     if site is None:
         return None
-    return HoverAnswer(render(site, None, pending=True, note=LOADING_LINE, count_references=False), "signature")
+    return HoverAnswer(render(site, None, pending=True, note=note, count_references=False), "signature")
 
 
 async def explain(session: Session, cache: HoverCache, name: str, current: Path,

@@ -11,18 +11,21 @@ if TYPE_CHECKING:  # the ready session holds the features; status only reads it
     from ..ready import ReadySession
 
 
-def status(base: LoadingSession, ready: ReadySession | None, position_encoding: str, transport: dict) -> dict:
+def status(base: LoadingSession, ready: ReadySession | None, position_encoding: str, transport: dict,
+           load_error: str | None = None) -> dict:
     """Readiness, warmth, counters and the server's own bookkeeping sizes (answered in both phases).
 
     Args:
         base: The session's loading phase (settings, buffers, counters).
-        ready: The ready session, or None while loading.
+        ready: The ready session, or None while loading (or after loading failed).
         position_encoding: The position encoding agreed with the client.
         transport: The transport's own bookkeeping sizes (pending requests, ...).
+        load_error: Why loading failed, as the user is told; None while loading or once loaded.
     """
     counters = base.counters
     return {
         "ready": ready is not None,
+        "loadError": load_error,
         "model": ready.model_id if ready is not None else None,
         "positionEncoding": position_encoding,
         "prefixVersion": base.prefix_version,
@@ -30,7 +33,7 @@ def status(base: LoadingSession, ready: ReadySession | None, position_encoding: 
         "counters": {"asks": counters.asks, "hovers": counters.hovers,
                      "hoverCacheHits": counters.hover_cache_hits, "cancelled": counters.cancelled,
                      "warmups": counters.warmups, "outcomes": counters.outcomes.snapshot()},
-        "lastMetrics": counters.last_metrics,
+        "lastMetrics": counters.last_metrics or None,  # null until a request has finished
         "lastHover": counters.last_hover,
         "engine": ready.backend.stats() if ready is not None else None,
         "server": dict(transport, openDocuments=len(base.documents)),
