@@ -67,13 +67,13 @@ async def ask_command(ls: Any, *args: Any) -> dict:
     _check_option(options, "maxTokens", int, lambda v: v >= 1, "a positive integer")
     _check_option(options, "conversationId", str, lambda v: bool(v), "a non-empty string")
     _check_option(options, "tools", bool, lambda v: True, "true or false")
-    session = await ls.ready()
-    selection, path, focus = _selection(session, options, question)
     stream = TextStream(ls, ls.protocol.msg_id, "ask", ls.supports_progress(),
                         client_token=ls.protocol.work_done_token)
-    await stream.begin("codectx: answering")
     reason = "error"
-    try:
+    try:  # every ask taken ends its stream, also one cancelled or failed while the model loads
+        session = await ls.ready()
+        selection, path, focus = _selection(session, options, question)
+        await stream.begin("codectx: answering")
         result = await ask_feature.ask(
             session, question, on_text=stream.send, on_prefill=stream.prefill, conversation_id=options.get("conversationId"), selection=selection, path=path,
             tools=session.tools if options.get("tools", True) else None, max_tokens=options.get("maxTokens"),

@@ -37,6 +37,7 @@ class TextStream:
         self.token: Any = client_token if self.client_token else (
             f"codectx-{kind}-{next(_tokens)}" if progress else None)
         self.index = 0
+        self.begun = False  # a progress is ended only once it has begun
         self.percentage = 0  # $/progress percentages never go back (a tool round prefills again)
 
     async def begin(self, title: str, cancellable: bool = True) -> None:
@@ -54,6 +55,7 @@ class TextStream:
         # A begin with a percentage tells the client to show the reports' percentages (LSP).
         self.server.work_done_progress.begin(
             self.token, types.WorkDoneProgressBegin(title=title, cancellable=cancellable, percentage=0))
+        self.begun = True
         task = asyncio.current_task()
         if task is not None and cancellable:
             self.server.protocol.link_progress_cancel(self.token, task)
@@ -85,5 +87,5 @@ class TextStream:
             self.server.protocol.notify(STREAM_METHOD, {
                 "requestId": self.request_id, "kind": self.kind, "index": self.index, "text": "",
                 "done": True, "finishReason": reason})
-        if self.token is not None:
+        if self.token is not None and self.begun:
             self.server.protocol.end_progress(self.token, reason)

@@ -54,6 +54,15 @@ async def test_a_failed_load_is_in_the_status_and_its_progress_cannot_be_cancell
         begin = next(m["params"]["value"] for m in process.notifications("$/progress")
                      if m["params"]["value"].get("kind") == "begin")
         assert begin["title"] == "codectx: loading model" and begin["cancellable"] is False
+        # An ask that ends before it began answering (here: no model) still ends its stream, so a
+        # client that keeps an entry per streaming ask can drop it.
+        asked = await process.call("workspace/executeCommand", {"command": "codectx.ask",
+                                                                "arguments": [{"question": "hi"}]})
+        assert asked["error"]["message"] == failed["error"]["message"]
+        ends = [m["params"] for m in process.notifications("codectx/stream") if m["params"]["done"]]
+        assert [(e["kind"], e["finishReason"]) for e in ends] == [("ask", "error")]
+        assert len([m for m in process.notifications("$/progress")
+                    if m["params"]["value"].get("kind") == "end"]) == 1  # the load's: no ask progress began
     finally:
         await process.close()
 
