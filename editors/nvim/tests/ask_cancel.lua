@@ -1,5 +1,6 @@
 -- :CodectxAsk streams into a float whose text equals the answer; q and <C-c> cancel a running
--- answer ($/cancelRequest) and close the float; a later ask still gets the same answer.
+-- answer ($/cancelRequest) and close the float; a later ask still gets the same answer; an ask
+-- cancelled before it began leaves nothing streaming.
 local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)), 'harness.lua'))
 local LONG = 2000 -- decode budget large enough to still be running when the script cancels
 local SHORT = 48 -- the answers that finish: the test model has no end-of-sequence token
@@ -105,4 +106,29 @@ local after = finished('CodectxAsk Explain greet.')
 h.check(after.result.text == reference.result.text, 'same answer after the cancels',
   { before = reference.result.text, after = after.result.text })
 h.check(h.buffer_text(after.buf) == after.result.text, 'the float shows it')
+
+-- 5. Cancelled before its answer began (q at once; the same as while the model loads): the
+-- server only replies -32800, which Neovim does not hand to the request's handler, and sends no
+-- stream end. The reply itself ends the entry.
+local quick = ask.ask(ENDLESS)
+local quick_id = ('%d:%d'):format(quick.client.id, quick.request_id)
+ask.stop(quick)
+h.check(quick.cancelled and ask.streaming[quick_id] == quick, 'cancelled at once; the reply is still to come')
+local replied = false
+vim.api.nvim_create_autocmd('LspRequest', {
+  callback = function(ev)
+    replied = replied or (ev.data.request_id == quick.request_id and ev.data.request.type == 'complete')
+  end,
+})
+h.wait('the reply to the cancelled request', function()
+  return replied
+end)
+h.wait('the entry to end with the reply', function()
+  return ask.streaming[quick_id] == nil
+end, 5000)
+h.check(quick.finish == 'cancelled' and quick.text == '' and quick.result == nil and quick.error == nil,
+  'cancelled before any text', quick)
+h.check(next(ask.streaming) == nil, 'nothing is left streaming', ask.streaming)
+state = h.command(client, 'codectx.status')
+h.check(state.server.pendingRequests == 1, 'nothing left pending on the server', state.server)
 h.log('ok ask_cancel')

@@ -36,6 +36,9 @@ h.log(status)
 h.check(messages[1].level == vim.log.levels.INFO, 'status is info', messages[1])
 h.check(vim.startswith(status, 'codectx: ready, model '), 'status says ready', status)
 h.check(status:find('asks 0, hovers 0', 1, true), 'status shows the counters', status)
+local failed = require('codectx').format_status({ ready = false, model = vim.NIL, loadError = 'model not found: nope' })
+h.check(vim.deep_equal(failed, { 'codectx: the model did not load: model not found: nope' }),
+  'a failed load is said, not shown as loading', failed)
 
 for _, lhs in ipairs({ '<Plug>(codectx-ask)', '<Plug>(codectx-context)', '<Plug>(codectx-status)' }) do
   h.check(vim.fn.maparg(lhs, 'n') ~= '', lhs .. ' is mapped in normal mode')

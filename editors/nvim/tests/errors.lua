@@ -37,5 +37,6 @@ vim.cmd('checkhealth codectx')
 local report = h.buffer_text(0)
 h.log(report)
 h.check(report:find('ERROR model: ' .. vim.pesc(missing) .. ' does not exist'), 'health names the missing model', report)
-h.check(report:find('WARNING codectx: loading'), 'health says the server is not ready', report)
+h.check(report:find('ERROR codectx: the model did not load: Model not found', 1, true),
+  'health says the model did not load, and why', report)
 h.log('ok errors')

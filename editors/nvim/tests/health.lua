@@ -1,5 +1,5 @@
--- :checkhealth codectx, first with a missing executable and no client, then against the
--- running server.
+-- :checkhealth codectx, first with a missing executable and no client, then with a `codectx`
+-- that is pip's /bin/sh launcher, then against the running server.
 local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)), 'harness.lua'))
 
 h.load_plugin()
@@ -22,6 +22,31 @@ h.log(missing)
 expect(missing, 'OK Neovim 0%.1[1-9]', 'Neovim version')
 expect(missing, 'ERROR `codectx%-not%-installed` is not executable', 'missing executable')
 expect(missing, 'WARNING not enabled', 'no client')
+
+-- pip writes this launcher instead of a `#!python` line when the venv's path is long or has
+-- spaces: sh runs line 2 (exec the Python on this file), Python reads lines 2-3 as a string.
+local python = os.getenv('CODECTX_TEST_PYTHON')
+local bin = vim.fs.joinpath(vim.fn.tempname(), 'my tools', 'bin')
+vim.fn.mkdir(bin, 'p')
+local launcher = vim.fs.joinpath(bin, 'codectx')
+vim.fn.writefile({
+  '#!/bin/sh',
+  ([['''exec' "%s" "$0" "$@"]]):format(python),
+  "' '''",
+  'import sys',
+  'from server.cli import main',
+  'sys.exit(main())',
+}, launcher)
+vim.fn.setfperm(launcher, 'rwxr-xr-x')
+local config = h.server_config()
+config.cmd = { launcher, 'serve' }
+vim.lsp.config('codectx', config)
+local launched = checkhealth()
+h.log(launched)
+expect(launched, 'OK cmd: ' .. vim.pesc(launcher .. ' serve'), 'the launcher is the executable')
+expect(launched, 'OK python: %S+ %(' .. vim.pesc(python) .. '%)', 'the doctor ran in the python the launcher execs')
+expect(launched, 'OK cache dir: ' .. vim.pesc(os.getenv('CODECTX_HOME')) .. ' writable', 'cmd_env reaches the doctor')
+h.check(not launched:find('ERROR'), 'no errors with the launcher', launched)
 
 local client = h.start('util.py')
 local report = checkhealth()

@@ -12,10 +12,11 @@ local M = {}
 ---@field buf integer The float's buffer.
 ---@field win integer The float.
 ---@field text string Streamed text so far.
----@field finish string? finishReason of the stream's last notification (`stop`, `length`, `repetition`, `cancelled`, `error`).
+---@field finish string? finishReason of the stream's end (`stop`, `length`, `repetition`, `cancelled`, `error`), or of an acknowledged cancel.
 ---@field result table? The request's result (`text`, `finishReason`, `metrics`, `conversationId`).
 ---@field error lsp.ResponseError? The request's error (a cancelled request gets none: Neovim drops that reply).
 ---@field cancelled boolean? `$/cancelRequest` was sent.
+---@field exited { code: integer, signal: integer }? The server exited before the answer ended (nothing more comes).
 
 --- Answers whose stream has not ended yet, by "client id:request id".
 ---@type table<string, codectx.Answer>
@@ -118,6 +119,44 @@ local function on_result(answer, err, result)
   set_footer(answer, summary(result))
 end
 
+-- The reply to a cancelled request (-32800) never reaches its handler: Neovim drops it. When
+-- the request was cancelled before its answer began (at once, or while the model loads), no
+-- stream end follows either, so the reply itself, seen as an `LspRequest` "complete", ends the
+-- entry. A result or error is handed to its handler right after that event, a -32800 never.
+vim.api.nvim_create_autocmd('LspRequest', {
+  group = group,
+  callback = function(ev)
+    local data = ev.data
+    local id = key(data.client_id, data.request_id)
+    local answer = M.streaming[id]
+    if not answer or data.request.type ~= 'complete' then
+      return
+    end
+    vim.schedule(function()
+      if M.streaming[id] == answer and answer.result == nil and answer.error == nil then
+        M.streaming[id] = nil
+        answer.finish = answer.finish or 'cancelled'
+      end
+    end)
+  end,
+})
+
+--- Ends the answers of a client whose server exited (`codectx.exited`): their footer says so.
+---@param client_id integer
+---@param code integer
+---@param signal integer
+function M.on_exit(client_id, code, signal)
+  for id, answer in pairs(M.streaming) do
+    if answer.client.id == client_id then
+      M.streaming[id] = nil
+      answer.exited = { code = code, signal = signal }
+      set_footer(answer, 'server exited')
+      write(answer, ('%scodectx: the language server exited (%s) before the answer finished'):format(
+        answer.text == '' and '' or '\n\n', codectx.describe_exit(code, signal)))
+    end
+  end
+end
+
 --- Cancels `answer`'s request (once) if the answer is still streaming.
 ---@param answer codectx.Answer
 function M.cancel(answer)
@@ -203,10 +242,16 @@ local function prompt(on_question)
 end
 
 --- `:[range]CodectxAsk [question]`: asks about the repository, or about the lines of a range;
---- prompts for the question when none is given.
+--- prompts for the question when none is given. A range needs a buffer of a file.
 ---@param cmd vim.api.keyset.create_user_command.command_args
 function M.command(cmd)
   local bufnr = vim.api.nvim_get_current_buf()
+  if cmd.range > 0 and not codectx.is_file(bufnr) then
+    local name = vim.api.nvim_buf_get_name(bufnr)
+    vim.notify(('codectx: cannot ask about lines of %s: it is no file; write it to a file of the repository, or '
+      .. 'ask without a range'):format(name == '' and 'an unnamed buffer' or name), vim.log.levels.ERROR)
+    return
+  end
   local client = codectx.require_client(bufnr)
   if not client then
     return

@@ -10,7 +10,7 @@ local M = {}
 ---@class codectx.Options
 ---@field float codectx.FloatOptions The answer window.
 ---@field max_tokens integer? Answer length of `:CodectxAsk`; nil uses the server's `ask.maxTokens`.
----@field python string? Interpreter `:checkhealth codectx` runs the doctor with; nil derives it from `cmd`.
+---@field python string? Interpreter `:checkhealth codectx` runs the doctor with (`python -m server.cli doctor`); nil runs it like `cmd` (`codectx doctor` for `codectx serve`).
 
 ---@type codectx.Options
 M.defaults = {

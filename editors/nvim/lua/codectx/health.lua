@@ -6,43 +6,52 @@ local health = vim.health
 local DOCTOR_TIMEOUT_MS = 60000
 local STATUS_TIMEOUT_MS = 5000
 
---- The interpreter behind `cmd`: the `python` option, `cmd[1]` itself when it is a Python, or
---- the interpreter named by the executable's `#!` line (console scripts such as `codectx`).
+--- The command that runs `codectx doctor` where the server runs: with the `python` option, or
+--- when `cmd[1]` is a Python, `python -m server.cli doctor`; else `cmd` up to its `serve` with
+--- `doctor` instead (so `codectx doctor` for `codectx serve`). The `codectx` console script is
+--- run itself, not its interpreter: its launcher may be a `#!` line or, when the venv's path is
+--- long or has spaces, a `/bin/sh` script that execs the Python.
 ---@param cmd string[]
 ---@param exe string Full path of `cmd[1]`.
----@return string?
-local function python_of(cmd, exe)
-  local option = require('codectx.config').options.python
-  if option then
-    return option
+---@return string[]
+local function doctor_command(cmd, exe)
+  local python = require('codectx.config').options.python
+  if not python and vim.fs.basename(exe):match('^python') then
+    python = exe
   end
-  if vim.fs.basename(exe):match('^python') then
-    return exe
+  if python then
+    return { python, '-m', 'server.cli', 'doctor' }
   end
-  local ok, first = pcall(vim.fn.readfile, exe, '', 1)
-  local shebang = ok and first[1] and first[1]:match('^#!%s*(.-)%s*$')
-  if not shebang then
-    return nil
+  local doctor = { exe }
+  for i = 2, #cmd do
+    if cmd[i] == 'serve' then
+      break
+    end
+    doctor[#doctor + 1] = cmd[i]
   end
-  local words = vim.split(shebang, '%s+')
-  if vim.fs.basename(words[1]) == 'env' then
-    return words[2] and vim.fn.exepath(words[2]) or nil
+  if #doctor == #cmd then -- no `serve`: the executable's own subcommand
+    doctor = { exe }
   end
-  return words[1]
+  doctor[#doctor + 1] = 'doctor'
+  return doctor
 end
 
---- Reports each line of `python -m server.cli doctor` (Python, MLX, BLAS, default model, cache).
-local function check_doctor(python, env)
-  local ok, run = pcall(vim.system, { python, '-m', 'server.cli', 'doctor' }, { env = env, text = true })
+--- Reports each line of the doctor (Python, MLX, BLAS, default model, cache).
+---@param command string[] See `doctor_command`.
+local function check_doctor(command, env)
+  local shown = table.concat(command, ' ')
+  local ok, run = pcall(vim.system, command, { env = env, text = true })
   if not ok then
-    health.error(('cannot run %s: %s'):format(python, run))
+    health.error(('cannot run `%s`: %s'):format(shown, run))
     return
   end
   local done = run:wait(DOCTOR_TIMEOUT_MS)
   local lines = vim.split(done.stdout or '', '\n', { trimempty = true })
   if #lines == 0 then
-    health.error(('`%s -m server.cli doctor` failed (exit %s): %s'):format(python, done.code, vim.trim(done.stderr or '')),
-      { 'Install codectx into this Python: pip install -e /path/to/codectx' })
+    health.error(('`%s` failed (exit %s): %s'):format(shown, done.code, vim.trim(done.stderr or '')), {
+      'Install codectx where the server runs: pip install -e /path/to/codectx',
+      "or name its Python: require('codectx').setup({ python = '/path/to/.venv/bin/python' })",
+    })
     return
   end
   local report = { ok = health.ok, FAIL = health.error, warn = health.warn }
@@ -93,6 +102,8 @@ local function check_clients()
       health.warn('codectx.status did not answer: ' .. (reply and reply.err.message or 'timeout'))
     elseif reply.result.ready then
       health.ok(table.concat(format_status(reply.result), '; '))
+    elseif type(reply.result.loadError) == 'string' then
+      health.error(table.concat(format_status(reply.result), '; '), { 'Fix the model setting, then :LspRestart' })
     else
       health.warn(table.concat(format_status(reply.result), '; '), { 'The model is still loading, or failed to load: see :messages' })
     end
@@ -137,12 +148,7 @@ function M.check()
 
   if exe then
     health.start('codectx: Python and model')
-    local python = python_of(config.cmd, exe)
-    if python then
-      check_doctor(python, config.cmd_env)
-    else
-      health.warn('cannot tell which Python runs ' .. exe, { "Set require('codectx').setup({ python = '...' })" })
-    end
+    check_doctor(doctor_command(config.cmd, exe), config.cmd_env)
     check_model(config.settings)
   end
 

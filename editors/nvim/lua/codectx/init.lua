@@ -11,29 +11,129 @@ function M.setup(opts)
   require('codectx.config').merge(opts)
 end
 
---- The codectx client attached to `bufnr`, else any running codectx client.
----@param bufnr integer? Defaults to the current buffer.
----@return vim.lsp.Client?
-function M.client(bufnr)
-  local clients = vim.lsp.get_clients({ name = M.name, bufnr = bufnr or 0 })
-  if #clients == 0 then
-    clients = vim.lsp.get_clients({ name = M.name })
-  end
-  return clients[1]
+--- Whether `bufnr` shows a file: it has a name, is no special buffer (`buftype`) and is not
+--- named by a URI such as `codectx://context`.
+---@param bufnr integer
+---@return boolean
+function M.is_file(bufnr)
+  local name = vim.api.nvim_buf_get_name(bufnr)
+  return name ~= '' and vim.bo[bufnr].buftype == '' and not name:match('^%a[%w+.-]*://')
 end
 
---- Like `client`, but tells the user how to start one when there is none.
+--- The file a buffer shows (symlinks resolved), or the working directory for a buffer that is
+--- no file (`is_file`): that is where `lsp/codectx.lua` puts the root of such a buffer too.
+---@param bufnr integer
+---@return string
+local function buffer_path(bufnr)
+  if not M.is_file(bufnr) then
+    return vim.fs.normalize(vim.uv.fs_realpath(vim.fn.getcwd()) or vim.fn.getcwd())
+  end
+  local name = vim.api.nvim_buf_get_name(bufnr)
+  local real = vim.uv.fs_realpath(name)
+  if not real then -- a new file: its folder's real path
+    local dir = vim.fs.dirname(name)
+    real = vim.fs.joinpath(vim.uv.fs_realpath(dir) or dir, vim.fs.basename(name))
+  end
+  return vim.fs.normalize(real)
+end
+
+--- Whether `path` (real, normalized) is `root` or inside it.
+local function contains(root, path)
+  return vim.fs.relpath(vim.fs.normalize(vim.uv.fs_realpath(root) or root), path) ~= nil
+end
+
+--- The root a client serves (the working directory it was started in if it has none).
+local function root_of(client)
+  return client.root_dir or vim.fn.getcwd()
+end
+
+--- How a server process ended, e.g. `signal 9` or `exit code 1`.
+---@param code integer
+---@param signal integer
+---@return string
+function M.describe_exit(code, signal)
+  return signal ~= 0 and ('signal %d'):format(signal) or ('exit code %d'):format(code)
+end
+
+--- The last exit of a codectx server, by the root it served (see `exited`).
+---@type table<string, { code: integer, signal: integer }>
+M.exits = {}
+
+--- The codectx client of `bufnr`: the one attached to it, else the one whose root holds the
+--- buffer's file (the innermost root), never another repository's. Clients that are stopping
+--- are left out.
+---@param bufnr integer? Defaults to the current buffer.
+---@return vim.lsp.Client? client
+---@return string? why Without a client: why none serves the buffer (for the user).
+function M.client(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local running = vim.tbl_filter(function(client)
+    return not client:is_stopped()
+  end, vim.lsp.get_clients({ name = M.name }))
+  for _, client in ipairs(running) do
+    if client.attached_buffers[bufnr] then
+      return client
+    end
+  end
+  local path, best = buffer_path(bufnr), nil
+  for _, client in ipairs(running) do
+    if contains(root_of(client), path) and (not best or #root_of(client) > #root_of(best)) then
+      best = client
+    end
+  end
+  if best then
+    return best
+  end
+  if #running == 0 and not vim.lsp.is_enabled(M.name) then
+    return nil, "the language server is not enabled: add vim.lsp.enable('codectx') to your config"
+  end
+  local exited
+  for root, exit in pairs(M.exits) do
+    if contains(root, path) and (not exited or #root > #exited) then
+      exited = root
+    end
+  end
+  if exited then
+    local exit = M.exits[exited]
+    return nil, ('the language server for %s exited (%s): :edit a file of the repository to start it again; see %s')
+      :format(exited, M.describe_exit(exit.code, exit.signal), vim.lsp.get_log_path())
+  end
+  if #running == 0 then
+    return nil, ('no language server is running for %s: open a source file of its repository (a filetype of '
+      .. 'lsp/codectx.lua) to start one'):format(path)
+  end
+  local roots = vim.tbl_map(root_of, running)
+  table.sort(roots)
+  return nil, ('no language server for %s (running for %s): open a source file of its repository (a filetype '
+    .. 'of lsp/codectx.lua) to start one'):format(path, table.concat(roots, ', '))
+end
+
+--- Like `client`, but tells the user why there is none: not enabled, not running for this
+--- buffer's repository, or exited.
 ---@param bufnr integer?
 ---@return vim.lsp.Client?
 function M.require_client(bufnr)
-  local client = M.client(bufnr)
+  local client, why = M.client(bufnr)
   if not client then
-    vim.notify(
-      "codectx: no language server running; add vim.lsp.enable('codectx') to your config and open a file of the repository",
-      vim.log.levels.ERROR
-    )
+    vim.notify('codectx: ' .. why, vim.log.levels.ERROR)
   end
   return client
+end
+
+--- A codectx server exited (`on_exit` of `lsp/codectx.lua`): remembers the exit for `client`'s
+--- message and ends the client's answers (no stream end or reply comes any more).
+---@param client vim.lsp.Client?
+---@param code integer
+---@param signal integer
+function M.exited(client, code, signal)
+  if not client then
+    return
+  end
+  M.exits[root_of(client)] = { code = code, signal = signal }
+  local ask = package.loaded['codectx.ask']
+  if ask then
+    ask.on_exit(client.id, code, signal)
+  end
 end
 
 --- Sends `workspace/executeCommand` for a codectx command (one object argument or none).
@@ -56,6 +156,9 @@ end
 ---@param status table
 ---@return string[]
 function M.format_status(status)
+  if not status.ready and type(status.loadError) == 'string' then
+    return { 'codectx: the model did not load: ' .. status.loadError }
+  end
   local lines = {
     ('codectx: %s, model %s'):format(status.ready and 'ready' or 'loading', status.model or '-'),
   }
