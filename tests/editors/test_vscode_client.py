@@ -78,14 +78,14 @@ def test_unit_suite(compiled):
 
 
 def test_end_to_end_suite_against_the_real_server(compiled, vscode_model, looping_model):
-    """out/test/e2e: server.test.js (8 tests) on the tiny model, answers.test.js (4 tests: the pending
+    """out/test/e2e: server.test.js (9 tests) on the tiny model, answers.test.js (4 tests: the pending
     hover, the empty question, focus, the loop guard) on the looping one."""
     env = dict(os.environ, CODECTX_TEST_MODEL=str(vscode_model), CODECTX_TEST_PYTHON=sys.executable,
                CODECTX_TEST_CAPABILITIES=str(VSCODE_CAPABILITIES), CODECTX_TEST_LOOPING_MODEL=str(looping_model),
                CODECTX_TEST_PENDING_LINE=PENDING_LINE)
     result = _run([_tool("node"), "--test", str(compiled / "test" / "e2e")], env=env)
     _check(result, "node --test out/test/e2e")
-    assert "# fail 0" in result.stdout and "# pass 12" in result.stdout, result.stdout
+    assert "# fail 0" in result.stdout and "# pass 13" in result.stdout, result.stdout
     assert re.search(r"^ok \d+ - issue 17 answers, through the extension client code$", result.stdout, re.M)
 
 
@@ -110,6 +110,18 @@ def test_settings_mirror_the_server_settings(compiled):
     contributed = {key: value["default"] for key, value in properties.items()
                    if not key.startswith(("codectx.server.", "codectx.trace."))}
     assert contributed == expected
+
+
+def test_the_settings_it_offers_a_restart_for_are_those_the_server_keeps():
+    """The server keeps `RESTART_SECTIONS` until a restart (and says so); the extension offers the
+    restart for exactly those, and for its own launch settings."""
+    import re
+
+    from server.core.host import RESTART_SECTIONS
+
+    source = (EXTENSION / "src" / "config.ts").read_text()
+    groups = re.search(r"export const RESTART_GROUPS = \[([^\]]*)\]", source).group(1)
+    assert [g.strip().strip("'") for g in groups.split(",")] == ["server", *RESTART_SECTIONS]
 
 
 def test_vsce_packages_a_vsix(compiled, tmp_path):

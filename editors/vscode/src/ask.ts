@@ -7,7 +7,9 @@
  * serialized (a new ask stops the running one and waits for its answer), but a cancelled
  * ask is answered at once and its last deltas and its `done` may arrive later. Request ids
  * grow, so ids seen during earlier asks are ignored, and a larger id replaces a smaller one
- * (the earlier stream was such a tail). The final text comes from the result anyway.
+ * (the earlier stream was such a tail). The final text comes from the result anyway. A
+ * restarted server's connection numbers its requests from 0 again, so the ids seen are
+ * forgotten when a connection starts (`onDidChangeState`).
  */
 import { CancellationTokenSource, Disposable, LSPErrorCodes, ResponseError } from 'vscode-languageserver-protocol';
 
@@ -51,9 +53,18 @@ export class AskSession {
     private readonly onFinished: (outcome: AskOutcome) => void = () => undefined,
   ) {}
 
-  /** Subscribes to `codectx/stream`; dispose to unsubscribe. */
+  /** Subscribes to `codectx/stream` and to the connection's starts; dispose to unsubscribe. */
   listen(): Disposable {
-    return this.server.onNotification(STREAM_METHOD, (params: StreamParams) => this.onStream(params));
+    const stream = this.server.onNotification(STREAM_METHOD, (params: StreamParams) => this.onStream(params));
+    const state = this.server.onDidChangeState?.((state) => {
+      if (state === 'starting') {
+        this.connectionStarting();
+      }
+    });
+    return Disposable.create(() => {
+      stream.dispose();
+      state?.dispose();
+    });
   }
 
   /** Whether an ask is running. */
@@ -105,6 +116,15 @@ export class AskSession {
         return { kind: 'cancelled' };
       }
       return { kind: 'failed', message: err instanceof Error ? err.message : String(err) };
+    }
+  }
+
+  /** A new connection: the ids of the old one say nothing about the new one's. */
+  private connectionStarting(): void {
+    this.highestId = undefined;
+    if (this.current !== undefined) {
+      this.current.floor = undefined;
+      this.current.requestId = undefined;
     }
   }
 

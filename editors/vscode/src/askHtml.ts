@@ -7,6 +7,7 @@
 import { randomBytes } from 'crypto';
 
 import type { AskOutcome } from './ask';
+import { count, fixed } from './numbers';
 
 /** Extension -> page. */
 export type PanelMessage =
@@ -36,10 +37,11 @@ export function outcomeFooter(outcome: AskOutcome): string {
   if (outcome.kind === 'failed') {
     return `Failed: ${outcome.message}`;
   }
-  const m = outcome.result.metrics;
+  const m: Partial<Record<string, unknown>> = outcome.result.metrics ?? {};
   const finish = FINISH_NOTES[outcome.result.finishReason] ?? '';
-  return `${m.prompt_tokens} prompt tokens (${m.cached_tokens} cached, ${m.recomputed_tokens} computed) · `
-    + `TTFT ${m.ttft_s.toFixed(2)} s · ${m.decode_tokens} tokens at ${m.decode_tps.toFixed(1)} tok/s${finish}`;
+  return `${count(m.prompt_tokens)} prompt tokens (${count(m.cached_tokens)} cached, `
+    + `${count(m.recomputed_tokens)} computed) · TTFT ${fixed(m.ttft_s, 2) ?? '?'} s · `
+    + `${count(m.decode_tokens)} tokens at ${fixed(m.decode_tps, 1) ?? '?'} tok/s${finish}`;
 }
 
 /** The message that ends an ask in the page; an answer's final text replaces the streamed one. */

@@ -4,11 +4,14 @@
  * Their ids differ from the server's commands (`codectx.ask`, `codectx.status`, ...):
  * vscode-languageclient registers those as VS Code commands itself.
  * `codectx.askAboutSelection` is also what the server's "Ask about selection" code
- * action resolves to, with `{ uri, range }` (docs/protocol.md).
+ * action resolves to, with `{ uri, range }` (docs/protocol.md). `offerRestart` is what a
+ * settings change does.
  */
 import type { Range } from 'vscode-languageserver-protocol';
 
 import { AskSession } from './ask';
+import { needsRestart, restartGroups, SECTION } from './config';
+import { fixed } from './numbers';
 import { ContextLayout, executeCommand, ServerCommand, ServerConnection, ServerStatus } from './protocol';
 import { cachedTokens, modelLabel, StatusBarController, warmPercent } from './statusBar';
 
@@ -21,6 +24,9 @@ export const ClientCommand = {
   restartServer: 'codectx.restartServer',
   stopAsk: 'codectx.stopAsk',
 } as const;
+
+/** The button of the restart offer after a settings change. */
+export const RESTART_ACTION = 'Restart server';
 
 /** The same question the server's "Explain" code action asks. */
 export const EXPLAIN_QUESTION = 'Explain the selected code.';
@@ -38,6 +44,8 @@ export interface EditorHost {
   openMarkdown(name: string, text: string): Promise<void>;
   info(message: string): void;
   error(message: string): void;
+  /** Shows `message` with one button; true when it was pressed. */
+  offer(message: string, action: string): Promise<boolean>;
 }
 
 /** Everything the command handlers act on. */
@@ -58,14 +66,41 @@ export function isSelection(value: unknown): value is Selection {
 
 /** One line about the server for the Status command. */
 export function statusLine(status: ServerStatus): string {
+  if (!status.ready && status.loadError) {
+    return `codectx: the model did not load: ${status.loadError}`;
+  }
   if (!status.ready) {
     return `codectx: loading ${status.model ?? 'the model'}`;
   }
-  const ttft = status.lastMetrics ? `${status.lastMetrics.ttft_s.toFixed(3)} s` : 'none yet';
+  const seconds = fixed(status.lastMetrics?.ttft_s, 3);
+  const ttft = seconds !== undefined ? `${seconds} s` : 'none yet';
   return `codectx: ${modelLabel(status.model)} ready; warm ${warmPercent(status)}% `
     + `(prefix ${status.warmup?.prefixTokens ?? 0} tokens), ${cachedTokens(status)} tokens cached, `
     + `last TTFT ${ttft}; ${status.counters.asks} asks (${status.counters.cancelled} cancelled), `
     + `${status.counters.hovers} hovers`;
+}
+
+/** "Restart server": stops the running ask, restarts the server, refreshes the status. */
+async function restartServer(ctx: CommandContext): Promise<void> {
+  await ctx.ask.stop();
+  await ctx.restart();
+  await ctx.status.refresh();
+}
+
+/**
+ * After a settings change: offers a restart when the change needs one (`needsRestart`: how
+ * the server starts, the model, how it computes; the running server keeps those).
+ *
+ * @param affects The change's `affectsConfiguration`.
+ */
+export async function offerRestart(ctx: CommandContext, affects: (section: string) => boolean): Promise<void> {
+  if (!needsRestart(affects)) {
+    return;
+  }
+  const changed = restartGroups(affects).map((group) => `${SECTION}.${group}.*`).join(', ');
+  if (await ctx.host.offer(`codectx: ${changed} changed; the server uses the new settings after a restart.`, RESTART_ACTION)) {
+    await restartServer(ctx);
+  }
 }
 
 /** The handlers, keyed by command id. */
@@ -106,11 +141,7 @@ export function commandHandlers(ctx: CommandContext): Record<string, (...args: u
         host.info(statusLine(current));
       }
     },
-    [ClientCommand.restartServer]: async () => {
-      await ask.stop();
-      await ctx.restart();
-      await status.refresh();
-    },
+    [ClientCommand.restartServer]: async () => restartServer(ctx),
     [ClientCommand.stopAsk]: async () => ask.stop(),
   };
 }

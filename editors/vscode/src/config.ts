@@ -89,9 +89,18 @@ export function serverLaunch(read: SettingsReader): ServerLaunch {
   };
 }
 
-/** True when a configuration change needs a server restart (the launch, the model or how it computes changed). */
+/** The setting groups a running server keeps: how it starts, and what its session was built with (the
+ * server's `RESTART_SECTIONS`: the model, how it computes, its caches, the engine it talks to, the workspace). */
+export const RESTART_GROUPS = ['server', 'model', 'compute', 'memory', 'engine', 'context'];
+
+/** The groups of `RESTART_GROUPS` a configuration change affects. */
+export function restartGroups(affects: (section: string) => boolean): string[] {
+  return RESTART_GROUPS.filter((group) => affects(`${SECTION}.${group}`));
+}
+
+/** True when a configuration change needs a server restart (one of `RESTART_GROUPS` changed). */
 export function needsRestart(affects: (section: string) => boolean): boolean {
-  return affects(`${SECTION}.server`) || affects(`${SECTION}.model`) || affects(`${SECTION}.compute`);
+  return restartGroups(affects).length > 0;
 }
 
 function stringSetting(read: SettingsReader, key: string): string {

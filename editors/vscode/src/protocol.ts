@@ -74,6 +74,8 @@ export interface WarmthState {
 /** Result of `codectx.status` (the fields the client reads). */
 export interface ServerStatus {
   ready: boolean;
+  /** Why the model did not load (the error's message); null while loading and once loaded. */
+  loadError?: string | null;
   model: string | null;
   warmup: WarmthState | null;
   counters: { asks: number; hovers: number; hoverCacheHits: number; cancelled: number; warmups: number };
@@ -114,13 +116,18 @@ export interface ContextLayout {
   focus?: Focus | null;
 }
 
+/** Where the connection to the server is: a new connection numbers its requests from 0 again. */
+export type ServerState = 'starting' | 'running' | 'stopped';
+
 /**
- * What the client modules need from a connection. Both `LanguageClient` (vscode-languageclient)
- * and `MessageConnection` (vscode-languageserver-protocol) provide it.
+ * What the client modules need from a connection. `ServerClient` (the extension's, over
+ * vscode-languageclient) and `MessageConnection` (vscode-languageserver-protocol) provide it.
  */
 export interface ServerConnection {
   sendRequest<R>(method: string, params: unknown, token?: CancellationToken): Promise<R>;
   onNotification(method: string, handler: (params: any) => void): Disposable;
+  /** Connections that restart (`ServerClient`) tell when they start, run and stop. */
+  onDidChangeState?(listener: (state: ServerState) => void): Disposable;
 }
 
 /** Runs one server command through `workspace/executeCommand`. */

@@ -1,11 +1,13 @@
 /**
  * The status bar item: model, warm %, tokens cached and the last time to first token,
  * from `codectx.status`, refreshed when the server reports something new
- * (`codectx/warmth`, the end of a progress, an answered ask).
+ * (`codectx/warmth`, the end of a progress, an answered ask, a started server); while no
+ * server runs (it is starting, it could not start, it stopped for good) it says so.
  */
-import type { Disposable } from 'vscode-languageserver-protocol';
+import { Disposable } from 'vscode-languageserver-protocol';
 
-import { executeCommand, ServerCommand, ServerConnection, ServerStatus, WARMTH_METHOD } from './protocol';
+import { fixed, isNumber } from './numbers';
+import { executeCommand, ServerCommand, ServerConnection, ServerState, ServerStatus, WARMTH_METHOD } from './protocol';
 
 /** What the status bar item shows. */
 export interface StatusSummary {
@@ -29,13 +31,15 @@ export function warmPercent(status: ServerStatus): number {
   if (status.warmup?.warm) {
     return 100;
   }
-  const metrics = status.lastMetrics;
-  return metrics && metrics.prompt_tokens > 0 ? Math.round((100 * metrics.cached_tokens) / metrics.prompt_tokens) : 0;
+  const prompt = status.lastMetrics?.prompt_tokens;
+  const cached = status.lastMetrics?.cached_tokens;
+  return isNumber(prompt) && isNumber(cached) && prompt > 0 ? Math.round((100 * cached) / prompt) : 0;
 }
 
 /** Tokens held in the model's cache (the live KV cache of the engine). */
 export function cachedTokens(status: ServerStatus): number {
-  return status.engine?.cache?.live_tokens ?? 0;
+  const live = status.engine?.cache?.live_tokens;
+  return isNumber(live) ? live : 0;
 }
 
 /** A token count for humans: 950, 1.2k, 34k. */
@@ -55,6 +59,16 @@ export function modelLabel(model: string | null): string {
   return parts.length ? parts[parts.length - 1] : model;
 }
 
+/** The status bar text and tooltip while the server is starting or not running. */
+export function describeState(state: Exclude<ServerState, 'running'>): StatusSummary {
+  return state === 'starting'
+    ? { text: '$(sync~spin) codectx: starting', tooltip: 'codectx: starting the server' }
+    : {
+      text: '$(circle-slash) codectx: stopped',
+      tooltip: 'codectx: the server is not running (codectx: Restart server starts it; the codectx output channel has its log)',
+    };
+}
+
 /**
  * The status bar text and tooltip.
  *
@@ -65,26 +79,30 @@ export function describeStatus(status: ServerStatus | undefined, problem?: strin
   if (status === undefined) {
     return { text: '$(circle-slash) codectx', tooltip: `codectx: ${problem ?? 'not running'}` };
   }
+  if (!status.ready && status.loadError) {
+    return { text: '$(error) codectx: no model', tooltip: `codectx: the model did not load: ${status.loadError}` };
+  }
   if (!status.ready) {
     return { text: '$(sync~spin) codectx: loading', tooltip: `codectx: loading ${status.model ?? 'the model'}` };
   }
   const warm = warmPercent(status);
-  const ttft = status.lastMetrics?.ttft_s;
+  const ttft2 = fixed(status.lastMetrics?.ttft_s, 2);
+  const ttft3 = fixed(status.lastMetrics?.ttft_s, 3);
   const remote = status.engine?.engine === 'remote' ? status.engine : undefined;
   const down = remote !== undefined && remote.reachable === false;
   const parts = [modelLabel(status.model), `warm ${warm}%`, `${formatTokens(cachedTokens(status))} tok`];
   if (down) {
     parts.push('engine unreachable');
   }
-  if (ttft !== undefined) {
-    parts.push(`TTFT ${ttft.toFixed(2)}s`);
+  if (ttft2 !== undefined) {
+    parts.push(`TTFT ${ttft2}s`);
   }
   const warming = status.warmup?.running ? ' (warming up)' : '';
   const lines = [
     `model: ${status.model}`,
     `warm: ${warm}%${warming}, prefix ${status.warmup?.prefixTokens ?? 0} tokens`,
     `tokens cached: ${cachedTokens(status)}`,
-    `last time to first token: ${ttft !== undefined ? `${ttft.toFixed(3)} s` : 'none yet'}`,
+    `last time to first token: ${ttft3 !== undefined ? `${ttft3} s` : 'none yet'}`,
     `asks: ${status.counters.asks} (${status.counters.cancelled} cancelled), hovers: ${status.counters.hovers}`,
   ];
   if (remote !== undefined) {
@@ -99,14 +117,24 @@ export function describeStatus(status: ServerStatus | undefined, problem?: strin
 /** Keeps a `StatusView` up to date from the server. */
 export class StatusBarController {
   private last: ServerStatus | undefined;
+  /** Counts the connection's state changes: a status asked for before one is not shown after it. */
+  private changes = 0;
 
   constructor(private readonly server: ServerConnection, private readonly view: StatusView) {
     view.show(describeStatus(undefined, 'starting'));
   }
 
-  /** Refreshes on every `codectx/warmth`; dispose to unsubscribe. */
+  /**
+   * Refreshes on every `codectx/warmth` and when the server runs; shows a server that is
+   * starting or stopped as such. Dispose to unsubscribe.
+   */
   listen(): Disposable {
-    return this.server.onNotification(WARMTH_METHOD, () => void this.refresh());
+    const warmth = this.server.onNotification(WARMTH_METHOD, () => void this.refresh());
+    const state = this.server.onDidChangeState?.((state) => this.onState(state));
+    return Disposable.create(() => {
+      warmth.dispose();
+      state?.dispose();
+    });
   }
 
   /** The last status received. */
@@ -120,14 +148,31 @@ export class StatusBarController {
    * @returns The status, or undefined when the request failed (the view says why).
    */
   async refresh(): Promise<ServerStatus | undefined> {
+    const changes = this.changes;
+    let status: ServerStatus;
     try {
-      this.last = await executeCommand<ServerStatus>(this.server, ServerCommand.status);
+      status = await executeCommand<ServerStatus>(this.server, ServerCommand.status);
     } catch (err) {
-      this.last = undefined;
-      this.view.show(describeStatus(undefined, err instanceof Error ? err.message : String(err)));
+      if (changes === this.changes) {
+        this.last = undefined;
+        this.view.show(describeStatus(undefined, err instanceof Error ? err.message : String(err)));
+      }
       return undefined;
     }
-    this.view.show(describeStatus(this.last));
-    return this.last;
+    if (changes === this.changes) {
+      this.last = status;
+      this.view.show(describeStatus(status));
+    }
+    return status;
+  }
+
+  private onState(state: ServerState): void {
+    this.changes += 1;
+    if (state === 'running') {
+      void this.refresh();
+      return;
+    }
+    this.last = undefined;
+    this.view.show(describeState(state));
   }
 }

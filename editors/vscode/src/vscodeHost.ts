@@ -62,6 +62,10 @@ export class VscodeEditorHost implements EditorHost, vscode.Disposable {
     void vscode.window.showErrorMessage(message);
   }
 
+  async offer(message: string, action: string): Promise<boolean> {
+    return (await vscode.window.showInformationMessage(message, action)) === action;
+  }
+
   dispose(): void {
     this.registration.dispose();
     this.changed.dispose();

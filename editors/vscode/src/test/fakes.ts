@@ -3,7 +3,7 @@ import { CancellationToken, Disposable } from 'vscode-languageserver-protocol';
 
 import type { AskOutcome, AskView } from '../ask';
 import type { EditorHost, Selection } from '../commands';
-import type { ServerConnection } from '../protocol';
+import type { ServerConnection, ServerState } from '../protocol';
 
 /** One request the client sent; the test answers it. */
 export interface SentRequest {
@@ -18,6 +18,7 @@ export interface SentRequest {
 export class FakeConnection implements ServerConnection {
   readonly sent: SentRequest[] = [];
   private readonly handlers = new Map<string, Set<(params: any) => void>>();
+  private readonly stateListeners = new Set<(state: ServerState) => void>();
   private waiters: (() => void)[] = [];
 
   sendRequest<R>(method: string, params: unknown, ...rest: (CancellationToken | undefined)[]): Promise<R> {
@@ -39,12 +40,26 @@ export class FakeConnection implements ServerConnection {
     return { dispose: () => set.delete(handler) };
   }
 
+  onDidChangeState(listener: (state: ServerState) => void): Disposable {
+    this.stateListeners.add(listener);
+    return { dispose: () => this.stateListeners.delete(listener) };
+  }
+
+  /** The connection starts, runs or stops (a restart starts a new one). */
+  changeState(state: ServerState): void {
+    this.stateListeners.forEach((listener) => listener(state));
+  }
+
   notify(method: string, params: unknown): void {
     this.handlers.get(method)?.forEach((handler) => handler(params));
   }
 
   listeners(method: string): number {
     return this.handlers.get(method)?.size ?? 0;
+  }
+
+  stateListenerCount(): number {
+    return this.stateListeners.size;
   }
 
   /** Resolves once `count` requests have been sent. */
@@ -78,9 +93,10 @@ export class RecordingView implements AskView {
   }
 }
 
-/** An `EditorHost` with a scripted answer and selection. */
+/** An `EditorHost` with a scripted answer, selection and choice (of an offer's button). */
 export class FakeHost implements EditorHost {
   readonly messages: string[] = [];
+  choice = false;
   readonly opened: { name: string; text: string }[] = [];
   readonly prompts: string[] = [];
 
@@ -105,5 +121,10 @@ export class FakeHost implements EditorHost {
 
   error(message: string): void {
     this.messages.push(`error:${message}`);
+  }
+
+  async offer(message: string, action: string): Promise<boolean> {
+    this.messages.push(`offer:${message} [${action}]`);
+    return this.choice;
   }
 }

@@ -207,8 +207,19 @@ describe('codectx serve, driven like the extension drives it', () => {
     const done = streams.filter((s) => s.done);
     assert.deepEqual(done.map((s) => s.finishReason), [outcome.result.finishReason]);
     // The $/progress reports the extension keeps out of VS Code's progress UI are exactly the deltas.
-    const deltas = [...progress.values()].map((values) => values.filter(isAnswerDelta).map((v) => (v as any).message).join(''));
+    const deltas = [...progress].map(([token, values]) => values.filter((value) => isAnswerDelta(value, token))
+      .map((v) => (v as any).message).join(''));
     assert.ok(deltas.includes(outcome.result.text), JSON.stringify(deltas));
+  });
+
+  test('the load progress reaches VS Code whole: its stages and the scan, without answer deltas', LIMIT, () => {
+    const loads = [...progress].filter(([token]) => String(token).startsWith('codectx-load-'));
+    assert.equal(loads.length, 1, JSON.stringify([...progress.keys()]));
+    const [token, values] = loads[0];
+    assert.deepEqual(values.filter((value) => isAnswerDelta(value, token)), []);
+    const reports = values.filter((value) => value.kind === 'report').map((value) => (value as any).message as string);
+    assert.ok(reports.some((message) => message.startsWith(`scanning ${workspace}`)), JSON.stringify(reports));
+    assert.equal(values.at(-1)?.kind, 'end');
   });
 
   test('the settings were accepted: answered once through workspace/configuration, no warning', LIMIT, () => {

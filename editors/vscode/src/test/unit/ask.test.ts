@@ -133,3 +133,32 @@ test('an unseen earlier request is replaced by the larger id of the running ask'
   assert.deepEqual(view.events, ['begin:q', 'append:stale', 'begin:q', 'append:fresh', 'end:answered']);
   assert.equal(view.text, 'fresh');
 });
+
+test('after the connection restarts, its requests numbered from 0 again stream into the view', async () => {
+  const { server, view, session } = listeningSession();
+  const before = session.run({ question: 'before' });
+  const [first] = await server.requests(1);
+  server.notify(STREAM_METHOD, stream(30, 0, 'old'));
+  first.resolve(result('old'));
+  await before;
+  server.changeState('stopped');
+  server.changeState('starting'); // "Restart server": a new server, a new connection
+  server.changeState('running');
+  const after = session.run({ question: 'after' });
+  const sent = await server.requests(2);
+  server.notify(STREAM_METHOD, stream(1, 0, 'new'));
+  server.notify(STREAM_METHOD, stream(1, 1, ' text'));
+  sent[1].resolve(result('new text'));
+  await after;
+  assert.deepEqual(view.events, ['begin:before', 'append:old', 'end:answered', 'begin:after', 'append:new', 'append: text',
+    'end:answered']);
+});
+
+test('listen follows the connection state and stops following it on dispose', () => {
+  const server = new FakeConnection();
+  const listening = new AskSession(server, new RecordingView()).listen();
+  assert.equal(server.stateListenerCount(), 1);
+  listening.dispose();
+  assert.equal(server.stateListenerCount(), 0);
+  assert.equal(server.listeners(STREAM_METHOD), 0);
+});

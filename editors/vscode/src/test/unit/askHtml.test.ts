@@ -32,9 +32,29 @@ test('the page allows only its own nonce-tagged script and the theme styles', ()
   assert.ok(html.includes("postMessage({ type: 'stop' })"));
 });
 
-test('answer deltas stay out of VS Code progress; loading and prefill progress pass', () => {
-  assert.equal(isAnswerDelta({ kind: 'report', message: 'def ' }), true);
-  assert.equal(isAnswerDelta({ kind: 'report', message: 'reading the repository: 16/64 tokens', percentage: 25 }), false);
-  assert.equal(isAnswerDelta({ kind: 'begin', title: 'codectx: loading model' }), false);
-  assert.equal(isAnswerDelta({ kind: 'end', message: 'ready' }), false);
+test('answer deltas stay out of VS Code progress; prefill progress passes', () => {
+  assert.equal(isAnswerDelta({ kind: 'report', message: 'def ' }, 'codectx-ask-3'), true);
+  assert.equal(isAnswerDelta({ kind: 'report', message: 'reading the repository: 16/64 tokens', percentage: 25 }, 'codectx-ask-3'),
+    false);
+  assert.equal(isAnswerDelta({ kind: 'begin', title: 'codectx: answering' }, 'codectx-ask-3'), false);
+  assert.equal(isAnswerDelta({ kind: 'end', message: 'stop' }, 'codectx-ask-3'), false);
+});
+
+test('the load progress passes whole: its stages and the scan counts have no percentage', () => {
+  const load = [
+    { kind: 'begin' as const, title: 'codectx: loading model', percentage: 0 },
+    { kind: 'report' as const, message: 'scanning /home/me/repo' },
+    { kind: 'report' as const, message: 'scanning /home/me/repo: parsing 1/2 files' },
+    { kind: 'report' as const, message: 'scanning /home/me/repo: tokenizing 5/9 files' },
+    { kind: 'end' as const, message: 'ready' },
+  ];
+  assert.deepEqual(load.filter((value) => isAnswerDelta(value, 'codectx-load-1')), []);
+  assert.equal(isAnswerDelta({ kind: 'report', message: 'a token of another client' }, 7), false);
+});
+
+test('the footer of an answer whose metrics lack numbers says so instead of failing', () => {
+  const outcome = { kind: 'answered' as const, result: { text: 'hi', finishReason: 'stop', conversationId: 'c', metrics: {} as any } };
+  assert.equal(outcomeFooter(outcome), '? prompt tokens (? cached, ? computed) · TTFT ? s · ? tokens at ? tok/s');
+  const partial = { ...outcome, result: { ...outcome.result, metrics: { ...METRICS, ttft_s: null, decode_tps: undefined } as any } };
+  assert.equal(outcomeFooter(partial), '812 prompt tokens (768 cached, 44 computed) · TTFT ? s · 57 tokens at ? tok/s');
 });

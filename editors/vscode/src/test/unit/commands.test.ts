@@ -2,7 +2,9 @@ import * as assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { AskSession } from '../../ask';
-import { ClientCommand, commandHandlers, EXPLAIN_QUESTION, isSelection, Selection, statusLine } from '../../commands';
+import {
+  ClientCommand, commandHandlers, EXPLAIN_QUESTION, isSelection, offerRestart, RESTART_ACTION, Selection, statusLine,
+} from '../../commands';
 import { StatusBarController } from '../../statusBar';
 import { FakeConnection, FakeHost, RecordingView } from '../fakes';
 
@@ -15,8 +17,9 @@ function setup(answer: string | undefined, selection: Selection | undefined) {
   const ask = new AskSession(server, view);
   const status = new StatusBarController(server, { show: () => undefined });
   let restarts = 0;
-  const handlers = commandHandlers({ host, server, ask, status, restart: async () => { restarts += 1; } });
-  return { server, host, view, handlers, restarts: () => restarts };
+  const ctx = { host, server, ask, status, restart: async () => { restarts += 1; } };
+  const handlers = commandHandlers(ctx);
+  return { server, host, view, handlers, ctx, restarts: () => restarts };
 }
 
 async function answerFirst(server: FakeConnection, result: unknown): Promise<any> {
@@ -100,4 +103,45 @@ test('isSelection accepts only { uri, range }', () => {
   assert.equal(isSelection(SELECTION), true);
   assert.equal(isSelection({ uri: 'file:///x' }), false);
   assert.equal(isSelection(undefined), false);
+});
+
+test('status before any ask (lastMetrics {}, as the server sent it) shows a line, not an error', async () => {
+  const { server, handlers, host } = setup(undefined, undefined);
+  const state = {
+    ready: true, model: 'smollm2-135m', warmup: null, lastMetrics: {}, engine: null,
+    counters: { asks: 0, hovers: 0, hoverCacheHits: 0, cancelled: 0, warmups: 0 },
+  };
+  const shown = handlers[ClientCommand.showStatus]();
+  await answerFirst(server, state);
+  await shown;
+  assert.equal(host.messages.length, 1);
+  assert.match(host.messages[0], /^info:codectx: smollm2-135m ready; .*last TTFT none yet; 0 asks/);
+  assert.match(statusLine({ ...state, lastMetrics: { ttft_s: null } } as any), /last TTFT none yet/);
+});
+
+/** `affectsConfiguration` of a change to these settings. */
+function changed(...keys: string[]): (section: string) => boolean {
+  return (section) => keys.some((key) => key === section || key.startsWith(`${section}.`));
+}
+
+test('a change of codectx.model.* or codectx.compute.* offers a restart; pressing it restarts', async () => {
+  const { server, host, ctx, restarts } = setup(undefined, undefined);
+  await offerRestart(ctx, changed('codectx.model.name'));
+  assert.deepEqual(host.messages,
+    [`offer:codectx: codectx.model.* changed; the server uses the new settings after a restart. [${RESTART_ACTION}]`]);
+  assert.equal(restarts(), 0);
+  host.choice = true;
+  const done = offerRestart(ctx, changed('codectx.compute.attention', 'codectx.server.args'));
+  (await server.requests(1))[0].resolve({ ready: false, model: null });
+  await done;
+  assert.match(host.messages[1], /^offer:codectx: codectx\.server\.\*, codectx\.compute\.\* changed;/);
+  assert.equal(restarts(), 1);
+  assert.equal(server.sent[0].params.command, 'codectx.status');
+});
+
+test('other settings reach the running server: no restart offered', async () => {
+  const { host, ctx, restarts } = setup(undefined, undefined);
+  await offerRestart(ctx, changed('codectx.hover.enabled', 'codectx.warmup.debounceMs', 'codectx.trace.server', 'editor.fontSize'));
+  assert.deepEqual(host.messages, []);
+  assert.equal(restarts(), 0);
 });

@@ -3,7 +3,7 @@ import { test } from 'node:test';
 
 import { ServerStatus, WARMTH_METHOD } from '../../protocol';
 import {
-  describeStatus, formatTokens, modelLabel, StatusBarController, StatusSummary, StatusView, warmPercent,
+  describeState, describeStatus, formatTokens, modelLabel, StatusBarController, StatusSummary, StatusView, warmPercent,
 } from '../../statusBar';
 import { FakeConnection } from '../fakes';
 
@@ -51,6 +51,13 @@ test('the item shows model, warm %, tokens cached and the last TTFT', () => {
   assert.equal(summary.text, '$(database) tiny-llama · warm 100% · 1.5k tok · TTFT 0.23s');
   assert.match(summary.tooltip, /prefix 812 tokens/);
   assert.match(summary.tooltip, /asks: 3 \(1 cancelled\)/);
+});
+
+test('a load that failed shows as no model, with the reason, not as loading forever', () => {
+  const failed = describeStatus(status({ ready: false, model: null, loadError: 'model not found: nope' }));
+  assert.equal(failed.text, '$(error) codectx: no model');
+  assert.match(failed.tooltip, /did not load: model not found: nope/);
+  assert.equal(describeStatus(status({ ready: false, model: null, loadError: null })).text, '$(sync~spin) codectx: loading');
 });
 
 test('a cold prefix shows the share of the last prompt served from the cache', () => {
@@ -101,4 +108,37 @@ test('a failed status request says why', async () => {
   (await server.requests(1))[0].reject(new Error('Client is not running'));
   assert.equal(await refreshed, undefined);
   assert.equal(view.shown.at(-1)!.tooltip, 'codectx: Client is not running');
+});
+
+test('a status whose metrics lack numbers (lastMetrics {} before the first ask) shows no TTFT', () => {
+  const empty = status({ warmup: null, lastMetrics: {} as any, engine: { cache: { live_tokens: null as any } } });
+  assert.equal(describeStatus(empty).text, '$(database) tiny-llama · warm 0% · 0 tok');
+  assert.match(describeStatus(empty).tooltip, /last time to first token: none yet/);
+  const nullTtft = status({ lastMetrics: { ...status().lastMetrics!, ttft_s: null as any } });
+  assert.equal(describeStatus(nullTtft).text, '$(database) tiny-llama · warm 100% · 1.5k tok');
+});
+
+test('a server that stopped for good is shown stopped; a started one is asked for its status', async () => {
+  const server = new FakeConnection();
+  const view = new Recorder();
+  const controller = new StatusBarController(server, view);
+  const listening = controller.listen();
+  const running = view.next();
+  server.changeState('running');
+  (await server.requests(1))[0].resolve(status());
+  await running;
+  assert.equal(view.shown.at(-1)!.text, describeStatus(status()).text);
+  const late = controller.refresh(); // asked just before the server crashed; the answer comes after
+  const [, sent] = await server.requests(2);
+  server.changeState('stopped');
+  assert.deepEqual(view.shown.at(-1), describeState('stopped'));
+  assert.equal(view.shown.at(-1)!.text, '$(circle-slash) codectx: stopped');
+  assert.equal(controller.status, undefined);
+  sent.resolve(status());
+  await late;
+  assert.deepEqual(view.shown.at(-1), describeState('stopped'));
+  server.changeState('starting');
+  assert.equal(view.shown.at(-1)!.text, '$(sync~spin) codectx: starting');
+  listening.dispose();
+  assert.equal(server.stateListenerCount(), 0);
 });
