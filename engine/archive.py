@@ -10,6 +10,11 @@ Every write is a temp file + rename; every load checks size and checksum. A
 corrupt, truncated, foreign or orphaned file is removed, never trusted. Writes
 run on a background thread (the MLX thread only hands over evaluated arrays).
 
+Processes may share the folder (two asks at once, a server and a CLI): under its
+lock file an index write merges with the disk's (others' rows kept and taken in,
+ours removed left out, the cap over the union), a checkpoint file is renamed in
+with its index row, and the sweep spares temp files of running writers.
+
 The archive is an optimization and fails safe: a folder that cannot be
 written (read-only, no permission, full) turns it off for the engine with one
 warning, and requests go on with in-memory checkpoints. File names come only
@@ -30,22 +35,19 @@ import io
 import logging
 import os
 import queue
-import stat
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 import mlx.core as mx
-import msgpack
 import xxhash
 
 from engine import archive_format
-from engine.archive_entry import ArchiveEntry
-from engine.archive_files import (is_plain_key, is_plain_policy, read_regular, write_atomically, write_atomically_with,
-                                  write_failure)
-from engine.archive_reads import INDEX_NAME, MAX_INDEX_BYTES, other_policy_has, read_ahead
+from engine.archive_entry import ArchiveEntry, IndexFile
+from engine.archive_files import (FolderLock, is_plain_key, is_plain_policy, is_sound_file, read_regular, strays,
+                                  write_atomically_with, write_failure)
+from engine.archive_reads import INDEX_NAME, other_policy_has, read_ahead
 from engine.boundaries import Boundary
 from engine.errors import EngineError
 from engine.paths import codectx_home
@@ -53,12 +55,15 @@ from engine.state import Arrays
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 _SUFFIX = ".safetensors"
 
 
 class ArchiveCorruptError(EngineError):
     """An archive entry whose file is missing, truncated or fails its checksum."""
+
+
+class _LostWrite(Exception):
+    """A checkpoint's temp file vanished before its rename (removed by hand, or by an older codectx's sweep)."""
 
 
 def archive_root() -> Path:
@@ -94,8 +99,10 @@ class CheckpointArchive:
         self.root = Path(root) if root is not None else archive_root()
         self.directory = self.root / policy_fingerprint
         self.off_reason = off_reason
-        self._lock = threading.RLock()
+        self._folder = FolderLock(self.directory)  # `exclusive` around whatever touches the folder
+        self._lock = self._folder.thread
         self._entries: dict[str, ArchiveEntry] = {}
+        self._index = IndexFile(self.directory, policy_fingerprint)
         self._corrupt: set[str] = set()
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
@@ -113,12 +120,14 @@ class CheckpointArchive:
     # -- reading (MLX thread) ---------------------------------------------
 
     def get(self, key: str) -> ArchiveEntry | None:
-        """The entry for a chained key, if archived."""
+        """The entry for a chained key, if archived (by this process or, since the index last changed, another)."""
+        self._refresh()
         with self._lock:
             return self._entries.get(key)
 
     def children(self, parent: str) -> list[Boundary]:
         """Boundaries of the entries chaining from `parent`."""
+        self._refresh()
         with self._lock:
             return [e.boundary() for e in self._entries.values() if e.parent == parent]
 
@@ -152,10 +161,8 @@ class CheckpointArchive:
             arrays = mx.load(io.BytesIO(data), format="safetensors")
             mx.eval(list(arrays.values()))  # now: a bad file fails here, and its bytes can go
         except (OSError, ValueError, RuntimeError, ArchiveCorruptError) as err:
-            with self._lock:
-                self._corrupt.add(entry.key)
-                self._remove_tree(entry.key)
-                self._write_index()
+            self._corrupt.add(entry.key)
+            self._write_index(drop=entry)
             raise ArchiveCorruptError(f"archive entry {entry.key} is unusable: {err}") from err
         entry.last_used = time.time()
         kv = {k: v for k, v in arrays.items() if ".kv." in k}
@@ -210,8 +217,7 @@ class CheckpointArchive:
             self._queue.put(None)
             self._writer.join()
             self._writer = None
-        with self._lock:
-            self._write_index()
+        self._write_index()
 
     def put(self, boundary: Boundary, kv: Arrays, recurrent: Arrays) -> ArchiveEntry | None:
         """Write one checkpoint now (atomically, array by array: `engine.archive_format`) and enforce
@@ -236,20 +242,37 @@ class CheckpointArchive:
         final = self._file(boundary.key)
         checksum = xxhash.xxh3_64()
         metadata = {"key": boundary.key, "policy": self.policy_fingerprint}
+        written: list[ArchiveEntry] = []
+
+        def fill(handle) -> None:  # the long part, outside the folder's lock
+            size = archive_format.write(handle, entries, metadata, checksum.update, between)
+            written.append(ArchiveEntry.from_boundary(boundary, size, checksum.hexdigest()))
+
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            size = write_atomically_with(final, lambda handle: archive_format.write(
-                handle, entries, metadata, checksum.update, between))
+            write_atomically_with(final, fill, rename=lambda tmp, dst: self._place(tmp, dst, written[0]))
+        except _LostWrite as err:
+            log.warning("archive: lost the write of %s (%s)", final.name, err)
+            return None
         except OSError as err:
             self._turn_off(write_failure(err, final))
             return None
-        entry = ArchiveEntry.from_boundary(boundary, size, checksum.hexdigest())
-        with self._lock:
+        return written[0] if self.off_reason is None else None
+
+    def _place(self, tmp: Path, final: Path, entry: ArchiveEntry) -> None:
+        """Rename a written checkpoint file into place and index it under the folder's lock (another
+        process's sweep or merge sees the file with its row, or neither). Raises `_LostWrite` when
+        the temp file is gone (one lost checkpoint, not a folder that fails), OSError otherwise."""
+        with self._folder.exclusive():
+            try:
+                os.replace(tmp, final)
+            except FileNotFoundError as err:
+                if os.path.lexists(tmp):  # the temp is there: the destination failed
+                    raise
+                raise _LostWrite(f"its temp file {tmp.name} was removed meanwhile") from err
             self._entries[entry.key] = entry
             self._corrupt.discard(entry.key)
-            self._enforce_cap()
-            self._write_index()
-            return entry if self.off_reason is None else None
+            self._write_index(fresh=entry.key)
 
     def _write_loop(self) -> None:
         while True:
@@ -288,7 +311,7 @@ class CheckpointArchive:
             self._entries.clear()
 
     def _open(self) -> None:
-        """Load the index; drop entries without a sound file and files without an entry.
+        """Under the folder's lock, load the index; drop entries without a sound file and files without an entry.
 
         Then apply the size cap and save the index, so a folder that cannot be
         written is found (and the archive turned off) before the first request.
@@ -301,62 +324,30 @@ class CheckpointArchive:
             if self.directory.is_symlink():
                 self._turn_off(f"{self.directory} is a symbolic link")
                 return
-            entries = self._read_index()
-            self._entries = {k: e for k, e in entries.items() if self._sound_file(e)}
-            with self._lock:
+            with self._folder.exclusive():
+                entries = self._index.read() or {}
+                self._entries = {k: e for k, e in entries.items() if self._sound_file(e)}
                 self._enforce_cap()
                 self._remove_unknown_files()
-                self._write_index()
+                if self.off_reason is None:
+                    self._index.save(self._entries)
         except OSError as err:
             self._turn_off(write_failure(err, self.directory))
 
-    def _read_index(self) -> dict[str, ArchiveEntry]:
-        index = self.directory / INDEX_NAME
-        try:
-            raw = msgpack.unpackb(read_regular(index, MAX_INDEX_BYTES), raw=False)
-            if raw.get("format") != FORMAT_VERSION or raw.get("policy") != self.policy_fingerprint:
-                raise ValueError("foreign index")
-            rows = raw["entries"].items()
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError,
-                msgpack.UnpackException) as err:
-            log.warning("ignoring archive index %s: %s", index, err)
-            return {}
-        entries, rejected = {}, []
-        for key, value in rows:
-            entry = ArchiveEntry.parse(key, value)
-            if entry is None:
-                rejected.append(key)
-            else:
-                entries[key] = entry
-        if rejected:
-            log.warning("dropping %d archive index entries that are not plain archive names "
-                        "(first: %r)", len(rejected), rejected[0])
-        return entries
-
     def _sound_file(self, e: ArchiveEntry) -> bool:
         """True when the entry's file is a regular file inside the directory with its size."""
-        path = self._file(e.key)
-        try:
-            info = path.lstat()
-            inside = path.resolve().parent == self.directory.resolve()  # defence in depth
-        except OSError:
-            info, inside = None, False
-        if info is None or not inside or not stat.S_ISREG(info.st_mode) or info.st_size != e.size:
-            log.warning("dropping archive entry %s (missing, truncated or not a plain file)", e.key)
-            self._corrupt.add(e.key)
-            return False
-        return True
+        if is_sound_file(self._file(e.key), self.directory, e.size):
+            return True
+        log.warning("dropping archive entry %s (missing, truncated or not a plain file)", e.key)
+        self._corrupt.add(e.key)
+        return False
 
     def _remove_unknown_files(self) -> None:
         """Unlink files and links the index does not name (links themselves, never targets)."""
         known = {self._file(k).name for k in self._entries} | {INDEX_NAME}
-        with os.scandir(self.directory) as scan:
-            strays = [d for d in scan if d.name not in known and not d.is_dir(follow_symlinks=False)]
-        for stray in strays:
-            log.info("removing foreign archive file %s", stray.path)
-            Path(stray.path).unlink(missing_ok=True)
+        for stray in strays(self.directory, known):
+            log.info("removing foreign archive file %s", stray)
+            stray.unlink(missing_ok=True)
 
     def _remove_tree(self, key: str) -> None:
         doomed = {key}
@@ -366,6 +357,7 @@ class CheckpointArchive:
         try:
             for k in doomed:
                 if self._entries.pop(k, None) is not None:
+                    self._index.removed.add(k)  # kept out when the index merges with the disk's
                     self._file(k).unlink(missing_ok=True)
         except OSError as err:
             self._turn_off(write_failure(err, self.directory))
@@ -379,16 +371,30 @@ class CheckpointArchive:
                          key=lambda e: (e.protected, e.last_used, -e.end))
             self._remove_tree(victim.key)
 
-    def _write_index(self) -> None:
+    def _refresh(self) -> None:
+        """Take in the rows other processes wrote since this instance last read or wrote the index (a stat
+        when nothing changed). A failure leaves the rows in memory as they are."""
+        if self.off_reason is not None or not self._index.changed():
+            return
+        try:
+            with self._folder.exclusive():
+                self._index.merge(self._entries, self._sound_file)
+        except OSError as err:
+            log.debug("archive index not re-read: %s", err)
+
+    def _write_index(self, fresh: str = "", drop: ArchiveEntry | None = None) -> None:
+        """Merge with the index on disk (`IndexFile.merge`), remove `drop` (failed verification) and its
+        descendants unless another process rewrote it meanwhile, apply the cap over the union and write
+        the index, all under the folder's lock; a failure turns the archive off."""
         if self.off_reason is not None:
             return
-        payload = msgpack.packb({
-            "format": FORMAT_VERSION,
-            "policy": self.policy_fingerprint,
-            "entries": {k: asdict(e) for k, e in self._entries.items()},
-        }, use_bin_type=True)
         try:
-            write_atomically(self.directory / INDEX_NAME, payload)
+            with self._folder.exclusive():
+                self._index.merge(self._entries, self._sound_file, fresh)
+                if drop is not None and self._entries.get(drop.key) is drop:
+                    self._remove_tree(drop.key)
+                self._enforce_cap()
+                if self.off_reason is None:
+                    self._index.save(self._entries)
         except OSError as err:
             self._turn_off(write_failure(err, self.directory / INDEX_NAME))
-

@@ -9,6 +9,7 @@ import pytest
 
 from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
+from engine.archive_files import LOCK_NAME
 from engine.archive_reads import read_ahead
 from engine.boundaries import boundaries
 from engine.engine import Engine
@@ -268,7 +269,7 @@ def test_crafted_index_keys_never_touch_files_outside(tmp_path, caplog):
     archive = CheckpointArchive("pol", 1 << 20, root)
     assert archive.state == "on" and len(archive) == 0
     assert victim.read_bytes() == b"keep me"
-    assert sorted(p.name for p in directory.iterdir()) == [INDEX_NAME]
+    assert sorted(p.name for p in directory.iterdir()) == [LOCK_NAME, INDEX_NAME]
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "dropping 5 archive index entries" in messages and link_key in messages
     b = _bound(7)[0]
