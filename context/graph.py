@@ -7,7 +7,7 @@ content and the set of paths did not change, so a warm build does not re-resolve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import xxhash
 
@@ -59,6 +59,32 @@ class SegmentTexts(Sequence[str]):
 
 def _hash(text: str) -> str:
     return xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def _strs(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _str_map(value: object, valid: Callable[[object], bool]) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and valid(v) for k, v in value.items())
+
+
+STATE_ROWS: dict[str, Callable[[object], bool]] = {
+    "hashes": lambda v: _str_map(v, lambda h: isinstance(h, str)),
+    "selected": _strs,
+    "paths_key": lambda v: isinstance(v, str),
+    "deps": lambda v: _str_map(v, _strs),
+    "rank": lambda v: v == {} or (isinstance(v, dict) and isinstance(v.get("key"), list) and len(v["key"]) == 2
+                                  and isinstance(v["key"][0], str) and _strs(v["key"][1])
+                                  and _str_map(v.get("values"), lambda x: type(x) is float)),
+}
+"""A workspace state file's rows and their shapes (`context.store.load`'s `row`): a row of another
+shape is dropped, and the build recomputes what it held."""
+
+
+def state_row(key: object, value: object) -> bool:
+    check = STATE_ROWS.get(key) if isinstance(key, str) else None
+    return check is not None and check(value)
 
 
 class RepoGraph:

@@ -1,4 +1,10 @@
-"""Small msgpack files under $CODECTX_HOME, written atomically."""
+"""Small msgpack files under $CODECTX_HOME, written atomically and framed with a checksum.
+
+A file is `{"format": FORMAT, "xxh3": <hex digest of data>, "data": <msgpack of the dict>}`: a
+file whose bytes changed after it was written (a disk error, a hand edit) is ignored as a whole
+and rebuilt, not trusted because it still parses. Rows of the right frame but the wrong shape
+are the reader's to check (`load`'s `row`).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -6,23 +12,41 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import msgpack
+import xxhash
 
 log = logging.getLogger(__name__)
 
+FORMAT = 2  # 1: the bare dict, without a checksum
 
-def load(path: Path) -> dict:
-    """The dict stored at `path`, or {} when it is missing or unreadable (then it is rebuilt)."""
+
+def load(path: Path, row: Callable[[Any, Any], bool] | None = None) -> dict:
+    """The dict stored at `path`, or {} when it is missing, unreadable, of another format or its
+    checksum does not match (then it is rebuilt). `row(key, value)`: False drops that row (logged)."""
     try:
         with open(path, "rb") as f:
-            data = msgpack.unpack(f, raw=False, strict_map_key=False)
+            frame = msgpack.unpack(f, raw=False)
+        if not isinstance(frame, dict) or frame.get("format") != FORMAT or not isinstance(frame.get("data"), bytes):
+            raise ValueError("not a cache file of this version")
+        if xxhash.xxh3_64_hexdigest(frame["data"]) != frame.get("xxh3"):
+            raise ValueError("checksum mismatch: changed since it was written")
+        data = msgpack.unpackb(frame["data"], raw=False, strict_map_key=False)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, msgpack.UnpackException) as err:
+    except (OSError, ValueError, TypeError, msgpack.UnpackException) as err:
         log.warning("ignoring unreadable cache %s: %s", path, err)
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    if row is not None:
+        bad = [key for key, value in data.items() if not row(key, value)]
+        if bad:
+            log.warning("dropping %d malformed rows of cache %s", len(bad), path)
+            for key in bad:
+                del data[key]
+    return data
 
 
 def save(path: Path, data: dict) -> None:
@@ -32,8 +56,10 @@ def save(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        blob = msgpack.packb(data, use_bin_type=True)
         with os.fdopen(fd, "wb") as f:
-            msgpack.pack(data, f, use_bin_type=True)
+            msgpack.pack({"format": FORMAT, "xxh3": xxhash.xxh3_64_hexdigest(blob), "data": blob}, f,
+                         use_bin_type=True)
         os.replace(tmp, path)
         tmp = None
     except OSError as err:

@@ -163,6 +163,21 @@ def queries_version() -> str:
     return h.hexdigest()
 
 
+def _tags_row(key: object, value: object) -> bool:
+    """A stored row of `FileTags.to_msgpack`'s outline (its definitions unpack as it is read: `_stored_tags`).
+    The file's checksum (`context.store`) stands for its bytes; this catches a row of another shape."""
+    return isinstance(key, str) and isinstance(value, list) and len(value) == 4 \
+        and all(isinstance(part, list) for part in value[:3]) and (value[3] is None or isinstance(value[3], str))
+
+
+def _stored_tags(raw: list) -> FileTags | None:
+    """`FileTags` of a stored row, or None when its definitions do not unpack (then the file is parsed again)."""
+    try:
+        return FileTags.from_msgpack(raw)
+    except TypeError:
+        return None
+
+
 class TagCache:
     """Tags by (language, content hash), persisted under $CODECTX_HOME/tags.msgpack.
 
@@ -181,7 +196,7 @@ class TagCache:
     @property
     def _stored(self) -> dict:
         if self._stored_data is None:  # loaded on first need
-            self._stored_data = store.load(self.path)
+            self._stored_data = store.load(self.path, _tags_row)
         return self._stored_data
 
     @_stored.setter
@@ -194,9 +209,8 @@ class TagCache:
         tags = self._live.get(key)
         if tags is None:
             raw = self._stored.get(key)
-            if raw is not None:
-                tags = FileTags.from_msgpack(raw)
-            else:
+            tags = _stored_tags(raw) if raw is not None else None
+            if tags is None:
                 tags = extract(language, text)
                 self._dirty = True
             self._live[key] = tags
@@ -207,7 +221,7 @@ class TagCache:
         key = f"{language}:{text_hash}"
         tags = self._live.get(key)
         if tags is None and key in self._stored:
-            tags = FileTags.from_msgpack(self._stored[key])
+            tags = _stored_tags(self._stored[key])
         return tags
 
     def save(self) -> None:

@@ -68,6 +68,14 @@ def text_key(text: str) -> bytes:
     return xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass"))
 
 
+def _ids_row(key: object, value: object) -> bool:
+    return isinstance(key, bytes) and isinstance(value, bytes) and len(value) % 4 == 0
+
+
+def _count_row(key: object, value: object) -> bool:
+    return isinstance(key, bytes) and type(value) is int and value >= 0
+
+
 def _pack(ids: Sequence[int]) -> bytes:
     a = array.array("I", ids)
     if sys.byteorder != "little":
@@ -101,7 +109,7 @@ class TokenCache:
         # Every edit adds the changed chunk's ids: bounded, least recently used first out.
         self._live: LRUDict[bytes, tuple[int, ...]] = LRUDict(MAX_LIVE_TOKENS, weight=len)
         self._counts_path = self.path.with_name(self.path.stem + ".counts.msgpack")
-        self._counts: dict[bytes, int] = store.load(self._counts_path) if persist else {}
+        self._counts: dict[bytes, int] = store.load(self._counts_path, _count_row) if persist else {}
         self._dirty = False
         self.hits = 0
         self.misses = 0
@@ -110,7 +118,7 @@ class TokenCache:
     def _stored(self) -> dict[bytes, bytes]:
         # Loaded on first need: a warm budgeted build may only need counts.
         if self._stored_data is None:
-            self._stored_data = store.load(self.path)
+            self._stored_data = store.load(self.path, _ids_row)
         return self._stored_data
 
     @_stored.setter

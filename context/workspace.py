@@ -14,7 +14,7 @@ from context import budget as budgeting, store
 from context.chat import ChatTemplate
 from context.errors import AccessDeniedError, BudgetError, WorkspaceError
 from context.home import codectx_home
-from context.graph import RepoGraph, SegmentTexts, WorkspaceFile
+from context.graph import RepoGraph, SegmentTexts, WorkspaceFile, state_row
 from context.hot import HotTail
 from context.imports import ImportResolver
 from context.languages import language_of
@@ -153,7 +153,7 @@ class Workspace:
         elif not len(self._tail) and self.persist:
             self._tail.load()
         current = self._tail.swap_in_built(self._files, self.tags)
-        state = store.load(self._state_path) if self.persist else {}
+        state = store.load(self._state_path, state_row) if self.persist else {}
         previous = state.get("hashes") or {}
         for path in sorted(self._files):
             if previous and previous.get(path) != self._files[path].content_hash:
