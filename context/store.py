@@ -8,9 +8,11 @@ are the reader's to check (`load`'s `row`).
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,9 +64,23 @@ def save(path: Path, data: dict) -> None:
                          use_bin_type=True)
         os.replace(tmp, path)
         tmp = None
+        _remove_stale_temps(path)
     except OSError as err:
         log.warning("cannot write cache %s: %s", path, err)
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+STALE_TEMP_S = 600.0
+"""A temp file of a cache this old was left by a killed process (a live writer's is seconds old)."""
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Removes temp files of `path` that a killed process left (`save` itself never leaves one)."""
+    now = time.time()
+    for stale in path.parent.glob(glob.escape(path.name) + "*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - stale.lstat().st_mtime > STALE_TEMP_S:
+                stale.unlink()

@@ -225,11 +225,12 @@ def _conversion(source: GgufFile, bits: int, shards: int, started: float) -> dic
 
 
 def read_conversion(directory: Path) -> dict[str, Any] | None:
-    """What a cached conversion was made from (conversion.json), or None when unreadable."""
+    """What a cached conversion was made from (conversion.json), or None when unreadable or not an object."""
     try:
-        return json.loads((Path(directory) / _CONVERSION).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads((Path(directory) / _CONVERSION).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _is_current(target: Path) -> bool:

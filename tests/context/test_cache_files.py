@@ -4,6 +4,9 @@ count edited to 1 made every later ask fail ("layout ... exceeds budget"), and a
 wrong type was a traceback on every run."""
 from __future__ import annotations
 
+import os
+import time
+
 import msgpack
 
 from context import store
@@ -61,3 +64,14 @@ def test_a_sound_state_keeps_every_row(repo, smol_tokenizer):
     assert set(raw) >= {"hashes", "selected", "paths_key", "deps", "rank"}
     assert store.load(ws._state_path, state_row) == raw
     assert all(isinstance(v, list) for v in store.load(TagCache().path).values())
+
+
+def test_temp_files_a_killed_writer_left_are_removed_at_the_next_save(tmp_path):
+    path = tmp_path / "tokens.msgpack"
+    old, fresh = tmp_path / "tokens.msgpackab12cd.tmp", tmp_path / "tokens.msgpackef34gh.tmp"
+    for leftover in (old, fresh):
+        leftover.write_bytes(b"x" * 100)
+    os.utime(old, (time.time() - 2 * store.STALE_TEMP_S,) * 2)
+    store.save(path, {"a": 1})
+    assert not old.exists() and fresh.exists()  # (a live writer's temp is seconds old)
+    assert store.load(path) == {"a": 1}

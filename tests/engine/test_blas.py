@@ -111,3 +111,18 @@ def test_importing_engine_has_no_side_effect(tmp_path, run_python):
     source, mlx_imported, in_use = json.loads(run_python(code, tmp_path).stdout)
     assert (source, mlx_imported, in_use) == ("not attempted", False, "reference")
     assert not (tmp_path / "blas").exists()  # nothing was loaded or copied
+
+
+def test_an_emptied_copy_is_written_again(tmp_path, monkeypatch):
+    """A rename without fsync leaves an empty file after a power loss: it was trusted because it
+    existed, the preload failed at every start ("file too short"), and the archive made under
+    OpenBLAS went unused."""
+    from engine import blas
+
+    monkeypatch.setenv("CODECTX_HOME", str(tmp_path))
+    bundled = sorted(_mlx_cpu_libs().glob("libgfortran-*.so*"))[0]
+    copy = blas._soname_copy(bundled)
+    good = copy.read_bytes()
+    copy.write_bytes(b"")
+    assert blas._soname_copy(bundled) == copy and copy.read_bytes() == good
+    assert elf.soname(copy) == "libgfortran.so.5"

@@ -123,3 +123,12 @@ def test_an_ollama_manifest_pointing_at_a_missing_blob(home, good, tmp_path, mon
     loaded = load_model("ollama:tiny-qwen:q4_k", progress=False, gguf_bits=32)
     assert loaded.model_id == "ollama:tiny-qwen:q4_k"
     assert loaded.config["model_type"] == "qwen2"
+
+
+@pytest.mark.parametrize("text", ["[]", "7", "\"x\"", "[" * 100_000 + "]" * 100_000])
+def test_a_conversion_record_that_is_not_an_object_is_converted_again(tmp_path, text):
+    """A cached conversion's conversion.json of `[]` was an AttributeError at every load."""
+    from engine.gguf_convert import _is_current, read_conversion
+
+    (tmp_path / "conversion.json").write_text(text, encoding="utf-8")
+    assert read_conversion(tmp_path) is None and _is_current(tmp_path) is False
