@@ -96,11 +96,19 @@ class LoadingSession:
         Raises:
             AccessDeniedError: The policy refuses the path (with its reason).
         """
+        return read_through(self._policy(), self.buffer_text(path), path)
+
+    def name_refusal(self, path: Path) -> str | None:
+        """Why the workspace's access policy refuses `path` by its name or its way (outside the workspace, git's
+        metadata, a secret, a link out: `AccessPolicy.edit_refusal`), without reading it; None when it does not."""
+        return self._policy().edit_refusal(path)
+
+    def _policy(self) -> AccessPolicy:
         context = self.settings.context
         rules = (self.root, context.include, context.exclude, context.deny)
         if self._access is None or self._access[0] != rules:
             self._access = (rules, AccessPolicy(self.root, ScanRules(context.include, context.exclude), context.deny))
-        return read_through(self._access[1], self.buffer_text(path), path)
+        return self._access[1]
 
 
 

@@ -65,6 +65,9 @@ def _register_hover(server: Any) -> None:
 def _register_code_actions(server: Any) -> None:
     @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(resolve_provider=True))
     def on_code_action(ls, params: types.CodeActionParams) -> list[types.CodeAction]:
+        path = convert.file_path(params.text_document.uri)
+        if path is None or ls.base.name_refusal(path) is not None:
+            return []  # not a workspace file codectx reads (untitled:, git:, outside, a secret): nothing it could do
         data = {"uri": params.text_document.uri,
                 "range": convert.range_to_json(params.range)}
         return [convert.code_action(title, dict(data, action=name), ACTION_KINDS[name])

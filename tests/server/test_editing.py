@@ -219,6 +219,21 @@ async def test_an_edit_names_the_document_as_the_editor_spelled_its_uri(shared_e
 
 
 @SHARED
+async def test_no_code_actions_for_documents_codectx_does_not_read(shared_each_kind, tmp_path):
+    """Every action was offered for untitled:, git: and outside-workspace documents, and each then failed."""
+    client = shared_each_kind
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("def f():\n    return 1\n", encoding="utf-8")
+    rng = types.Range(start=types.Position(0, 0), end=types.Position(0, 3))
+    for uri in ("untitled:Untitled-1", (client.root / "util.py").as_uri().replace("file:", "git:", 1),
+                outside.as_uri(), (client.root / ".env").as_uri()):
+        actions = await client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), range=rng,
+            context=types.CodeActionContext(diagnostics=[])))
+        assert not actions, uri  # (an empty list arrives as an empty tuple)
+
+
+@SHARED
 async def test_write_tests_offers_no_edit_through_a_link_out_of_the_workspace(shared_each_kind, tmp_path):
     client = shared_each_kind
     os.symlink(tmp_path, client.root / "tests")  # a repository's tests/ leading elsewhere
