@@ -219,21 +219,21 @@ def _load_gfortran(state: BlasState) -> str:
 
 
 def _soname_copy(source: Path) -> Path:
-    """A cached copy of ``source`` whose soname is ``libgfortran.so.5`` (atomic write). A copy whose bytes
-    are not those it should hold (empty after a power loss: a rename without fsync) is written again."""
+    """A cached copy of ``source`` whose soname is ``libgfortran.so.5`` (atomic write). A copy of another
+    size than ``source`` (the rewrite keeps the size; empty or short after a power loss: a rename without
+    fsync) is written again."""
     data = source.read_bytes()
     digest = hashlib.sha256(data).hexdigest()[:16]
     target = codectx_home() / "blas" / digest / _GFORTRAN_SONAME
-    expected = elf.with_soname(data, _GFORTRAN_SONAME)
     try:
-        if target.stat().st_size == len(expected) and target.read_bytes() == expected:
+        if target.stat().st_size == len(data):
             return target
     except OSError:
         pass
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        partial.write_bytes(expected)
+        partial.write_bytes(elf.with_soname(data, _GFORTRAN_SONAME))
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

@@ -78,6 +78,7 @@ class LoadingSession:
         self.settings = settings
         self.documents = documents
         self.root = root
+        self.no_folder = False  # set by a transport whose client opened no folder (`root` is then `empty_root()`)
         self.counters = Counters()
         self.conversations = Conversations()  # earlier asks' turns, by conversation id
         self.prefix_version = 0  # bumped on every edit

@@ -70,7 +70,7 @@ class CodectxServer(LanguageServer):
 
     async def start_up(self) -> None:
         """After `initialized`: settings from the client, then the model."""
-        if self.base.root == empty_root():
+        if self.base.no_folder:
             self.show("codectx: no workspace folder is open, so answers see no repository files; open a folder "
                       "for codectx to read it", types.MessageType.Info)
         try:
@@ -127,7 +127,9 @@ def initialize(ls: CodectxServer, params: types.InitializeParams) -> None:
     root = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
     encoding = convert.choose_encoding(params.capabilities)
     # No folder open: an empty one of ours, not the server's working directory (often the home folder).
-    base = LoadingSession(settings, DocumentStore(encoding), (convert.file_path(root) if root else None) or empty_root())
+    folder = convert.file_path(root) if root else None
+    base = LoadingSession(settings, DocumentStore(encoding), folder or empty_root())
+    base.no_folder = folder is None
     ls.host = SessionHost(base, ls.on_warmth)
     ls.host.begin()
     if ls.client_log is not None:
