@@ -56,6 +56,13 @@ class CodectxServer(LanguageServer):
         window = self.client_capabilities.window
         return bool(window and window.work_done_progress)
 
+    def offers_restart(self) -> bool:
+        """The client offers a restart itself when settings that need one change (client capability
+        ``experimental.codectx.restartOffer``, docs/protocol.md): the server's message would be a second notice."""
+        experimental = self.client_capabilities.experimental
+        codectx = experimental.get("codectx") if isinstance(experimental, dict) else None
+        return isinstance(codectx, dict) and codectx.get("restartOffer") is True
+
     async def ready(self) -> ReadySession:
         """Waits for the model to load; raises its load error if it failed."""
         return await self.host.ready()
@@ -88,7 +95,7 @@ class CodectxServer(LanguageServer):
             if configs and configs[0]:  # it replaces initializationOptions: so do its problems
                 settings, self.settings_problems = parse_settings(configs[0])
                 kept = self.host.apply_settings(settings)
-                if kept:
+                if kept and not self.offers_restart():
                     self.show(f"codectx: {', '.join(f'{name}.*' for name in kept)} settings changed; restart the "
                               "server to use them (the running engine keeps the old ones)", types.MessageType.Info)
         if self.settings_problems and self.settings_problems != self.shown_problems:

@@ -85,7 +85,7 @@ def test_end_to_end_suite_against_the_real_server(compiled, vscode_model, loopin
                CODECTX_TEST_PENDING_LINE=PENDING_LINE)
     result = _run([_tool("node"), "--test", str(compiled / "test" / "e2e")], env=env)
     _check(result, "node --test out/test/e2e")
-    assert "# fail 0" in result.stdout and "# pass 13" in result.stdout, result.stdout
+    assert "# fail 0" in result.stdout and "# pass 14" in result.stdout, result.stdout
     assert re.search(r"^ok \d+ - issue 17 answers, through the extension client code$", result.stdout, re.M)
 
 

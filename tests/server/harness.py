@@ -83,10 +83,14 @@ async def end_session(client: LanguageClient) -> None:
         await client.shutdown_session()
 
 
-async def start(client: LanguageClient, kind: str, root: Path, options: dict) -> types.InitializeResult:
-    params = types.InitializeParams(
-        capabilities=client_capabilities(CLIENTS[kind]), root_uri=root.as_uri(),
-        initialization_options=options)
+async def start(client: LanguageClient, kind: str, root: Path, options: dict,
+                experimental: dict | None = None) -> types.InitializeResult:
+    """Initializes `client`'s server as editor `kind` would (its recorded capabilities, with `experimental`
+    in place of theirs when given)."""
+    capabilities = client_capabilities(CLIENTS[kind])
+    if experimental is not None:
+        capabilities.experimental = experimental
+    params = types.InitializeParams(capabilities=capabilities, root_uri=root.as_uri(), initialization_options=options)
     return await client.initialize_session(params)
 
 

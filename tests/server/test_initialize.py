@@ -104,6 +104,25 @@ async def test_configuration_change_applies_without_restart(vscode_client, tiny_
     assert (await status(client))["model"] == (await status(client))["engine"]["model_id"] != "smollm2-135m"
 
 
+@pytest.mark.parametrize("offers", [False, True], ids=["server says it", "client offers it"])
+async def test_a_change_that_needs_a_restart_is_named_once(raw_client, tiny_model, offers):
+    """A change to a section the loaded session keeps is named by the server, unless the client declared
+    that it offers the restart itself (VS Code: one notice with a button, not two)."""
+    client = raw_client
+    options = default_options(tiny_model)
+    await start(client, "vscode", client.root, options,
+                experimental={"codectx": {"restartOffer": True}} if offers else None)
+    await command(client, "codectx.ask", question="hi", maxTokens=1)  # loaded: its sections are kept from now on
+    client.set_configuration(dict(options, compute={"forward": "mlx"}, hover={"maxTokens": "many"}), section="codectx")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    # The restart notice goes before the settings problems, on the same stream: once the second is here, so is
+    # the first, if it was sent.
+    while not any("invalid settings" in m.message for m in client.messages):
+        await client.wait_for_notification(types.WINDOW_SHOW_MESSAGE)
+    restart = [m.message for m in client.messages if "restart the server" in m.message]
+    assert restart == ([] if offers else [restart[0]]) and (offers or "compute.*" in restart[0])
+
+
 async def test_window_settings_reach_the_engine(tiny_model, workspace):
     """In process: new window settings reach the loaded engine (the transport's part,
     `workspace/didChangeConfiguration`, is the test above)."""

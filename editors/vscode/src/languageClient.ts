@@ -12,12 +12,12 @@
 import * as vscode from 'vscode';
 import type { CancellationToken } from 'vscode-languageserver-protocol';
 import {
-  CloseAction, ErrorAction, ErrorHandler, LanguageClient, LanguageClientOptions, ServerOptions, State,
+  CloseAction, ErrorAction, ErrorHandler, LanguageClient, LanguageClientOptions, ServerOptions, State, StaticFeature,
 } from 'vscode-languageclient/node';
 
 import { configurationAnswer, Manifest, SECTION, serverLaunch, serverSettings } from './config';
 import { isAnswerDelta } from './progress';
-import { AskArgs, ServerCommand, ServerState } from './protocol';
+import { AskArgs, EXPERIMENTAL_CAPABILITIES, ServerCommand, ServerState } from './protocol';
 import type { ManagedClient } from './serverClient';
 import { startServerProcess, StderrTail } from './serverProcess';
 import { settingsReader } from './vscodeHost';
@@ -42,6 +42,19 @@ const ERROR_HANDLER: ErrorHandler = {
     action: count !== undefined && count <= 3 ? ErrorAction.Continue : ErrorAction.Shutdown, handled: true,
   }),
   closed: () => ({ action: CloseAction.DoNotRestart, message: 'the codectx server exited', handled: true }),
+};
+
+/**
+ * Tells the server that the extension offers the restart itself when settings the running server keeps change
+ * (`offerRestart`), so the server sends no notice of its own (`EXPERIMENTAL_CAPABILITIES`).
+ */
+const RESTART_OFFER: StaticFeature = {
+  fillClientCapabilities: (capabilities) => {
+    capabilities.experimental = { ...(capabilities.experimental as object | undefined), ...EXPERIMENTAL_CAPABILITIES };
+  },
+  initialize: () => undefined,
+  getState: () => ({ kind: 'static' }),
+  clear: () => undefined,
 };
 
 /** A `LanguageClient` that leaves the messages about a failed start to `ServerClient`. */
@@ -103,6 +116,7 @@ export function createLanguageClient(manifest: Manifest, log: vscode.LogOutputCh
     },
   };
   const client = new CodectxLanguageClient(SECTION, 'codectx', serverOptions, clientOptions);
+  client.registerFeature(RESTART_OFFER);
   return {
     start: async () => {
       await client.start();

@@ -8,6 +8,13 @@
 import type { CancellationToken, Disposable, Range } from 'vscode-languageserver-protocol';
 
 export const STREAM_METHOD = 'codectx/stream';
+
+/**
+ * What the extension adds to its client capabilities under `experimental` (docs/protocol.md): it offers the
+ * restart itself after a change to settings the running server keeps (`offerRestart`), so the server sends no
+ * notice of its own.
+ */
+export const EXPERIMENTAL_CAPABILITIES = { codectx: { restartOffer: true } };
 export const WARMTH_METHOD = 'codectx/warmth';
 
 /** Server commands run through `workspace/executeCommand` (one object argument each). */

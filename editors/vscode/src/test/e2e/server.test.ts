@@ -25,10 +25,12 @@ import {
 
 import { AskOutcome, AskSession, AskView } from '../../ask';
 import { ClientCommand } from '../../commands';
-import { configurationAnswer, loadManifest, manifestDefaults, serverLaunch, serverSettings } from '../../config';
+import {
+  configurationAnswer, loadManifest, manifestDefaults, serverLaunch, serverSettings, SettingsReader,
+} from '../../config';
 import { isAnswerDelta, ProgressValue } from '../../progress';
 import {
-  ContextLayout, executeCommand, ServerCommand, ServerConnection, STREAM_METHOD, StreamParams, WARMTH_METHOD,
+  ContextLayout, executeCommand, EXPERIMENTAL_CAPABILITIES, ServerCommand, ServerConnection, STREAM_METHOD, StreamParams, WARMTH_METHOD,
 } from '../../protocol';
 import { startServerProcess } from '../../serverProcess';
 import { describeStatus, StatusBarController, StatusSummary } from '../../statusBar';
@@ -126,6 +128,7 @@ const streams: StreamParams[] = [];
 let session: AskSession;
 let statusBar: StatusBarController;
 let firstWarmth: Promise<unknown>;
+let read: SettingsReader; // the settings the configuration answers give
 
 function settings() {
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'codectx-home-'));
@@ -144,7 +147,7 @@ function settings() {
 
 describe('codectx serve, driven like the extension drives it', () => {
   before(async () => {
-    const read = settings();
+    read = settings();
     const capabilities = JSON.parse(fs.readFileSync(required('CODECTX_TEST_CAPABILITIES'), 'utf8')).capabilities;
     workspace = fs.mkdtempSync(path.join(os.tmpdir(), 'codectx-ws-'));
     fs.writeFileSync(path.join(workspace, 'util.py'), UTIL);
@@ -162,7 +165,7 @@ describe('codectx serve, driven like the extension drives it', () => {
     connection.onRequest(WorkDoneProgressCreateRequest.type, (params) => { progress.set(params.token, []); });
     connection.onRequest(RegistrationRequest.type, () => undefined);
     connection.onUnhandledProgress((params) => progress.get(params.token)?.push(params.value as ProgressValue));
-    connection.onNotification(ShowMessageNotification.type, (params) => messages.push(params));
+    server.onNotification(ShowMessageNotification.method, (params: ShowMessageParams) => messages.push(params));
     server.onNotification(STREAM_METHOD, (params: StreamParams) => streams.push(params));
     firstWarmth = server.next(WARMTH_METHOD);
     session = new AskSession(server, view, () => void statusBar.refresh());
@@ -173,7 +176,10 @@ describe('codectx serve, driven like the extension drives it', () => {
 
     const rootUri = `file://${workspace}`;
     init = await connection.sendRequest(InitializeRequest.type, {
-      processId: process.pid, rootUri, capabilities: { ...capabilities, general: { positionEncodings: ['utf-16'] } },
+      processId: process.pid, rootUri, capabilities: {
+        ...capabilities, general: { positionEncodings: ['utf-16'] },
+        experimental: EXPERIMENTAL_CAPABILITIES, // as the extension's client declares it (languageClient.ts)
+      },
       workspaceFolders: [{ uri: rootUri, name: 'ws' }], initializationOptions: serverSettings(manifest, read),
       clientInfo: { name: 'codectx e2e (vscode-languageserver-protocol)' },
     });
@@ -279,6 +285,19 @@ describe('codectx serve, driven like the extension drives it', () => {
     assert.ok(layout.markdown.startsWith('# codectx context'));
     assert.ok(layout.segments.some((s) => s.key.endsWith('util.py')));
   });
+
+  test('a change the server keeps until a restart: no notice from the server (the extension offers it)', LIMIT,
+    async () => {
+      const before = read;
+      const changed: Record<string, unknown> = { 'compute.forward': 'mlx', 'hover.maxTokens': 'many' };
+      read = (key) => (key in changed ? changed[key] : before(key));
+      // The server sends a restart notice before its settings problems: once the second is here, so is the first.
+      const problems = server.next<ShowMessageParams>(ShowMessageNotification.method,
+        (params) => params.message.includes('invalid settings'));
+      await connection.sendNotification('workspace/didChangeConfiguration', { settings: null });
+      assert.match((await problems).message, /hover\.maxTokens/);
+      assert.deepEqual(messages.filter((m) => m.message.includes('restart')), []);
+    });
 
   test('shutdown and exit end the server with status 0', LIMIT, async () => {
     await connection.sendRequest('shutdown');
