@@ -1,0 +1,316 @@
+"""What a second Python thread costs the engine's decode loop on the GPU.
+
+`bench/gpu_decode_gap.py` on an H100 (131,072 keys, 8-bit KV, Qwen3-32B shape): `engine.generate.decode` alone
+paced its tokens at 16.46 ms, and at 20.29 ms when each token went to an asyncio loop on another thread (as
+every caller of the engine streams them). This bench splits that cost by the kind of second thread, in one
+process, one filled cache, the path the engine chooses (`--config`):
+
+- ``alone``: the decode loop, nothing else running;
+- ``event loop``: each token handed to an asyncio loop on its own thread (`call_soon_threadsafe`);
+- ``condition waiter``: each token handed to a thread blocked on a `threading.Condition` (as
+  `RequestHandle.__iter__` reads them);
+- ``event loop, every 50 ms``: the event loop woken at most every 50 ms (the tokens since handed over together):
+  whether the cost is per wake-up;
+- ``idle thread``: a thread blocked in `select` that is never woken (a thread alone costs nothing?);
+- ``event loop, switch 0.25 ms``: the event loop with `sys.setswitchinterval(0.00025)` (CPython's default is
+  5 ms: how long a thread that wants the GIL waits before it asks the holder to drop it);
+- ``spinner``: a thread running Python without pause; its count per phase of the step says in which phases the
+  decode thread lets go of the GIL (building the step, `mx.async_eval`, reading the token);
+- ``another thread``: the loop on a thread of its own (as the engine's worker runs it), nothing else running;
+- ``engine ask``: an engine (archive off) asked twice over a synthetic repository of `--length` tokens; the second
+  ask's decode as its caller reads it (token gap p50; the engine's host milliseconds per step);
+- ``engine's cache``: the loop over that engine's own cache once it is idle, on this thread: the cache a real
+  prefill left against the filled one above;
+- ``engine's loop, cache``: `engine.generate.decode` over that cache on this thread;
+- ``engine ask, no debug log``: an ask read without `request_profile.ForwardLog` (the engine's DEBUG lines off);
+- ``engine ask, again``: one more ask, for the spread.
+
+Each row: the median token gap, and the median host milliseconds per step in each phase (and in the hand-off).
+
+    # on the lent GPU (device tool, carry [".gpu"]), about 2 minutes:
+    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
+    python bench/gpu_handoff.py --small     # CPU smoke run (tiny 4-bit model, 4,096 keys)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import selectors
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import gpu_engine as ge  # noqa: E402 (applies MLX's environment first)
+
+import mlx.core as mx  # noqa: E402
+
+from bench import request_profile  # noqa: E402
+from bench._common import save_json  # noqa: E402
+from bench.gpu_workload import synthetic_repository  # noqa: E402
+from engine import generate  # noqa: E402
+from engine.request import Request, TokenEvent  # noqa: E402
+from engine.sampling import greedy  # noqa: E402
+from engine.step_measure import filled_cache  # noqa: E402
+from engine.window import WindowPolicy  # noqa: E402
+
+HandOff = Callable[[int], None]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="tiny 4-bit model on the CPU, 4,096 keys (a smoke run)")
+    ap.add_argument("--length", type=int, default=131072)
+    ap.add_argument("--config", default="window-8", choices=sorted(ge.CONFIGS))
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--out", default="bench/results/gpu_handoff.json")
+    return ap.parse_args(argv)
+
+
+class Spinner:
+    """A thread counting in a Python loop for as long as it runs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self) -> None:
+        while not self._stop:
+            self.count += 1
+
+    def __enter__(self) -> "Spinner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def steps_loop(path: Any, cache: list, steps: int, hand_off: HandOff | None, spinner: Spinner | None) -> dict:
+    """`engine.generate.decode`'s pipelined loop written out with a clock (and the spinner's count) at each phase:
+    build step n + 1 from lazy token n, submit it, read token n, hand it off."""
+    offset = cache[0].offset
+    token = greedy(mx.random.normal((1, path.model.args.vocab_size)))
+    mx.async_eval(token)
+    stamps, phases, spins, handing = [], [], [], []
+    count = (lambda: spinner.count) if spinner is not None else (lambda: 0)
+    for _ in range(steps + 4):
+        t0, c0 = time.perf_counter(), count()
+        nxt = greedy(path.forward(token.reshape(1, 1), cache, logits="last")[:, -1, :])
+        t1, c1 = time.perf_counter(), count()
+        mx.async_eval(nxt)
+        t2, c2 = time.perf_counter(), count()
+        token_id = int(token.item())
+        t3, c3 = time.perf_counter(), count()
+        stamps.append(t3)
+        phases.append((t1 - t0, t2 - t1, t3 - t2))
+        spins.append((c1 - c0, c2 - c1, c3 - c2))
+        if hand_off is not None:
+            hand_off(token_id)
+        handing.append(time.perf_counter() - t3)
+        token = nxt
+    token.item()
+    for c in cache:
+        c.offset = offset
+    gaps = [b - a for a, b in zip(stamps[4:], stamps[5:])]
+    row = dict(gap_ms=round(statistics.median(gaps) * 1e3, 2),
+               **{f"{name}_ms": round(statistics.median(p[i] for p in phases[4:]) * 1e3, 2)
+                  for i, name in enumerate(("build", "submit", "read"))},
+               hand_off_ms=round(statistics.median(handing[4:]) * 1e3, 3))
+    if spinner is not None:
+        row.update({f"spins_{name}_per_ms": round(sum(s[i] for s in spins[4:]) / sum(p[i] for p in phases[4:]) / 1e3)
+                    for i, name in enumerate(("build", "submit", "read"))})
+    return row
+
+
+@contextlib.contextmanager
+def event_loop() -> Iterator[HandOff]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    received: list[str] = []
+    try:
+        yield lambda token: loop.call_soon_threadsafe(received.append, f"<{token}>")
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def coalesced(hand_off: HandOff, seconds: float) -> HandOff:
+    """`hand_off` called at most every `seconds` (with the last token; the ones between are dropped here, where
+    the engine would hand them over together)."""
+    last = [0.0]
+
+    def maybe(token: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= seconds:
+            last[0] = now
+            hand_off(token)
+
+    return maybe
+
+
+@contextlib.contextmanager
+def condition_waiter() -> Iterator[HandOff]:
+    cond, tokens, state = threading.Condition(), [], {"read": 0, "stop": False}
+
+    def wait() -> None:
+        while True:
+            with cond:
+                cond.wait_for(lambda: state["read"] < len(tokens) or state["stop"])
+                if state["stop"]:
+                    return
+                state["read"] += 1
+
+    def hand_off(token: int) -> None:
+        with cond:
+            tokens.append(token)
+            cond.notify_all()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    try:
+        yield hand_off
+    finally:
+        with cond:
+            state["stop"] = True
+            cond.notify_all()
+        thread.join()
+
+
+@contextlib.contextmanager
+def idle_thread() -> Iterator[None]:
+    a, b = socket.socketpair()
+    selector = selectors.DefaultSelector()
+    selector.register(a, selectors.EVENT_READ)
+    thread = threading.Thread(target=selector.select, daemon=True)
+    thread.start()
+    try:
+        yield None
+    finally:
+        b.send(b"x")
+        thread.join()
+        selector.close()
+        a.close()
+        b.close()
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float) -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
+    """The engine's asks, and loops over the cache they left (module docstring)."""
+    repo = synthetic_repository(run.lengths[0], run.model.args.vocab_size)
+    eng = run.engine(a.config, archive=False)
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(row, flush=True)
+
+    try:
+        ge.ask(eng, repo.prompt(1), 4)
+        for name, prompt in (("engine ask", repo.prompt(2)), ("engine's cache", None), ("engine's loop, cache", None),
+                             ("engine ask, no debug log", repo.prompt(3)), ("engine ask, again", repo.prompt(4))):
+            if prompt is None:
+                ge.idle(eng)
+                offset = eng.prefix.cache[0].offset
+                if name == "engine's cache":
+                    add(dict(steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None), row=name))
+                else:
+                    stamps = []
+                    logits = mx.random.normal((1, run.model.args.vocab_size))
+                    for _ in generate.decode(eng.compute, eng.prefix.cache, logits, greedy, max_tokens=a.steps + 4):
+                        stamps.append(time.perf_counter())
+                    add(dict(gap_ms=round(statistics.median(b - x for x, b in zip(stamps[4:], stamps[5:])) * 1e3, 2),
+                             row=name))
+                for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
+                    c.offset = offset
+            elif name.endswith("no debug log"):
+                ge.idle(eng)
+                handle, arrivals = eng.submit(Request(segments=prompt, max_tokens=a.steps + 8)), []
+                for event in handle:
+                    if isinstance(event, TokenEvent):
+                        arrivals.append((time.perf_counter(), len(event.token_ids)))
+                done = handle.result()
+                add(dict(gap_ms=request_profile.token_gaps(arrivals)["p50"], decode_tps=round(done.metrics.decode_tps, 2),
+                         row=name))
+            else:
+                asked = ge.ask(eng, prompt, a.steps + 8)
+                host = asked["decode_host_ms"] or {}
+                add(dict(gap_ms=asked["token_gaps"]["p50"], build_ms=host.get("build"), submit_ms=host.get("submit"),
+                         read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name))
+    finally:
+        ge.close(eng)
+        del eng
+        ge.free()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    base = ["--small"] if a.small else ["--device", "gpu", "--blas", "off"]
+    run = ge.Run(ge.parse_args([*base, "--lengths", str(4096 if a.small else a.length), "--configs", a.config,
+                                "--archive", "off"]))
+    mx.set_default_device(mx.gpu if run.a.device == "gpu" else mx.cpu)
+    length, rows = run.lengths[0], []
+    ge.warm_up(run, a.config, length)
+    windowed, bits = ge.CONFIGS[a.config][:2]
+    path = ge.choose(run.model, run.options(a.config))
+    cache = filled_cache(run.model, run.window if windowed else WindowPolicy(enabled=False), bits, length)
+    steps_loop(path, cache, 8, None, None)  # the buffers grow once and the graphs are built, untimed
+
+    def add(name: str, hand_off: HandOff | None = None, spinner: Spinner | None = None) -> None:
+        row = dict(steps_loop(path, cache, a.steps, hand_off, spinner), row=name)
+        rows.append(row)
+        print(row, flush=True)
+
+    add("alone")
+    with event_loop() as hand_off:
+        add("event loop", hand_off)
+    with event_loop() as hand_off:
+        add("event loop, every 50 ms", coalesced(hand_off, 0.05))
+    with condition_waiter() as hand_off:
+        add("condition waiter", hand_off)
+    with idle_thread():
+        add("idle thread")
+    with switch_interval(0.00025), event_loop() as hand_off:
+        add("event loop, switch 0.25 ms", hand_off)
+    with Spinner() as spinner:
+        add("spinner", spinner=spinner)
+    add("alone, again")
+    on_thread: list[dict] = []
+    thread = threading.Thread(target=lambda: on_thread.append(steps_loop(path, cache, a.steps, None, None)))
+    thread.start()
+    thread.join()
+    rows.append(dict(on_thread[0], row="another thread"))
+    print(rows[-1], flush=True)
+    del cache
+    ge.free()
+    engine_rows(run, a, rows)
+    result = dict(config=a.config, length=length, steps=a.steps, mlx=mx.__version__, device_info=mx.device_info(),
+                  python=sys.version.split()[0], rows=rows)
+    print("\n| row | token gap ms | build ms | submit ms | read ms |\n|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['row']} | {r['gap_ms']} | {r.get('build_ms', '')} | {r.get('submit_ms', '')} | {r.get('read_ms', '')} |")
+    save_json(result, a.out, quiet=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
