@@ -1,9 +1,12 @@
-"""What a second Python thread costs the engine's decode loop on the GPU.
+"""Where the engine's decode step could lose to the same step outside it: other threads, the engine's cache, its
+loop, its debug log, its archive.
 
-`bench/gpu_decode_gap.py` on an H100 (131,072 keys, 8-bit KV, Qwen3-32B shape): `engine.generate.decode` alone
-paced its tokens at 16.46 ms, and at 20.29 ms when each token went to an asyncio loop on another thread (as
-every caller of the engine streams them). This bench splits that cost by the kind of second thread, in one
-process, one filled cache, the path the engine chooses (`--config`):
+`bench/gpu_decode_gap.py` on an H100 (131,072 keys, 8-bit KV, Qwen3-32B shape; run a, docs/benchmarks.md) paced
+`engine.generate.decode`'s tokens at 16.46 ms alone and at 20.29 ms when each token went to an asyncio loop on
+another thread, and an engine ask at 20.88 ms; run w (H200, `bench/gpu_engine.py`) had the engine's 8-bit asks
+2.3-3.8 ms a token over their raw step. This bench puts each suspect in a row of its own, in one process, one
+filled cache and the path the engine chooses (`--config`); in its H100 runs (c, d) no row differed from the
+loop alone by more than 0.4 ms but the spinner's with bf16 KV:
 
 - ``alone``: the decode loop, nothing else running;
 - ``event loop``: each token handed to an asyncio loop on its own thread (`call_soon_threadsafe`);
@@ -17,8 +20,10 @@ process, one filled cache, the path the engine chooses (`--config`):
 - ``spinner``: a thread running Python without pause; its count per phase of the step says in which phases the
   decode thread lets go of the GIL (building the step, `mx.async_eval`, reading the token);
 - ``another thread``: the loop on a thread of its own (as the engine's worker runs it), nothing else running;
-- ``engine ask``: an engine (archive off) asked twice over a synthetic repository of `--length` tokens; the second
-  ask's decode as its caller reads it (token gap p50; the engine's host milliseconds per step);
+- ``alone, at the asks' length``: the loop over a filled cache of the follow-up ask's key count (the prompt's 45
+  more rows than `--length`: a count that is not a multiple of the kernels' tiles);
+- ``engine ask``: an engine (`--archive`, off by default) asked twice over a synthetic repository of `--length`
+  tokens; the second ask's decode as its caller reads it (token gap p50; the engine's host milliseconds a step);
 - ``engine's cache``: the loop over that engine's own cache once it is idle, on this thread: the cache a real
   prefill left against the filled one above;
 - ``engine's loop, cache``: `engine.generate.decode` over that cache on this thread;
@@ -27,8 +32,9 @@ process, one filled cache, the path the engine chooses (`--config`):
 
 Each row: the median token gap, and the median host milliseconds per step in each phase (and in the hand-off).
 
-    # on the lent GPU (device tool, carry [".gpu"]), about 2 minutes:
+    # on the lent GPU (device tool, carry [".gpu"]), about 2-3 minutes a configuration (1.8 warm):
     bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
+    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_handoff.py --config window-16 --archive on --out $OUT/h16.json
     python bench/gpu_handoff.py --small     # CPU smoke run (tiny 4-bit model, 4,096 keys)
 """
 from __future__ import annotations
@@ -70,6 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--length", type=int, default=131072)
     ap.add_argument("--config", default="window-8", choices=sorted(ge.CONFIGS))
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--archive", choices=("off", "on"), default="off",
+                    help="the engine's disk archive (on: its writes go on between the asks, as in bench/gpu_engine.py)")
     ap.add_argument("--out", default="bench/results/gpu_handoff.json")
     return ap.parse_args(argv)
 
@@ -218,7 +226,7 @@ def switch_interval(seconds: float) -> Iterator[None]:
 def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
     """The engine's asks, and loops over the cache they left (module docstring)."""
     repo = synthetic_repository(run.lengths[0], run.model.args.vocab_size)
-    eng = run.engine(a.config, archive=False)
+    eng = run.engine(a.config, archive=a.archive == "on")
 
     def add(row: dict) -> None:
         rows.append(row)
@@ -249,8 +257,8 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
                     if isinstance(event, TokenEvent):
                         arrivals.append((time.perf_counter(), len(event.token_ids)))
                 done = handle.result()
-                add(dict(gap_ms=request_profile.token_gaps(arrivals)["p50"], decode_tps=round(done.metrics.decode_tps, 2),
-                         row=name))
+                add(dict(gap_ms=request_profile.token_gaps(arrivals)["p50"],
+                         decode_tps=round(done.metrics.decode_tps, 2), row=name))
             else:
                 asked = ge.ask(eng, prompt, a.steps + 8)
                 host = asked["decode_host_ms"] or {}
@@ -300,14 +308,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     thread.join()
     rows.append(dict(on_thread[0], row="another thread"))
     print(rows[-1], flush=True)
-    cache.clear()  # its buffers freed before the engine builds its own
+    cache.clear()  # its buffers freed before the next cache
+    ge.free()
+    asked_length = synthetic_repository(length, run.model.args.vocab_size).prompt(2)
+    cache += filled_cache(run.model, run.window if windowed else WindowPolicy(enabled=False), bits,
+                          sum(len(s.token_ids) for s in asked_length))
+    steps_loop(path, cache, 8, None, None)
+    add("alone, at the asks' length")
+    cache.clear()  # freed before the engine builds its own
     ge.free()
     engine_rows(run, a, rows)
-    result = dict(config=a.config, length=length, steps=a.steps, mlx=mx.__version__, device_info=mx.device_info(),
-                  python=sys.version.split()[0], rows=rows)
+    result = dict(config=a.config, length=length, archive=a.archive, steps=a.steps, mlx=mx.__version__,
+                  device_info=mx.device_info(), python=sys.version.split()[0], rows=rows)
     print("\n| row | token gap ms | build ms | submit ms | read ms |\n|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['row']} | {r['gap_ms']} | {r.get('build_ms', '')} | {r.get('submit_ms', '')} | {r.get('read_ms', '')} |")
+        host = [r.get(f"{name}_ms", "") for name in ("build", "submit", "read")]
+        print(f"| {r['row']} | {r['gap_ms']} | {' | '.join(map(str, host))} |")
     save_json(result, a.out, quiet=True)
     return result
 
