@@ -19,6 +19,8 @@ loop alone by more than 0.4 ms but the spinner's with bf16 KV:
   5 ms: how long a thread that wants the GIL waits before it asks the holder to drop it);
 - ``spinner``: a thread running Python without pause; its count per phase of the step says in which phases the
   decode thread lets go of the GIL (building the step, `mx.async_eval`, reading the token);
+- ``spinner, switch 20 ms``: the same with a 20 ms switch interval: whether a longer one keeps a busy thread out of
+  a step's building (run d: bf16's step went from 21.0 to 27.6 ms beside the spinner);
 - ``another thread``: the loop on a thread of its own (as the engine's worker runs it), nothing else running;
 - ``alone, at the asks' length``: the loop over a filled cache of the follow-up ask's key count (the prompt's 45
   more rows than `--length`: a count that is not a multiple of the kernels' tiles);
@@ -33,8 +35,9 @@ loop alone by more than 0.4 ms but the spinner's with bf16 KV:
 Each row: the median token gap, and the median host milliseconds per step in each phase (and in the hand-off).
 
     # on the lent GPU (device tool, carry [".gpu"]), about 2-3 minutes a configuration (1.8 warm):
-    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
-    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_handoff.py --config window-16 --archive on --out $OUT/h16.json
+    bash .gpu/install.sh > /dev/null 2>&1
+    python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
+    python3 bench/gpu_handoff.py --config window-16 --archive on --out $OUT/h16.json
     python bench/gpu_handoff.py --small     # CPU smoke run (tiny 4-bit model, 4,096 keys)
 """
 from __future__ import annotations
@@ -301,6 +304,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         add("event loop, switch 0.25 ms", hand_off)
     with Spinner() as spinner:
         add("spinner", spinner=spinner)
+    with switch_interval(0.02), Spinner() as spinner:
+        add("spinner, switch 20 ms", spinner=spinner)
     add("alone, again")
     on_thread: list[dict] = []
     thread = threading.Thread(target=lambda: on_thread.append(steps_loop(path, cache, a.steps, None, None)))
