@@ -45,12 +45,18 @@ from engine.step_measure import filled_cache  # noqa: E402
 from engine.window import WindowPolicy  # noqa: E402
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def step_arguments(doc: str, steps: int) -> argparse.ArgumentParser:
+    """The arguments this bench and `bench/gpu_handoff.py` share: the model, the keys, the configuration, the steps."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny 4-bit model on the CPU, 4,096 keys (a smoke run)")
     ap.add_argument("--length", type=int, default=131072)
     ap.add_argument("--config", default="window-8", choices=sorted(ge.CONFIGS))
-    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = step_arguments(__doc__, 48)
     ap.add_argument("--out", default="bench/results/gpu_decode_gap.json")
     return ap.parse_args(argv)
 

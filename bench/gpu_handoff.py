@@ -63,6 +63,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench import request_profile  # noqa: E402
 from bench._common import save_json  # noqa: E402
+from bench.gpu_decode_gap import step_arguments  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
 from engine import generate  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
@@ -74,11 +75,7 @@ HandOff = Callable[[int], None]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--small", action="store_true", help="tiny 4-bit model on the CPU, 4,096 keys (a smoke run)")
-    ap.add_argument("--length", type=int, default=131072)
-    ap.add_argument("--config", default="window-8", choices=sorted(ge.CONFIGS))
-    ap.add_argument("--steps", type=int, default=64)
+    ap = step_arguments(__doc__, 64)
     ap.add_argument("--archive", choices=("off", "on"), default="off",
                     help="the engine's disk archive (on: its writes go on between the asks, as in bench/gpu_engine.py)")
     ap.add_argument("--out", default="bench/results/gpu_handoff.json")
