@@ -8,6 +8,7 @@
 import type { CancellationToken, Disposable, Range } from 'vscode-languageserver-protocol';
 
 export const STREAM_METHOD = 'codectx/stream';
+export const WARMTH_METHOD = 'codectx/warmth';
 
 /**
  * What the extension adds to its client capabilities under `experimental` (docs/protocol.md): it offers the
@@ -15,7 +16,6 @@ export const STREAM_METHOD = 'codectx/stream';
  * notice of its own.
  */
 export const EXPERIMENTAL_CAPABILITIES = { codectx: { restartOffer: true } };
-export const WARMTH_METHOD = 'codectx/warmth';
 
 /** Server commands run through `workspace/executeCommand` (one object argument each). */
 export const ServerCommand = {

@@ -30,7 +30,8 @@ import {
 } from '../../config';
 import { isAnswerDelta, ProgressValue } from '../../progress';
 import {
-  ContextLayout, executeCommand, EXPERIMENTAL_CAPABILITIES, ServerCommand, ServerConnection, STREAM_METHOD, StreamParams, WARMTH_METHOD,
+  ContextLayout, executeCommand, EXPERIMENTAL_CAPABILITIES, ServerCommand, ServerConnection, STREAM_METHOD,
+  StreamParams, WARMTH_METHOD,
 } from '../../protocol';
 import { startServerProcess } from '../../serverProcess';
 import { describeStatus, StatusBarController, StatusSummary } from '../../statusBar';
