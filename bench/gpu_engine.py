@@ -93,8 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the follow-up and edit asks on the engine's worker (top functions in each row)")
-    ap.add_argument("--raw-step", action="store_true",
-                    help="after each configuration, its decode step outside the engine (`raw_steps` in the JSON)")
+    ap.add_argument("--raw-step", action="store_true", help="after each configuration, its step outside the engine")
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
@@ -182,13 +181,14 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
 
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
-    """The same decode step outside the engine (bench/gpu_step.py's pipelined loop over a cache of random rows,
-    the path an engine of `config` chose), in this process after its asks: what the engine adds to a step.
-    The cache is a window cache (disabled for the dense configurations, whose engine uses mlx-lm's caches:
-    decode attends densely either way)."""
+    """The same decode step outside the engine (bench/gpu_step.py's pipelined loop over a window cache of random
+    rows, disabled for dense configurations; the path `config`'s engine chose), in this process after its asks, at
+    the follow-up's key count if any (before the 21st session at `length`): what the engine adds to a step."""
     from bench.gpu_step import decode_steps
     from engine.step_measure import filled_cache
 
+    asks = [r["prompt"] for r in run.result.get("rows", []) if (r["config"], r["step"]) == (config, "follow-up")]
+    length = asks[0] if asks else length
     path = choose(run.model, run.options(config))  # as the engine chooses it
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
