@@ -4,9 +4,13 @@ Targets: this repository and the installed `transformers` package (~3k files).
 Each target runs in its own process (so peak RSS is per target) with a fresh
 $CODECTX_HOME: pass 1 is fully cold (parse + tokenize everything), pass 2 is a
 new Workspace over warm token/tag caches ("after the first tokenization"),
-then single-file updates are timed. Prints a table and writes JSON to bench/results/.
+then single-file updates are timed, and last a branch switch: `--switch` files updated one after another (as
+the language server applies them after a checkout, `WorkspacePrompt._flush`), in the unbudgeted and the
+budgeted workspace, the total and the longest single update (where the hot tail outgrew its share and the
+workspace folded it: a full rebuild, on the server's event loop), and in the budgeted one again with every text
+recorded before any is applied, as the server applies a batch. Prints a table and writes JSON to bench/results/.
 
-    python bench/context.py [--tokenizer DIR] [--budget N] [--updates 20]
+    python bench/context.py [--tokenizer DIR] [--budget N] [--updates 20] [--switch 300]
 """
 from __future__ import annotations
 
@@ -130,7 +134,26 @@ def budget_updates(ws, key: str, text: str, updates: int) -> tuple[list[float], 
     return budget_ms, budget_cpu_ms
 
 
-def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) -> dict:
+def branch_switch(ws, target: Path, count: int, recorded_first: bool = False) -> tuple[float, float, float]:
+    """`count` files of the workspace (spread over their order) updated one after another: total seconds, the
+    longest update's ms and the median update's ms. `recorded_first`: every text recorded before any is applied
+    (`Workspace.update`'s `apply`), as the server applies a batch (`WorkspacePrompt._flush`)."""
+    keys = sorted(ws.files)
+    keys = keys[::max(1, len(keys) // count)][:count]
+    texts = {key: read(target, key) + f"\n# changed on another branch ({int(recorded_first)})\n" for key in keys}
+    began = time.perf_counter()
+    if recorded_first:
+        for key in keys:
+            ws.update(key, texts[key], apply=False)
+    times = []
+    for key in keys:
+        t0 = time.perf_counter()
+        ws.update(key, texts[key])
+        times.append(time.perf_counter() - t0)
+    return time.perf_counter() - began, max(times) * 1000, statistics.median(times) * 1000
+
+
+def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int, switch: int = 300) -> dict:
     """Runs in the child process: all phases on one target.
 
     Args:
@@ -138,6 +161,7 @@ def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) 
         tokenizer_dir: A folder with tokenizer.json.
         budget: The token budget of the budgeted builds.
         updates: Single-file updates timed per kind of update.
+        switch: Files the branch switch changes.
 
     Returns:
         The target's numbers (the JSON `main` collects per target).
@@ -157,6 +181,9 @@ def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) 
     big_first_ms, big_ms = big_updates(b.warm_ws, big, big_text, updates)
     budget_victim = next(s.key for s in budgeted.segments[::-1] if s.kind == "file")
     budget_ms, budget_cpu_ms = budget_updates(b.budget_ws, budget_victim, read(target, budget_victim), updates)
+    switch_s, switch_longest_ms, switch_median_ms = branch_switch(b.cold_ws, target, switch)
+    budget_switch_s, budget_switch_longest_ms, _ = branch_switch(b.budget_ws, target, switch)
+    recorded_s, recorded_longest_ms, _ = branch_switch(b.budget_ws, target, switch, recorded_first=True)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "files": n_files, "skipped": len(cold.skipped), "tokens": cold.tokens,
@@ -176,7 +203,10 @@ def measure(target: Path, tokenizer_dir: str, budget: int | None, updates: int) 
         "update_big_first_ms": big_first_ms, "update_big_median_ms": statistics.median(big_ms),
         "update_big_file": big, "update_big_chars": len(big_text),
         "update_victim": victim, "update_victim_chars": len(text), "budget_victim": budget_victim,
-        "peak_rss_mb": rss_mb,
+        "switch_files": switch, "switch_s": switch_s, "switch_longest_ms": switch_longest_ms,
+        "switch_median_ms": switch_median_ms, "budget_switch_s": budget_switch_s,
+        "budget_switch_longest_ms": budget_switch_longest_ms, "budget_switch_recorded_first_s": recorded_s,
+        "budget_switch_recorded_first_longest_ms": recorded_longest_ms, "peak_rss_mb": rss_mb,
     }
 
 
@@ -186,11 +216,12 @@ def main() -> int:
                         help="folder with tokenizer.json (default: the cached default model)")
     parser.add_argument("--budget", type=int, default=6144, help="budget for the budgeted build")
     parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--switch", type=int, default=300, help="files a branch switch changes")
     parser.add_argument("--only", help="one target name")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = measure(Path(args.child), args.tokenizer, args.budget, args.updates)
+        result = measure(Path(args.child), args.tokenizer, args.budget, args.updates, args.switch)
         sys.stdout.write(json.dumps(result) + "\n")
         return 0
     results = {}
@@ -200,12 +231,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as home:
             env = dict(os.environ, CODECTX_HOME=home)
             out = subprocess.run([sys.executable, __file__, "--child", str(path), "--tokenizer", args.tokenizer,
-                                  "--budget", str(args.budget), "--updates", str(args.updates)],
+                                  "--budget", str(args.budget), "--updates", str(args.updates),
+                                  "--switch", str(args.switch)],
                                  env=env, capture_output=True, text=True, check=True)
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     header = ("target", "files", "MB", "tokens", "cold s (cpu)", "warm s (cpu)", "warm f/s",
-              "budget 1st s (cpu)", "budget s (cpu)", "budget f/s", "upd first ms", "upd hot ms (cpu)", "upd big 1st/hot ms",
-              "upd budget ms (cpu)", "peak MB")
+              "budget 1st s (cpu)", "budget s (cpu)", "budget f/s", "upd first ms", "upd hot ms (cpu)",
+              "upd big 1st/hot ms", "upd budget ms (cpu)", "switch s (longest, median ms)",
+              "budget switch s (longest ms)", "recorded first s (longest ms)", "peak MB")
     rows = [header]
     for name, r in results.items():
         rows.append((name, str(r["files"]), f"{r['bytes'] / 1e6:.1f}", str(r["tokens"]),
@@ -217,6 +250,9 @@ def main() -> int:
                      f"{r['update_hot_median_ms']:.1f} ({r['update_hot_median_cpu_ms']:.1f})",
                      f"{r['update_big_first_ms']:.1f}/{r['update_big_median_ms']:.1f}",
                      f"{r['update_budget_median_ms']:.1f} ({r['update_budget_median_cpu_ms']:.1f})",
+                     f"{r['switch_s']:.2f} ({r['switch_longest_ms']:.0f}, {r['switch_median_ms']:.2f})",
+                     f"{r['budget_switch_s']:.2f} ({r['budget_switch_longest_ms']:.0f})",
+                     f"{r['budget_switch_recorded_first_s']:.2f} ({r['budget_switch_recorded_first_longest_ms']:.0f})",
                      f"{r['peak_rss_mb']:.0f}"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     sys.stdout.write("\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows) + "\n")

@@ -52,14 +52,12 @@ class Workspace:
         deny: Secret patterns (gitignore syntax) added to the access policy's deny list.
         map_share: Part of the budget kept for the signature map when not all fits.
         hysteresis: Score bonus of files selected in the previous build.
-        hot_share: Part of the budget kept for the hot tail (current copies of edited
-            files); without a budget, the share of the prefix the tail may grow to. A tail
-            that outgrows it is folded back into place (a full rebuild).
+        hot_share: Part of the budget kept for the hot tail (current copies of edited files); without a budget, the
+            share of the prefix the tail may grow to. A tail that outgrows it is folded into place (a full rebuild).
         persist: Use the on-disk caches and state under $CODECTX_HOME.
-        progress: Called as progress(stage, done, total) while `build` parses files (stage
-            "parsing") and tokenizes uncounted ones ("tokenizing", in batches). What it raises
-            stops the build and propagates; no state is saved then. (The attribute of that
-            name can be replaced between builds.)
+        progress: Called as progress(stage, done, total) while `build` parses files (stage "parsing") and tokenizes
+            uncounted ones ("tokenizing", in batches). What it raises stops the build and propagates; no state is
+            saved then. (The attribute of that name can be replaced between builds.)
 
     Raises:
         WorkspaceError: `root` is not a folder.
@@ -123,11 +121,10 @@ class Workspace:
         """Scans, parses, orders and tokenizes the whole workspace.
 
         Args:
-            fold: Put edited files back in their places and empty the hot tail (reindex).
-                Otherwise the hot tail recorded by earlier `update`s (also by an earlier
-                process: it is persisted) is rebuilt as it was, so the prefix before it
-                stays the same across restarts. Files changed on disk since the last
-                build without such a record take their places (reason "changed on disk").
+            fold: Put edited files back in their places and empty the hot tail (reindex). Otherwise the hot tail
+                recorded by earlier `update`s (also by an earlier process: it is persisted) is rebuilt as it was, so
+                the prefix before it stays the same across restarts. Files changed on disk since the last build
+                without such a record take their places (reason "changed on disk").
 
         Raises:
             BudgetError: The budget cannot hold the system and tools segments.
@@ -177,7 +174,7 @@ class Workspace:
 
     # ----- incremental update ------------------------------------------------------------------
 
-    def update(self, path: str | Path, text: str | None) -> tuple[int, Layout]:
+    def update(self, path: str | Path, text: str | None, apply: bool = True) -> tuple[int, Layout]:
         """Applies one file's new text (edit or create) or its deletion (`text=None`).
 
         Nothing before the hot tail moves: the file's built copy keeps its place and its
@@ -191,27 +188,31 @@ class Workspace:
         Args:
             path: Absolute, or relative to the root.
             text: The file's full new text, or None when it was deleted.
+            apply: False records the text only, for a build or fold to read: many changes at once (a checkout, a
+                replace in many buffers) are recorded first and then applied, so that one fold sees them all and
+                the changes after it apply as no change (one change at a time could fold at each file).
 
         Returns:
-            (index of the first segment that changed, new layout); the index equals
-            `len(layout.segments)` when nothing changed.
+            (index of the first segment that changed, new layout): `len(layout.segments)` when nothing did.
         """
         rel = self._relative(path)
         self._overlay[rel] = text
+        if not apply:
+            return len(self._layout.segments), self._layout
         return self._apply(rel, None if text is None else self.access.admit(rel, text))
 
-    def reload(self, path: str | Path) -> tuple[int, Layout]:
-        """Reads one file again from disk through the access policy (a file event).
+    def reload(self, path: str | Path, apply: bool = True) -> tuple[int, Layout]:
+        """Reads one file again from disk through the access policy (a file event); `apply` as for `update`.
 
         A file that is gone is a deletion; one the policy refuses (a link out of the
         workspace, a secret, a FIFO) leaves the context with its reason reported.
-
-        Returns:
-            As `update`.
+        Returns as `update`.
         """
         rel = self._relative(path)
         self._overlay.pop(rel, None)
         self.access.changed(rel)
+        if not apply:
+            return len(self._layout.segments), self._layout
         item = self.access.read(rel)
         gone = isinstance(item, Skipped) and not os.path.lexists(self.root / rel)  # also a refused name
         # Editors report every write under .git/ (objects, index, logs): one row each would pile up.
@@ -380,8 +381,7 @@ class Workspace:
         if self.persist:
             store.save(self._state_path, {"hashes": {p: f.content_hash for p, f in self._files.items()},
                                           "selected": sorted(self._selected), **self._graph.to_state()})
-            self.tokens.save()
-            self.tags.save()
+        self.save()
 
     def save(self) -> None:
         """Writes the token and tag caches (call when idle or on shutdown)."""

@@ -257,3 +257,24 @@ def test_context_never_imports_mlx():
             "assert not any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules), 'mlx imported'")
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_many_changes_at_once_fold_once(repo, smol_tokenizer):
+    """A replace in many open buffers of a budgeted workspace: the server records every change before it applies
+    any (`WorkspacePrompt._flush`), so the fold on the way sees them all and is the only one (applied one at a
+    time, each change after a fold overflowed the tail again: a full rebuild per file)."""
+    from server.core.prompt import WorkspacePrompt
+    from server.core.settings import ContextSettings
+
+    buffers: dict = {}
+    prompt = WorkspacePrompt(repo, smol_tokenizer, buffers.get, "", ContextSettings(budget_tokens=1500))
+    folds = []
+    build = prompt.workspace.build
+    prompt.workspace.build = lambda fold=False: (folds.append(fold), build(fold))[1]
+    changed = sorted(prompt.workspace.files)
+    for n, rel in enumerate(changed):
+        buffers[repo / rel] = (repo / rel).read_text() + f"\n// replaced {n}\n" * 8
+        prompt.mark_dirty(repo / rel)
+    prompt.prefix_segments()  # applies the changes
+    assert len(changed) > 5 and folds == [True]
+    assert all(prompt.workspace.files[rel].text == buffers[repo / rel] for rel in changed)
