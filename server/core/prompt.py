@@ -102,7 +102,7 @@ class WorkspacePrompt:
         """Open buffers go in as the editor has them, other paths are read again from disk;
         both through the workspace's access policy. Every change is recorded before any is applied
         (`Workspace.update`'s `apply`): a fold on the way sees them all, and is the only one (a replace in
-        300 open buffers of a budgeted workspace folded at each: 54 s in bench/context.py on this repository)."""
+        300 open buffers of a budgeted workspace folded at each: 54-57 s in bench/context.py on this repository)."""
         changes = [(path, self.buffer_text(path)) for path in sorted(self._dirty)]
         for apply in (False, True):
             for path, text in changes:
