@@ -177,13 +177,12 @@ class Workspace:
     def update(self, path: str | Path, text: str | None, apply: bool = True) -> tuple[int, Layout]:
         """Applies one file's new text (edit or create) or its deletion (`text=None`).
 
-        Nothing before the hot tail moves: the file's built copy keeps its place and its
-        current text goes to the tail as a "hot" segment that says it replaces the copy
-        above (a deletion leaves a short note instead). Re-editing a hot file replaces its
-        hot segment; editing it back to the built text removes it. When the tail outgrows
-        `hot_share` (or the budget), the workspace is rebuilt with `build(fold=True)`.
-        The map is not rebuilt (that would move every later segment). Only the changed
-        file is hashed and tokenized; its tags are parsed at the next build.
+        Nothing before the hot tail moves: the file's built copy keeps its place and its current text goes to the
+        tail as a "hot" segment that says it replaces the copy above (a deletion leaves a short note instead).
+        Re-editing a hot file replaces its hot segment; editing it back to the built text removes it. When the tail
+        outgrows `hot_share` (or the budget), the workspace is rebuilt with `build(fold=True)`. The map is not
+        rebuilt (that would move every later segment). Only the changed file is hashed and tokenized; its tags are
+        parsed at the next build.
 
         Args:
             path: Absolute, or relative to the root.
@@ -198,15 +197,16 @@ class Workspace:
         rel = self._relative(path)
         self._overlay[rel] = text
         if not apply:
+            if getattr(self._files.get(rel), "text", None) != text:
+                self._recent[rel] = "edited"  # the reason a fold that reads it gives
             return len(self._layout.segments), self._layout
         return self._apply(rel, None if text is None else self.access.admit(rel, text))
 
     def reload(self, path: str | Path, apply: bool = True) -> tuple[int, Layout]:
         """Reads one file again from disk through the access policy (a file event); `apply` as for `update`.
 
-        A file that is gone is a deletion; one the policy refuses (a link out of the
-        workspace, a secret, a FIFO) leaves the context with its reason reported.
-        Returns as `update`.
+        A file that is gone is a deletion; one the policy refuses (a link out of the workspace, a secret, a FIFO)
+        leaves the context with its reason reported. Returns as `update`.
         """
         rel = self._relative(path)
         self._overlay.pop(rel, None)

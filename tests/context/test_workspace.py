@@ -278,3 +278,5 @@ def test_many_changes_at_once_fold_once(repo, smol_tokenizer):
     prompt.prefix_segments()  # applies the changes
     assert len(changed) > 5 and folds == [True]
     assert all(prompt.workspace.files[rel].text == buffers[repo / rel] for rel in changed)
+    placed = [s for s in prompt.workspace.layout.segments if s.kind == "file"]
+    assert placed and all(s.reason.endswith("; edited") for s in placed)  # buffer edits, not "changed on disk"
