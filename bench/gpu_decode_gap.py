@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -84,37 +85,41 @@ def raw(run: Any, path: Any, length: int, steps: int) -> dict[str, Any]:
                 submit_ms=round((times.host - times.python) * 1e3, 2))
 
 
-def engine_loop(run: Any, path: Any, length: int, steps: int, hand_off: Callable[[int], None] | None) -> dict:
-    """`engine.generate.decode` over a fresh filled cache through `path`; each token to `hand_off` if given."""
-    bits = ge.CONFIGS[run.a.configs][1]
-    policy = run.window if ge.CONFIGS[run.a.configs][0] else WindowPolicy(enabled=False)
-    cache = filled_cache(run.model, policy, bits, length)
-    logits = mx.random.normal((1, run.model.args.vocab_size))
+def decode_gap(path: Any, cache: list, steps: int, hand_off: Callable[[int], None] | None = None) -> dict:
+    """`engine.generate.decode` over `cache` through `path` for `steps` + 4 tokens, each to `hand_off` if given:
+    the median gap between tokens after the first four."""
+    logits = mx.random.normal((1, path.model.args.vocab_size))
     stamps: list[float] = []
     for token in generate.decode(path, cache, logits, greedy, max_tokens=steps + 4):
         stamps.append(time.perf_counter())
         if hand_off is not None:
             hand_off(token)
-    del cache
     return dict(gap_ms=gaps_ms(stamps[4:]))
 
 
-def on_event_loop() -> tuple[Callable[[int], None], Callable[[], None]]:
-    """A hand-off that streams each token to an asyncio loop on its own thread (a small text callback there),
-    and the function that stops the loop."""
+def engine_loop(run: Any, path: Any, length: int, steps: int, hand_off: Callable[[int], None] | None) -> dict:
+    """`decode_gap` over a fresh filled cache through `path`."""
+    bits = ge.CONFIGS[run.a.configs][1]
+    policy = run.window if ge.CONFIGS[run.a.configs][0] else WindowPolicy(enabled=False)
+    cache = filled_cache(run.model, policy, bits, length)
+    row = decode_gap(path, cache, steps, hand_off)
+    del cache
+    return row
+
+
+@contextlib.contextmanager
+def event_loop() -> Iterator[Callable[[int], None]]:
+    """A hand-off that streams each token (as a small text) to an asyncio loop on its own thread."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     received: list[str] = []
-
-    def show(token: int) -> None:
-        received.append(f"<{token}>")
-
-    def stop() -> None:
+    try:
+        yield lambda token: loop.call_soon_threadsafe(received.append, f"<{token}>")
+    finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
-
-    return (lambda token: loop.call_soon_threadsafe(show, token)), stop
+        loop.close()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -139,11 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add("raw, engine alive", raw(run, ge.choose(run.model, run.options(run.a.configs)), length, steps))
     add("raw, engine's path", raw(run, eng.compute, length, steps))
     add("engine loop", engine_loop(run, eng.compute, length, steps, None))
-    hand_off, stop = on_event_loop()
-    try:
+    with event_loop() as hand_off:
         add("engine loop + event loop", engine_loop(run, eng.compute, length, steps, hand_off))
-    finally:
-        stop()
     ge.close(eng)
     del eng
     ge.free()

@@ -43,7 +43,6 @@ Each row: the median token gap, and the median host milliseconds per step in eac
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import selectors
 import socket
@@ -63,9 +62,8 @@ import mlx.core as mx  # noqa: E402
 
 from bench import request_profile  # noqa: E402
 from bench._common import save_json  # noqa: E402
-from bench.gpu_decode_gap import step_arguments  # noqa: E402
+from bench.gpu_decode_gap import decode_gap, event_loop, step_arguments  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
-from engine import generate  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
 from engine.sampling import greedy  # noqa: E402
 from engine.step_measure import filled_cache  # noqa: E402
@@ -138,20 +136,6 @@ def steps_loop(path: Any, cache: list, steps: int, hand_off: HandOff | None, spi
         row.update({f"spins_{name}_per_ms": round(sum(s[i] for s in spins[4:]) / sum(p[i] for p in phases[4:]) / 1e3)
                     for i, name in enumerate(("build", "submit", "read"))})
     return row
-
-
-@contextlib.contextmanager
-def event_loop() -> Iterator[HandOff]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    received: list[str] = []
-    try:
-        yield lambda token: loop.call_soon_threadsafe(received.append, f"<{token}>")
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
 
 
 def coalesced(hand_off: HandOff, seconds: float) -> HandOff:
@@ -242,12 +226,7 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
                 if name == "engine's cache":
                     add(dict(steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None), row=name))
                 else:
-                    stamps = []
-                    logits = mx.random.normal((1, run.model.args.vocab_size))
-                    for _ in generate.decode(eng.compute, eng.prefix.cache, logits, greedy, max_tokens=a.steps + 4):
-                        stamps.append(time.perf_counter())
-                    add(dict(gap_ms=round(statistics.median(b - x for x, b in zip(stamps[4:], stamps[5:])) * 1e3, 2),
-                             row=name))
+                    add(dict(decode_gap(eng.compute, eng.prefix.cache, a.steps), row=name))
                 for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
                     c.offset = offset
             elif name.endswith("no debug log"):

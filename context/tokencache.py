@@ -23,9 +23,9 @@ MAX_LIVE_TOKENS = 4_000_000
 """Token ids kept in memory (~36 bytes a token as Python ints: at most ~150 MB), several times a
 large repository's prefix; older entries are re-read from disk or re-tokenized when needed."""
 COUNT_BATCH_CHARS = 1 << 20
-"""Characters a cold count tokenizes in one call (about 0.25 s on 2 cores): between calls it reports progress,
-and a progress callback may stop it. Counting 9.6 M characters took 2.33 s in 1 MiB batches, 2.62 s in 256 KiB
-ones and 2.19-2.49 s in one call (SmolLM2's tokenizer, 2-core VM, twentieth session)."""
+"""Characters a cold count tokenizes in one call: between calls it reports progress, and a progress callback may
+stop it. (Its cost against one call was timed once, in the twentieth session, by a script not kept; the cold builds
+of bench/context.py are the reproducible measure.)"""
 
 
 _MIN_CHUNK = 512
