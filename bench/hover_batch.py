@@ -54,9 +54,9 @@ def hover_requests(session: Session, path: Path) -> list[Request]:
     session.hover_cache = cache  # where `hover.uses` finds the definition index (a ReadySession has one)
     text, definitions = cache.index.definitions(path)
     guard = SamplingParams(loop_guard=session.settings.generation.loop_guard)
-    requests = []
+    requests, lead = [], hover.lead_in(session)
     for definition in sorted(definitions, key=lambda d: d.line):
-        segments, _, stop = hover.answer_request(session, site_of(path, text, definition, definitions))
+        segments, _, stop = hover.answer_request(session, site_of(path, text, definition, definitions), lead)
         requests.append(Request(segments=segments, max_tokens=session.settings.hover.max_tokens, stop=stop,
                                 sampling=guard, priority=Priority.PREPARE))
     return requests

@@ -220,9 +220,8 @@ class TagCache:
         """Tags already parsed for this content, or None (nothing is parsed or stored)."""
         key = f"{language}:{text_hash}"
         tags = self._live.get(key)
-        if tags is None and key in self._stored:
-            tags = _stored_tags(self._stored[key])
-        return tags
+        raw = self._stored.get(key) if tags is None else None  # one read: `save` may swap the dict meanwhile
+        return _stored_tags(raw) if raw is not None else tags
 
     def save(self) -> None:
         """Writes the entries used in this session (older ones are dropped)."""

@@ -160,9 +160,8 @@ class Workspace:
         self._resolver = ImportResolver(self._files, self.root.name, self._read_go_mod())
         self._graph = RepoGraph(self._files, self._resolver, state)
         self._skipped = tuple(result.skipped)
-        self._layout = self._assemble()
+        segments = list(self._assemble().segments)  # (published once whole, below: read from other threads)
         self._save_state()
-        segments = list(self._layout.segments)
         for rel in self._tail:  # replay the hot tail over the built copies
             self._set_file(rel, current.get(rel))
             self._retail(segments, rel)

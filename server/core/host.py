@@ -171,7 +171,8 @@ class SessionHost:
         return self.ready_now()
 
     async def call(self, fn: Callable[[Any], T]) -> T:
-        """`SessionProvider`: `fn(ready session)` on this host's loop, from any thread's loop.
+        """`SessionProvider`: `fn(ready session)` on a worker thread started from this host's loop, from any
+        thread's loop.
 
         Raises:
             NotReadyError: The session is not ready.
@@ -183,7 +184,7 @@ class SessionHost:
             ready = self.ready_now()
             if ready is None:
                 raise NotReadyError(LOADING)
-            return fn(ready)
+            return await asyncio.to_thread(fn, ready)  # it may build a prompt (a fold takes seconds): off the loop
 
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
 

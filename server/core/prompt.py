@@ -4,14 +4,22 @@ conversation turns that follow the repository in it.
 Open buffers feed `Workspace.update` lazily: an edit only marks its path dirty
 and the next prompt (ask, hover, warm-up) flushes the dirty paths, so a burst
 of keystrokes costs one update per file.
+
+A flush can fold the hot tail into place and a rescan rebuilds the layout: seconds on a large
+repository. The server therefore calls this builder from worker threads (`asyncio.to_thread`),
+never on its event loop, and the builder is thread-safe: one lock around everything that applies
+changes or tokenizes, while `files`, `current_prefix`, `skipped` and `notes` read the current
+layout, which is replaced whole and never changed in place.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from context.access import AccessPolicy
 from context.errors import AccessDeniedError, WorkspaceError
@@ -26,6 +34,7 @@ from .settings import ContextSettings, FocusSettings
 
 logger = logging.getLogger(__name__)
 _conversation_ids = itertools.count(1)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,16 @@ def tokenizable(content: str) -> str:
 
 
 MAX_CONVERSATIONS = 64
+
+
+def _settled(method: Callable[..., T]) -> Callable[..., T]:
+    """`WorkspacePrompt` methods that read the workspace: under its lock, after the marked changes are applied."""
+    @functools.wraps(method)
+    def settled(self: "WorkspacePrompt", *args, **kwargs) -> T:
+        with self._lock:
+            self._flush()
+            return method(self, *args, **kwargs)
+    return settled
 
 
 class Conversations:
@@ -87,6 +106,7 @@ class WorkspacePrompt:
         self.workspace.build()
         self.workspace.progress = no_progress  # later builds (a reindex, a fold) are not the first scan
         self._dirty: set[Path] = set()
+        self._lock = threading.RLock()  # the workspace and its caches: one thread at a time
 
     @property
     def files(self) -> list[Path]:
@@ -94,16 +114,26 @@ class WorkspacePrompt:
         rows = self.workspace.layout.rows
         return [self.root / row.path for row in rows]
 
+    def current_prefix(self) -> list[Segment]:
+        """The stable prefix as last built, without applying what changed since (no lock, no tokenizing:
+        for the event loop, after a `prefix_segments` or `settle` on a worker thread)."""
+        return list(self.workspace.layout.segments)
+
     def mark_dirty(self, path: Path) -> None:
         """Notes that `path` changed (buffer edit or file event); applied on the next prompt."""
         self._dirty.add(path)
+
+    @_settled
+    def settle(self) -> None:
+        """Applies every change marked so far (may fold the hot tail: call it off the event loop)."""
 
     def _flush(self) -> None:
         """Open buffers go in as the editor has them, other paths are read again from disk;
         both through the workspace's access policy. Every change is recorded before any is applied
         (`Workspace.update`'s `apply`): a fold on the way sees them all, and is the only one (a replace in
         300 open buffers of a budgeted workspace folded at each: 54-57 s in bench/context.py on this repository)."""
-        changes = [(path, self.buffer_text(path)) for path in sorted(self._dirty)]
+        dirty, self._dirty = self._dirty, set()  # a path marked meanwhile waits for the next flush
+        changes = [(path, self.buffer_text(path)) for path in sorted(dirty)]
         for apply in (False, True):
             for path, text in changes:
                 try:
@@ -114,30 +144,29 @@ class WorkspacePrompt:
                 except WorkspaceError as err:  # a path outside the workspace
                     if apply:
                         logger.debug("not in the workspace: %s (%s)", path, err)
-        self._dirty.clear()
 
     @property
     def access(self) -> AccessPolicy:
         """The workspace's access policy (every read of a workspace file goes through it)."""
         return self.workspace.access
 
+    @_settled
     def rescan(self) -> None:
         """Rebuilds the layout from disk and buffers, edits folded into place (codectx.reindex)."""
-        self._flush()
         self.workspace.build(fold=True)
 
+    @_settled
     def segments(self, turns: Sequence[Turn], focus: Sequence[Segment] = ()) -> list[Segment]:
         """The prompt for `turns`; the last turn is the question (engine segments as they are).
         `focus` (`focus(...).segments`) goes after the stable prefix, before the turns."""
-        self._flush()
         *earlier, question = turns
         return self.workspace.prompt(tokenizable(question.content), [(t.role, tokenizable(t.content)) for t in earlier],
                                      focus)
 
+    @_settled
     def focus(self, query: FocusQuery, budget: int) -> Focus:
         """The focus of a request (`context.focus.select_focus`) over every file of the workspace,
         within `budget` tokens. `query.path` may be absolute; outside the workspace it is ignored."""
-        self._flush()
         if query.path is not None:
             try:
                 query = replace(query, path=self.access.relative(query.path))
@@ -145,6 +174,7 @@ class WorkspacePrompt:
                 query = replace(query, path=None, lines=None)
         return select_focus(self.workspace.files, query, self.workspace.tokens, budget)
 
+    @_settled
     def fitted_focus(self, query: FocusQuery, turns: Sequence[Turn], settings: FocusSettings, context_length: int,
                      answer_tokens: int) -> Focus | None:
         """The focus of a request with `turns` under the `focus.*` settings (None when off), within
@@ -154,14 +184,14 @@ class WorkspacePrompt:
         room = context_length - sum(len(s.token_ids) for s in self.segments(turns)) - answer_tokens
         return self.focus(query, max(0, min(settings.budget_tokens, room)))
 
+    @_settled
     def prefix_segments(self) -> list[Segment]:
         """The stable prefix alone: what warm-up prefills."""
-        self._flush()
         return list(self.workspace.layout.segments)
 
+    @_settled
     def layout(self) -> list[dict]:
         """One row per prefix segment: kind, key, tokens, why it is there."""
-        self._flush()
         return [{"kind": s.kind, "key": s.key, "tokens": len(s.token_ids), "reason": s.reason}
                 for s in self.workspace.layout.segments]
 

@@ -93,9 +93,10 @@ class ReadySession(Session):
             self.prompt.mark_dirty(path)
             self.warmup.schedule(self.settings.warmup.debounce_ms / 1000, path)
 
-    def reindex(self) -> int:
-        """Rescans the workspace and warms it up again; returns the number of files in it."""
-        self.prompt.rescan()
+    async def reindex(self) -> int:
+        """Rescans the workspace (on a worker thread: seconds on a large repository) and warms it up again;
+        returns the number of files in it."""
+        await asyncio.to_thread(self.prompt.rescan)
         self.base.prefix_version += 1
         self.warmup.schedule(0)
         return len(self.prompt.files)

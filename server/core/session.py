@@ -262,7 +262,8 @@ class SessionProvider(Protocol):
         """The session once its model and workspace are loaded, else None."""
 
     async def call(self, fn: Callable[[Session], T]) -> T:
-        """`fn(session)` run on the session's own event loop (where its workspace lives).
+        """`fn(session)` on a worker thread started from the session's own event loop (the workspace's prompt
+        builder is thread-safe; building may fold its hot tail, seconds on a large repository).
 
         Raises:
             NotReadyError: The session is not loaded (yet, or any more).

@@ -79,21 +79,22 @@ class Warmup:
         cut = next((i for i in range(warm, len(prefix)) if prefix[i].key in editing), len(prefix))
         return prefix[:cut]
 
-    def _with_lead_in(self, prefix: list[PromptSegment], settled: list[PromptSegment]) -> list[PromptSegment]:
+    async def _with_lead_in(self, prefix: list[PromptSegment], settled: list[PromptSegment]) -> list[PromptSegment]:
         """`settled` plus the hover lead-in's turn and header when the whole prefix is settled
         and the backend does not hold the whole lead-in yet."""
         if self.lead_in is None or len(settled) != len(prefix):
             return settled
-        lead = self.lead_in(self.session)
+        lead = await asyncio.to_thread(self.lead_in, self.session)  # builds a prompt: off the loop
         if [s.token_ids for s in lead[:len(prefix)]] != [s.token_ids for s in prefix]:
             return settled
         return settled if self.session.backend.probe(lead).warm else lead
 
     async def _run(self) -> None:
-        prefix = self.session.prompt.prefix_segments()
+        # Applying the edits may fold the hot tail (seconds on a large repository): on a worker thread.
+        prefix = await asyncio.to_thread(self.session.prompt.prefix_segments)
         settled = self.settled(prefix)
         total = sum(len(s.token_ids) for s in settled)
-        segments = self._with_lead_in(prefix, settled)
+        segments = await self._with_lead_in(prefix, settled)
         if not settled or (self.session.warm_tokens(settled) == total and segments is settled):
             if self.on_state is not None:  # nothing to prefill: say so
                 self.on_state(self.state())
@@ -140,8 +141,9 @@ class Warmup:
         return self._task is not None and not self._task.done()
 
     def state(self) -> dict:
-        """How warm the prefix is, for `codectx.status` and `codectx/warmth`."""
-        prefix = self.session.prompt.prefix_segments()
+        """How warm the prefix is, for `codectx.status` and `codectx/warmth` (the prefix as last built: edits
+        not applied yet are not in it)."""
+        prefix = self.session.prompt.current_prefix()
         tokens = sum(len(s.token_ids) for s in prefix)
         warm = self.session.warm_tokens(prefix)
         return {"warm": bool(prefix) and warm == tokens, "warmTokens": warm, "prefixTokens": tokens,
@@ -151,8 +153,9 @@ class Warmup:
                 "runs": self.runs, "lastRun": self.last_run, "lastError": self.last_error}
 
     def segment_states(self) -> list[str]:
-        """Cache state per prefix segment ("cached", "partial", "cold"), for `codectx.showContext`."""
-        prefix = self.session.prompt.prefix_segments()
+        """Cache state per prefix segment ("cached", "partial", "cold"), for `codectx.showContext` (the prefix as
+        last built)."""
+        prefix = self.session.prompt.current_prefix()
         return segment_states(prefix, self.session.warm_tokens(prefix))
 
     def stop(self) -> None:

@@ -10,6 +10,8 @@ for `codectx serve --http` without an editor.
 """
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -131,9 +133,13 @@ class StandaloneSource:
         if self.prompt is None:
             raise LookupError("no workspace")
         chat = _turns(turns)
-        focus = self.prompt.fitted_focus(FocusQuery(chat[-1].content), chat, self.settings.focus,
-                                         self.backend.context_length, self.settings.ask.max_tokens)
-        return self.prompt.segments(chat, focus.segments if focus is not None else ())
+
+        def build() -> list[PromptSegment]:
+            focus = self.prompt.fitted_focus(FocusQuery(chat[-1].content), chat, self.settings.focus,
+                                             self.backend.context_length, self.settings.ask.max_tokens)
+            return self.prompt.segments(chat, focus.segments if focus is not None else ())
+
+        return await asyncio.to_thread(build)  # the prompt may apply changes (a fold takes seconds): off the loop
 
     def warm(self) -> None:
         """Prefill the workspace prefix in the background (interactive requests go first)."""

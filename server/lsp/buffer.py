@@ -6,12 +6,17 @@ converts positions by looking only at the lines they name, and splices the new
 lines in. The whole text is joined only when someone asks for it, then cached
 until the next edit.
 
+The text may be read from another thread (the prompt is built on worker threads):
+`lock` is held while the text is joined and, by `Document.apply`, across a whole edit, so a
+reader never sees half an edit nor caches a text older than the lines.
+
 Invariant: `lines` is never empty, every line but the last ends with exactly one
 terminator ("\\n", "\\r\\n" or "\\r"), and no line ending in a lone "\\r" is
 followed by one starting with "\\n" (that pair is a single CRLF terminator).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from lsprotocol import types
@@ -48,13 +53,15 @@ class LineBuffer:
     def __init__(self, text: str) -> None:
         self._lines = split_lines(text)
         self._text: str | None = text
+        self.lock = threading.RLock()
 
     @property
     def text(self) -> str:
         """The whole text (joined on first use after an edit, then cached)."""
-        if self._text is None:
-            self._text = "".join(self._lines)
-        return self._text
+        with self.lock:
+            if self._text is None:
+                self._text = "".join(self._lines)
+            return self._text
 
     @property
     def line_count(self) -> int:

@@ -40,10 +40,11 @@ def register(server: Any) -> None:
         _check_option(options, "question", str, lambda v: bool(v.strip()), "a non-empty string")
         session = await ls.ready()
         focus = None
+        rows = await asyncio.to_thread(session.prompt.layout)  # applies the edits (a fold takes seconds): off the loop
         if options.get("question"):
             _, _, query = _selection(session, options, options["question"])
-            focus = session.prompt.focus(query, session.settings.focus.budget_tokens)
-        return status_feature.show_context(session, session.warmup.segment_states(), focus)
+            focus = await asyncio.to_thread(session.prompt.focus, query, session.settings.focus.budget_tokens)
+        return status_feature.show_context(session, rows, session.warmup.segment_states(), focus)
 
     @server.command("codectx.reset")
     def reset_command(ls, *args: Any) -> dict:
@@ -53,7 +54,7 @@ def register(server: Any) -> None:
     @server.command("codectx.reindex")
     async def reindex_command(ls, *args: Any) -> dict:
         session = await ls.ready()
-        return {"files": session.reindex()}
+        return {"files": await session.reindex()}
 
 
 async def ask_command(ls: Any, *args: Any) -> dict:

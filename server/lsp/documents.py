@@ -51,6 +51,11 @@ class Document:
         Raises:
             EditRejectedError: One change could not apply; the buffer is unchanged.
         """
+        with self.buffer.lock:  # one edit, whole, for a reader on another thread
+            self._apply(changes, encoding)
+
+    def _apply(self, changes: Sequence[types.TextDocumentContentChangeEvent],
+               encoding: types.PositionEncodingKind) -> None:
         before, steps = self.buffer.cached_text, []
         try:
             for index, change in enumerate(changes):
@@ -108,7 +113,7 @@ class DocumentStore:
 
     def by_path(self, path: Path) -> Document | None:
         """The open buffer for a file system path, if any."""
-        return next((d for d in self._docs.values() if d.path == path), None)
+        return next((d for d in list(self._docs.values()) if d.path == path), None)  # (copied: read off the loop too)
 
     def __len__(self) -> int:
         return len(self._docs)

@@ -294,10 +294,10 @@ async def test_hover_right_after_an_edit_reads_the_warm_prefix(tiny_model, works
     try:
         await ask_feature.ask(session, "hi", on_text=lambda text: None,
                               max_tokens=1)  # prefills the prefix
-        warm = status_feature.show_context(session, session.warmup.segment_states())
+        warm = status_feature.show_context(session, session.prompt.layout(), session.warmup.segment_states())
         warm_tokens = sum(row["tokens"] for row in warm["segments"])
         edit_buffer(host, workspace / "util.py", 2, 0, "# edited, not prefilled yet\n")
-        edited = status_feature.show_context(session, session.warmup.segment_states())
+        edited = status_feature.show_context(session, session.prompt.layout(), session.warmup.segment_states())
         assert {row["cache"] for row in edited["segments"]} != {"cached"}
         answer = await explain(session, "greet", workspace / "util.py")  # `def greet`, one line lower now
         assert answer.source == "model"

@@ -85,7 +85,8 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     turns = history + [Turn("user", asked)]
     pieces: list[str] = []
     calls: list[dict] = []
-    focused = focus_of(session, focus or FocusQuery(question, path=path), turns, answer_tokens)
+    # The prompt is built on a worker thread: applying edits may fold the hot tail (seconds on a large repository).
+    focused = await asyncio.to_thread(focus_of, session, focus or FocusQuery(question, path=path), turns, answer_tokens)
 
     def emit(text: str) -> None:
         pieces.append(text)
@@ -93,9 +94,9 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 
     metrics: dict = {}
     for round_number in range(settings.max_tool_calls + 1):
+        segments = await asyncio.to_thread(session.prompt.segments, turns, focused.segments if focused else ())
         done = await session.generate(
-            session.prompt.segments(turns, focused.segments if focused else ()), max_tokens=answer_tokens,
-            on_text=emit,
+            segments, max_tokens=answer_tokens, on_text=emit,
             stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill, sampling=sampling)
         metrics = _add_metrics(metrics, done.metrics.as_dict())
         more = tools and round_number < settings.max_tool_calls and done.finish_reason != "cancelled"

@@ -130,8 +130,14 @@ def instruction(session: Session) -> str:
 
 
 def lead_in(session: Session) -> list[PromptSegment]:
-    """The stable prefix + the hover turn + the answer header (what warm-up prefills for hovers)."""
+    """The stable prefix + the hover turn + the answer header (what warm-up prefills for hovers).
+    It applies the edits made since the last prompt (a fold takes seconds): off the event loop, see `current_lead_in`."""
     return session.prompt.segments([Turn("user", instruction(session))])
+
+
+async def current_lead_in(session: Session) -> list[PromptSegment]:
+    """`lead_in`, built on a worker thread."""
+    return await asyncio.to_thread(lead_in, session)
 
 
 HOVER_DEFINITION_TOKENS = 80
@@ -196,10 +202,10 @@ def _clipped(text: str, encode, max_tokens: int) -> str:
     return "\n".join([*kept, "..."])
 
 
-def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str]:
-    """`[lead-in][head][tail]` for `site` (the lead-in on the warm prefix when allowed), and the
-    answer start's text (head + tail)."""
-    current = lead_in(session)
+def hover_segments(session: Session, site: DefinitionSite, current: list[PromptSegment]
+                   ) -> tuple[list[PromptSegment], str]:
+    """`[lead-in][head][tail]` for `site` over the lead-in `current` (`lead_in`; put on the warm prefix when
+    allowed), and the answer start's text (head + tail)."""
     lead = session.on_warm_prefix(current) if session.settings.hover.use_warm_prefix else current
     head, tail = answer_start(session, site)
     encode = session.tokenizer.encode
@@ -207,11 +213,9 @@ def hover_segments(session: Session, site: DefinitionSite) -> tuple[list[PromptS
             PromptSegment(SegmentKind.ANSWER, "hover-tail", tuple(encode(tail)))], head + tail
 
 
-def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegment] | None = None
-                  ) -> list[PromptSegment]:
-    """`[lead-in][head]` of `site` on the current prefix: what preparation prefills so that a
-    hover restores the head (`lead` may be passed in when several heads follow one lead-in)."""
-    lead = lead_in(session) if lead is None else lead
+def head_segments(session: Session, site: DefinitionSite, lead: list[PromptSegment]) -> list[PromptSegment]:
+    """`[lead-in][head]` of `site` over the lead-in `lead` (`lead_in`): what preparation prefills so that a
+    hover restores the head."""
     head, _ = answer_start(session, site)
     return [*lead, PromptSegment(SegmentKind.ANSWER, "hover", tuple(session.tokenizer.encode(head)))]
 
@@ -282,11 +286,11 @@ def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[
 
 
 def start_batch(session: Session, cache: HoverCache, sites: list[DefinitionSite], keys: list[tuple[str, str]],
-                priority: Priority = Priority.PREPARE) -> list[asyncio.Task]:
-    """Starts generating the answers for `sites` together (`Backend.generate_batch`: one batch over
+                lead: list[PromptSegment], priority: Priority = Priority.PREPARE) -> list[asyncio.Task]:
+    """Starts generating the answers for `sites` over the lead-in `lead` (`lead_in`) together (`Backend.generate_batch`: one batch over
     their common lead-in where the engine can); each lands in `cache.answers` under its key as soon
     as it ends, exactly what `start` would have stored."""
-    prompts = [answer_request(session, site) for site in sites]
+    prompts = [answer_request(session, site, lead) for site in sites]
     max_tokens = session.settings.hover.max_tokens
     waits = session.backend.generate_batch([Request(segments=segments, max_tokens=max_tokens, stop=stop,
                                                     priority=priority) for segments, _, stop in prompts])
@@ -308,9 +312,11 @@ def track(cache: HoverCache, key: tuple[str, str], task: asyncio.Task) -> asynci
     return task
 
 
-def answer_request(session: Session, site: DefinitionSite) -> tuple[list[PromptSegment], str, tuple[str, ...]]:
-    """`site`'s answer prompt (`hover_segments`), the answer start's text and the stop strings."""
-    segments, start_text = hover_segments(session, site)
+def answer_request(session: Session, site: DefinitionSite, lead: list[PromptSegment]
+                   ) -> tuple[list[PromptSegment], str, tuple[str, ...]]:
+    """`site`'s answer prompt over the lead-in `lead` (`hover_segments`), the answer start's text and the stop
+    strings."""
+    segments, start_text = hover_segments(session, site, lead)
     stop = ("\n\n", *SENTENCE_ENDS) if session.settings.hover.first_sentence else ("\n\n",)
     return segments, start_text, stop
 
@@ -330,7 +336,7 @@ def answer_text(session: Session, start_text: str, done: DoneEvent) -> str:
 async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, started: float,
                     priority: Priority = Priority.INTERACTIVE) -> str:
     """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
-    segments, start_text, stop = answer_request(session, site)
+    segments, start_text, stop = answer_request(session, site, await current_lead_in(session))
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:

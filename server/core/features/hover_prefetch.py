@@ -103,7 +103,7 @@ class HoverPrefetch:
         """One pass: each head looked at once, then the answers; until warm-up has work."""
         looked_at: set[tuple[int, ...]] = set()  # heads of this pass (an evicted one is not redone in a loop)
         while not self.busy():
-            step = self._next_step(looked_at)
+            step = await self._next_step(looked_at)
             if step is None:
                 return
             job, done = step
@@ -119,17 +119,18 @@ class HoverPrefetch:
                 return
             done(result)
 
-    def _next_step(self, looked_at: set[tuple[int, ...]]):
+    async def _next_step(self, looked_at: set[tuple[int, ...]]):
         """(task, what to do with its result) for the next answer or head, or None."""
         ordered = self._in_reading_order()
         sites = self._next_sites(ordered)
         if len(sites) > 1:
-            return self._prepare_batch(sites), lambda _result: None  # each answer counted as it lands
+            lead = await hover.current_lead_in(self.session)
+            return self._prepare_batch(sites, lead), lambda _result: None  # each answer counted as it lands
         if sites:
             key = self.cache.key(sites[0], self.session.prompt.files)
             return hover.start(self.session, self.cache, sites[0], key, time.perf_counter(), Priority.PREPARE), \
                 self._prepared_answer
-        head = self._next_head(ordered, looked_at)
+        head = await self._next_head(ordered, looked_at)
         if head is not None:
             return self._prefill_head(head), self._prepared_head
         return None
@@ -141,11 +142,11 @@ class HoverPrefetch:
                 raise asyncio.CancelledError()
         return asyncio.ensure_future(prefill())
 
-    def _prepare_batch(self, sites: list[DefinitionSite]) -> asyncio.Task:
+    def _prepare_batch(self, sites: list[DefinitionSite], lead: list[PromptSegment]) -> asyncio.Task:
         """The answers of `sites` generated together; the task ends when all have (an interrupted
         one is counted once per batch and generated again by the next step)."""
         files = self.session.prompt.files
-        tasks = hover.start_batch(self.session, self.cache, sites, [self.cache.key(s, files) for s in sites],
+        tasks = hover.start_batch(self.session, self.cache, sites, [self.cache.key(s, files) for s in sites], lead,
                                   Priority.PREPARE)
         for task in tasks:
             task.add_done_callback(self._answer_landed)
@@ -187,8 +188,8 @@ class HoverPrefetch:
         behind = sorted((d for d in definitions if d.line < start), key=lambda d: -d.line)
         return [site_of(path, text, d, definitions) for d in (ahead + behind)[:MAX_DEFINITIONS]]
 
-    def _next_head(self, ordered: list[DefinitionSite], looked_at: set[tuple[int, ...]]
-                   ) -> list[PromptSegment] | None:
+    async def _next_head(self, ordered: list[DefinitionSite], looked_at: set[tuple[int, ...]]
+                         ) -> list[PromptSegment] | None:
         """`[lead-in][head]` of the nearest definition without an answer, not looked at yet,
         whose head the engine does not hold."""
         if not self.session.settings.hover.prefetch_heads:
@@ -197,7 +198,7 @@ class HoverPrefetch:
         files = self.session.prompt.files
         unanswered = [site for site in ordered if self.cache.key(site, files) not in self.cache.answers]
         nearest = sorted(unanswered, key=lambda site: abs(site.definition.line - line))[:MAX_STARTS]
-        lead = hover.lead_in(self.session)  # once per call, not once per definition
+        lead = await hover.current_lead_in(self.session)  # once per call, not once per definition
         for site in nearest:
             segments = hover.head_segments(self.session, site, lead)
             head = segments[-1].token_ids

@@ -41,17 +41,18 @@ def status(base: LoadingSession, ready: ReadySession | None, position_encoding: 
     }
 
 
-def show_context(session: Session, cache_states: list[str], focus=None) -> dict:
+def show_context(session: Session, layout: list[dict], cache_states: list[str], focus=None) -> dict:
     """The prefix layout as rows and as a markdown document for a virtual buffer, with the
     files the access policy left out (and why), the layout's notes and, for a question, its
     focus (what an ask would add after the prefix, and why).
 
     Args:
         session: A ready session.
+        layout: The prefix's rows (`WorkspacePrompt.layout`).
         cache_states: "cached", "partial" or "cold" per prefix segment (`Warmup.segment_states`).
         focus: A `context.focus.Focus` to show, or None.
     """
-    rows = [dict(row, cache=state) for row, state in zip(session.prompt.layout(), cache_states)]
+    rows = [dict(row, cache=state) for row, state in zip(layout, cache_states)]
     lines = ["# codectx context", "", "| # | kind | key | tokens | cache |", "|---|---|---|---|---|"]
     lines += [f"| {i} | {r['kind']} | {r['key']} | {r['tokens']} | {r['cache']} |" for i, r in enumerate(rows)]
     cached = sum(r["tokens"] for r in rows if r["cache"] == "cached")

@@ -1,0 +1,71 @@
+"""Applying edits can fold the hot tail into place, a full rebuild of the layout: seconds on a large
+repository. The server builds prompts on worker threads, so while a fold runs its event loop still
+answers status, takes edits and cancels requests, and no edit made meanwhile is lost. A gate holds
+the real fold until the test lets it go, so "while folding" is a state the test controls, not a race."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from context.workspace import Workspace
+from server.core.features import ask as ask_feature
+from server.core.features import status as status_feature
+from tests.server.harness import default_options, edit_buffer, loaded_host, write_sample_workspace
+
+
+class FoldGate:
+    """`Workspace.build` that, for a fold, waits until the test opens the gate (and notes its thread)."""
+
+    def __init__(self) -> None:
+        self.build = Workspace.build
+        self.waiting = threading.Event()
+        self.open = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def build_method(self):
+        """What replaces `Workspace.build` (a function, so that it binds as a method)."""
+        def build(workspace: Workspace, fold: bool = False):
+            return self(workspace, fold)
+        return build
+
+    def __call__(self, workspace: Workspace, fold: bool = False):
+        if fold:
+            self.threads.append(threading.current_thread())
+            self.waiting.set()
+            assert self.open.wait(30), "the test never opened the gate"
+        return self.build(workspace, fold=fold)
+
+
+async def test_a_fold_runs_off_the_event_loop(tiny_model, tmp_path, monkeypatch):
+    repo = write_sample_workspace(tmp_path)
+    host = await loaded_host(default_options(tiny_model), repo)
+    session = host.ready_now()
+    gate = FoldGate()
+    monkeypatch.setattr(Workspace, "build", gate.build_method())
+    try:
+        # A file that grows past the hot tail's share of the budget: the next prompt folds it into place.
+        grown = "".join(f"def step_{i}(x):\n    return x + {i}\n\n\n" for i in range(120))
+        edit_buffer(host, repo / "util.py", 2, 0, grown)
+        asking = asyncio.ensure_future(ask_feature.ask(session, "What does add do?", on_text=lambda text: None,
+                                                       max_tokens=2))
+        # Reached while the fold is held: the loop runs (on the loop, the fold would hold this test too).
+        assert await asyncio.to_thread(gate.waiting.wait, 30), "the edit did not fold"
+        assert threading.current_thread() not in gate.threads
+        assert status_feature.status(host.base, session, "utf-16", {})["ready"] is True
+        edit_buffer(host, repo / "main.py", 2, 0, "# edited while the fold ran\n")
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        assert not gate.open.is_set()  # the cancel did not wait for the fold
+
+        gate.open.set()
+        answer = await ask_feature.ask(session, "What does main do?", on_text=lambda text: None, max_tokens=2)
+        assert answer.finish_reason in ("stop", "length")
+        texts = "".join(s.text for s in session.prompt.workspace.layout.segments)
+        assert "def step_119(x):" in texts and "# edited while the fold ran" in texts
+        assert len(gate.threads) >= 1 and threading.current_thread() not in gate.threads
+    finally:
+        gate.open.set()
+        host.close()
