@@ -17,8 +17,7 @@ through `engine.Engine` with checkpoints and the disk archive on. Per length, in
   graph, submitting it, waiting for its token);
 - ``--raw-step``: after each configuration, the same decode step outside the engine in the same process
   (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose);
-- ``--archive off``: the same asks with no disk archive and no restart row, for what the archive's
-  background writes cost the asks beside them;
+- ``--archive off``: the same asks with no disk archive and no restart row (what its background writes cost);
 - bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy
   bandwidth (decode bound = bandwidth / bytes read per token), disk read bandwidth (restart bound
   = bytes restored / bandwidth).
@@ -155,10 +154,11 @@ def idle(eng: Engine, timeout_s: float = 600) -> None:
 
 
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
-    """One request; its metrics, its prefill forwards and decode steps (`request_profile.ForwardLog`), decoded
-    ids, the spacing of its tokens as they arrived (`token_gaps`) and MLX's peak memory while it ran. It starts
-    with the engine idle (the archive's copies of the last ask made), as after a user has read an answer."""
+    """One request; its metrics, its forwards and decode steps (`request_profile.ForwardLog`), decoded ids, its
+    tokens' spacing (`token_gaps`), MLX's memory held (active, cached) as it started and its peak while it ran. It
+    starts with the engine idle (the archive's copies of the last ask made), as after a user has read an answer."""
     idle(eng)
+    held = [round(n / 2**30, 2) for n in (mx.get_active_memory(), mx.get_cache_memory())]
     mx.reset_peak_memory()
     with request_profile.ForwardLog() as log:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
@@ -177,7 +177,7 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
                 restore_s=log.restore_s, forwards=log.forwards, records=log.records, detaches=log.detaches,
                 archive_copies=log.archive_copies, token_gaps=request_profile.token_gaps(arrivals),
-                decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids)
+                decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids, held_gib=held)
 
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
