@@ -103,7 +103,7 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
         call = _tool_call(done.text) if more else None
         if call is None:
             break
-        result = _run_tool(tools, call)
+        result = await asyncio.to_thread(_run_tool, tools, call)  # reads files (a search reads every one)
         calls.append({"name": call.name, "arguments": call.arguments, "resultChars": len(result)})
         emit(f"\n[tool {call.name} returned {len(result)} characters]\n")
         reply = done.text if done.text.rstrip().endswith(CALL_CLOSE) else done.text + CALL_CLOSE
