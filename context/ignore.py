@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -88,9 +89,13 @@ class IgnoreRules:
         top: The git work tree's top when `root` is inside one (rules above `root` and the
             repository's `info/exclude` apply then), else None.
         git_dir: The repository's git directory (for `info/exclude`), when known.
+
+    Its caches fill as paths are asked about, from the threads that read workspace files (the server builds
+    prompts and runs tools off its event loop): one lock around each question and each `forget`.
     """
 
     def __init__(self, root: Path, top: Path | None = None, git_dir: Path | None = None) -> None:
+        self._lock = threading.RLock()
         self.root = root
         self.top = top if top is not None else root
         rel = os.path.relpath(root, self.top).replace(os.sep, "/")
@@ -158,15 +163,17 @@ class IgnoreRules:
     def forget(self, rel: str) -> None:
         """Drops the cached rules of `rel`'s folder (its ignore file changed)."""
         parent = (self._prefix + rel).rpartition("/")[0]
-        self._specs.pop(parent, None)
-        self._chains.clear()
-        self._folders.clear()
+        with self._lock:
+            self._specs.pop(parent, None)
+            self._chains.clear()
+            self._folders.clear()
 
     def ignored(self, rel: str, is_dir: bool = False) -> bool:
         """Whether git would ignore a root-relative path. As in git, nothing inside an ignored
         folder can be re-included, and a deeper ignore file overrides a shallower one."""
         full = self._prefix + rel
-        return self._folder_ignored(full.rpartition("/")[0]) or self._decide(full, is_dir)
+        with self._lock:
+            return self._folder_ignored(full.rpartition("/")[0]) or self._decide(full, is_dir)
 
 
 def is_ignore_file(rel: str) -> bool:

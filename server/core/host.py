@@ -171,7 +171,7 @@ class SessionHost:
         return self.ready_now()
 
     async def call(self, fn: Callable[[Any], T]) -> T:
-        """`SessionProvider`: `fn(ready session)` on a worker thread started from this host's loop, from any
+        """`SessionProvider`: `fn(ready session)` on its prompt's thread, started from this host's loop, from any
         thread's loop.
 
         Raises:
@@ -184,7 +184,7 @@ class SessionHost:
             ready = self.ready_now()
             if ready is None:
                 raise NotReadyError(LOADING)
-            return await asyncio.to_thread(fn, ready)  # it may build a prompt (a fold takes seconds): off the loop
+            return await ready.prompt.call(fn, ready)  # it may build a prompt (a fold takes seconds): off the loop
 
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
 

@@ -6,17 +6,19 @@ and the next prompt (ask, hover, warm-up) flushes the dirty paths, so a burst
 of keystrokes costs one update per file.
 
 A flush can fold the hot tail into place and a rescan rebuilds the layout: seconds on a large
-repository. The server therefore calls this builder from worker threads (`asyncio.to_thread`),
+repository. The server therefore builds prompts on the builder's own thread (`WorkspacePrompt.call`),
 never on its event loop, and the builder is thread-safe: one lock around everything that applies
 changes or tokenizes, while `files`, `current_prefix`, `skipped` and `notes` read the current
 layout, which is replaced whole and never changed in place.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -106,7 +108,19 @@ class WorkspacePrompt:
         self.workspace.build()
         self.workspace.progress = no_progress  # later builds (a reindex, a fold) are not the first scan
         self._dirty: set[Path] = set()
+        self._marks = threading.Lock()  # `_dirty`: marked on the loop, taken on the builder's thread
         self._lock = threading.RLock()  # the workspace and its caches: one thread at a time
+        # The server's builds, one after another on one thread: a build that waits for a fold holds no other
+        # worker (a cancelled request's build still runs, and finds nothing left to apply).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codectx-prompt")
+
+    async def call(self, fn: Callable[..., T], *args) -> T:
+        """`fn(*args)` (a method of this builder, or a function that builds with it) on the builder's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        """Lets the builder's thread end (a build under way finishes; queued ones are dropped)."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     @property
     def files(self) -> list[Path]:
@@ -116,12 +130,13 @@ class WorkspacePrompt:
 
     def current_prefix(self) -> list[Segment]:
         """The stable prefix as last built, without applying what changed since (no lock, no tokenizing:
-        for the event loop, after a `prefix_segments` or `settle` on a worker thread)."""
+        for the event loop, after a `prefix_segments` or `settle` on the builder's thread)."""
         return list(self.workspace.layout.segments)
 
     def mark_dirty(self, path: Path) -> None:
         """Notes that `path` changed (buffer edit or file event); applied on the next prompt."""
-        self._dirty.add(path)
+        with self._marks:
+            self._dirty.add(path)
 
     @_settled
     def settle(self) -> None:
@@ -132,18 +147,24 @@ class WorkspacePrompt:
         both through the workspace's access policy. Every change is recorded before any is applied
         (`Workspace.update`'s `apply`): a fold on the way sees them all, and is the only one (a replace in
         300 open buffers of a budgeted workspace folded at each: 54-57 s in bench/context.py on this repository)."""
-        dirty, self._dirty = self._dirty, set()  # a path marked meanwhile waits for the next flush
-        changes = [(path, self.buffer_text(path)) for path in sorted(dirty)]
-        for apply in (False, True):
-            for path, text in changes:
-                try:
-                    if text is not None:
-                        self.workspace.update(path, text, apply=apply)
-                    else:
-                        self.workspace.reload(path, apply=apply)
-                except WorkspaceError as err:  # a path outside the workspace
-                    if apply:
-                        logger.debug("not in the workspace: %s (%s)", path, err)
+        with self._marks:
+            dirty, self._dirty = self._dirty, set()  # a path marked meanwhile waits for the next flush
+        try:
+            changes = [(path, self.buffer_text(path)) for path in sorted(dirty)]
+            for apply in (False, True):
+                for path, text in changes:
+                    try:
+                        if text is not None:
+                            self.workspace.update(path, text, apply=apply)
+                        else:
+                            self.workspace.reload(path, apply=apply)
+                    except WorkspaceError as err:  # a path outside the workspace
+                        if apply:
+                            logger.debug("not in the workspace: %s (%s)", path, err)
+        except BaseException:  # (a full disk, a budget): the next flush tries them again; applied ones are no-ops
+            with self._marks:
+                self._dirty |= dirty
+            raise
 
     @property
     def access(self) -> AccessPolicy:
@@ -192,8 +213,7 @@ class WorkspacePrompt:
     @_settled
     def layout(self) -> list[dict]:
         """One row per prefix segment: kind, key, tokens, why it is there."""
-        return [{"kind": s.kind, "key": s.key, "tokens": len(s.token_ids), "reason": s.reason}
-                for s in self.workspace.layout.segments]
+        return segment_rows(self.workspace.layout.segments)
 
     def skipped(self) -> list[dict]:
         """Files and folders the access policy left out, with the reason (call after `layout`)."""
@@ -202,3 +222,8 @@ class WorkspacePrompt:
     def notes(self) -> list[str]:
         """Notes on the prefix (a chat template framed as ChatML, invalid UTF-8 replaced)."""
         return list(self.workspace.layout.notes)
+
+
+def segment_rows(segments: Sequence[Segment]) -> list[dict]:
+    """One row per segment: kind, key, tokens, why it is there (`WorkspacePrompt.layout`)."""
+    return [{"kind": s.kind, "key": s.key, "tokens": len(s.token_ids), "reason": s.reason} for s in segments]

@@ -94,12 +94,17 @@ class ReadySession(Session):
             self.warmup.schedule(self.settings.warmup.debounce_ms / 1000, path)
 
     async def reindex(self) -> int:
-        """Rescans the workspace (on a worker thread: seconds on a large repository) and warms it up again;
-        returns the number of files in it."""
-        await asyncio.to_thread(self.prompt.rescan)
-        self.base.prefix_version += 1
-        self.warmup.schedule(0)
+        """Rescans the workspace (on the prompt's thread: seconds on a large repository) and warms it up again;
+        returns the number of files in it. A cancelled request does not stop the rescan, nor the warm-up after it."""
+        rescan = asyncio.ensure_future(self.prompt.call(self.prompt.rescan))
+        rescan.add_done_callback(self._rescanned)
+        await asyncio.shield(rescan)
         return len(self.prompt.files)
+
+    def _rescanned(self, rescan: asyncio.Future) -> None:
+        if not rescan.cancelled() and rescan.exception() is None:
+            self.base.prefix_version += 1
+            self.warmup.schedule(0)
 
     def stop(self) -> None:
         """Stops warm-up and hover preparation and cancels this session's requests (idempotent)."""

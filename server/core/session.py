@@ -250,8 +250,9 @@ class Session:
             self.backend.cancel(request_id)
 
     def close(self) -> None:
-        """Stops the backend (idempotent); later requests fail with EngineClosedError."""
+        """Stops the backend and the prompt's thread (idempotent); later requests fail with EngineClosedError."""
         self.backend.close()
+        self.prompt.close()
 
 
 class SessionProvider(Protocol):
@@ -262,8 +263,8 @@ class SessionProvider(Protocol):
         """The session once its model and workspace are loaded, else None."""
 
     async def call(self, fn: Callable[[Session], T]) -> T:
-        """`fn(session)` on a worker thread started from the session's own event loop (the workspace's prompt
-        builder is thread-safe; building may fold its hot tail, seconds on a large repository).
+        """`fn(session)` on the prompt's thread (`WorkspacePrompt.call`), started from the session's own event loop
+        (building may fold the hot tail: seconds on a large repository).
 
         Raises:
             NotReadyError: The session is not loaded (yet, or any more).

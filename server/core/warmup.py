@@ -84,14 +84,14 @@ class Warmup:
         and the backend does not hold the whole lead-in yet."""
         if self.lead_in is None or len(settled) != len(prefix):
             return settled
-        lead = await asyncio.to_thread(self.lead_in, self.session)  # builds a prompt: off the loop
+        lead = await self.session.prompt.call(self.lead_in, self.session)  # builds a prompt: off the loop
         if [s.token_ids for s in lead[:len(prefix)]] != [s.token_ids for s in prefix]:
             return settled
         return settled if self.session.backend.probe(lead).warm else lead
 
     async def _run(self) -> None:
         # Applying the edits may fold the hot tail (seconds on a large repository): on a worker thread.
-        prefix = await asyncio.to_thread(self.session.prompt.prefix_segments)
+        prefix = await self.session.prompt.call(self.session.prompt.prefix_segments)
         settled = self.settled(prefix)
         total = sum(len(s.token_ids) for s in settled)
         segments = await self._with_lead_in(prefix, settled)
@@ -152,10 +152,10 @@ class Warmup:
                 "pendingFiles": sorted(k for k in self._timers if k != ALL),
                 "runs": self.runs, "lastRun": self.last_run, "lastError": self.last_error}
 
-    def segment_states(self) -> list[str]:
-        """Cache state per prefix segment ("cached", "partial", "cold"), for `codectx.showContext` (the prefix as
-        last built)."""
-        prefix = self.session.prompt.current_prefix()
+    def segment_states(self, prefix: list[PromptSegment] | None = None) -> list[str]:
+        """Cache state per segment of `prefix` ("cached", "partial", "cold"), for `codectx.showContext`; default: the
+        prefix as last built."""
+        prefix = self.session.prompt.current_prefix() if prefix is None else prefix
         return segment_states(prefix, self.session.warm_tokens(prefix))
 
     def stop(self) -> None:

@@ -10,8 +10,6 @@ for `codectx serve --http` without an editor.
 """
 from __future__ import annotations
 
-import asyncio
-
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -139,7 +137,7 @@ class StandaloneSource:
                                              self.backend.context_length, self.settings.ask.max_tokens)
             return self.prompt.segments(chat, focus.segments if focus is not None else ())
 
-        return await asyncio.to_thread(build)  # the prompt may apply changes (a fold takes seconds): off the loop
+        return await self.prompt.call(build)  # the prompt may apply changes (a fold takes seconds): off the loop
 
     def warm(self) -> None:
         """Prefill the workspace prefix in the background (interactive requests go first)."""
@@ -149,6 +147,8 @@ class StandaloneSource:
 
     def close(self) -> None:
         self.backend.close()
+        if self.prompt is not None:
+            self.prompt.close()
 
 
 def build_workspace_prompt(root: Path, tokenizer: Any, settings: Settings) -> WorkspacePrompt:

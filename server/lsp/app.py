@@ -72,7 +72,8 @@ class CodectxServer(LanguageServer):
         return self.host.current()
 
     async def call(self, fn: Callable[[ReadySession], T]) -> T:
-        """`SessionProvider`: `fn(ready session)` on the language server's loop."""
+        """`SessionProvider`: `fn(ready session)` on the session's prompt thread, started from the language server's
+        loop (`SessionHost.call`)."""
         return await self.host.call(fn)
 
     async def start_up(self) -> None:

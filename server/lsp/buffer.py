@@ -6,7 +6,7 @@ converts positions by looking only at the lines they name, and splices the new
 lines in. The whole text is joined only when someone asks for it, then cached
 until the next edit.
 
-The text may be read from another thread (the prompt is built on worker threads):
+The text may be read from another thread (the prompt is built on a thread of its own):
 `lock` is held while the text is joined and, by `Document.apply`, across a whole edit, so a
 reader never sees half an edit nor caches a text older than the lines.
 

@@ -12,6 +12,7 @@ from context.focus_query import FocusQuery
 from server.core.features import ask as ask_feature
 from server.core.features import status as status_feature
 from server.core.features.symbols import identifier_at
+from server.core.prompt import segment_rows
 from server.core.question import check_question
 from server.core.session import Session
 
@@ -39,12 +40,12 @@ def register(server: Any) -> None:
         options = _command_args(args)
         _check_option(options, "question", str, lambda v: bool(v.strip()), "a non-empty string")
         session = await ls.ready()
-        focus = None
-        rows = await asyncio.to_thread(session.prompt.layout)  # applies the edits (a fold takes seconds): off the loop
+        focus, prompt = None, session.prompt
+        prefix = await prompt.call(prompt.prefix_segments)  # applies the edits (a fold takes seconds): off the loop
         if options.get("question"):
             _, _, query = _selection(session, options, options["question"])
-            focus = await asyncio.to_thread(session.prompt.focus, query, session.settings.focus.budget_tokens)
-        return status_feature.show_context(session, rows, session.warmup.segment_states(), focus)
+            focus = await prompt.call(prompt.focus, query, session.settings.focus.budget_tokens)
+        return status_feature.show_context(session, segment_rows(prefix), session.warmup.segment_states(prefix), focus)
 
     @server.command("codectx.reset")
     def reset_command(ls, *args: Any) -> dict:

@@ -280,3 +280,30 @@ def test_many_changes_at_once_fold_once(repo, smol_tokenizer):
     assert all(prompt.workspace.files[rel].text == buffers[repo / rel] for rel in changed)
     placed = [s for s in prompt.workspace.layout.segments if s.kind == "file"]
     assert placed and all(s.reason.endswith("; edited") for s in placed)  # buffer edits, not "changed on disk"
+
+
+def test_changes_a_failed_flush_did_not_apply_are_applied_by_the_next(repo, smol_tokenizer):
+    """A flush that fails part way (a full disk under the hot tail's file) loses no marked change: the next
+    prompt applies them (the marks are taken before the changes are applied, and put back on a failure)."""
+    from server.core.prompt import WorkspacePrompt
+    from server.core.settings import ContextSettings
+
+    buffers: dict = {}
+    prompt = WorkspacePrompt(repo, smol_tokenizer, buffers.get, "", ContextSettings())
+    changed = sorted(prompt.workspace.files)[:3]
+    for rel in changed:
+        buffers[repo / rel] = (repo / rel).read_text() + "\n// edited\n"
+        prompt.mark_dirty(repo / rel)
+    update = prompt.workspace.update
+
+    def full_disk(path, text, apply=True):
+        if apply:
+            raise OSError(28, "No space left on device")
+        return update(path, text, apply=apply)
+
+    prompt.workspace.update = full_disk
+    with pytest.raises(OSError):
+        prompt.settle()
+    prompt.workspace.update = update
+    prompt.settle()
+    assert all(prompt.workspace.files[rel].text == buffers[repo / rel] for rel in changed)

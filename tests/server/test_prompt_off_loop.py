@@ -69,3 +69,31 @@ async def test_a_fold_runs_off_the_event_loop(tiny_model, tmp_path, monkeypatch)
     finally:
         gate.open.set()
         host.close()
+
+
+async def test_a_cancelled_reindex_still_warms_the_rescanned_prefix(tiny_model, tmp_path, monkeypatch):
+    """`codectx.reindex` cancelled while its rescan runs: the rescan goes on, and the prefix version and the
+    warm-up that follow a rescan still come (nothing else would warm the rebuilt prefix before the next edit)."""
+    repo = write_sample_workspace(tmp_path)
+    host = await loaded_host(default_options(tiny_model), repo)
+    session = host.ready_now()
+    gate = FoldGate()
+    monkeypatch.setattr(Workspace, "build", gate.build_method())
+    rescanned = asyncio.Event()
+    after = type(session)._rescanned
+    monkeypatch.setattr(type(session), "_rescanned", lambda self, rescan: (after(self, rescan), rescanned.set()))
+    scheduled: list[float] = []
+    monkeypatch.setattr(session.warmup, "schedule", lambda delay_s, path=None: scheduled.append(delay_s))
+    try:
+        version = host.base.prefix_version
+        reindexing = asyncio.ensure_future(session.reindex())
+        assert await asyncio.to_thread(gate.waiting.wait, 30), "the reindex did not rebuild"
+        reindexing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reindexing
+        gate.open.set()
+        await asyncio.wait_for(rescanned.wait(), 30)
+        assert host.base.prefix_version == version + 1 and scheduled == [0]
+    finally:
+        gate.open.set()
+        host.close()

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from context.focus import Focus
 from context.focus_query import FocusQuery
-from engine.request import SamplingParams
+from engine.request import PromptSegment, SamplingParams
 
 from ..prompt import Turn, tokenizable
 from ..prompt_size import PromptTooLongError, check_text_fits
@@ -85,16 +85,21 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     turns = history + [Turn("user", asked)]
     pieces: list[str] = []
     calls: list[dict] = []
-    # The prompt is built on a worker thread: applying edits may fold the hot tail (seconds on a large repository).
-    focused = await asyncio.to_thread(focus_of, session, focus or FocusQuery(question, path=path), turns, answer_tokens)
+
+    def first_prompt() -> tuple[Focus | None, list[PromptSegment]]:  # the focus sized for the prompt it goes in
+        chosen = focus_of(session, focus or FocusQuery(question, path=path), turns, answer_tokens)
+        return chosen, session.prompt.segments(turns, chosen.segments if chosen else ())
 
     def emit(text: str) -> None:
         pieces.append(text)
         on_text(text)
 
+    # Built on the prompt's own thread: applying edits may fold the hot tail (seconds on a large repository).
+    focused, segments = await session.prompt.call(first_prompt)
     metrics: dict = {}
     for round_number in range(settings.max_tool_calls + 1):
-        segments = await asyncio.to_thread(session.prompt.segments, turns, focused.segments if focused else ())
+        if round_number:
+            segments = await session.prompt.call(session.prompt.segments, turns, focused.segments if focused else ())
         done = await session.generate(
             segments, max_tokens=answer_tokens, on_text=emit,
             stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill, sampling=sampling)

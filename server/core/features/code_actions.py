@@ -6,8 +6,6 @@ WorkspaceEdit of "add docstring" and "write tests" with the model.
 """
 from __future__ import annotations
 
-import asyncio
-
 import ast
 import os
 import re
@@ -49,7 +47,7 @@ def clean_line(text: str, limit: int = 100) -> str:
 
 
 async def _complete(session: Session, question: str, max_tokens: int) -> str:
-    segments = await asyncio.to_thread(session.prompt.segments, [Turn("user", question)])  # may fold: off the loop
+    segments = await session.prompt.call(session.prompt.segments, [Turn("user", question)])  # may fold: off the loop
     done = await session.generate(segments, max_tokens=max_tokens)
     return done.text
 

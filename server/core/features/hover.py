@@ -136,8 +136,8 @@ def lead_in(session: Session) -> list[PromptSegment]:
 
 
 async def current_lead_in(session: Session) -> list[PromptSegment]:
-    """`lead_in`, built on a worker thread."""
-    return await asyncio.to_thread(lead_in, session)
+    """`lead_in`, built on the prompt's own thread (`WorkspacePrompt.call`)."""
+    return await session.prompt.call(lead_in, session)
 
 
 HOVER_DEFINITION_TOKENS = 80

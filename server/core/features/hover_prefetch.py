@@ -120,17 +120,20 @@ class HoverPrefetch:
             done(result)
 
     async def _next_step(self, looked_at: set[tuple[int, ...]]):
-        """(task, what to do with its result) for the next answer or head, or None."""
+        """(task, what to do with its result) for the next answer or head, or None (also when warm-up got work
+        while the lead-in was built)."""
+        lead = await hover.current_lead_in(self.session)  # first: what follows it sees the state after the wait
+        if self.busy():
+            return None
         ordered = self._in_reading_order()
         sites = self._next_sites(ordered)
         if len(sites) > 1:
-            lead = await hover.current_lead_in(self.session)
             return self._prepare_batch(sites, lead), lambda _result: None  # each answer counted as it lands
         if sites:
             key = self.cache.key(sites[0], self.session.prompt.files)
             return hover.start(self.session, self.cache, sites[0], key, time.perf_counter(), Priority.PREPARE), \
                 self._prepared_answer
-        head = await self._next_head(ordered, looked_at)
+        head = self._next_head(ordered, looked_at, lead)
         if head is not None:
             return self._prefill_head(head), self._prepared_head
         return None
@@ -188,8 +191,8 @@ class HoverPrefetch:
         behind = sorted((d for d in definitions if d.line < start), key=lambda d: -d.line)
         return [site_of(path, text, d, definitions) for d in (ahead + behind)[:MAX_DEFINITIONS]]
 
-    async def _next_head(self, ordered: list[DefinitionSite], looked_at: set[tuple[int, ...]]
-                         ) -> list[PromptSegment] | None:
+    def _next_head(self, ordered: list[DefinitionSite], looked_at: set[tuple[int, ...]], lead: list[PromptSegment]
+                   ) -> list[PromptSegment] | None:
         """`[lead-in][head]` of the nearest definition without an answer, not looked at yet,
         whose head the engine does not hold."""
         if not self.session.settings.hover.prefetch_heads:
@@ -198,7 +201,6 @@ class HoverPrefetch:
         files = self.session.prompt.files
         unanswered = [site for site in ordered if self.cache.key(site, files) not in self.cache.answers]
         nearest = sorted(unanswered, key=lambda site: abs(site.definition.line - line))[:MAX_STARTS]
-        lead = await hover.current_lead_in(self.session)  # once per call, not once per definition
         for site in nearest:
             segments = hover.head_segments(self.session, site, lead)
             head = segments[-1].token_ids
