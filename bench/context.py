@@ -7,8 +7,8 @@ new Workspace over warm token/tag caches ("after the first tokenization"),
 then single-file updates are timed, and last a branch switch: `--switch` files updated one after another (as
 the language server applies them after a checkout, `WorkspacePrompt._flush`), in the unbudgeted and the
 budgeted workspace, the total and the longest single update (where the hot tail outgrew its share and the
-workspace folded it: a full rebuild, on the server's event loop), and in the budgeted one again with every text
-recorded before any is applied, as the server applies a batch. Prints a table and writes JSON to bench/results/.
+workspace folded it: a full rebuild), and in the budgeted one again with every text recorded before any is
+applied, as the server applies a batch (on the prompt's own thread: bench/loop_lag.py times its event loop). Prints a table and writes JSON to bench/results/.
 
     python bench/context.py [--tokenizer DIR] [--budget N] [--updates 20] [--switch 300]
 """
