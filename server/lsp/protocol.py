@@ -5,8 +5,10 @@ pygls 2.1.1 runs `workspace/executeCommand`, `initialize`,
 handler under a fresh internal id. That has four consequences we fix here:
 
 * `$/cancelRequest` cancels the generator's outer future, so the client gets
-  -32800 while the async handler keeps running. We link the outer future to
-  the inner task, so cancelling one cancels the other.
+  -32800 while the async handler keeps running. We cancel the inner task
+  instead; the outer future ends when it has (so a handler's own last words,
+  such as an ask stream's `done`, go out before the -32800 answer), and
+  cancelling the outer one (shutdown) still cancels the inner.
 * An inner task that ends in CancelledError is not an `Exception`, so the
   generator step raised past pygls and the request was never answered. We
   answer it as cancelled.
@@ -74,6 +76,7 @@ class CodectxProtocol(LanguageServerProtocol):
         self.on_exit: Callable[[int], None] | None = None  # set by the transport
         self._shown: set[tuple[str, str | None]] = set()
         self._initialize_seen = False
+        self._steps: dict[Any, asyncio.Future] = {}  # a generator request's outer future -> its running step
 
     # -- receiving --------------------------------------------------------
 
@@ -166,6 +169,15 @@ class CodectxProtocol(LanguageServerProtocol):
             self._request_futures.pop(msg_id, None)
             self.reply_error(msg_id, err)
 
+    def _handle_cancel_notification(self, msg_id) -> None:
+        """`$/cancelRequest`: a generator request's running step is cancelled, and its outer future with it once
+        the step has ended (its cleanup sent); any other request as pygls cancels it."""
+        step = self._steps.get(self._request_futures.get(msg_id))
+        if step is not None and not step.done():
+            step.cancel()
+            return
+        super()._handle_cancel_notification(msg_id)
+
     def _handle_notification(self, method_name, params):
         """pygls' dispatch, with failures logged and shown (`notification_failed`)."""
         if method_name == types.CANCEL_REQUEST:
@@ -234,6 +246,9 @@ class CodectxProtocol(LanguageServerProtocol):
             callback=partial(self._run_generator, gen=gen, result_future=result_future),
             args=args, kwargs=kwargs,
         )
+        if result_future not in self._steps:  # forgotten with the request
+            result_future.add_done_callback(lambda outer: self._steps.pop(outer, None))
+        self._steps[result_future] = step
         result_future.add_done_callback(lambda outer: step.cancel() if outer.cancelled() else None)
 
     def _send_handler_result(self, future, *, msg_id):
