@@ -90,7 +90,7 @@ class Warmup:
         return settled if self.session.backend.probe(lead).warm else lead
 
     async def _run(self) -> None:
-        # Applying the edits may fold the hot tail (seconds on a large repository): on a worker thread.
+        # Applying the edits may fold the hot tail (seconds on a large repository): on the prompt's thread.
         prefix = await self.session.prompt.call(self.session.prompt.prefix_segments)
         settled = self.settled(prefix)
         total = sum(len(s.token_ids) for s in settled)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 from pathlib import Path
 
 from lsprotocol import types
@@ -48,6 +49,25 @@ def build_server_test_model(directory: Path, **overrides) -> Path:
     go to `build_tiny_model` (eos_token=None: a model whose answers only stop at their length)."""
     return build_tiny_model(directory, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                             num_attention_heads=2, num_key_value_heads=1, **overrides)
+
+
+class Gate:
+    """Holds the thread that reaches `hold` until the test opens it, so "while X runs" is a state the test
+    controls, not a race; notes the threads it held."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.open = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def hold(self, timeout_s: float = 60) -> None:
+        self.threads.append(threading.current_thread())
+        self.waiting.set()
+        assert self.open.wait(timeout_s), "the test never opened the gate"
+
+    async def reached(self, what: str, timeout_s: float = 60) -> None:
+        """Waits (off the loop) until a thread is held; `what` names the step that should have got there."""
+        assert await asyncio.to_thread(self.waiting.wait, timeout_s), what
 
 
 def server_config() -> ClientServerConfig:

@@ -1,5 +1,5 @@
 """Applying edits can fold the hot tail into place, a full rebuild of the layout: seconds on a large
-repository. The server builds prompts on worker threads, so while a fold runs its event loop still
+repository. The server builds prompts on the prompt's own thread, so while a fold runs its event loop still
 answers status, takes edits and cancels requests, and no edit made meanwhile is lost. A gate holds
 the real fold until the test lets it go, so "while folding" is a state the test controls, not a race."""
 from __future__ import annotations
@@ -12,30 +12,21 @@ import pytest
 from context.workspace import Workspace
 from server.core.features import ask as ask_feature
 from server.core.features import status as status_feature
-from tests.server.harness import default_options, edit_buffer, loaded_host, write_sample_workspace
+from tests.server.harness import Gate, default_options, edit_buffer, loaded_host, write_sample_workspace
 
 
-class FoldGate:
-    """`Workspace.build` that, for a fold, waits until the test opens the gate (and notes its thread)."""
-
-    def __init__(self) -> None:
-        self.build = Workspace.build
-        self.waiting = threading.Event()
-        self.open = threading.Event()
-        self.threads: list[threading.Thread] = []
+class FoldGate(Gate):
+    """`Workspace.build` that, for a fold, waits until the test opens the gate."""
 
     def build_method(self):
         """What replaces `Workspace.build` (a function, so that it binds as a method)."""
-        def build(workspace: Workspace, fold: bool = False):
-            return self(workspace, fold)
-        return build
+        build = Workspace.build
 
-    def __call__(self, workspace: Workspace, fold: bool = False):
-        if fold:
-            self.threads.append(threading.current_thread())
-            self.waiting.set()
-            assert self.open.wait(30), "the test never opened the gate"
-        return self.build(workspace, fold=fold)
+        def gated(workspace: Workspace, fold: bool = False):
+            if fold:
+                self.hold(30)
+            return build(workspace, fold=fold)
+        return gated
 
 
 async def test_a_fold_runs_off_the_event_loop(tiny_model, tmp_path, monkeypatch):
@@ -51,7 +42,7 @@ async def test_a_fold_runs_off_the_event_loop(tiny_model, tmp_path, monkeypatch)
         asking = asyncio.ensure_future(ask_feature.ask(session, "What does add do?", on_text=lambda text: None,
                                                        max_tokens=2))
         # Reached while the fold is held: the loop runs (on the loop, the fold would hold this test too).
-        assert await asyncio.to_thread(gate.waiting.wait, 30), "the edit did not fold"
+        await gate.reached("the edit did not fold", 30)
         assert threading.current_thread() not in gate.threads
         assert status_feature.status(host.base, session, "utf-16", {})["ready"] is True
         edit_buffer(host, repo / "main.py", 2, 0, "# edited while the fold ran\n")
@@ -87,7 +78,7 @@ async def test_a_cancelled_reindex_still_warms_the_rescanned_prefix(tiny_model, 
     try:
         version = host.base.prefix_version
         reindexing = asyncio.ensure_future(session.reindex())
-        assert await asyncio.to_thread(gate.waiting.wait, 30), "the reindex did not rebuild"
+        await gate.reached("the reindex did not rebuild", 30)
         reindexing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reindexing

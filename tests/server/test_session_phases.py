@@ -1,6 +1,6 @@
 """The session's two phases through `SessionHost`, in process with the real tiny model:
 what is answered before and while the model loads, what waits for it, a load that fails,
-and a shutdown while loading. A `Gate` holds the real `start_backend` until the test
+and a shutdown while loading. A `BackendGate` holds the real `start_backend` until the test
 lets it go, so "while loading" is a state the test controls, not a race."""
 from __future__ import annotations
 
@@ -25,25 +25,21 @@ from server.core.session import LoadingSession
 from server.core.settings import Settings, parse_settings
 from server.lsp.convert import UTF16
 from server.lsp.documents import DocumentStore
-from tests.server.harness import default_options, write_sample_workspace
+from tests.server.harness import Gate, default_options, write_sample_workspace
 
 
-class Gate:
+class BackendGate(Gate):
     """`start_backend` that waits until the test opens the gate (and keeps what it started)."""
 
-    def __init__(self) -> None:
-        self.waiting = threading.Event()
-        self.open = threading.Event()
-        self.backend = None
+    backend = None
 
     def __call__(self, settings: Settings):
-        self.waiting.set()
-        assert self.open.wait(60), "the test never opened the gate"
+        self.hold()
         self.backend = start_backend(settings)
         return self.backend
 
     async def reached(self) -> None:
-        assert await asyncio.to_thread(self.waiting.wait, 60), "loading never started the backend"
+        await super().reached("loading never started the backend")
 
 
 def loading_session(model: Path, root: Path, **overrides) -> LoadingSession:
@@ -65,7 +61,7 @@ async def test_requests_before_while_and_after_loading(tiny_model, repo):
     host = SessionHost(loading_session(tiny_model, repo))
     with pytest.raises(NotReadyError):  # before loading began (LSP: before `initialize`)
         await host.ready()
-    gate = Gate()
+    gate = BackendGate()
     loading = asyncio.ensure_future(host.load(start=gate))
     await gate.reached()
 
@@ -133,7 +129,7 @@ async def test_a_load_that_fails_is_every_waiters_answer(tmp_path, repo):
 
 async def test_shutdown_while_loading_closes_what_loading_starts(tiny_model, repo):
     host = SessionHost(loading_session(tiny_model, repo))
-    gate = Gate()
+    gate = BackendGate()
     loading = asyncio.ensure_future(host.load(start=gate))
     await gate.reached()
     host.close()
@@ -149,7 +145,7 @@ async def test_shutdown_while_loading_closes_what_loading_starts(tiny_model, rep
 async def test_an_exit_that_cancels_loading_still_closes_the_engine(tiny_model, repo):
     """The language server's `exit` cancels the start-up task and closes the host."""
     host = SessionHost(loading_session(tiny_model, repo))
-    gate = Gate()
+    gate = BackendGate()
     loading = asyncio.ensure_future(host.load(start=gate))
     await gate.reached()
     loading.cancel()
