@@ -143,7 +143,7 @@ async def run_arm(arm: str, settings: Any, backend: Any, source: Path, questions
                                sampling=SamplingParams(temperature=0.0))
             total = time.perf_counter() - t0
             right = grade(result.text, q)
-            looping = result.finish_reason == "length" and loops_loosely(result.text, session.tokenizer.encode)
+            looping = result.finish_reason == "length" and loops_loosely(result.text, session.tokenizer)
             rows.append({"kind": q.kind, "question": q.text, "expected": list(q.accepted), "where": q.where,
                          "answer": result.text, "right": right, "right_anywhere": grade(result.text, q, anywhere=True),
                          "finish_reason": result.finish_reason, "length_in_a_loop": looping,
@@ -157,12 +157,15 @@ async def run_arm(arm: str, settings: Any, backend: Any, source: Path, questions
     return {"arm": arm, "layout": summary, "answers": rows}
 
 
-def loops_loosely(text: str, encode: Callable[[str], list[int]]) -> bool:
-    """True when `text` repeats itself by the looser rule `LOOSE_LOOP` anywhere."""
-    from engine.loop_guard import LoopDetector, LoopRule
+def loops_loosely(text: str, tokenizer: Any) -> bool:
+    """True when `text` repeats itself by the looser rule `LOOSE_LOOP` anywhere (compared as the guard
+    compares: by the tokenizer's `loop_keys`)."""
+    from engine.loop_guard import LoopGuard, LoopRule
+    from engine.request import Metrics
 
     copies, tokens = LOOSE_LOOP
-    return LoopDetector(LoopRule(min_repeats=copies, min_tokens=tokens)).push_all(encode(text))
+    guard = LoopGuard(True, Metrics(), tokenizer.loop_keys, LoopRule(min_repeats=copies, min_tokens=tokens))
+    return any(guard.observe(token) for token in tokenizer.encode(text))
 
 
 def _focused(result: Any) -> dict | None:

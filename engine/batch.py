@@ -113,7 +113,7 @@ class _Row:
         request = self.request = job.request
         self.index, self.job, self.eos = index, job, eos
         self.metrics = Metrics()
-        self.guard = LoopGuard(request.sampling.loop_guard, self.metrics)
+        self.guard = LoopGuard(request.sampling.loop_guard, self.metrics, tokenizer.loop_keys)
         self.detok = tokenizer.detokenizer(continuation=request.continues_answer())
         self.stops = StopStrings(request.stop)
         self.sampler, self.penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)

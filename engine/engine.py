@@ -362,7 +362,8 @@ class Engine:
 
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
         """Decode, detokenize and push text events until a stop string, EOS, a loop or the length limit."""
-        request, guard = job.request, LoopGuard(job.request.sampling.loop_guard, metrics)
+        request = job.request
+        guard = LoopGuard(request.sampling.loop_guard, metrics, self.tokenizer.loop_keys)
         detok = self.tokenizer.detokenizer(continuation=request.continues_answer())
         stops = StopStrings(request.stop)
         pending_ids: list[int] = []

@@ -9,24 +9,38 @@ the output is looping when its tail is one period of `p` tokens (1 <= p <=
     copies(p)  = 2 if p >= long_period else min_repeats
     looping   <=> covered(p) >= max(copies(p) * p, min_tokens) for some p
 
-With the defaults (64, 3, 24, 32) a one-token run stops at its 24th token, a
+With the defaults (64, 3, 24, 24) a one-token run stops at its 24th token, a
 two-token cycle after 12 copies, a 7-token cycle at 24 tokens (3 copies and 3
-tokens of the fourth), a 20-token line at the end of its 3rd copy (60 tokens) and
-a 40-token paragraph at the end of its 2nd (80 tokens).
+tokens of the fourth), a 20-token line at the end of its 3rd copy (60 tokens), a
+24-token sentence at the end of its 2nd (48) and a 40-token paragraph at the end
+of its 2nd (80).
 Three copies, not four: on the answers benchmark the default model's phrase loops
 ("that is a type of the class `X`" three times over) ended by themselves after a
 third copy, so a rule of four never saw them. Two copies for long periods: there
-the model repeated whole 30-40-token paragraphs, whose third copy does not fit a
-128-token answer, so they ran to the limit; the same 32 tokens twice in a row is
+the model repeated whole 30-50-token paragraphs, whose third copy does not fit a
+128-token answer, so they ran to the limit; the same 24 tokens twice in a row is
 a loop, not prose. The check is incremental:
 one comparison per period per token, O(max_period). It sees only the tokens
 the request generated (not the prompt), so it is deterministic: warm and cold
 runs, plain and speculative decoding stop at the same token.
+
+The engine compares tokens by their `LoopKeys`, and every count above is of
+keys: a token's text without the whitespace around it, whitespace-only tokens
+left out (but for the second and later of a run of them: endless blank
+output is a loop too, one "blank" key each). The default model repeats a sentence with its line breaks in other
+places ("...to run a Python" then "...to run a\\nPython"): as ids those copies
+differ, as keys they are the same. A token that is not whole text alone (a byte
+of a multi-byte character) keeps its id as its key. Two copies from 24 keys
+rather than 32 tokens: without the line breaks the paragraphs above are 31-48
+keys, and the README's first question got a 24-key sentence twice in a row
+(then twice more), which a 32 never stopped. Real code does repeat itself
+closely: a 21-key argument twice in a row is in this repository's tests
+(`bench/loop_replay.py` reads the margins on a corpus).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .request import Metrics
 
@@ -45,7 +59,7 @@ class LoopRule:
     max_period: int = 64
     min_repeats: int = 3
     min_tokens: int = 24
-    long_period: int = 32
+    long_period: int = 24
 
     def __post_init__(self) -> None:
         if self.max_period < 1 or self.min_repeats < 2 or self.min_tokens < 2 or self.long_period < 1:
@@ -95,6 +109,40 @@ class LoopDetector:
         return any(self.push(t) for t in tokens)
 
 
+BLANK = -(1 << 62)
+"""The key of a whitespace-only token that follows another (no token's own key)."""
+
+
+class LoopKeys:
+    """Token id -> what the loop guard compares (module docstring); None for a whitespace-only token.
+
+    Keys are small ints: one per distinct stripped text (from 0 up), and ``-1 - id`` for a token whose
+    text alone is not whole (it decodes to U+FFFD), so distinct bytes never match. Filled lazily, one
+    `decode` per distinct token the model generates; shared by every request of one tokenizer.
+
+    Args:
+        decode: Text of a list of token ids (`engine.tokenizer.Tokenizer.decode`).
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._decode = decode
+        self._keys: dict[int, int | None] = {}
+        self._texts: dict[str, int] = {}
+
+    def __call__(self, token: int) -> int | None:
+        try:
+            return self._keys[token]
+        except KeyError:
+            text = self._decode([token])
+            if "\ufffd" in text:
+                key: int | None = -1 - token
+            else:
+                stripped = text.strip()
+                key = self._texts.setdefault(stripped, len(self._texts)) if stripped else None
+            self._keys[token] = key
+            return key
+
+
 class LoopGuard:
     """The engine's use of a `LoopDetector` for one request.
 
@@ -106,13 +154,17 @@ class LoopGuard:
 
     Args:
         enabled: False passes every token through and never fires.
-        metrics: Receives `loop_period` and `loop_tokens` when the guard fires.
+        metrics: Receives `loop_period` and `loop_tokens` when the guard fires (counted in keys).
+        keys: What to compare (`LoopKeys`; a None key is skipped); None compares the ids themselves.
         rule: When a tail counts as a loop.
     """
 
-    def __init__(self, enabled: bool, metrics: Metrics, rule: LoopRule = LoopRule()) -> None:
+    def __init__(self, enabled: bool, metrics: Metrics, keys: Callable[[int], int | None] | None = None,
+                 rule: LoopRule = LoopRule()) -> None:
         self._detector = LoopDetector(rule) if enabled else None
         self._metrics = metrics
+        self._keys = keys
+        self._blank = False  # the last token was whitespace only
         self.fired = False
 
     def watch(self, tokens: Iterator[int]) -> Iterator[int]:
@@ -125,7 +177,14 @@ class LoopGuard:
     def observe(self, token: int) -> bool:
         """Adds a token already streamed; True when it completes a loop (the stream ends there)."""
         detector = self._detector
-        if detector is not None and detector.push(token):
+        if detector is None or self.fired:
+            return self.fired
+        key = token if self._keys is None else self._keys(token)
+        if key is None:  # whitespace only: skipped (a moved line break), unless it follows whitespace
+            key, self._blank = (BLANK if self._blank else None), True
+        else:
+            self._blank = False
+        if key is not None and detector.push(key):
             self.fired = True
             self._metrics.loop_period, self._metrics.loop_tokens = detector.period, detector.covered
         return self.fired

@@ -19,6 +19,8 @@ from mlx_lm.tokenizer_utils import (
     TokenizerWrapper,
 )
 
+from .loop_guard import LoopKeys
+
 # Bump when the fingerprint's input changes shape, so old caches miss cleanly.
 _FINGERPRINT_VERSION = 1
 
@@ -111,6 +113,11 @@ class Tokenizer:
         """A fresh streaming detokenizer (one per generation); `continuation` when the prompt
         ends inside the answer, so its first token's space is kept."""
         return Detokenizer(self.wrapper.detokenizer, self.decode if continuation else None)
+
+    @cached_property
+    def loop_keys(self) -> LoopKeys:
+        """What the loop guard compares for this tokenizer's tokens (`engine.loop_guard.LoopKeys`)."""
+        return LoopKeys(self.decode)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

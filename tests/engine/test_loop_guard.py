@@ -1,6 +1,7 @@
-"""The loop detector's rule on token sequences: periods 1, 2, 7, 20 and 31 (three copies) and 32, 40
-and 64 (two copies) fire exactly where the rule says, near misses do not, real code does not, and the
-incremental check agrees with a brute-force reading of the rule on thousands of sequences."""
+"""The loop detector's rule on token sequences: periods 1, 2, 7, 20 and 23 (three copies) and 24, 40
+and 64 (two copies) fire exactly where the rule says, near misses do not, real code does not (as ids
+or as keys), the incremental check agrees with a brute-force reading of the rule on thousands of
+sequences, and the guard's keys make a repeat whose line breaks moved a repeat."""
 from __future__ import annotations
 
 import inspect
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from engine.loop_guard import LoopDetector, LoopGuard, LoopRule
+from engine.loop_guard import LoopDetector, LoopGuard, LoopKeys, LoopRule
 from engine.request import Metrics
 
 from tiny_models import train_tokenizer
@@ -39,11 +40,31 @@ def brute_force_fire_index(tokens: list[int], rule: LoopRule = RULE) -> int | No
     return None
 
 
+def keyed(tokens: list[int], keys: LoopKeys) -> list[tuple[int, int]]:
+    """(index, key) of each token the guard compares: whitespace-only tokens are left out but for the
+    second and later of a run, which compare as one blank key."""
+    kept = []
+    for i, token in enumerate(tokens):
+        key = keys(token)
+        if key is None and i and keys(tokens[i - 1]) is None:
+            key = "blank"
+        if key is not None:
+            kept.append((i, key))
+    return kept
+
+
+def keyed_fire_index(tokens: list[int], keys: LoopKeys, rule: LoopRule = RULE) -> int | None:
+    """Index in `tokens` of the token at which the rule, read literally over the tokens' keys, fires."""
+    kept = keyed(tokens, keys)
+    at = brute_force_fire_index([key for _, key in kept], rule)
+    return None if at is None else kept[at][0]
+
+
 def cycle(pattern: list[int], n: int) -> list[int]:
     return [pattern[i % len(pattern)] for i in range(n)]
 
 
-@pytest.mark.parametrize("period, fires_at", [(1, 24), (2, 24), (7, 24), (20, 60), (31, 93), (32, 64), (40, 80),
+@pytest.mark.parametrize("period, fires_at", [(1, 24), (2, 24), (7, 24), (20, 60), (23, 69), (24, 48), (40, 80),
                                               (64, 128)])
 def test_a_periodic_tail_fires_at_the_token_the_rule_names(period, fires_at):
     prefix = [1000 + i for i in range(13)]  # a non-repeating start: the loop begins later
@@ -79,14 +100,73 @@ def test_near_misses_do_not_fire(tokens):
 
 def test_source_code_of_this_repository_does_not_fire():
     """Long legitimate output with indentation, repeated keywords and similar lines: engine sources
-    tokenized with the tiny models' tokenizer (a 512-token vocabulary splits text finely)."""
+    tokenized with the tiny models' tokenizer (a 512-token vocabulary splits text finely), as ids and
+    as the guard's keys."""
     from engine import engine, loop_guard, prefix_cache, speculative
 
     tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
     for module in (engine, speculative, prefix_cache, loop_guard):
         ids = tokenizer.encode(inspect.getsource(module)).ids
         assert len(ids) > 2000
         assert fire_index(ids) is None, module.__name__
+        assert keyed_fire_index(ids, keys) is None, module.__name__
+
+
+def test_keys_drop_whitespace_tokens_and_the_spaces_around_text():
+    tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
+    vocab = tokenizer.get_vocab()
+    newline, spaces = vocab["\u010a"], vocab["\u0120\u0120"]  # byte-level "\n" and "  "
+    assert keys(newline) is None and keys(spaces) is None
+    word, spaced = tokenizer.encode("self").ids, tokenizer.encode(" self").ids
+    assert len(word) == 1 and len(spaced) == 1 and word != spaced
+    assert keys(word[0]) == keys(spaced[0]) is not None
+    assert keys(vocab["a"]) != keys(vocab["b"])
+
+
+def test_bytes_of_one_character_keep_their_ids_apart():
+    """Each byte of a multi-byte character decodes alone to U+FFFD: as text they would all be one key,
+    and 24 of them (8 CJK characters) would look like a one-token run."""
+    tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
+    ids = tokenizer.encode("\u6f22\u5b57\u306e\u6587\u7ae0\u3092\u66f8\u304f\u3002\u4e16\u754c").ids  # 11 characters
+    assert len(ids) >= 24 and all("\ufffd" in tokenizer.decode([t]) for t in ids)
+    assert len(set(map(keys, ids))) == len(set(ids)) > 1
+    assert keyed_fire_index(ids, keys) is None
+
+
+def test_a_sentence_repeated_with_its_line_breaks_moved_is_a_loop_by_keys_only():
+    """The default model's near-loop on the README's question: the same sentence again and again, its
+    line breaks in other places each time. As ids no period repeats; as keys it is a period of one sentence."""
+    tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
+    words = "It is a kind of tool that lets you run a script with a command line interface .".split()
+    text = " ".join(words[:9]) + "\n"
+    for cut in (5, 11, 3, 13):  # each copy broken at another word
+        text += " ".join(words[:cut]) + "\n" + " ".join(words[cut:]) + " "
+    ids = tokenizer.encode(text).ids
+    assert fire_index(ids) is None
+    at = keyed_fire_index(ids, keys)
+    assert at is not None
+    guard = LoopGuard(True, metrics := Metrics(), keys)
+    passed = list(guard.watch(iter(ids)))
+    assert guard.fired and len(passed) == at + 1 < len(ids)
+    assert metrics.loop_period == len(keyed(tokenizer.encode(" ".join(words) + " ").ids, keys))
+
+
+def test_blank_output_is_a_loop_by_keys_too():
+    """Whitespace-only tokens are left out of the comparison, but a run of them is not skipped: the
+    first is, each later one is a blank key, so 25 in a row (24 blank keys) stop, whatever they are."""
+    tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
+    vocab = tokenizer.get_vocab()
+    blanks = [vocab["\u010a"], vocab["\u0120\u0120"], vocab["\u0120\u0120\u0120\u0120"]]
+    ids = tokenizer.encode("value = compute(x)").ids + [blanks[i % 3] for i in range(40)]
+    guard = LoopGuard(True, metrics := Metrics(), keys)
+    passed = list(guard.watch(iter(ids)))
+    assert len(passed) == keyed_fire_index(ids, keys) + 1 == len(ids) - 40 + 25
+    assert (metrics.loop_period, metrics.loop_tokens) == (1, 24)
 
 
 def test_the_incremental_check_agrees_with_the_rule_read_literally():

@@ -1,5 +1,5 @@
 """The loop guard and the repetition penalty in the engine, on a tiny random model that loops under
-greedy decoding: the guard stops exactly where the rule says, at the same token plain and speculative,
+greedy decoding: the guard stops exactly where the rule says over the tokens' keys, at the same token plain and speculative,
 warm and cold; off, the same request runs to max_tokens; a penalty of 1.0 changes nothing and more
 changes a looping output (the same with and without speculation)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from engine.loop_guard import LoopRule
 from engine.request import Request, SamplingParams, TokenEvent
 from engine.sampling import RepetitionPenalty
 
-from test_loop_guard import brute_force_fire_index
+from test_loop_guard import keyed_fire_index
 from tiny_models import build_tiny_model
 
 PROMPTS = ("def greet(name):", "hello world", "The quick brown fox", "import json\n", "Grüße aus Köln")
@@ -54,7 +54,7 @@ def test_the_guard_stops_where_the_rule_says_and_off_runs_to_max_tokens(engines)
     for prompt in PROMPTS:
         full, full_text, free = run(engines["off"], prompt)
         assert free.finish_reason == "length" and len(full) == MAX_TOKENS
-        stop_at = brute_force_fire_index(full)
+        stop_at = keyed_fire_index(full, engines["off"].tokenizer.loop_keys)
         tokens, text, done = run(engines["off"], prompt, loop_guard=True)
         if stop_at is None:
             assert done.finish_reason == "length" and tokens == full
