@@ -188,3 +188,49 @@ class LoopGuard:
             self.fired = True
             self._metrics.loop_period, self._metrics.loop_tokens = detector.period, detector.covered
         return self.fired
+
+
+class TextLoopGuard:
+    """A `LoopGuard` over streamed text: an answer whose tokens never reach this process (a remote engine's).
+
+    The text not yet checked is tokenized here with the model's tokenizer as each piece arrives; all but
+    its last `HELD` tokens go through the guard (text still to come can only change the tokens at the
+    end), provided they decode back to the start of that text; otherwise the text waits, up to
+    `MAX_PENDING` characters. The tokens are the local tokenizer's reading of the text, not necessarily
+    the server's (a byte the server could not decode alone arrives as U+FFFD); the keys they compare as
+    are the same text either way.
+
+    Args:
+        guard: The request's guard (`LoopGuard`, with the tokenizer's keys).
+        encode: Token ids of a text (the model's tokenizer).
+        decode: Text of token ids (the same tokenizer).
+    """
+
+    HELD = 2
+    MAX_PENDING = 512
+
+    def __init__(self, guard: LoopGuard, encode: Callable[[str], Sequence[int]],
+                 decode: Callable[[Sequence[int]], str]) -> None:
+        self.guard = guard
+        self._encode, self._decode = encode, decode
+        self._pending = ""
+
+    def feed(self, text: str) -> bool:
+        """Adds the next streamed text; True when the answer is now a loop (and from then on)."""
+        pending = self._pending + text
+        ids = list(self._encode(pending)) if not self.guard.fired else []
+        checked = ids[:-self.HELD]
+        start = self._decode(checked) if checked else ""
+        if not pending.startswith(start) or len(pending) > self.MAX_PENDING:
+            checked, start = (ids, pending) if len(pending) > self.MAX_PENDING else ([], "")
+        self._pending = pending[len(start):]
+        return self._observe(checked)
+
+    def finish(self) -> bool:
+        """Checks the text the stream ended on; True when the answer is a loop."""
+        pending, self._pending = self._pending, ""
+        return self._observe(self._encode(pending) if pending and not self.guard.fired else [])
+
+    def _observe(self, ids: Sequence[int]) -> bool:
+        any(self.guard.observe(token) for token in ids)
+        return self.guard.fired

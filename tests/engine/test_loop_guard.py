@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.loop_guard import LoopDetector, LoopGuard, LoopKeys, LoopRule
+from engine.loop_guard import LoopDetector, LoopGuard, LoopKeys, LoopRule, TextLoopGuard
 from engine.request import Metrics
 
 from tiny_models import train_tokenizer
@@ -203,3 +203,31 @@ def test_the_guard_ends_the_stream_after_the_firing_token_and_records_it():
     assert (metrics.loop_period, metrics.loop_tokens) == (1, 24)
     off = LoopGuard(False, Metrics())
     assert list(off.watch(iter(tokens))) == tokens and not off.fired
+
+
+def test_streamed_text_is_checked_as_it_arrives_whatever_its_pieces():
+    """A remote engine's answer arrives as text in pieces of any size: the text guard fires where the
+    guard over the whole text's tokens fires (same period, same covered keys), before the stream ends,
+    for every way of cutting it; text that is not a loop never fires."""
+    tokenizer = train_tokenizer()
+    keys = LoopKeys(tokenizer.decode)
+    words = "It is a kind of tool that lets you run a script with a command line interface .".split()
+    looping = "Intro: " + "".join(" ".join(words[:cut]) + "\n" + " ".join(words[cut:]) + " " for cut in (5, 11, 3, 13))
+    looping += "and then some more text that never comes " * 3
+    from engine import loop_guard
+    prose = inspect.getsource(loop_guard)[:3000]
+    rng = random.Random(5)
+    for text, loops in ((looping, True), ("x" * 400, True), (prose, False)):
+        whole = LoopGuard(True, whole_metrics := Metrics(), keys)
+        assert any(map(whole.observe, tokenizer.encode(text).ids)) is loops
+        for _ in range(25):
+            guard = TextLoopGuard(LoopGuard(True, metrics := Metrics(), keys),
+                                  lambda t: tokenizer.encode(t).ids, tokenizer.decode)
+            cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, min(200, len(text) - 1))))
+            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+            fired_at = next((i for i, piece in enumerate(pieces) if guard.feed(piece)), None)
+            assert guard.finish() is loops
+            if loops:
+                assert fired_at is not None and sum(map(len, pieces[:fired_at + 1])) < len(text)
+                assert (metrics.loop_period, metrics.loop_tokens) == (whole_metrics.loop_period,
+                                                                      whole_metrics.loop_tokens)

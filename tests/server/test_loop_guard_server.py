@@ -1,6 +1,6 @@
 """The loop guard and the repetition penalty through the server: the `generation.*` settings, the
-core's ask (settings changed while it runs), `codectx ask`'s footer and the HTTP API's finish reason,
-on a tiny random model that loops under greedy decoding."""
+core's ask (settings changed while it runs), `codectx ask`'s footer, the HTTP API's finish reason and
+a remote engine's answer (`mlx_lm.server`), on a tiny random model that loops under greedy decoding."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ from server.core.settings import GenerationSettings, parse_settings
 from server.http.config import HttpConfig
 from tests.engine.tiny_models import build_tiny_model
 from tests.http.http_harness import start_api
+from tests.server.remote_servers import ask, footer, start_mlx_server
 from tests.server.harness import default_options, loaded_host, write_sample_workspace
 from tests.server.test_cli import codectx
 
@@ -118,3 +119,25 @@ def test_http_sends_stop_with_the_engine_reason_in_codectx(looping_model, tmp_pa
     finally:
         api.server.stop()
         api.source.close()
+
+
+def test_a_remote_engines_loop_is_stopped_and_its_stream_closed(looping_model):
+    """`mlx_lm.server` (started here, on loopback) serves the looping model: the guard reads its streamed
+    text, closes the stream where the local engine's guard would stop, and the server answers the next
+    request; `--no-loop-guard` lets the same answer run to the limit."""
+    process, url = start_mlx_server(looping_model)
+    question = ("--engine-url", url, "--model", str(looping_model), "--max-tokens", str(ANSWER_TOKENS),
+                "What does add do?")
+    try:
+        status, guarded, err = ask(*question)
+        assert status == 0, err
+        assert footer(err).endswith("| repetition]") and f"decode {ANSWER_TOKENS} tok" not in footer(err), err
+        status, free, err = ask(*question, "--no-loop-guard")
+        assert status == 0, err
+        assert footer(err).endswith("| length]"), err
+        assert free.startswith(guarded.rstrip("\n")) and len(free) > len(guarded)
+        status, again, err = ask(*question)  # the server still answers after a closed stream
+        assert status == 0 and again == guarded and footer(err).endswith("| repetition]"), err
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -11,8 +11,10 @@ within one): an interactive request that arrives while a PREPARE or warm-up requ
 streams closes that stream (it ends "cancelled", as a preempted local request does,
 and its caller may send it again). A request with `max_tokens` 0 (a prefill, e.g.
 warm-up) is sent with one token and its text dropped: that is what puts its prompt in
-the server's cache. Batches run one by one. The engine's own loop guard does not see
-remote tokens; the servers stop on `stop` strings and `max_tokens`. A server that
+the server's cache. Batches run one by one. The loop guard (`generation.loopGuard`) reads
+the streamed text (`TextLoopGuard`: the text tokenized here) and closes a stream that loops:
+it ends "repetition" as a local answer does. The repetition penalty is the local engine's
+only; servers also stop on `stop` strings and `max_tokens`. A server that
 cannot be reached fails each request with a clear error; background requests (warm-up,
 hover preparation) then wait 1, 2, 4 … up to 30 s between attempts, interactive ones
 always try, and the first answer resets it (`stats()["reachable"]`).
@@ -27,6 +29,7 @@ import time
 from typing import Any, Awaitable, Callable, Sequence
 
 from engine.handle import RequestHandle
+from engine.loop_guard import LoopGuard, TextLoopGuard
 from engine.request import DoneEvent, Metrics, Priority, Probe, Request, SegmentLike, TokenEvent
 
 from ..handles import until_done
@@ -56,6 +59,7 @@ class RemoteBackend:
         self.model_id = model_id
         self.served_model = served_model
         self.context_length = context_length
+        self.generation = GenerationSettings()
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, Request, RequestHandle]] = []
         self._order = itertools.count()
@@ -163,7 +167,8 @@ class RemoteBackend:
         """The server's attention is its own: nothing to change here."""
 
     def set_generation(self, generation: GenerationSettings) -> None:
-        """The loop guard and repetition penalty run in the local engine only."""
+        """The loop guard applies from the next request on; the repetition penalty is the local engine's only."""
+        self.generation = generation
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.tokenizer.encode(self.tokenizer.render_chat(messages, add_generation_prompt=True))
@@ -225,6 +230,8 @@ class RemoteBackend:
         metrics = Metrics(prompt_tokens=len(request.all_token_ids()))
         texts: list[str] = []
         finish, usage = None, Usage()
+        guard = (TextLoopGuard(LoopGuard(True, metrics, self.tokenizer.loop_keys), self.tokenizer.encode,
+                               self.tokenizer.decode) if self.generation.loop_guard and request.max_tokens > 0 else None)
         try:
             for chunk in stream:
                 if chunk.usage is not None:
@@ -234,6 +241,8 @@ class RemoteBackend:
                         metrics.ttft_s = metrics.prefill_s = time.perf_counter() - started
                     texts.append(chunk.text)
                     handle.push(TokenEvent(request.request_id, chunk.text, ()))
+                    if guard is not None and guard.feed(chunk.text):
+                        break
                 finish = chunk.finish_reason or finish
         except RemoteEngineError as err:
             self._counters["requests_failed"] += 1
@@ -247,11 +256,14 @@ class RemoteBackend:
             closed, self._current = stream.closed, (request, None)
         if closed:  # counted where it was closed (`_stop`)
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
+        looped = guard is not None and (guard.guard.fired or guard.finish())
+        if looped:
+            stream.close()  # the server sees the client leave and stops generating
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._last_prompt = tuple(request.all_token_ids())
         self._account(request, metrics, usage, started, texts)
         reason = "length" if request.max_tokens == 0 or finish == "length" else "stop"
-        return DoneEvent(request.request_id, reason, "".join(texts), metrics)
+        return DoneEvent(request.request_id, "repetition" if looped else reason, "".join(texts), metrics)
 
     def _account(self, request: Request, metrics: Metrics, usage: Usage, started: float, texts: list[str]) -> None:
         if usage.prompt_tokens is not None:

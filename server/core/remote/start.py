@@ -33,6 +33,7 @@ def start_remote_backend(settings: Settings) -> RemoteBackend:
         logger.warning("the engine's tokenizer %s: prompts are laid out and budgets counted with %s's", check, model_id)
     logger.info("remote engine at %s, model %s (tokenizer: %s, %s)", engine.url, served, model_id, check)
     backend = RemoteBackend(endpoint, tokenizer, model_id, served, context_length)
+    backend.set_generation(settings.generation)
     backend.tokenizer_check = check
     return backend
 
