@@ -280,9 +280,10 @@ def _left_to_preparation(session: Session) -> bool:
 
 
 def start(session: Session, cache: HoverCache, site: DefinitionSite, key: tuple[str, str], started: float,
-          priority: Priority = Priority.INTERACTIVE) -> asyncio.Task:
-    """Starts generating the answer for `site`; it lands in `cache.answers` under `key`."""
-    return track(cache, key, asyncio.ensure_future(_generate(session, cache, site, started, priority)))
+          priority: Priority = Priority.INTERACTIVE, lead: list[PromptSegment] | None = None) -> asyncio.Task:
+    """Starts generating the answer for `site` (over `lead`, or the lead-in built now); it lands in
+    `cache.answers` under `key`."""
+    return track(cache, key, asyncio.ensure_future(_generate(session, cache, site, started, priority, lead)))
 
 
 def start_batch(session: Session, cache: HoverCache, sites: list[DefinitionSite], keys: list[tuple[str, str]],
@@ -334,9 +335,10 @@ def answer_text(session: Session, start_text: str, done: DoneEvent) -> str:
 
 
 async def _generate(session: Session, cache: HoverCache, site: DefinitionSite, started: float,
-                    priority: Priority = Priority.INTERACTIVE) -> str:
+                    priority: Priority = Priority.INTERACTIVE, lead: list[PromptSegment] | None = None) -> str:
     """The model's explanation; an interactive one records its timings in `session.counters.last_hover`."""
-    segments, start_text, stop = answer_request(session, site, await current_lead_in(session))
+    lead = lead if lead is not None else await current_lead_in(session)
+    segments, start_text, stop = answer_request(session, site, lead)
     first_token: list[float] = []
 
     def on_text(_text: str) -> None:

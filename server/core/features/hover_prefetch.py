@@ -131,8 +131,8 @@ class HoverPrefetch:
             return self._prepare_batch(sites, lead), lambda _result: None  # each answer counted as it lands
         if sites:
             key = self.cache.key(sites[0], self.session.prompt.files)
-            return hover.start(self.session, self.cache, sites[0], key, time.perf_counter(), Priority.PREPARE), \
-                self._prepared_answer
+            return hover.start(self.session, self.cache, sites[0], key, time.perf_counter(), Priority.PREPARE,
+                               lead), self._prepared_answer
         head = self._next_head(ordered, looked_at, lead)
         if head is not None:
             return self._prefill_head(head), self._prepared_head
