@@ -39,6 +39,7 @@ closely: a 21-key argument twice in a row is in this repository's tests
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -128,18 +129,20 @@ class LoopKeys:
         self._decode = decode
         self._keys: dict[int, int | None] = {}
         self._texts: dict[str, int] = {}
+        self._lock = threading.Lock()  # a miss numbers a new text: two threads must not give two texts one number
 
     def __call__(self, token: int) -> int | None:
         try:
             return self._keys[token]
         except KeyError:
             text = self._decode([token])
-            if "\ufffd" in text:
-                key: int | None = -1 - token
-            else:
-                stripped = text.strip()
-                key = self._texts.setdefault(stripped, len(self._texts)) if stripped else None
-            self._keys[token] = key
+            with self._lock:
+                if "\ufffd" in text:
+                    key: int | None = -1 - token
+                else:
+                    stripped = text.strip()
+                    key = self._texts.setdefault(stripped, len(self._texts)) if stripped else None
+                self._keys[token] = key
             return key
 
 
