@@ -123,7 +123,8 @@ def replay(texts: list[dict], chunks: list[dict], named: dict[str, tuple[bool, L
                                     "at": at, "of": len(text["ids"])})
         chunk_fires = [c["source"] for c in chunks if fire_index(c["ids"], keys if by_keys else None, rule) is not None]
         report[name] = {
-            "answers": {finish: {"fired": counts[(finish, True)], "total": counts[(finish, True)] + counts[(finish, False)]}
+            "answers": {finish: {"fired": counts[(finish, True)],
+                                 "total": counts[(finish, True)] + counts[(finish, False)]}
                         for finish in sorted({f for f, _ in counts})},
             "fired_not_by_the_guard": fired_texts, "corpus_fired": chunk_fires}
     baseline = set(report["ids/32"]["corpus_fired"])
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                          + ["corpus chunks fired", "corpus chunks new vs ids/32"], rows))
     for name, entry in report.items():
         for text in entry["fired_not_by_the_guard"]:
-            print(f"{name}: {text['finish']} answer {text['source']} [{text['arm']}] fires at {text['at']} of {text['of']}")
+            print(f"{name}: {text['finish']} answer {text['source']} [{text['arm']}] "
+                  f"fires at {text['at']} of {text['of']}")
         for source in entry["corpus_fired_new"][:5]:
             print(f"{name}: corpus chunk {source} fires (ids/32 does not)")
     out = write_json("loop_replay", {"machine": machine(), "answers_glob": args.answers, "texts": args.text,

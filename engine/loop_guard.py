@@ -39,6 +39,7 @@ closely: a 21-key argument twice in a row is in this repository's tests
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
@@ -196,44 +197,69 @@ class LoopGuard:
 class TextLoopGuard:
     """A `LoopGuard` over streamed text: an answer whose tokens never reach this process (a remote engine's).
 
-    The text not yet checked is tokenized here with the model's tokenizer as each piece arrives; all but
-    its last `HELD` tokens go through the guard (text still to come can only change the tokens at the
-    end), provided they decode back to the start of that text; otherwise the text waits, up to
-    `MAX_PENDING` characters. The tokens are the local tokenizer's reading of the text, not necessarily
-    the server's (a byte the server could not decode alone arrives as U+FFFD); the keys they compare as
-    are the same text either way.
+    The text not yet checked is tokenized here with the model's tokenizer up to where its last run of
+    whitespace begins: pre-tokenizers split there, and the run stays with the word after it, so those
+    tokens are the whole text's (a word still arriving, " subclas" of " subclass", waits). Text without
+    whitespace after its start (CJK, a long identifier run) waits up to `HOLD_CHARS` characters, then all
+    but its last `HELD` tokens are checked (a few more when the cut falls inside one character's bytes),
+    provided they decode back to its start; whatever is left goes
+    at `MAX_PENDING` characters, and at the stream's end (`finish`). The tokens are the local tokenizer's
+    reading of the text, not necessarily the server's (a byte the server could not decode alone arrives
+    as U+FFFD); the keys they compare as are the same text either way.
 
     Args:
         guard: The request's guard (`LoopGuard`, with the tokenizer's keys).
         encode: Token ids of a text (the model's tokenizer).
         decode: Text of token ids (the same tokenizer).
+
+    Attributes:
+        tokens: Tokens checked so far.
     """
 
     HELD = 2
+    HOLD_CHARS = 64
     MAX_PENDING = 512
+    _LAST_RUN = re.compile(r"\s+\S*\Z")
 
     def __init__(self, guard: LoopGuard, encode: Callable[[str], Sequence[int]],
                  decode: Callable[[Sequence[int]], str]) -> None:
         self.guard = guard
         self._encode, self._decode = encode, decode
         self._pending = ""
+        self.tokens = 0
 
     def feed(self, text: str) -> bool:
         """Adds the next streamed text; True when the answer is now a loop (and from then on)."""
-        pending = self._pending + text
-        ids = list(self._encode(pending)) if not self.guard.fired else []
-        checked = ids[:-self.HELD]
-        start = self._decode(checked) if checked else ""
-        if not pending.startswith(start) or len(pending) > self.MAX_PENDING:
-            checked, start = (ids, pending) if len(pending) > self.MAX_PENDING else ([], "")
+        pending = self._pending = self._pending + text
+        if self.guard.fired:
+            return True
+        last_run = self._LAST_RUN.search(pending)
+        if last_run is not None and last_run.start() > 0:
+            self._pending = pending[last_run.start():]
+            return self._observe(self._encode(pending[:last_run.start()]))
+        if len(pending) <= self.HOLD_CHARS:
+            return False
+        ids = list(self._encode(pending))
+        for held in range(self.HELD, self.HELD + 4):  # more when the cut falls inside a character's bytes
+            checked, start = ids[:-held], self._decode(ids[:-held])
+            if pending.startswith(start):
+                break
+        else:  # the tokens do not give the text back (a normalizer): wait, up to MAX_PENDING
+            if len(pending) <= self.MAX_PENDING:
+                return False
+            checked, start = ids, pending
         self._pending = pending[len(start):]
         return self._observe(checked)
 
     def finish(self) -> bool:
         """Checks the text the stream ended on; True when the answer is a loop."""
         pending, self._pending = self._pending, ""
-        return self._observe(self._encode(pending) if pending and not self.guard.fired else [])
+        return self._observe(self._encode(pending) if pending else [])
 
     def _observe(self, ids: Sequence[int]) -> bool:
-        any(self.guard.observe(token) for token in ids)
+        for token in ids:
+            if self.guard.fired:
+                break
+            self.tokens += 1
+            self.guard.observe(token)
         return self.guard.fired

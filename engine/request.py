@@ -302,8 +302,8 @@ class Metrics:
     draft_recomputed_tokens: int = 0  # the draft model's prompt tokens prefilled in this request
     checkpoint_bytes: int = 0
     miss_reason: str | None = None
-    loop_period: int = 0            # the loop guard stopped a loop of this many tokens per copy
-    loop_tokens: int = 0            # ... whose repeated tail covered this many tokens
+    loop_period: int = 0            # the loop guard stopped a loop of this many keys per copy (engine.loop_guard)
+    loop_tokens: int = 0            # ... whose repeated tail covered this many keys
 
     @property
     def prefill_tps(self) -> float:

@@ -205,29 +205,52 @@ def test_the_guard_ends_the_stream_after_the_firing_token_and_records_it():
     assert list(off.watch(iter(tokens))) == tokens and not off.fired
 
 
-def test_streamed_text_is_checked_as_it_arrives_whatever_its_pieces():
-    """A remote engine's answer arrives as text in pieces of any size: the text guard fires where the
-    guard over the whole text's tokens fires (same period, same covered keys), before the stream ends,
-    for every way of cutting it; text that is not a loop never fires."""
-    tokenizer = train_tokenizer()
-    keys = LoopKeys(tokenizer.decode)
-    words = "It is a kind of tool that lets you run a script with a command line interface .".split()
-    looping = "Intro: " + "".join(" ".join(words[:cut]) + "\n" + " ".join(words[cut:]) + " " for cut in (5, 11, 3, 13))
-    looping += "and then some more text that never comes " * 3
+def streamed_texts() -> list[tuple[str, bool]]:
+    """(text, whether it loops): a sentence repeated with its line breaks moved, a paragraph of long words
+    repeated three times, a run without whitespace, CJK without spaces, and source code (no loop)."""
     from engine import loop_guard
-    prose = inspect.getsource(loop_guard)[:3000]
+
+    words = "It is a kind of tool that lets you run a script with a command line interface .".split()
+    moved = "Intro: " + "".join(" ".join(words[:cut]) + "\n" + " ".join(words[cut:]) + " " for cut in (5, 11, 3, 13))
+    paragraph = "The `Signer` subclass of `URLSafeSerializer` signs payloads with a secret key. "
+    return [(moved + "and then some more text that never comes " * 3, True),
+            ("Answer: " + paragraph * 3 + "Then it ends.", True),
+            ("x" * 400, True), ("\u6f22\u5b57" * 120, True), (inspect.getsource(loop_guard)[:3000], False)]
+
+
+def pieces_of(text: str, rng: random.Random, size: int | None) -> list[str]:
+    """`text` cut into pieces of `size` characters, or at random places when `size` is None."""
+    if size is not None:
+        return [text[i:i + size] for i in range(0, len(text), size)]
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, min(200, len(text) - 1))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_streamed_text_is_checked_as_it_arrives_whatever_its_pieces(which, request):
+    """A remote engine's answer arrives as text in pieces of any size, cut inside words: the text guard
+    fires where the guard over the whole text's tokens fires (same period, same covered keys), before the
+    stream ends, for every way of cutting it; text that is not a loop never fires. With the tiny models'
+    512-token vocabulary and with the default model's tokenizer (whose words split into several tokens)."""
+    if which == "tiny":
+        tokenizer = train_tokenizer()
+        encode, decode = (lambda t: tokenizer.encode(t).ids), tokenizer.decode
+    else:
+        from engine.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(str(request.getfixturevalue("default_model_path")))[0]
+        encode, decode = tokenizer.encode, tokenizer.decode
+    keys = LoopKeys(decode)
     rng = random.Random(5)
-    for text, loops in ((looping, True), ("x" * 400, True), (prose, False)):
+    for text, loops in streamed_texts():
         whole = LoopGuard(True, whole_metrics := Metrics(), keys)
-        assert any(map(whole.observe, tokenizer.encode(text).ids)) is loops
-        for _ in range(25):
-            guard = TextLoopGuard(LoopGuard(True, metrics := Metrics(), keys),
-                                  lambda t: tokenizer.encode(t).ids, tokenizer.decode)
-            cuts = sorted(rng.sample(range(1, len(text)), rng.randrange(1, min(200, len(text) - 1))))
-            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        assert any(map(whole.observe, encode(text))) is loops, text[:40]
+        for size in [1, 2, 3, 4, 5, 7, 8, 64, *[None] * 20]:
+            guard = TextLoopGuard(LoopGuard(True, metrics := Metrics(), keys), encode, decode)
+            pieces = pieces_of(text, rng, size)
             fired_at = next((i for i, piece in enumerate(pieces) if guard.feed(piece)), None)
-            assert guard.finish() is loops
+            assert guard.finish() is loops, (text[:40], size)
             if loops:
-                assert fired_at is not None and sum(map(len, pieces[:fired_at + 1])) < len(text)
+                assert fired_at is not None and sum(map(len, pieces[:fired_at + 1])) < len(text), (text[:40], size)
                 assert (metrics.loop_period, metrics.loop_tokens) == (whole_metrics.loop_period,
-                                                                      whole_metrics.loop_tokens)
+                                                                      whole_metrics.loop_tokens), (text[:40], size)

@@ -1,7 +1,7 @@
 """The loop guard and the repetition penalty in the engine, on a tiny random model that loops under
-greedy decoding: the guard stops exactly where the rule says over the tokens' keys, at the same token plain and speculative,
-warm and cold; off, the same request runs to max_tokens; a penalty of 1.0 changes nothing and more
-changes a looping output (the same with and without speculation)."""
+greedy decoding: the guard stops exactly where the rule says over the tokens' keys, at the same token
+plain and speculative, warm and cold; off, the same request runs to max_tokens; a penalty of 1.0
+changes nothing and more changes a looping output (the same with and without speculation)."""
 from __future__ import annotations
 
 import mlx.core as mx

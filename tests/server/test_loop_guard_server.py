@@ -123,8 +123,8 @@ def test_http_sends_stop_with_the_engine_reason_in_codectx(looping_model, tmp_pa
 
 def test_a_remote_engines_loop_is_stopped_and_its_stream_closed(looping_model):
     """`mlx_lm.server` (started here, on loopback) serves the looping model: the guard reads its streamed
-    text, closes the stream where the local engine's guard would stop, and the server answers the next
-    request; `--no-loop-guard` lets the same answer run to the limit."""
+    text and closes the stream before the limit, and the server answers the next request the same;
+    `--no-loop-guard` lets the same answer run to the limit."""
     process, url = start_mlx_server(looping_model)
     question = ("--engine-url", url, "--model", str(looping_model), "--max-tokens", str(ANSWER_TOKENS),
                 "What does add do?")

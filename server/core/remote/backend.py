@@ -230,10 +230,10 @@ class RemoteBackend:
         metrics = Metrics(prompt_tokens=len(request.all_token_ids()))
         texts: list[str] = []
         finish, usage = None, Usage()
-        guard = (TextLoopGuard(LoopGuard(True, metrics, self.tokenizer.loop_keys), self.tokenizer.encode,
-                               self.tokenizer.decode) if self.generation.loop_guard and request.max_tokens > 0 else None)
+        guard = self._loop_guard(request, metrics)
+        events = iter(stream)
         try:
-            for chunk in stream:
+            for chunk in events:
                 if chunk.usage is not None:
                     usage = chunk.usage
                 if chunk.text and request.max_tokens > 0:
@@ -252,18 +252,32 @@ class RemoteBackend:
                 self._last_error = str(err)
             logger.warning("remote engine: %s", err)
             return DoneEvent(request.request_id, "error", "".join(texts), metrics, err)
+        finally:
+            events.close()  # after a loop: the connection is shut, the server sees the client leave and stops
         with self._cond:  # a cancel from here on finds the request finished, and counts nothing
             closed, self._current = stream.closed, (request, None)
         if closed:  # counted where it was closed (`_stop`)
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
         looped = guard is not None and (guard.guard.fired or guard.finish())
-        if looped:
-            stream.close()  # the server sees the client leave and stops generating
+        if looped and usage.completion_tokens is None:  # left before the server's usage: what is known here
+            usage = Usage(None, self._shared_prefix(request), guard.tokens)
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._last_prompt = tuple(request.all_token_ids())
         self._account(request, metrics, usage, started, texts)
         reason = "length" if request.max_tokens == 0 or finish == "length" else "stop"
         return DoneEvent(request.request_id, "repetition" if looped else reason, "".join(texts), metrics)
+
+    def _loop_guard(self, request: Request, metrics: Metrics) -> TextLoopGuard | None:
+        """The guard over the answer's text (`generation.loopGuard`), None when off or nothing is generated."""
+        if not self.generation.loop_guard or request.max_tokens <= 0:
+            return None
+        tokenizer = self.tokenizer
+        return TextLoopGuard(LoopGuard(True, metrics, tokenizer.loop_keys), tokenizer.encode, tokenizer.decode)
+
+    def _shared_prefix(self, request: Request) -> int:
+        """Leading tokens `request` shares with the last prompt answered: what the server most likely reused."""
+        last, ids = self._last_prompt, request.all_token_ids()
+        return next((i for i, (a, b) in enumerate(zip(last, ids)) if a != b), min(len(last), len(ids)))
 
     def _account(self, request: Request, metrics: Metrics, usage: Usage, started: float, texts: list[str]) -> None:
         if usage.prompt_tokens is not None:
