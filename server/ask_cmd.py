@@ -116,6 +116,10 @@ def build_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": DEFAULT_SYSTEM}, {"role": "user", "content": question}]
 
 
+LOOP_NOTE = "[stopped: the answer started repeating itself (the loop guard); --no-loop-guard lets it run on]"
+"""What stderr says, above the footer, when the loop guard ended the answer."""
+
+
 def format_footer(metrics: dict, finish_reason: str) -> str:
     """One line of request metrics (`Metrics.as_dict()`, or an ask's summed rounds) for stderr."""
     m = metrics
@@ -228,6 +232,8 @@ class _Asker:
         metrics, finish_reason = outcome
         self.out.write("\n")
         self.out.flush()
+        if finish_reason == "repetition":
+            self.err.write(LOOP_NOTE + "\n")
         self.err.write(format_footer(metrics, finish_reason) + "\n")
         return INTERRUPTED if self.interrupted else 0
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from engine.loop_guard import LoopRule
+from server.ask_cmd import LOOP_NOTE
 from server.core.features import ask as ask_feature
 from server.core.settings import GenerationSettings, parse_settings
 from server.http.config import HttpConfig
@@ -81,12 +82,14 @@ def test_codectx_ask_footer_says_repetition(looping_model):
     question = ("ask", "--model", str(looping_model), "--max-tokens", str(ANSWER_TOKENS), "What does add do?")
     guarded = codectx(*question)
     assert guarded.returncode == 0, guarded.stderr
-    footer = guarded.stderr.strip().splitlines()[-1]
+    *_, note, footer = guarded.stderr.strip().splitlines()
     assert footer.endswith("| repetition]") and f"decode {ANSWER_TOKENS} tok" not in footer, footer
+    assert note == LOOP_NOTE
     free = codectx(*question, "--no-loop-guard")
     assert free.returncode == 0, free.stderr
     free_footer = free.stderr.strip().splitlines()[-1]
     assert free_footer.endswith("| length]") and f"decode {ANSWER_TOKENS} tok" in free_footer, free_footer
+    assert LOOP_NOTE not in free.stderr
     assert free.stdout.startswith(guarded.stdout.rstrip("\n"))
     refused = codectx(*question, "--repetition-penalty", "0.5")
     assert refused.returncode == 2 and "--repetition-penalty" in refused.stderr
