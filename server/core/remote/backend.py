@@ -242,6 +242,8 @@ class RemoteBackend:
                     texts.append(chunk.text)
                     handle.push(TokenEvent(request.request_id, chunk.text, ()))
                     if guard is not None and guard.feed(chunk.text):
+                        with self._cond:  # the answer is over: a cancel from here on finds it finished
+                            self._current = (request, None)
                         break
                 finish = chunk.finish_reason or finish
         except RemoteEngineError as err:
