@@ -13,6 +13,10 @@ replays, for each rule:
   again there, at the text's end);
 - texts given with ``--text`` (an answer saved from ``codectx ask``, counted
   as ``length``);
+- each ``--text`` again as a remote engine streams it: fed to `TextLoopGuard` in
+  pieces of 1, 3 and 7 characters, with the tokens it had checked when it fired
+  (the guard over the whole text's tokens fires at the same token) and its time
+  a piece;
 - a corpus of real code and prose (``--corpus``: this repository's sources,
   tests and docs, and any folder given), cut into chunks of ``--chunk`` tokens:
   long legitimate output, where a rule should not fire. Chunks the rule fires
@@ -42,13 +46,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import machine, markdown_table, write_json  # noqa: E402
-from engine.loop_guard import LoopGuard, LoopKeys, LoopRule  # noqa: E402
+from engine.loop_guard import LoopGuard, LoopKeys, LoopRule, TextLoopGuard  # noqa: E402
 from engine.request import Metrics  # noqa: E402
 
 SOURCE_GLOBS = ("engine/**/*.py", "server/**/*.py", "context/**/*.py", "tests/**/*.py", "bench/*.py",
@@ -133,6 +137,26 @@ def replay(texts: list[dict], chunks: list[dict], named: dict[str, tuple[bool, L
     return report
 
 
+def streamed(texts: list[dict], tokenizer: Any, sizes: tuple[int, ...] = (1, 3, 7)) -> list[dict]:
+    """Each text fed to `TextLoopGuard` in pieces of `sizes` characters: where it fired, the tokens it had
+    checked then (beside the token at which the guard over the whole text fires) and its time a piece."""
+    rows = []
+    for text in texts:
+        whole = fire_index(tokenizer.encode(text["text"]), tokenizer.loop_keys, LoopRule())
+        for size in sizes:
+            guard = TextLoopGuard(LoopGuard(True, Metrics(), tokenizer.loop_keys), tokenizer.encode,
+                                  tokenizer.decode)
+            pieces = [text["text"][i:i + size] for i in range(0, len(text["text"]), size)]
+            started = time.perf_counter()
+            fed = next((i + 1 for i, piece in enumerate(pieces) if guard.feed(piece)), len(pieces))
+            seconds = time.perf_counter() - started
+            rows.append({"source": text["source"], "piece_chars": size, "fired": guard.guard.fired,
+                         "chars_read": len("".join(pieces[:fed])), "chars": len(text["text"]),
+                         "tokens_checked": guard.tokens, "us_per_piece": seconds / fed * 1e6,
+                         "whole_text_fires_at_token": None if whole is None else whole + 1})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from engine.loading import load_tokenizer
@@ -147,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     named = rules([int(n) for n in args.long.split(",")])
     started = time.perf_counter()
     report = replay(texts, chunks, named, tokenizer.encode, tokenizer.loop_keys)
+    replay_s = time.perf_counter() - started
     finishes = sorted({t["finish"] for t in texts})
     rows = [[name] + [f"{entry['answers'].get(f, {}).get('fired', 0)} / {entry['answers'].get(f, {}).get('total', 0)}"
                       for f in finishes]
@@ -154,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
             for name, entry in report.items()]
     print(markdown_table(["rule"] + [f"{f} answers fired" for f in finishes]
                          + ["corpus chunks fired", "corpus chunks new vs ids/32"], rows))
+    stream_rows = streamed([t for t in texts if t["arm"] == "text"], tokenizer)
+    if stream_rows:
+        print(markdown_table(["text", "piece chars", "fired", "chars read", "tokens checked",
+                              "whole text fires at token", "µs a piece"],
+                             [[r["source"], r["piece_chars"], r["fired"], f"{r['chars_read']} / {r['chars']}",
+                               r["tokens_checked"], r["whole_text_fires_at_token"], f"{r['us_per_piece']:.1f}"]
+                              for r in stream_rows]))
     for name, entry in report.items():
         for text in entry["fired_not_by_the_guard"]:
             print(f"{name}: {text['finish']} answer {text['source']} [{text['arm']}] "
@@ -162,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: corpus chunk {source} fires (ids/32 does not)")
     out = write_json("loop_replay", {"machine": machine(), "answers_glob": args.answers, "texts": args.text,
                                      "corpus": args.corpus, "answers": len(texts), "corpus_chunks": len(chunks),
-                                     "chunk": args.chunk, "replay_s": time.perf_counter() - started, "rules": report})
+                                     "chunk": args.chunk, "replay_s": replay_s, "rules": report,
+                                     "streamed": stream_rows})
     print(f"wrote {out}")
     return 0
 

@@ -26,16 +26,17 @@ runs, plain and speculative decoding stop at the same token.
 
 The engine compares tokens by their `LoopKeys`, and every count above is of
 keys: a token's text without the whitespace around it, whitespace-only tokens
-left out (but for the second and later of a run of them: endless blank
-output is a loop too, one "blank" key each). The default model repeats a sentence with its line breaks in other
-places ("...to run a Python" then "...to run a\\nPython"): as ids those copies
-differ, as keys they are the same. A token that is not whole text alone (a byte
-of a multi-byte character) keeps its id as its key. Two copies from 24 keys
-rather than 32 tokens: without the line breaks the paragraphs above are 31-48
-keys, and the README's first question got a 24-key sentence twice in a row
-(then twice more), which a 32 never stopped. Real code does repeat itself
-closely: a 21-key argument twice in a row is in this repository's tests
-(`bench/loop_replay.py` reads the margins on a corpus).
+left out (but for the second and later of a run of them: endless blank output
+is a loop too, one "blank" key each). The default model repeats a sentence
+with its line breaks in other places ("...to run a Python" then "...to run
+a\\nPython"): as ids those copies differ, as keys they are the same. A token
+that is not whole text alone (a byte of a multi-byte character) keeps its id
+as its key. Two copies from 24 keys rather than 32 tokens: without the line
+breaks the paragraphs above are 31-48 keys, and the README's first question
+got a 24-key sentence twice in a row (then twice more), which a 32 never
+stopped. Real code does repeat itself closely: a 21-key argument twice in a
+row is in this repository's tests (`bench/loop_replay.py` reads the margins on
+a corpus).
 """
 from __future__ import annotations
 
@@ -198,14 +199,14 @@ class TextLoopGuard:
     """A `LoopGuard` over streamed text: an answer whose tokens never reach this process (a remote engine's).
 
     The text not yet checked is tokenized here with the model's tokenizer up to where its last run of
-    whitespace begins: pre-tokenizers split there, and the run stays with the word after it, so those
-    tokens are the whole text's (a word still arriving, " subclas" of " subclass", waits). Text without
-    whitespace after its start (CJK, a long identifier run) waits up to `HOLD_CHARS` characters, then all
-    but its last `HELD` tokens are checked (a few more when the cut falls inside one character's bytes),
-    provided they decode back to its start; whatever is left goes
-    at `MAX_PENDING` characters, and at the stream's end (`finish`). The tokens are the local tokenizer's
-    reading of the text, not necessarily the server's (a byte the server could not decode alone arrives
-    as U+FFFD); the keys they compare as are the same text either way.
+    whitespace begins: pre-tokenizers split there, and the run stays with the word after it, so those tokens
+    are the whole text's (a word still arriving, " subclas" of " subclass", waits). Text without whitespace
+    after its start (CJK, a long identifier run) waits up to `HOLD_CHARS` characters, then all but its last
+    `HELD` tokens are checked (a few more when the cut falls inside one character's bytes), provided they
+    decode back to its start; whatever is left goes at `MAX_PENDING` characters, and at the stream's end
+    (`finish`). The tokens are the local tokenizer's reading of the text, not necessarily the server's (a byte
+    the server could not decode alone arrives as U+FFFD); the keys they compare as are the same text either
+    way.
 
     Args:
         guard: The request's guard (`LoopGuard`, with the tokenizer's keys).

@@ -26,7 +26,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from engine.handle import RequestHandle
 from engine.loop_guard import LoopGuard, TextLoopGuard
@@ -121,18 +121,13 @@ class RemoteBackend:
         """What the server most likely holds: the leading tokens `segments` share with the last
         prompt it answered. The server does not say what its cache holds (another client may
         have replaced it since); what it reused is known only afterwards, from its usage."""
-        last = self._last_prompt
-        total = warm = whole = 0
-        for segment in segments:
-            ids = segment.token_ids
-            shared = 0
-            while shared < len(ids) and total + shared < len(last) and last[total + shared] == ids[shared]:
-                shared += 1
-            total += len(ids)
-            if shared < len(ids) or total > len(last):
-                warm += shared
+        warm = shared_tokens(self._last_prompt, itertools.chain.from_iterable(s.token_ids for s in segments))
+        total = whole = 0
+        for segment in segments:  # the segments the shared tokens hold whole
+            total += len(segment.token_ids)
+            if total > warm:
                 break
-            warm, whole = total, whole + 1
+            whole += 1
         prompt = sum(len(s.token_ids) for s in segments)
         return Probe(prompt_tokens=prompt, warm_tokens=warm, warm_segments=whole,
                      miss=None if warm == prompt else "remote engine: not the last prompt it answered")
@@ -262,7 +257,7 @@ class RemoteBackend:
             return DoneEvent(request.request_id, "cancelled", "".join(texts), metrics)
         looped = guard is not None and (guard.guard.fired or guard.finish())
         if looped and usage.completion_tokens is None:  # left before the server's usage: what is known here
-            usage = Usage(None, self._shared_prefix(request), guard.tokens)
+            usage = Usage(None, shared_tokens(self._last_prompt, request.all_token_ids()), guard.tokens)
         self._last_error, self._failures, self._retry_at = None, 0, 0.0
         self._last_prompt = tuple(request.all_token_ids())
         self._account(request, metrics, usage, started, texts)
@@ -276,11 +271,6 @@ class RemoteBackend:
         tokenizer = self.tokenizer
         return TextLoopGuard(LoopGuard(True, metrics, tokenizer.loop_keys), tokenizer.encode, tokenizer.decode)
 
-    def _shared_prefix(self, request: Request) -> int:
-        """Leading tokens `request` shares with the last prompt answered: what the server most likely reused."""
-        last, ids = self._last_prompt, request.all_token_ids()
-        return next((i for i, (a, b) in enumerate(zip(last, ids)) if a != b), min(len(last), len(ids)))
-
     def _account(self, request: Request, metrics: Metrics, usage: Usage, started: float, texts: list[str]) -> None:
         if usage.prompt_tokens is not None:
             metrics.prompt_tokens = usage.prompt_tokens  # the server's own count of the prompt it read
@@ -293,3 +283,13 @@ class RemoteBackend:
         counters["prompt_tokens"] += metrics.recomputed_tokens  # as the engine counts: tokens prefilled
         counters["cached_tokens"] += metrics.cached_tokens
         counters["decode_tokens"] += metrics.decode_tokens
+
+
+def shared_tokens(last: Sequence[int], ids: Iterable[int]) -> int:
+    """How many leading tokens `ids` shares with `last` (read no further than the first difference)."""
+    shared = 0
+    for held, token in zip(last, ids):
+        if held != token:
+            break
+        shared += 1
+    return shared
