@@ -23,9 +23,7 @@ through `engine.Engine` with checkpoints and the disk archive on. Per length, in
   = bytes restored / bandwidth).
 
     python bench/gpu_engine.py --small            # tiny 4-bit model on the CPU, 4k tokens, end to end
-    # on the H200 (device tool, carry [".gpu"]):
-    bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 32768 --compare-linear
-    bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 131072
+    bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 131072   # the H200 (carry [".gpu"])
 
 Prints a Markdown table and writes JSON after every row (default bench/results/gpu_engine-<shape>-<lengths>.json).
 """
@@ -159,6 +157,7 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
     starts with the engine idle (the archive's copies of the last ask made), as after a user has read an answer."""
     idle(eng)
     held = [round(n / 2**30, 2) for n in (mx.get_active_memory(), mx.get_cache_memory())]
+    before = request_profile.step_counts(eng)
     mx.reset_peak_memory()
     with request_profile.ForwardLog() as log:
         handle = eng.submit(Request(segments=segments, max_tokens=max_tokens))
@@ -177,7 +176,8 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 accepted=m.accepted_tokens, miss=m.miss_reason, peak_gib=round(mx.get_peak_memory() / 2**30, 2),
                 restore_s=log.restore_s, forwards=log.forwards, records=log.records, detaches=log.detaches,
                 archive_copies=log.archive_copies, token_gaps=request_profile.token_gaps(arrivals),
-                decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids, held_gib=held)
+                decode_host_ms=request_profile.decode_host(log.decode_steps), ids=ids, held_gib=held,
+                step_traces_fallbacks=[b - a for a, b in zip(before, request_profile.step_counts(eng))])
 
 
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:

@@ -242,7 +242,8 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
                 asked = ge.ask(eng, prompt, a.steps + 8)
                 host = asked["decode_host_ms"] or {}
                 add(dict(gap_ms=asked["token_gaps"]["p50"], build_ms=host.get("build"), submit_ms=host.get("submit"),
-                         read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name))
+                         read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name,
+                         step_traces_fallbacks=asked["step_traces_fallbacks"]))
     finally:
         ge.close(eng)
         del eng

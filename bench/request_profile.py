@@ -143,3 +143,10 @@ def decode_host(steps: list[list[float]]) -> dict[str, float] | None:
         return None
     return {name: round(sorted(s[i] for s in steps)[len(steps) // 2], 3)
             for i, name in enumerate(("build", "submit", "wait"))}
+
+
+def step_counts(eng: Engine) -> tuple[int, int]:
+    """How often `eng`'s compiled one-token step has traced and fallen back to the plain call so far (both 0
+    when its path does not compile): a step that falls back builds the whole model's graph for one token."""
+    step = eng.compute.decode_step
+    return (step.traces, step.fallbacks) if step is not None else (0, 0)
