@@ -30,7 +30,12 @@ loop alone by more than 0.4 ms but the spinner's with bf16 KV:
   prefill left against the filled one above;
 - ``engine's loop, cache``: `engine.generate.decode` over that cache on this thread;
 - ``engine ask, no debug log``: an ask read without `request_profile.ForwardLog` (the engine's DEBUG lines off);
-- ``engine ask, again``: one more ask, for the spread.
+- ``engine ask, again``: one more ask, for the spread;
+- ``engine ask, MLX's cache emptied first``: `mx.clear_cache()` before the ask (what `engine.host_reads` does after
+  each checkpoint the archive wrote; with ``--release off`` the writer leaves its buffers in MLX's cache).
+
+The engine's rows give MLX's cached memory as the ask started (``held_gib``: active, cached) or as the loop
+started (``cached_gib``); ``--engine-only`` leaves out the rows with a thread beside the loop.
 
 Each row: the median token gap, and the median host milliseconds per step in each phase (and in the hand-off).
 
@@ -38,6 +43,7 @@ Each row: the median token gap, and the median host milliseconds per step in eac
     bash .gpu/install.sh > /dev/null 2>&1
     python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
     python3 bench/gpu_handoff.py --config window-16 --archive on --out $OUT/h16.json
+    python3 bench/gpu_handoff.py --archive on --length 32768 --engine-only --release off --out $OUT/h8-off.json
     python bench/gpu_handoff.py --small     # CPU smoke run (tiny 4-bit model, 4,096 keys)
 """
 from __future__ import annotations
@@ -64,6 +70,7 @@ from bench import request_profile  # noqa: E402
 from bench._common import save_json  # noqa: E402
 from bench.gpu_decode_gap import decode_gap, event_loop, step_arguments  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
+from engine import host_reads  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
 from engine.sampling import greedy  # noqa: E402
 from engine.step_measure import filled_cache  # noqa: E402
@@ -76,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = step_arguments(__doc__, 64)
     ap.add_argument("--archive", choices=("off", "on"), default="off",
                     help="the engine's disk archive (on: its writes go on between the asks, as in bench/gpu_engine.py)")
+    ap.add_argument("--release", choices=("off", "on"), default="on",
+                    help="off: the archive's writer leaves the buffers it read in MLX's cache (`engine.host_reads`)")
+    ap.add_argument("--engine-only", action="store_true", help="the loop alone and the engine's rows, no thread rows")
     ap.add_argument("--out", default="bench/results/gpu_handoff.json")
     return ap.parse_args(argv)
 
@@ -219,14 +229,18 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
     try:
         ge.ask(eng, repo.prompt(1), 4)
         for name, prompt in (("engine ask", repo.prompt(2)), ("engine's cache", None), ("engine's loop, cache", None),
-                             ("engine ask, no debug log", repo.prompt(3)), ("engine ask, again", repo.prompt(4))):
+                             ("engine ask, no debug log", repo.prompt(3)), ("engine ask, again", repo.prompt(4)),
+                             ("engine ask, MLX's cache emptied first", repo.prompt(5))):
+            if name.endswith("emptied first"):  # what `engine.host_reads` does, whether --release is on or off
+                ge.idle(eng)
+                mx.clear_cache()
             if prompt is None:
                 ge.idle(eng)
-                offset = eng.prefix.cache[0].offset
+                offset, cached = eng.prefix.cache[0].offset, round(mx.get_cache_memory() / 2**30, 2)
                 if name == "engine's cache":
-                    add(dict(steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None), row=name))
+                    add(dict(steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None), row=name, cached_gib=cached))
                 else:
-                    add(dict(decode_gap(eng.compute, eng.prefix.cache, a.steps), row=name))
+                    add(dict(decode_gap(eng.compute, eng.prefix.cache, a.steps), row=name, cached_gib=cached))
                 for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
                     c.offset = offset
             elif name.endswith("no debug log"):
@@ -243,32 +257,15 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
                 host = asked["decode_host_ms"] or {}
                 add(dict(gap_ms=asked["token_gaps"]["p50"], build_ms=host.get("build"), submit_ms=host.get("submit"),
                          read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name,
-                         step_traces_fallbacks=asked["step_traces_fallbacks"]))
+                         step_traces_fallbacks=asked["step_traces_fallbacks"], held_gib=asked["held_gib"]))
     finally:
         ge.close(eng)
         del eng
         ge.free()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    a = parse_args(argv)
-    base = ["--small"] if a.small else ["--device", "gpu", "--blas", "off"]
-    run = ge.Run(ge.parse_args([*base, "--lengths", str(4096 if a.small else a.length), "--configs", a.config,
-                                "--archive", "off"]))
-    mx.set_default_device(mx.gpu if run.a.device == "gpu" else mx.cpu)
-    length, rows = run.lengths[0], []
-    ge.warm_up(run, a.config, length)
-    windowed, bits = ge.CONFIGS[a.config][:2]
-    path = ge.choose(run.model, run.options(a.config))
-    cache = filled_cache(run.model, run.window if windowed else WindowPolicy(enabled=False), bits, length)
-    steps_loop(path, cache, 8, None, None)  # the buffers grow once and the graphs are built, untimed
-
-    def add(name: str, hand_off: HandOff | None = None, spinner: Spinner | None = None) -> None:
-        row = dict(steps_loop(path, cache, a.steps, hand_off, spinner), row=name)
-        rows.append(row)
-        print(row, flush=True)
-
-    add("alone")
+def thread_rows(a: argparse.Namespace, path: Any, cache: list, rows: list[dict], add: Callable[..., None]) -> None:
+    """The rows with another thread beside the loop (module docstring), over the filled cache."""
     with event_loop() as hand_off:
         add("event loop", hand_off)
     with event_loop() as hand_off:
@@ -290,6 +287,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     thread.join()
     rows.append(dict(on_thread[0], row="another thread"))
     print(rows[-1], flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    host_reads.RELEASE = a.release == "on"
+    base = ["--small"] if a.small else ["--device", "gpu", "--blas", "off"]
+    run = ge.Run(ge.parse_args([*base, "--lengths", str(4096 if a.small else a.length), "--configs", a.config,
+                                "--archive", "off"]))
+    mx.set_default_device(mx.gpu if run.a.device == "gpu" else mx.cpu)
+    length, rows = run.lengths[0], []
+    ge.warm_up(run, a.config, length)
+    windowed, bits = ge.CONFIGS[a.config][:2]
+    path = ge.choose(run.model, run.options(a.config))
+    cache = filled_cache(run.model, run.window if windowed else WindowPolicy(enabled=False), bits, length)
+    steps_loop(path, cache, 8, None, None)  # the buffers grow once and the graphs are built, untimed
+
+    def add(name: str, hand_off: HandOff | None = None, spinner: Spinner | None = None) -> None:
+        row = dict(steps_loop(path, cache, a.steps, hand_off, spinner), row=name)
+        rows.append(row)
+        print(row, flush=True)
+
+    add("alone")
+    if not a.engine_only:
+        thread_rows(a, path, cache, rows, add)
     cache.clear()  # its buffers freed before the next cache
     ge.free()
     asked_length = synthetic_repository(length, run.model.args.vocab_size).prompt(2)
@@ -300,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cache.clear()  # freed before the engine builds its own
     ge.free()
     engine_rows(run, a, rows)
-    result = dict(config=a.config, length=length, archive=a.archive, steps=a.steps, mlx=mx.__version__,
+    result = dict(config=a.config, length=length, archive=a.archive, release=a.release, steps=a.steps, mlx=mx.__version__,
                   device_info=mx.device_info(), python=sys.version.split()[0], rows=rows)
     print("\n| row | token gap ms | build ms | submit ms | read ms |\n|---|---:|---:|---:|---:|")
     for r in rows:
