@@ -1,28 +1,25 @@
 """Engine-level GPU benchmark: the edit loop at long context through `Engine`, bounds beside each figure.
 
-A random-weight model (bench/prefill.py's shapes: Qwen3-32B, 4-bit group 64, bf16) and a
-synthetic repository prompt laid out as segments with a hot tail (bench/gpu_workload.py), all
-through `engine.Engine` with checkpoints and the disk archive on. Per length, in one run:
+A random-weight model (bench/prefill.py's shapes: Qwen3-32B, 4-bit group 64, bf16) and a synthetic repository prompt
+laid out as segments with a hot tail (bench/gpu_workload.py), all through `engine.Engine` with checkpoints and the
+disk archive on. Per length, in one run:
 
-- linear mode: what the engine measured at load (`engine.linear_mode`), and greedy output and
-  last-position logits of a short prompt under both modes (against the logit difference two
-  prefill chunkings give, a difference the engine already accepts);
-- configurations ``window-16`` / ``window-8`` (block window G, W, dense tail; fp16 / 8-bit KV):
-  cold ask, follow-up question, edit a file in the middle then ask, restart (new `Engine`, same
-  archive, page cache dropped where allowed) then ask with prompt-lookup speculation;
-- ``dense-16`` / ``dense-8``: cold ask (exact attention); ``window-16-q``: cold ask with the
-  quantized kernel forced (``--compare-linear``);
-- every ask decodes ``--decode`` tokens: decode tok/s at that context, the spacing of its tokens
-  (``token_gaps``) and the engine's host milliseconds per step (``decode_host_ms``: building the step's
-  graph, submitting it, waiting for its token);
+- linear mode: what the engine measured at load (`engine.linear_mode`), and greedy output and last-position logits
+  of a short prompt under both modes (against the logit difference two prefill chunkings give, which it accepts);
+- configurations ``window-16`` / ``window-8`` (block window G, W, dense tail; fp16 / 8-bit KV): cold ask, follow-up
+  question, edit a file in the middle then ask, restart (new `Engine`, same archive, page cache dropped where
+  allowed) then ask with prompt-lookup speculation;
+- ``dense-16`` / ``dense-8``: cold ask (exact attention); ``window-16-q`` (``--compare-linear``): cold ask, quantized;
+- every ask decodes ``--decode`` tokens: decode tok/s at that context, the spacing of its tokens (``token_gaps``) and
+  the engine's host milliseconds per step (``decode_host_ms``: building the step's graph, submitting it, waiting for
+  its token), and how often its compiled step traced and fell back (``step_traces_fallbacks``);
 - ``--raw-step``: after each configuration, the same decode step outside the engine in the same process
-  (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose);
-- ``--archive off``: the same asks with no disk archive and no restart row (what its background writes cost);
-- bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy
-  bandwidth (decode bound = bandwidth / bytes read per token), disk read bandwidth (restart bound
-  = bytes restored / bandwidth).
+  (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose); ``--archive off``: the
+  same asks with no disk archive and no restart row (what its background writes cost);
+- bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy bandwidth (decode bound =
+  bandwidth / bytes read per token), disk read bandwidth (restart bound = bytes restored / bandwidth).
 
-    python bench/gpu_engine.py --small            # tiny 4-bit model on the CPU, 4k tokens, end to end
+    python bench/gpu_engine.py --small    # tiny 4-bit model on the CPU, 4k tokens, end to end
     bash .gpu/install.sh && python3 bench/gpu_engine.py --device gpu --lengths 131072   # the H200 (carry [".gpu"])
 
 Prints a Markdown table and writes JSON after every row (default bench/results/gpu_engine-<shape>-<lengths>.json).
@@ -152,9 +149,8 @@ def idle(eng: Engine, timeout_s: float = 600) -> None:
 
 
 def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
-    """One request; its metrics, its forwards and decode steps (`request_profile.ForwardLog`), decoded ids, its
-    tokens' spacing (`token_gaps`), MLX's memory held (active, cached) as it started and its peak while it ran. It
-    starts with the engine idle (the archive's copies of the last ask made), as after a user has read an answer."""
+    """One request, started with the engine idle (as after a user read an answer): its metrics, forwards and decode
+    steps (`request_profile.ForwardLog`), ids, tokens' spacing, MLX's memory held (active, cached) and its peak."""
     idle(eng)
     held = [round(n / 2**30, 2) for n in (mx.get_active_memory(), mx.get_cache_memory())]
     before = request_profile.step_counts(eng)
@@ -216,12 +212,16 @@ def free() -> None:
 
 
 def warm_up(run: Run, config: str, length: int) -> None:
-    """An untimed prefill (no archive) over enough tokens for windowed chunks: CUDA compiles kernels here."""
+    """An untimed prefill (no archive) over enough tokens for windowed chunks, and forwards of 2, 4 and 8 rows (a
+    speculative round's: docs/benchmarks.md, twenty-fourth session): CUDA compiles kernels here."""
     w = run.window
     repo = synthetic_repository(min(length, w.global_tokens + w.window_tokens + 3 * run.a.chunk + w.dense_tail),
                                 run.model.args.vocab_size, seed=99)
     eng = run.engine(config, archive=False)
     ask(eng, repo.prompt(98), 2)
+    idle(eng)
+    for rows in (2, 4, 8):  # few-row linears' kernels, built at first use (the restart's lookup rounds waited for them)
+        mx.eval(eng.compute.forward(mx.zeros((1, rows), dtype=mx.uint32), eng.prefix.cache, logits="last"))
     close(eng)
     del eng
     free()

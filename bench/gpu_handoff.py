@@ -31,8 +31,8 @@ loop alone by more than 0.4 ms but the spinner's with bf16 KV:
 - ``engine's loop, cache``: `engine.generate.decode` over that cache on this thread;
 - ``engine ask, no debug log``: an ask read without `request_profile.ForwardLog` (the engine's DEBUG lines off);
 - ``engine ask, again``: one more ask, for the spread;
-- ``engine ask, MLX's cache emptied first``: `mx.clear_cache()` before the ask (what `engine.host_reads` does after
-  each checkpoint the archive wrote; with ``--release off`` the writer leaves its buffers in MLX's cache).
+- ``engine ask, MLX's cache emptied first``: `mx.clear_cache()` before the ask: whether buffers MLX keeps for reuse
+  (among them the archive writer's, which the host read: MLX moves such a buffer to CUDA managed memory) slow it.
 
 The engine's rows give MLX's cached memory as the ask started (``held_gib``: active, cached) or as the loop
 started (``cached_gib``); ``--engine-only`` leaves out the rows with a thread beside the loop.
@@ -43,7 +43,7 @@ Each row: the median token gap, and the median host milliseconds per step in eac
     bash .gpu/install.sh > /dev/null 2>&1
     python3 bench/gpu_handoff.py --out $OUT/gpu_handoff.json
     python3 bench/gpu_handoff.py --config window-16 --archive on --out $OUT/h16.json
-    python3 bench/gpu_handoff.py --archive on --length 32768 --engine-only --release off --out $OUT/h8-off.json
+    python3 bench/gpu_handoff.py --archive on --length 32768 --engine-only --out $OUT/h8-32k.json
     python bench/gpu_handoff.py --small     # CPU smoke run (tiny 4-bit model, 4,096 keys)
 """
 from __future__ import annotations
@@ -70,7 +70,6 @@ from bench import request_profile  # noqa: E402
 from bench._common import save_json  # noqa: E402
 from bench.gpu_decode_gap import decode_gap, event_loop, step_arguments  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
-from engine import host_reads  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
 from engine.sampling import greedy  # noqa: E402
 from engine.step_measure import filled_cache  # noqa: E402
@@ -83,8 +82,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = step_arguments(__doc__, 64)
     ap.add_argument("--archive", choices=("off", "on"), default="off",
                     help="the engine's disk archive (on: its writes go on between the asks, as in bench/gpu_engine.py)")
-    ap.add_argument("--release", choices=("off", "on"), default="on",
-                    help="off: the archive's writer leaves the buffers it read in MLX's cache (`engine.host_reads`)")
     ap.add_argument("--engine-only", action="store_true", help="the loop alone and the engine's rows, no thread rows")
     ap.add_argument("--out", default="bench/results/gpu_handoff.json")
     return ap.parse_args(argv)
@@ -231,7 +228,7 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
         for name, prompt in (("engine ask", repo.prompt(2)), ("engine's cache", None), ("engine's loop, cache", None),
                              ("engine ask, no debug log", repo.prompt(3)), ("engine ask, again", repo.prompt(4)),
                              ("engine ask, MLX's cache emptied first", repo.prompt(5))):
-            if name.endswith("emptied first"):  # what `engine.host_reads` does, whether --release is on or off
+            if name.endswith("emptied first"):  # buffers MLX keeps for reuse given back to CUDA before the ask
                 ge.idle(eng)
                 mx.clear_cache()
             if prompt is None:
@@ -291,7 +288,6 @@ def thread_rows(a: argparse.Namespace, path: Any, cache: list, rows: list[dict],
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
-    host_reads.RELEASE = a.release == "on"
     base = ["--small"] if a.small else ["--device", "gpu", "--blas", "off"]
     run = ge.Run(ge.parse_args([*base, "--lengths", str(4096 if a.small else a.length), "--configs", a.config,
                                 "--archive", "off"]))
@@ -321,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cache.clear()  # freed before the engine builds its own
     ge.free()
     engine_rows(run, a, rows)
-    result = dict(config=a.config, length=length, archive=a.archive, release=a.release, steps=a.steps, mlx=mx.__version__,
+    result = dict(config=a.config, length=length, archive=a.archive, steps=a.steps, mlx=mx.__version__,
                   device_info=mx.device_info(), python=sys.version.split()[0], rows=rows)
     print("\n| row | token gap ms | build ms | submit ms | read ms |\n|---|---:|---:|---:|---:|")
     for r in rows:

@@ -21,11 +21,12 @@ warning, and requests go on with in-memory checkpoints. File names come only
 from keys that have the engine's own form (16 hex digits) and resolve inside
 the policy directory; an index naming anything else is not trusted.
 
-Writes wait while a request runs (`paused`, entered by the engine around each request) and go on between
-requests and at close: on MLX's CUDA backend every array the writer reads is first copied to the host with a
-synchronous ``cudaMemcpy`` (under the asks after a 128k-token cold ask, their decode reached 21-31 tok/s, with
-the writes paused 33: docs/benchmarks.md, *GPU engine*), and left in managed memory that the writer gives
-back after each checkpoint (`engine.host_reads`). Restores read files ahead of the engine (`engine.archive_reads`).
+Writes wait while a request runs (`paused`, entered by the engine around each
+request) and go on between requests and at close: on MLX's CUDA backend every
+array the writer reads is first copied to the host with a synchronous
+``cudaMemcpy``; under the asks after a 128k-token cold ask, their decode reached
+21-31 tok/s, with the writes paused 33 (docs/benchmarks.md, *GPU engine*).
+Restores read files ahead of the engine (`engine.archive_reads`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from typing import Callable, Iterator
 import mlx.core as mx
 import xxhash
 
-from engine import archive_format, host_reads
+from engine import archive_format
 from engine.archive_entry import ArchiveEntry, IndexFile
 from engine.archive_files import (FolderLock, is_plain_key, is_plain_policy, is_sound_file, read_regular, strays,
                                   write_atomically_with, write_failure)
@@ -281,9 +282,6 @@ class CheckpointArchive:
                     return
                 self._may_write.wait()
                 self._put(*item, between=self._may_write.wait)
-                item = None  # its arrays, read on the host, are freed: out of MLX's cache once no request runs
-                self._may_write.wait()
-                host_reads.release()
             except Exception:  # noqa: BLE001 - a failed write must not kill the writer
                 log.exception("archiving checkpoint failed")
             finally:
@@ -314,8 +312,10 @@ class CheckpointArchive:
 
     def _open(self) -> None:
         """Under the folder's lock, load the index; drop entries without a sound file and files without an entry.
-        Then apply the size cap and save the index, so a folder that cannot be written is found (and the archive
-        turned off) before the first request."""
+
+        Then apply the size cap and save the index, so a folder that cannot be
+        written is found (and the archive turned off) before the first request.
+        """
         if not is_plain_policy(self.policy_fingerprint):
             self._turn_off(f"policy {self.policy_fingerprint!r} is not a plain directory name")
             return
