@@ -29,6 +29,8 @@ loop alone by more than 0.4 ms but the spinner's with bf16 KV:
 - ``engine's cache``: the loop over that engine's own cache once it is idle, on this thread: the cache a real
   prefill left against the filled one above;
 - ``engine's loop, cache``: `engine.generate.decode` over that cache on this thread;
+- ``engine's cache, writes paused``: the first of the two with the archive's writes paused, as during a request (the
+  two before have them go on beside the loop);
 - ``engine ask, no debug log``: an ask read without `request_profile.ForwardLog` (the engine's DEBUG lines off);
 - ``engine ask, again``: one more ask, for the spread;
 - ``engine ask, MLX's cache emptied first``: `mx.clear_cache()` before the ask: whether buffers MLX keeps for reuse
@@ -226,7 +228,8 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
     try:
         ge.ask(eng, repo.prompt(1), 4)
         for name, prompt in (("engine ask", repo.prompt(2)), ("engine's cache", None), ("engine's loop, cache", None),
-                             ("engine ask, no debug log", repo.prompt(3)), ("engine ask, again", repo.prompt(4)),
+                             ("engine's cache, writes paused", None), ("engine ask, no debug log", repo.prompt(3)),
+                             ("engine ask, again", repo.prompt(4)),
                              ("engine ask, MLX's cache emptied first", repo.prompt(5))):
             if name.endswith("emptied first"):  # buffers MLX keeps for reuse given back to CUDA before the ask
                 ge.idle(eng)
@@ -234,8 +237,10 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
             if prompt is None:
                 ge.idle(eng)
                 offset, cached = eng.prefix.cache[0].offset, round(mx.get_cache_memory() / 2**30, 2)
-                if name == "engine's cache":
-                    add(dict(steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None), row=name, cached_gib=cached))
+                if name.startswith("engine's cache"):  # the archive's writes go on beside the loop unless paused
+                    with eng.prefix.request_scope() if name.endswith("paused") else contextlib.nullcontext():
+                        row = steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None)
+                    add(dict(row, row=name, cached_gib=cached))
                 else:
                     add(dict(decode_gap(eng.compute, eng.prefix.cache, a.steps), row=name, cached_gib=cached))
                 for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
