@@ -11,7 +11,7 @@ row's position, masked to the prefix and its own row), then decodes one token
 per unfinished row per forward call: the weights are streamed and the prefix's
 keys read once per step for all rows. Each row samples greedily and stops on
 EOS, `max_tokens`, its stop strings and the loop guard, and streams through its
-own detokenizer, exactly as a single request does (`Engine._stream`); its
+own detokenizer, exactly as a single request does (`engine.answer_stream`); its
 handle gets the same events. Afterwards the live cache is rolled back to the
 confirmed line (the common prefix): nothing of the rows stays in the cache or
 the checkpoints.
@@ -39,13 +39,12 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from engine import state
+from engine.answer_stream import AnswerStream
 from engine.batch_forward import TreeLayout, tree_forward
 from engine.errors import EngineClosedError, RequestCancelled
-from engine.generate import StopStrings
 from engine.handle import RequestHandle
 from engine.jobs import Job
-from engine.loop_guard import LoopGuard
-from engine.request import DoneEvent, Metrics, Priority, Request, TokenEvent
+from engine.request import DoneEvent, Metrics, Priority, Request
 from engine.sampling import RepetitionPenalty, make_sampler
 from engine.window import WindowKVCache
 
@@ -107,18 +106,16 @@ def batchable_cache(cache: Sequence[Any]) -> bool:
 
 
 class _Row:
-    """One answer of a batch: its sampler, stop strings, loop guard, detokenizer and events."""
+    """One answer of a batch: its sampler and its stream (`AnswerStream`: stop strings, loop guard, detokenizer,
+    events)."""
 
     def __init__(self, index: int, job: Job, tokenizer: Any, eos: frozenset[int]) -> None:
         request = self.request = job.request
         self.index, self.job, self.eos = index, job, eos
         self.metrics = Metrics()
-        self.guard = LoopGuard(request.sampling.loop_guard, self.metrics, tokenizer.loop_keys)
-        self.detok = tokenizer.detokenizer(continuation=request.continues_answer())
-        self.stops = StopStrings(request.stop)
-        self.sampler, self.penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)
         self.emitted: list[str] = []
-        self.pending: list[int] = []
+        self.stream = AnswerStream(job, tokenizer, self.metrics, self.emitted)
+        self.sampler, self.penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)
         self.suffix: list[int] = []
         self.logits: np.ndarray | None = None
         self.last = 0
@@ -130,35 +127,15 @@ class _Row:
         logits = mx.array(self.logits[None])
         token = int(self.sampler(logits if self.penalty is None else self.penalty.apply(logits)).item())
         if token in self.eos:
-            return self._close()
+            return self.stream.finish()
         if self.penalty is not None:
             self.penalty.observe((token,))
-        self.metrics.decode_tokens += 1
-        self.pending.append(token)
-        self._emit(self.stops.push(self.detok.add(token)))
-        if self.stops.stopped:
+        if self.stream.add(token):
             return "stop"
-        if self.guard.observe(token) or self.metrics.decode_tokens >= self.request.max_tokens:
-            return self._close()
+        if self.stream.guard.observe(token) or self.metrics.decode_tokens >= self.request.max_tokens:
+            return self.stream.finish()
         self.last = token
         return None
-
-    def _close(self) -> str:
-        self._emit(self.stops.push(self.detok.finalize()) + self.stops.flush())
-        if self.guard.fired:
-            return "repetition"
-        if self.stops.stopped or self.metrics.decode_tokens < self.request.max_tokens:
-            return "stop"
-        return "length"
-
-    def _emit(self, text: str) -> None:
-        if not text:
-            return
-        if not self.metrics.ttft_s:
-            self.metrics.ttft_s = time.perf_counter() - self.job.submitted
-        self.emitted.append(text)
-        self.job.handle.push(TokenEvent(self.request.request_id, text, tuple(self.pending)))
-        self.pending.clear()
 
 
 class _Batch:

@@ -24,18 +24,18 @@ from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
+from .answer_stream import AnswerStream
 from .batch import submit_batch
 from .compute import choose
 from .compute_options import ComputeOptions
 from .errors import EngineClosedError, RequestCancelled
-from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, StopStrings, decode
+from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, decode
 from .handle import RequestHandle
 from .jobs import Job, JobQueue
 from .kv import SUPPORTED_KV_BITS
 from .live_cache import policy_and_cache
-from .loop_guard import LoopGuard
 from .prefix_cache import PrefixCache
-from .request import DoneEvent, Metrics, Priority, Probe, Request, SamplingParams, SegmentLike, TokenEvent
+from .request import DoneEvent, Metrics, Priority, Probe, Request, SamplingParams, SegmentLike
 from .sampling import RepetitionPenalty, make_sampler
 from .speculative import Mode
 from .speculative_decode import speculative_decode
@@ -361,40 +361,16 @@ class Engine:
             draft=self.draft, metrics=metrics, penalty=penalty)
 
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
-        """Decode, detokenize and push text events until a stop string, EOS, a loop or the length limit."""
-        request = job.request
-        guard = LoopGuard(request.sampling.loop_guard, metrics, self.tokenizer.loop_keys)
-        detok = self.tokenizer.detokenizer(continuation=request.continues_answer())
-        stops = StopStrings(request.stop)
-        pending_ids: list[int] = []
-
-        def emit(text: str) -> None:
-            if not metrics.ttft_s:
-                metrics.ttft_s = time.perf_counter() - job.submitted
-            emitted.append(text)
-            job.handle.push(TokenEvent(request.request_id, text, tuple(pending_ids)))
-            pending_ids.clear()
-
+        """Decode and stream text events (`AnswerStream`) until a stop string, EOS, a loop or the length limit."""
+        stream = AnswerStream(job, self.tokenizer, metrics, emitted)
         start = time.perf_counter()
         try:
             generated: list[int] = []
-            for token in guard.watch(self._tokens(job, logits, metrics)):
-                metrics.decode_tokens += 1
-                pending_ids.append(token)
+            for token in stream.guard.watch(self._tokens(job, logits, metrics)):
                 generated.append(token)
                 self.prefix.record_decoded(generated)  # periodic checkpoint of a long answer
-                text = stops.push(detok.add(token))
-                if text:
-                    emit(text)
-                if stops.stopped:
+                if stream.add(token):
                     return "stop"
         finally:
             metrics.decode_s = time.perf_counter() - start
-        tail = stops.push(detok.finalize()) + stops.flush()
-        if tail:
-            emit(tail)
-        if guard.fired:
-            return "repetition"
-        if stops.stopped or metrics.decode_tokens < request.max_tokens:
-            return "stop"
-        return "length"
+        return stream.finish()
