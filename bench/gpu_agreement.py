@@ -1,7 +1,7 @@
 """Greedy tokens of one prompt through pairs of engines: a linear-mode difference told from run-to-run differences.
 
-`bench/gpu_engine.py`'s ``linear_agreement`` compares greedy tokens between ``compute.linear: quantized`` and
-``dequantized``. When they differ, this script says whether two engines of the *same* settings differ too
+`linear_agreement` (here; `bench/gpu_engine.py` runs it) compares greedy tokens and last logits between
+``compute.linear: quantized`` and ``dequantized``. When they differ, this script says whether two engines of the *same* settings differ too
 (the decode path is then not deterministic), and whether MLX's kernels alone (``compute.kernels: mlx``) agree:
 for each kernels setting, three engines in turn over bench/prefill.py's random Qwen3-32B-shaped model cut to
 `--layers` layers (quantized, quantized again, dequantized), `--tokens` greedy tokens each, and where their
@@ -26,8 +26,10 @@ import mlx.core as mx  # noqa: E402
 
 from bench.gpu_workload import random_loaded  # noqa: E402
 from bench.prefill import SHAPES  # noqa: E402
+from engine.compute import choose  # noqa: E402
 from engine.compute_options import ComputeOptions  # noqa: E402
 from engine.engine import Engine  # noqa: E402
+from engine.kv import make_cache  # noqa: E402
 from engine.request import Request, TokenEvent  # noqa: E402
 
 
@@ -42,6 +44,41 @@ def greedy(loaded: Any, ids: list[int], tokens: int, linear: str, kernels: str =
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def _last_logits(model: Any, mode: str, ids: list[int], split: int = 0) -> mx.array:
+    """Last-position logits of `ids` under the linear `mode`, prefilled in one call (or two, at `split`)."""
+    path, cache = choose(model, ComputeOptions(linear=mode)), make_cache(model)
+    if split:
+        path.forward(mx.array([ids[:split]]), cache, logits="none")
+    return path.forward(mx.array([ids[split:]]), cache, logits="last")[0, -1].astype(mx.float32)
+
+
+def linear_agreement(shape: Any, shape_name: str, chunk: int, layers: int, prompt_tokens: int,
+                     max_tokens: int) -> dict[str, Any]:
+    """Greedy tokens and last-position logits of one prompt, quantized vs dequantized linears, on a
+    `layers`-layer model of `shape`'s widths, prefilled in chunks of `chunk` (deep random models forget their
+    input: the logits of another prompt are compared too, to show the check sees the input); `bench/gpu_engine.py`
+    runs it once per run."""
+    loaded = random_loaded(shape, f"{shape_name}-{layers}l", layers, 8192)
+    vocab = loaded.model.args.vocab_size
+    ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
+                  for k in (5, 6))
+    tokens = {mode: greedy(loaded, ids, max_tokens, mode, chunk=chunk)["tokens"]
+              for mode in ("quantized", "dequantized")}
+    q, d = _last_logits(loaded.model, "quantized", ids), _last_logits(loaded.model, "dequantized", ids)
+    chunked = _last_logits(loaded.model, "quantized", ids, prompt_tokens // 2)
+    elsewhere = _last_logits(loaded.model, "quantized", other)
+    top2 = mx.sort(q)[-2:]
+    diff = first_difference(tokens["quantized"], tokens["dequantized"])
+    return dict(layers=layers, prompt_tokens=prompt_tokens, greedy_tokens=len(tokens["quantized"]),
+                greedy_identical=tokens["quantized"] == tokens["dequantized"], first_difference=diff,
+                distinct_greedy_tokens=len(set(tokens["quantized"])),
+                max_abs_logit_diff=round(mx.abs(q - d).max().item(), 5),
+                chunking_max_abs_logit_diff=round(mx.abs(q - chunked).max().item(), 5),
+                other_prompt_max_abs_logit_diff=round(mx.abs(q - elsewhere).max().item(), 5),
+                top2_margin=round((top2[1] - top2[0]).item(), 5), logit_std=round(mx.std(q).item(), 4),
+                argmax_equal=int(q.argmax().item()) == int(d.argmax().item()))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -49,14 +49,13 @@ preload_blas()  # before MLX is imported
 import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds, request_profile  # noqa: E402
-from bench.gpu_agreement import first_difference, greedy  # noqa: E402
+from bench.gpu_agreement import linear_agreement  # noqa: E402
 from bench.gpu_report import goals, table  # noqa: E402
 from bench.gpu_workload import random_loaded, synthetic_repository  # noqa: E402
 from bench.prefill import SHAPES, Shape, attention_flops, linear_flops_per_token  # noqa: E402
 from engine import mlx_env  # noqa: E402
 from engine.compute import ComputeOptions, choose  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.kv import make_cache  # noqa: E402
 from engine.request import Priority, Request, TokenEvent  # noqa: E402
 from engine.window import WindowPolicy  # noqa: E402
 
@@ -323,39 +322,6 @@ def cold_only(run: Run, length: int, config: str) -> None:
     run.drop_archive()
 
 
-def _last_logits(model: Any, mode: str, ids: list[int], split: int = 0) -> mx.array:
-    """Last-position logits of `ids` under the linear `mode`, prefilled in one call (or two, at `split`)."""
-    path, cache = choose(model, ComputeOptions(linear=mode)), make_cache(model)
-    if split:
-        path.forward(mx.array([ids[:split]]), cache, logits="none")
-    return path.forward(mx.array([ids[split:]]), cache, logits="last")[0, -1].astype(mx.float32)
-
-
-def linear_agreement(run: Run, layers: int, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
-    """Greedy tokens and last-position logits of one prompt, quantized vs dequantized linears, on a
-    `layers`-layer model of the benchmark's widths (deep random models forget their input: the logits
-    of another prompt are compared too, to show the check sees the input)."""
-    loaded = random_loaded(run.shape, f"{run.shape_name}-{layers}l", layers, 8192)
-    vocab = loaded.model.args.vocab_size
-    ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
-                  for k in (5, 6))
-    tokens = {mode: greedy(loaded, ids, max_tokens, mode, chunk=run.a.chunk)["tokens"]
-              for mode in ("quantized", "dequantized")}
-    q, d = _last_logits(loaded.model, "quantized", ids), _last_logits(loaded.model, "dequantized", ids)
-    chunked = _last_logits(loaded.model, "quantized", ids, prompt_tokens // 2)
-    elsewhere = _last_logits(loaded.model, "quantized", other)
-    top2 = mx.sort(q)[-2:]
-    diff = first_difference(tokens["quantized"], tokens["dequantized"])
-    return dict(layers=layers, prompt_tokens=prompt_tokens, greedy_tokens=len(tokens["quantized"]),
-                greedy_identical=tokens["quantized"] == tokens["dequantized"], first_difference=diff,
-                distinct_greedy_tokens=len(set(tokens["quantized"])),
-                max_abs_logit_diff=round(mx.abs(q - d).max().item(), 5),
-                chunking_max_abs_logit_diff=round(mx.abs(q - chunked).max().item(), 5),
-                other_prompt_max_abs_logit_diff=round(mx.abs(q - elsewhere).max().item(), 5),
-                top2_margin=round((top2[1] - top2[0]).item(), 5), logit_std=round(mx.std(q).item(), 4),
-                argmax_equal=int(q.argmax().item()) == int(d.argmax().item()))
-
-
 def measure_bounds(run: Run) -> None:
     small = run.a.small
     run.result["bounds"] = dict(matmul_tflops=round(gpu_bounds.matmul_tflops(512 if small else 8192), 3),
@@ -372,7 +338,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
     run = Run(a)
     measure_bounds(run)
-    run.result["linear_agreement"] = linear_agreement(run, 2 if a.small else 4, 512 if a.small else 1024, 32)
+    run.result["linear_agreement"] = linear_agreement(run.shape, run.shape_name, a.chunk, 2 if a.small else 4,
+                                                      512 if a.small else 1024, 32)
     free()
     run.save()
     for length in run.lengths:
