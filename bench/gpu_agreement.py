@@ -1,11 +1,11 @@
 """Greedy tokens of one prompt through pairs of engines: a linear-mode difference told from run-to-run differences.
 
 `linear_agreement` (here; `bench/gpu_engine.py` runs it) compares greedy tokens and last logits between
-``compute.linear: quantized`` and ``dequantized``. When they differ, this script says whether two engines of the *same* settings differ too
-(the decode path is then not deterministic), and whether MLX's kernels alone (``compute.kernels: mlx``) agree:
-for each kernels setting, three engines in turn over bench/prefill.py's random Qwen3-32B-shaped model cut to
-`--layers` layers (quantized, quantized again, dequantized), `--tokens` greedy tokens each, and where their
-tokens first differ.
+``compute.linear: quantized`` and ``dequantized``. When they differ, this script says whether two engines of the
+*same* settings differ too (the decode path is then not deterministic), and whether MLX's kernels alone
+(``compute.kernels: mlx``) agree: for each kernels setting, three engines in turn over bench/prefill.py's random
+Qwen3-32B-shaped model cut to `--layers` layers (quantized, quantized again, dequantized), `--tokens` greedy tokens
+each, and where their tokens first differ.
 
     # device tool, carry [".gpu"]:
     bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_agreement.py --out $OUT/gpu_agreement.json
