@@ -211,16 +211,15 @@ def free() -> None:
 
 
 def warm_up(run: Run, config: str, length: int) -> None:
-    """An untimed prefill (no archive) over enough tokens for windowed chunks, and forwards of 2, 4 and 8 rows (a
-    speculative round's: docs/benchmarks.md, twenty-fourth session): CUDA compiles kernels here."""
+    """An untimed prefill (no archive) over enough tokens for windowed chunks, and the few-row forwards a speculative
+    round runs (`ComputePath.build_verify_kernels`): CUDA compiles kernels here, as a restarted process finds them."""
     w = run.window
     repo = synthetic_repository(min(length, w.global_tokens + w.window_tokens + 3 * run.a.chunk + w.dense_tail),
                                 run.model.args.vocab_size, seed=99)
     eng = run.engine(config, archive=False)
     ask(eng, repo.prompt(98), 2)
     idle(eng)
-    for rows in (2, 4, 8):  # few-row linears' kernels, built at first use (the restart's lookup rounds waited for them)
-        mx.eval(eng.compute.forward(mx.zeros((1, rows), dtype=mx.uint32), eng.prefix.cache, logits="last"))
+    eng.compute.build_verify_kernels()  # as a speculating engine does before it serves (this one does not speculate)
     close(eng)
     del eng
     free()

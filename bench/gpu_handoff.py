@@ -225,44 +225,48 @@ def engine_rows(run: Any, a: argparse.Namespace, rows: list[dict]) -> None:
         rows.append(row)
         print(row, flush=True)
 
+    def ask(name: str, prompt: list) -> None:
+        asked = ge.ask(eng, prompt, a.steps + 8)
+        host = asked["decode_host_ms"] or {}
+        add(dict(gap_ms=asked["token_gaps"]["p50"], build_ms=host.get("build"), submit_ms=host.get("submit"),
+                 read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name,
+                 step_traces_fallbacks=asked["step_traces_fallbacks"], held_gib=asked["held_gib"]))
+
+    def ask_unlogged(name: str, prompt: list) -> None:  # read without `request_profile.ForwardLog`
+        ge.idle(eng)
+        handle, arrivals = eng.submit(Request(segments=prompt, max_tokens=a.steps + 8)), []
+        for event in handle:
+            if isinstance(event, TokenEvent):
+                arrivals.append((time.perf_counter(), len(event.token_ids)))
+        done = handle.result()
+        add(dict(gap_ms=request_profile.token_gaps(arrivals)["p50"], decode_tps=round(done.metrics.decode_tps, 2),
+                 row=name))
+
+    def loop(name: str, over_cache: Callable[..., dict], writes: contextlib.AbstractContextManager) -> None:
+        ge.idle(eng)
+        offset, cached = eng.prefix.cache[0].offset, round(mx.get_cache_memory() / 2**30, 2)
+        with writes:
+            add(dict(over_cache(eng.compute, eng.prefix.cache, a.steps), row=name, cached_gib=cached))
+        for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
+            c.offset = offset
+
+    def loop_alone(path: Any, cache: list, steps: int) -> dict:
+        return steps_loop(path, cache, steps, None, None)
+
     try:
         ge.ask(eng, repo.prompt(1), 4)
-        for name, prompt in (("engine ask", repo.prompt(2)), ("engine's cache", None), ("engine's loop, cache", None),
-                             ("engine's cache, writes paused", None), ("engine ask, no debug log", repo.prompt(3)),
-                             ("engine ask, again", repo.prompt(4)),
-                             ("engine ask, MLX's cache emptied first", repo.prompt(5))):
-            if name.endswith("emptied first"):  # buffers MLX keeps for reuse given back to CUDA before the ask
-                ge.idle(eng)
-                mx.clear_cache()
-            if prompt is None:
-                ge.idle(eng)
-                offset, cached = eng.prefix.cache[0].offset, round(mx.get_cache_memory() / 2**30, 2)
-                if name.startswith("engine's cache"):  # the archive's writes go on beside the loop unless paused
-                    with eng.prefix.request_scope() if name.endswith("paused") else contextlib.nullcontext():
-                        row = steps_loop(eng.compute, eng.prefix.cache, a.steps, None, None)
-                    add(dict(row, row=name, cached_gib=cached))
-                else:
-                    add(dict(decode_gap(eng.compute, eng.prefix.cache, a.steps), row=name, cached_gib=cached))
-                for c in eng.prefix.cache:  # the rows past it are unused: the next ask restores its line as always
-                    c.offset = offset
-            elif name.endswith("no debug log"):
-                ge.idle(eng)
-                handle, arrivals = eng.submit(Request(segments=prompt, max_tokens=a.steps + 8)), []
-                for event in handle:
-                    if isinstance(event, TokenEvent):
-                        arrivals.append((time.perf_counter(), len(event.token_ids)))
-                done = handle.result()
-                add(dict(gap_ms=request_profile.token_gaps(arrivals)["p50"],
-                         decode_tps=round(done.metrics.decode_tps, 2), row=name))
-            else:
-                asked = ge.ask(eng, prompt, a.steps + 8)
-                host = asked["decode_host_ms"] or {}
-                add(dict(gap_ms=asked["token_gaps"]["p50"], build_ms=host.get("build"), submit_ms=host.get("submit"),
-                         read_ms=host.get("wait"), decode_tps=asked["decode_tps"], row=name,
-                         step_traces_fallbacks=asked["step_traces_fallbacks"], held_gib=asked["held_gib"]))
+        ask("engine ask", repo.prompt(2))
+        loop("engine's cache", loop_alone, contextlib.nullcontext())  # the archive's writes go on beside it
+        loop("engine's loop, cache", decode_gap, contextlib.nullcontext())
+        loop("engine's cache, writes paused", loop_alone, eng.prefix.request_scope())
+        ask_unlogged("engine ask, no debug log", repo.prompt(3))
+        ask("engine ask, again", repo.prompt(4))
+        ge.idle(eng)
+        mx.clear_cache()  # buffers MLX keeps for reuse given back to CUDA before the ask
+        ask("engine ask, MLX's cache emptied first", repo.prompt(5))
     finally:
         ge.close(eng)
-        del eng
+        eng = None  # (the helpers above hold it only through this name)
         ge.free()
 
 

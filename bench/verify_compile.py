@@ -7,8 +7,8 @@ one launch, its gate and up with the activation, the o and down projections). In
 8-bit KV the restart's first verify round waited 8-12 s (docs/benchmarks.md, *GPU engine*, twenty-fourth
 session). This script records the kernels a forward of `rows` rows would build (MLX's kernel call replaced by
 `tests/engine/cuda_compile.py`'s recorder, named as such: MLX's CUDA backend cannot run here) and times
-NVRTC compiling each for the H200 (sm_90). MLX compiles with its own, larger header, and its driver load
-adds to it, so on the GPU host each kernel costs at least this.
+NVRTC compiling each for the H200 (sm_90) on this machine. Not timed here: MLX compiles with its own, larger
+header and then loads the result through the driver, on the GPU host's CPU.
 
     python bench/verify_compile.py                # buckets 1, 2, 4, 8; table and JSON under bench/results/
 """
@@ -26,8 +26,8 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 
 from bench._common import machine, markdown_table, write_json  # noqa: E402
-from engine import cuda_backend, cuda_qmv  # noqa: E402
-from tests.engine.cuda_compile import Recorder, compile_errors  # noqa: E402
+from engine import cuda_qmv  # noqa: E402
+from tests.engine.cuda_compile import compile_errors, record_kernels  # noqa: E402
 
 HIDDEN, Q, KV, MLP = 5120, 8192, 1024, 25600  # Qwen3-32B
 FACTORIES = (cuda_qmv._kernel, cuda_qmv._three_kernel, cuda_qmv._glu_kernel)
@@ -41,27 +41,16 @@ def linear(k: int, n: int) -> nn.QuantizedLinear:
 
 def block_sources(rows: int) -> dict[str, str]:
     """The kernel sources one block's linears build for a forward of `rows` rows (by label)."""
-    recorder, had_kernel = Recorder(), hasattr(mx.fast, "cuda_kernel")
-    saved = getattr(mx.fast, "cuda_kernel", None), cuda_backend.cuda_available
-    mx.fast.cuda_kernel, cuda_backend.cuda_available = recorder, (lambda: True)
-    try:
-        for factory in FACTORIES:
-            factory.cache_clear()
-        x = mx.zeros((1, rows, HIDDEN), dtype=mx.bfloat16)
-        cuda_qmv.three(x, (linear(HIDDEN, Q), linear(HIDDEN, KV), linear(HIDDEN, KV)))
-        gate = linear(HIDDEN, MLP)
-        cuda_qmv.glu(x, gate, gate)
-        for k in (Q, MLP):  # o and down projections
-            out = linear(k, HIDDEN)
-            cuda_qmv.qmv(mx.zeros((1, rows, k), dtype=mx.bfloat16), out.weight, out.scales, out.biases,
-                         bits=4, group_size=64)
-        return recorder.sources()
-    finally:
-        mx.fast.cuda_kernel, cuda_backend.cuda_available = saved
-        if not had_kernel:
-            del mx.fast.cuda_kernel
-        for factory in FACTORIES:
-            factory.cache_clear()
+    recorder = record_kernels(FACTORIES)
+    x = mx.zeros((1, rows, HIDDEN), dtype=mx.bfloat16)
+    cuda_qmv.three(x, (linear(HIDDEN, Q), linear(HIDDEN, KV), linear(HIDDEN, KV)))
+    gate = linear(HIDDEN, MLP)
+    cuda_qmv.glu(x, gate, gate)
+    for k in (Q, MLP):  # o and down projections
+        out = linear(k, HIDDEN)
+        cuda_qmv.qmv(mx.zeros((1, rows, k), dtype=mx.bfloat16), out.weight, out.scales, out.biases,
+                     bits=4, group_size=64)
+    return recorder.sources()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -25,17 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 def kernel_sources(pattern: str) -> dict[str, str]:
     """The recorded kernel sources whose label matches `pattern`."""
-    import mlx.core as mx
-
-    from engine import cuda_backend
     from tests.engine import test_cuda_compile
-    from tests.engine.cuda_compile import Recorder
+    from tests.engine.cuda_compile import record_kernels
 
-    recorder = Recorder()
-    mx.fast.cuda_kernel = recorder
-    cuda_backend.cuda_available = lambda: True
-    for factory in test_cuda_compile.FACTORIES:
-        factory.cache_clear()
+    recorder = record_kernels(test_cuda_compile.FACTORIES)
     test_cuda_compile.launch_every_kernel()
     return {label: source for label, source in recorder.sources().items() if re.search(pattern, label)}
 

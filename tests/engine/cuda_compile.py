@@ -93,6 +93,19 @@ class Recorder:
         return {label: source for source, label in out.items()}
 
 
+def record_kernels(factories: Any) -> Recorder:
+    """A fresh `Recorder` as MLX's kernel call for the rest of this process, the CUDA check forced on and the kernels
+    `factories` cached dropped (for scripts that only record: nothing is put back; tests use monkeypatch)."""
+    from engine import cuda_backend
+
+    recorder = Recorder()
+    mx.fast.cuda_kernel = recorder
+    cuda_backend.cuda_available = lambda: True
+    for factory in factories:
+        factory.cache_clear()
+    return recorder
+
+
 def graph_operations(*outputs: mx.array) -> list[str]:
     """The names of the operations in the graph of `outputs` (unevaluated), as `mx.export_to_dot` writes them: what
     a step replayed on the GPU launches, read on the CPU (`tests/engine/test_step_graph.py`, `scripts/step_graph.py`)."""
