@@ -16,16 +16,17 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["InvalidArgumentsError", "NotReadyError", "to_rpc_error", "user_message"]
 
-# JSON-RPC reserves -32099..-32000 for implementation-defined server errors.
-MODEL_NOT_FOUND = -32001
-MODEL_LOAD_FAILED = -32002
-NOT_READY = -32003
-CONTEXT_FAILED = -32004
-ENGINE_CLOSED = -32005
+# codectx's own codes lie outside JSON-RPC's reserved -32768..-32000, where LSP defines -32001
+# (UnknownErrorCode) and -32002 (ServerNotInitialized): a client can tell each of ours from those.
+MODEL_NOT_FOUND = -31001
+MODEL_LOAD_FAILED = -31002
+NOT_READY = -31003
+CONTEXT_FAILED = -31004
+ENGINE_CLOSED = -31005
 REQUEST_CANCELLED = -32800  # LSP's RequestCancelled
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
-SERVER_NOT_INITIALIZED = -32002  # LSP's own code (the same number as a failed load: that needs an `initialize`)
+SERVER_NOT_INITIALIZED = -32002  # LSP's own code
 INVALID_PARAMS = -32602
 
 

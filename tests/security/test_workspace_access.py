@@ -14,10 +14,11 @@ import subprocess
 
 import pytest
 from lsprotocol import types
-from pygls.exceptions import JsonRpcServerError
+from pygls.exceptions import JsonRpcException
 
 from context.scan import Skipped
 from context.workspace import Workspace
+from server.lsp.errors import CONTEXT_FAILED
 from tests.security.lsp_session import (ask, did_close, did_open, did_save, file_event, hover, prefix_tokens,
                                         prompt_keys, served, show_context, skip_reasons)
 from tests.server.harness import command, write_sample_workspace
@@ -145,8 +146,9 @@ def test_committed_links_in_a_git_work_tree_are_refused(layout):
 async def test_an_invalid_deny_setting_is_a_clear_error_not_an_open_door(layout):
     root, _ = layout
     async with served(root, context={"deny": ["[z-a]"]}) as client:
-        with pytest.raises(JsonRpcServerError, match=r"invalid deny pattern in \['\[z-a\]'\]"):
+        with pytest.raises(JsonRpcException, match=r"invalid deny pattern in \['\[z-a\]'\]") as failed:
             await show_context(client)
+        assert failed.value.code == CONTEXT_FAILED
         status = await command(client, "codectx.status")
         assert status["ready"] is False and status["prefixVersion"] == 0
 

@@ -87,7 +87,7 @@ async def test_missing_model_is_reported(raw_client, tmp_path):
     with pytest.raises(JsonRpcException) as info:
         await raw_client.workspace_execute_command_async(
             types.ExecuteCommandParams(command="codectx.ask", arguments=[{"question": "hi"}]))
-    assert info.value.code == -32001 and "no-such-model" in info.value.message
+    assert info.value.code == -31001 and "no-such-model" in info.value.message
     assert any(m.type == types.MessageType.Error for m in raw_client.messages)
 
 

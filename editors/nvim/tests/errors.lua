@@ -24,7 +24,7 @@ h.wait('the ask to fail', function()
   return answer.error ~= nil or answer.result ~= nil
 end)
 h.log('error: ' .. vim.inspect(answer.error))
-h.check(answer.result == nil and answer.error.code == -32001, 'model not found is error -32001', answer.error)
+h.check(answer.result == nil and answer.error.code == -31001, 'model not found is error -31001', answer.error)
 local text = h.buffer_text(answer.buf)
 h.check(vim.startswith(text, 'codectx: ask failed: ') and text:find(answer.error.message, 1, true),
   'the float shows the error', text)

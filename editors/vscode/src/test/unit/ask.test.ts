@@ -93,7 +93,7 @@ test('a failed request is reported, not thrown', async () => {
   const view = new RecordingView();
   const session = new AskSession(server, view);
   const running = session.run({ question: 'q' });
-  (await server.requests(1))[0].reject(new ResponseError(-32001, 'model not found: nope'));
+  (await server.requests(1))[0].reject(new ResponseError(-31001, 'model not found: nope'));
   assert.deepEqual(await running, { kind: 'failed', message: 'model not found: nope' });
   assert.equal(session.running, false);
 });
