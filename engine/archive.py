@@ -22,11 +22,10 @@ from keys that have the engine's own form (16 hex digits) and resolve inside
 the policy directory; an index naming anything else is not trusted.
 
 Writes wait while a request runs (`paused`, entered by the engine around each
-request) and go on between requests and at close: on MLX's CUDA backend every
-array the writer reads is first copied to the host with a synchronous
-``cudaMemcpy``; under the asks after a 128k-token cold ask, their decode reached
-21-31 tok/s, with the writes paused 33 (docs/benchmarks.md, *GPU engine*).
-Restores read files ahead of the engine (`engine.archive_reads`).
+request) and go on between requests and at close: on MLX's CUDA backend each array
+the writer reads is copied to the host synchronously, which slowed a 128k-token
+decode from 33 to 21-31 tok/s (docs/benchmarks.md, *GPU engine*). Restores read
+files ahead of the engine (`engine.archive_reads`).
 """
 from __future__ import annotations
 
@@ -232,8 +231,7 @@ class CheckpointArchive:
 
     def _put(self, boundary: Boundary, entries: list[archive_format.Entry],
              between: Callable[[], None] | None = None) -> ArchiveEntry | None:
-        """`put` of prepared entries; `between` runs before each array is written (the background
-        writer waits there while a request runs)."""
+        """`put` of prepared entries; `between` runs before each array (the writer waits there during a request)."""
         if self.off_reason is not None:
             return None
         if not is_plain_key(boundary.key):
@@ -273,6 +271,8 @@ class CheckpointArchive:
             self._entries[entry.key] = entry
             self._corrupt.discard(entry.key)
             self._write_index(fresh=entry.key)
+            if self.off_reason is not None:  # the index could not name it (a full disk): no orphan left
+                final.unlink(missing_ok=True)
 
     def _write_loop(self) -> None:
         while True:
