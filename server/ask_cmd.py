@@ -270,9 +270,16 @@ class _Asker:
         from context.errors import ContextError, ScanStopped
         from context.focus_query import FocusQuery
         from server.context_cmd import fit_summary
-        from server.core.features.ask import ask, focus_of
+        from server.core.features.ask import ask, focus_of, question_fits
         from server.core.prompt import Turn
+        from server.core.prompt_size import PromptTooLongError
 
+        try:  # before the scan: a question that leaves no room for the repository is named as such
+            await asyncio.to_thread(question_fits, self.backend.tokenizer, self.backend.context_length,
+                                    self.args.question, self.args.max_tokens)
+        except PromptTooLongError as error:
+            self.err.write(f"codectx ask: {error}\n")
+            return FAILED
         try:
             session, tools = await asyncio.to_thread(self._session)
         except ScanStopped:

@@ -88,6 +88,19 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     assert with_repo > without + 10
 
 
+def test_a_question_longer_than_the_context_is_named_before_the_repository_is_scanned(cli_model, tmp_path):
+    (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    from engine.loading import load_model
+
+    context = load_model(str(cli_model), progress=False).context_length
+    result = codectx("ask", "--repo", str(tmp_path), "--model", str(cli_model), "--max-tokens", "4",
+                     "why " * context)
+    assert result.returncode == 1, result.stderr
+    assert re.search(rf"codectx ask: the question and its selection are \d+ tokens; with an answer of 4 the "
+                     rf"model's context of {context} tokens has room for {context - 4}", result.stderr), result.stderr
+    assert "budget" not in result.stderr and "files whole" not in result.stderr  # refused before the scan
+
+
 def test_ask_interrupted_cancels_and_exits_130(tmp_path):
     endless = build_tiny_model(tmp_path / "endless", eos_token=None)  # the stream cannot end before SIGINT
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "ask", "--model", str(endless),

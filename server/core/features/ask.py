@@ -120,19 +120,23 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 
 
 def check_fits(session: Session, asked: str, answer_tokens: int) -> None:
-    """Refuse a question (with its selection) or an answer's length that cannot fit in the model's context,
-    whatever the repository prefix: by characters first, so that a huge paste is never tokenized.
+    """`question_fits` with the session's backend."""
+    question_fits(session.backend.tokenizer, session.backend.context_length, asked, answer_tokens)
+
+
+def question_fits(tokenizer: Any, context: int, asked: str, answer_tokens: int) -> None:
+    """Refuse a question (with its selection) or an answer's length that cannot fit in a model's context of
+    `context` tokens, whatever the repository prefix: by characters first, so that a huge paste is never tokenized.
 
     Raises:
         PromptTooLongError: Says which, and the context's size.
     """
-    context = session.backend.context_length
     if answer_tokens >= context:
         raise PromptTooLongError(f"maxTokens {answer_tokens} leaves no room for the prompt in the model's context "
                                  f"of {context} tokens")
     room = context - answer_tokens
-    check_text_fits(session.backend.tokenizer, [asked], room, "the question and its selection")
-    tokens = len(session.backend.tokenizer.encode(tokenizable(asked)))
+    check_text_fits(tokenizer, [asked], room, "the question and its selection")
+    tokens = len(tokenizer.encode(tokenizable(asked)))
     if tokens > room:
         raise PromptTooLongError(f"the question and its selection are {tokens} tokens; with an answer of "
                                  f"{answer_tokens} the model's context of {context} tokens has room for {room}")
