@@ -87,10 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the follow-up and edit asks on the engine's worker (top functions in each row)")
     ap.add_argument("--raw-step", action="store_true", help="after each configuration, its step outside the engine")
-    ap.add_argument("--verify-kernels", choices=("warm-up", "engine"), default="warm-up",
-                    help="who builds the few-row verify kernels first: the untimed warm-up (a process that finds them "
-                         "compiled) or the restart's speculating engine before it serves (a first process; its row "
-                         "records the seconds)")
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
@@ -215,16 +211,15 @@ def free() -> None:
 
 
 def warm_up(run: Run, config: str, length: int) -> None:
-    """An untimed prefill (no archive) over enough tokens for windowed chunks, and the few-row forwards a speculative
-    round runs (`ComputePath.build_verify_kernels`): CUDA compiles kernels here, as a restarted process finds them."""
+    """An untimed prefill (no archive) over enough tokens for windowed chunks: CUDA compiles the prefill's and decode's
+    kernels here. A speculative round's few-row kernels are left to the first restart's first rounds, as a new process
+    meets them (docs/benchmarks.md, *GPU engine*, twenty-fifth session)."""
     w = run.window
     repo = synthetic_repository(min(length, w.global_tokens + w.window_tokens + 3 * run.a.chunk + w.dense_tail),
                                 run.model.args.vocab_size, seed=99)
     eng = run.engine(config, archive=False)
     ask(eng, repo.prompt(98), 2)
     idle(eng)
-    if run.a.verify_kernels == "warm-up":  # as a speculating engine does before it serves (this one does not)
-        run.result.setdefault("verify_kernels_s", {})[config] = round(eng.compute.build_verify_kernels(), 3)
     close(eng)
     del eng
     free()
@@ -288,7 +283,6 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     read = restart["restored"] * gpu_bounds.kv_bytes_per_token(run.model.args, CONFIGS[config][1])
     disk = run.result["bounds"]["disk"]
     record(run, length, config, "restart + ask (lookup)", restart, engine_start_s=round(start_s, 3),
-           verify_kernels_s=eng.verify_kernels_s,
            close_flush_s=round(flush_s, 2), page_cache_dropped=dropped, archive_bytes=archive_bytes,
            restored_bytes=read, disk_bound_s=round(read / (disk["cold_gbs"] * 1e9), 3),
            cached_bound_s=round(read / (disk["cached_gbs"] * 1e9), 3), plain_decode_tps=edit["decode_tps"])

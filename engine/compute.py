@@ -28,16 +28,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, cuda_backend, cuda_qmv, decode_choice, last_row, linear_mode
+from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, last_row, linear_mode
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
-from engine.kv import make_cache
 from engine.linear_mode import LinearMode
 
 logger = logging.getLogger(__name__)
@@ -152,19 +150,6 @@ class ComputePath:
         if tokens.shape[1] == 1 or self._verify is None:
             return self.forward(tokens, cache)
         return self._verify(tokens, cache)
-
-    def build_verify_kernels(self) -> float:
-        """Run a forward of each row bucket our few-row linears are compiled for at first use
-        (`engine.cuda_qmv.ROW_BUCKETS` past decode's one) over a throwaway cache, so that a first speculative
-        round does not wait for the compiler (with 8-bit KV, every GPU restart's first verify round waited
-        8-12 s: docs/benchmarks.md, *GPU engine*, twenty-fourth session). The seconds it took; 0 where our
-        linears do not run."""
-        if not self.kernels.qmv:
-            return 0.0
-        start = time.perf_counter()
-        for rows in cuda_qmv.ROW_BUCKETS[1:]:
-            mx.eval(self.forward(mx.zeros((1, rows), dtype=mx.uint32), make_cache(self.model), logits="last"))
-        return time.perf_counter() - start
 
     @property
     def decode_step(self) -> CompiledDecodeStep | None:

@@ -97,7 +97,6 @@ class Engine:
         self._running: str | None = None
         self._closed = False
         self._counts = {"served": 0, "cancelled": 0, "failed": 0, "prompt_tokens": 0, "decode_tokens": 0}
-        self.verify_kernels_s: float | None = None  # set by the worker before it serves, where speculation is on
         self._worker = threading.Thread(target=self._work, name="codectx-engine", daemon=True)
         self._worker.start()
 
@@ -258,8 +257,6 @@ class Engine:
 
     def _work(self) -> None:
         try:
-            if self.speculation is not Mode.OFF:
-                self._build_verify_kernels()
             while True:
                 job = self._queue.get()
                 if job is None:
@@ -278,17 +275,6 @@ class Engine:
             # abort the process at interpreter exit ("terminate called ...").
             mx.synchronize()
             mx.clear_streams()
-
-    def _build_verify_kernels(self) -> None:
-        """Before the first request, the kernels a speculative round builds at first use
-        (`ComputePath.build_verify_kernels`); a failure leaves them to that first use."""
-        try:
-            self.verify_kernels_s = self.compute.build_verify_kernels()
-        except Exception:  # noqa: BLE001 - an optimization: requests must still be served
-            logger.exception("building the verify kernels ahead failed")
-            return
-        if self.verify_kernels_s:
-            logger.info("built the kernels a speculative round uses in %.1f s", self.verify_kernels_s)
 
     def _serve(self, job: Job) -> None:
         self._apply_pending_window()
