@@ -268,9 +268,8 @@ class _Asker:
     async def _with_repo(self) -> tuple[dict, str] | int:
         """The repository through the core: workspace prompt, session and the ask feature."""
         from context.errors import ContextError, ScanStopped
-        from context.focus_query import FocusQuery
         from server.context_cmd import fit_summary
-        from server.core.features.ask import ask, focus_of, question_fits
+        from server.core.features.ask import ask, question_fits
         from server.core.prompt import Turn
         from server.core.prompt_size import PromptTooLongError
 
@@ -297,13 +296,10 @@ class _Asker:
         self._cancel = session.cancel_all
         if self.interrupted:
             return INTERRUPTED
-        focus = focus_of(session, FocusQuery(self.args.question), [Turn("user", self.args.question)],
-                         self.args.max_tokens)
-        if focus is not None:
-            self.err.write(f"[{focus.summary()}; `codectx context --question` shows why]\n")
         result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
-                           tools=tools, max_tokens=self.args.max_tokens,
-                           sampling=self._sampling())
+                           tools=tools, max_tokens=self.args.max_tokens, sampling=self._sampling(),
+                           on_focus=lambda focus: self.err.write(f"[{focus.summary()}; `codectx context --question` "
+                                                                 f"shows why]\n"))
         return result.metrics, result.finish_reason
 
     def _session(self) -> tuple[Any, Any]:

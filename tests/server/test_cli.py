@@ -88,6 +88,20 @@ def test_ask_with_repo_puts_files_in_the_prompt(cli_model, tmp_path):
     assert with_repo > without + 10
 
 
+def test_ask_with_repo_says_once_what_it_focused_on_before_the_answer(cli_model, tmp_path):
+    (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "main.py").write_text("from util import add\nprint(add(1, 2))\n")
+    result = codectx("ask", "--repo", str(tmp_path), "--model", str(cli_model), "--max-tokens", "4",
+                     "What does add do?")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    focus = [i for i, line in enumerate(lines) if line.startswith("[focus: ")]
+    footer = next(i for i, line in enumerate(lines) if FOOTER.search(line))
+    assert len(focus) == 1 and focus[0] < footer, result.stderr
+    assert re.match(r"\[focus: util\.py:1-2 add \(\d+ tok\); .*`codectx context --question` shows why\]$",
+                    lines[focus[0]]), lines[focus[0]]
+
+
 def test_a_question_longer_than_the_context_is_named_before_the_repository_is_scanned(cli_model, tmp_path):
     (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
     from engine.loading import load_model

@@ -59,19 +59,18 @@ async def ask(session: Session, question: str, **options: Any) -> AskResult:
 
 
 async def answer(session: Session, question: str, *, on_text: Callable[[str], None],
-              on_prefill: Callable[[int, int], None] | None = None,
-              conversation_id: str | None = None,
+              on_prefill: Callable[[int, int], None] | None = None, conversation_id: str | None = None,
               selection: str | None = None, path: str | None = None,
               tools: WorkspaceTools | None = None, max_tokens: int | None = None,
-              sampling: SamplingParams | None = None, focus: FocusQuery | None = None) -> AskResult:
+              sampling: SamplingParams | None = None, focus: FocusQuery | None = None,
+              on_focus: Callable[[Focus], None] | None = None) -> AskResult:
     """Answers `question`, streaming every piece of text to `on_text`.
 
-    When the model emits a tool call, the tool runs inside the workspace, its
-    result is appended as a turn and generation continues (at most
-    `settings.ask.max_tool_calls` times; not after a cancelled round). Tool calls are
-    shown in the stream. `sampling` defaults to greedy. Unless `focus.enabled` is off, the
-    definitions and files the request names (`focus`, default: the question and `path`) are
-    focus segments after the repository prefix (`context.focus`).
+    When the model emits a tool call, the tool runs inside the workspace, its result is appended as a turn
+    and generation continues (at most `settings.ask.max_tool_calls` times; not after a cancelled round).
+    Tool calls are shown in the stream. `sampling` defaults to greedy. Unless `focus.enabled` is off, the
+    definitions and files the request names (`focus`, default: the question and `path`) are focus segments
+    after the repository prefix (`context.focus`); `on_focus` is told that focus before the answer starts.
 
     Raises:
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
@@ -96,6 +95,8 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 
     # Built on the prompt's own thread: applying edits may fold the hot tail (seconds on a large repository).
     focused, segments = await session.prompt.call(first_prompt)
+    if focused is not None and on_focus is not None:
+        on_focus(focused)
     metrics: dict = {}
     for round_number in range(settings.max_tool_calls + 1):
         if round_number:
