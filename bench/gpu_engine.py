@@ -219,7 +219,6 @@ def warm_up(run: Run, config: str, length: int) -> None:
                                 run.model.args.vocab_size, seed=99)
     eng = run.engine(config, archive=False)
     ask(eng, repo.prompt(98), 2)
-    idle(eng)
     close(eng)
     del eng
     free()

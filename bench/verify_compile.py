@@ -1,14 +1,16 @@
-"""What a first speculative round compiles: our few-row linears' kernels for a Qwen3-32B-shaped block, timed
+"""Part of what a first speculative round compiles: our few-row linears' kernels for a Qwen3-32B-shaped block, timed
 through NVIDIA's runtime compiler on a machine without a GPU.
 
 `engine.cuda_qmv` compiles its kernels per row bucket (1, 2, 4, 8) at first use. Decode uses bucket 1; a
 lookup round verifies 2-8 tokens, so the first one builds a bucket's four kernels (the block's q, k and v in
-one launch, its gate and up with the activation, the o and down projections). In every GPU engine run with
-8-bit KV the restart's first verify round waited 8-12 s (docs/benchmarks.md, *GPU engine*, twenty-fourth
-session). This script records the kernels a forward of `rows` rows would build (MLX's kernel call replaced by
-`tests/engine/cuda_compile.py`'s recorder, named as such: MLX's CUDA backend cannot run here) and times
-NVRTC compiling each for the H200 (sm_90) on this machine. Not timed here: MLX compiles with its own, larger
-header and then loads the result through the driver, on the GPU host's CPU.
+one launch, its gate and up with the activation, the o and down projections). With 8-bit KV a restart's first
+verify round waited 8-12 s at 131,072 tokens in every engine run that recorded it, and 6.5 s at 8,192 in run bb
+(docs/benchmarks.md, *GPU engine*, twenty-fourth and twenty-fifth sessions). These kernels are one part of that,
+not all: forwards of the three buckets ahead of time left a 1.3-1.6 s wait. This script records the kernels a
+forward of `rows` rows would build (MLX's kernel call replaced by `tests/engine/cuda_compile.py`'s recorder, named
+as such: MLX's CUDA backend cannot run here) and times NVRTC compiling each for the H200 (sm_90) on this machine.
+Not timed here: MLX compiles with its own, larger header and then loads the result through the driver, on the GPU
+host's CPU.
 
     python bench/verify_compile.py                # buckets 1, 2, 4, 8; table and JSON under bench/results/
 """

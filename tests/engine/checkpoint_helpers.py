@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import mlx.core as mx
+
+from engine.boundaries import boundaries
 from engine.engine import Engine
 from engine.request import DoneEvent, PromptSegment, Request, TokenEvent
 from tiny_models import corpus
@@ -16,6 +19,19 @@ def repo_segments(tokenizer, n_files: int = 5, file_tokens: int = 40) -> list[Pr
                            tuple(ids[(i + 1) * file_tokens:(i + 2) * file_tokens]))
              for i in range(n_files)]
     return [system, *files]
+
+
+def archive_bounds(i: int, parent_tokens: tuple[int, ...] = ()):
+    """The boundaries of a two-file layout under the policy "pol" (the second file's tokens from `i`)."""
+    segs = [PromptSegment("file", "a", parent_tokens or (1, 2, 3)), PromptSegment("file", "b", (i, i + 1))]
+    return boundaries("pol", segs)
+
+
+def archive_arrays(seed: int):
+    """A checkpoint's KV and recurrent arrays, random from `seed`."""
+    mx.random.seed(seed)
+    return {"1.kv.0": mx.random.normal((1, 1, 2, 8)), "1.kv.1": mx.random.normal((1, 1, 2, 8))}, \
+        {"0.rec.0": mx.random.normal((1, 3, 4))}
 
 
 def ask(tokenizer, repo: list[PromptSegment], question: str,

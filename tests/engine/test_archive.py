@@ -7,13 +7,12 @@ import mlx.core as mx
 import msgpack
 import pytest
 
-from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
+from checkpoint_helpers import archive_arrays, archive_bounds, ask, cold, prefix_len, repo_segments, run
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
 from engine.archive_files import LOCK_NAME
 from engine.archive_reads import read_ahead
-from engine.boundaries import boundaries
 from engine.engine import Engine
-from engine.request import PromptSegment, Request
+from engine.request import Request
 from engine.window import WindowPolicy
 
 ARCHIVE_BYTES = 64 << 20
@@ -30,21 +29,10 @@ def layout(tiny_loaded):
     return ask(tiny_loaded.tokenizer, repo_segments(tiny_loaded.tokenizer), "Where is main?")
 
 
-def _bound(i: int, parent_tokens: tuple[int, ...] = ()):
-    segs = [PromptSegment("file", "a", parent_tokens or (1, 2, 3)), PromptSegment("file", "b", (i, i + 1))]
-    return boundaries("pol", segs)
-
-
-def _arrays(seed: int):
-    mx.random.seed(seed)
-    return {"1.kv.0": mx.random.normal((1, 1, 2, 8)), "1.kv.1": mx.random.normal((1, 1, 2, 8))}, \
-        {"0.rec.0": mx.random.normal((1, 3, 4))}
-
-
 def test_round_trip_and_reopen(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    b = _bound(5)[1]
-    kv, rec = _arrays(0)
+    b = archive_bounds(5)[1]
+    kv, rec = archive_arrays(0)
     archive.submit(b, kv, rec)
     archive.close()
     reopened = CheckpointArchive("pol", 1 << 20, tmp_path)
@@ -59,9 +47,9 @@ def test_round_trip_and_reopen(tmp_path):
 
 def test_corrupt_entry_is_removed_with_its_descendants(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    first, second = _bound(5)
-    archive.put(first, *_arrays(1))
-    archive.put(second, *_arrays(2))
+    first, second = archive_bounds(5)
+    archive.put(first, *archive_arrays(1))
+    archive.put(second, *archive_arrays(2))
     path = tmp_path / "pol" / f"{first.key}.safetensors"
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
@@ -74,8 +62,8 @@ def test_corrupt_entry_is_removed_with_its_descendants(tmp_path):
 
 def test_truncated_and_foreign_files_are_dropped_on_open(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    b = _bound(5)[0]
-    archive.put(b, *_arrays(3))
+    b = archive_bounds(5)[0]
+    archive.put(b, *archive_arrays(3))
     path = tmp_path / "pol" / f"{b.key}.safetensors"
     path.write_bytes(path.read_bytes()[:-10])
     stray = tmp_path / "pol" / "stray.safetensors"
@@ -87,7 +75,7 @@ def test_truncated_and_foreign_files_are_dropped_on_open(tmp_path):
 
 def test_index_of_another_policy_is_ignored(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    archive.put(_bound(5)[0], *_arrays(4))
+    archive.put(archive_bounds(5)[0], *archive_arrays(4))
     index = tmp_path / "pol" / INDEX_NAME
     raw = msgpack.unpackb(index.read_bytes(), raw=False)
     raw["policy"] = "someone-else"
@@ -98,11 +86,11 @@ def test_index_of_another_policy_is_ignored(tmp_path):
 
 def test_size_cap_evicts_least_recently_used(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    entries = [archive.put(_bound(i, (i,))[0], *_arrays(i)) for i in range(3)]
+    entries = [archive.put(archive_bounds(i, (i,))[0], *archive_arrays(i)) for i in range(3)]
     size = entries[0].size
     archive.load(entries[0])  # used again: now the most recent
     archive.cap_bytes = 2 * size
-    newest = archive.put(_bound(9, (9,))[0], *_arrays(9))
+    newest = archive.put(archive_bounds(9, (9,))[0], *archive_arrays(9))
     kept = {e.key for e in entries + [newest] if archive.get(e.key) is not None}
     assert kept == {entries[0].key, newest.key}
     assert archive.nbytes <= archive.cap_bytes
@@ -192,10 +180,10 @@ def test_root_that_cannot_be_a_folder_turns_the_archive_off_once(tmp_path, caplo
     archive = CheckpointArchive("pol", 1 << 20, root)
     assert archive.state.startswith("off: cannot write") and str(root) in archive.state
     for i in range(3):
-        archive.submit(_bound(i, (i,))[0], *_arrays(i))
-        assert archive.put(_bound(i, (i,))[1], *_arrays(i)) is None
+        archive.submit(archive_bounds(i, (i,))[0], *archive_arrays(i))
+        assert archive.put(archive_bounds(i, (i,))[1], *archive_arrays(i)) is None
     archive.close()
-    assert len(archive) == 0 and archive.get(_bound(0, (0,))[0].key) is None
+    assert len(archive) == 0 and archive.get(archive_bounds(0, (0,))[0].key) is None
     assert not archive.other_policy_has("anything")
     assert len(_off_warnings(caplog)) == 1
     assert root.read_text() == "a file where the archive folder should be"
@@ -203,14 +191,14 @@ def test_root_that_cannot_be_a_folder_turns_the_archive_off_once(tmp_path, caplo
 
 def test_folder_lost_while_writing_turns_the_archive_off_once(tmp_path, caplog):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    first = _bound(1, (1,))[0]
-    assert archive.put(first, *_arrays(1)) is not None
+    first = archive_bounds(1, (1,))[0]
+    assert archive.put(first, *archive_arrays(1)) is not None
     for path in (tmp_path / "pol").iterdir():
         path.unlink()
     (tmp_path / "pol").rmdir()
     (tmp_path / "pol").write_text("blocked")  # every later mkdir, write and rename fails
     for i in range(2, 5):
-        archive.submit(_bound(i, (i,))[0], *_arrays(i))
+        archive.submit(archive_bounds(i, (i,))[0], *archive_arrays(i))
     archive.flush()
     assert archive.state.startswith("off: ") and len(archive) == 0 and archive.get(first.key) is None
     archive.close()
@@ -219,8 +207,8 @@ def test_folder_lost_while_writing_turns_the_archive_off_once(tmp_path, caplog):
 
 def test_a_checkpoint_with_an_array_safetensors_cannot_name_is_skipped_with_one_warning(tmp_path, caplog):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    first, second = _bound(5)
-    kv, rec = _arrays(1)
+    first, second = archive_bounds(5)
+    kv, rec = archive_arrays(1)
     unnamed = {**kv, "1.kv.2": mx.zeros((2,), dtype=mx.complex64)}
     assert archive.put(first, unnamed, rec) is None
     archive.submit(second, unnamed, rec)
@@ -272,8 +260,8 @@ def test_crafted_index_keys_never_touch_files_outside(tmp_path, caplog):
     assert sorted(p.name for p in directory.iterdir()) == [LOCK_NAME, INDEX_NAME]
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "dropping 5 archive index entries" in messages and link_key in messages
-    b = _bound(7)[0]
-    assert archive.put(b, *_arrays(7)) is not None and archive.get(b.key) is not None
+    b = archive_bounds(7)[0]
+    assert archive.put(b, *archive_arrays(7)) is not None and archive.get(b.key) is not None
 
 
 def test_linked_or_crafted_policy_folders_are_not_used(tmp_path, caplog):
@@ -285,7 +273,7 @@ def test_linked_or_crafted_policy_folders_are_not_used(tmp_path, caplog):
     (root / "pol").symlink_to(outside, target_is_directory=True)
     archive = CheckpointArchive("pol", 1 << 20, root)
     assert archive.state.endswith("is a symbolic link")
-    assert archive.put(_bound(1)[0], *_arrays(1)) is None
+    assert archive.put(archive_bounds(1)[0], *archive_arrays(1)) is None
     crafted = CheckpointArchive("../outside", 1 << 20, root)
     assert crafted.state.startswith("off: policy '../outside' is not a plain")
     assert sorted(p.name for p in outside.iterdir()) == ["precious.safetensors"]
@@ -293,7 +281,7 @@ def test_linked_or_crafted_policy_folders_are_not_used(tmp_path, caplog):
 
 
 def test_other_policy_scan_skips_links_and_garbage(tmp_path):
-    b = _bound(3)[0]
+    b = archive_bounds(3)[0]
     root = tmp_path / "archive"
     outside = tmp_path / "outside"
     _index(outside, {b.key: _row(b.key, token_key=b.token_key)}, policy="evil")
@@ -309,7 +297,7 @@ def test_other_policy_scan_skips_links_and_garbage(tmp_path):
 
 def test_size_cap_is_applied_when_the_archive_opens(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    entries = [archive.put(_bound(i, (i,))[0], *_arrays(i)) for i in range(4)]
+    entries = [archive.put(archive_bounds(i, (i,))[0], *archive_arrays(i)) for i in range(4)]
     archive.close()
     size = entries[0].size
     index = tmp_path / "pol" / INDEX_NAME
@@ -330,10 +318,10 @@ def test_size_cap_is_applied_when_the_archive_opens(tmp_path):
 
 def test_cap_evicts_leaves_first_so_a_kept_entry_keeps_its_prefix(tmp_path):
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    parent, child = _bound(5)
-    older = archive.put(parent, *_arrays(1))
-    newer = archive.put(child, *_arrays(2))
-    other = archive.put(_bound(6, (6,))[0], *_arrays(3))
+    parent, child = archive_bounds(5)
+    older = archive.put(parent, *archive_arrays(1))
+    newer = archive.put(child, *archive_arrays(2))
+    other = archive.put(archive_bounds(6, (6,))[0], *archive_arrays(3))
     older.last_used, other.last_used = 0.0, 1.0  # the prefix is oldest, its child newest
     archive.close()
     reopened = CheckpointArchive("pol", older.size + newer.size, tmp_path)
@@ -344,9 +332,9 @@ def test_cap_evicts_leaves_first_so_a_kept_entry_keeps_its_prefix(tmp_path):
 def test_writes_wait_while_a_request_runs_and_a_flush_drains_them_anyway(tmp_path):
     """A request pauses the writer (writes compete with it for the device); close and flush still write."""
     archive = CheckpointArchive("pol", 1 << 20, tmp_path)
-    b = _bound(7)[1]
+    b = archive_bounds(7)[1]
     with archive.paused():
-        archive.submit(b, *_arrays(7))
+        archive.submit(b, *archive_arrays(7))
         assert not archive._may_write.is_set()
         flusher = threading.Thread(target=archive.flush)
         flusher.start()
