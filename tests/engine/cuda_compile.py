@@ -93,12 +93,13 @@ class Recorder:
         return {label: source for source, label in out.items()}
 
 
-def record_kernels(factories: Any) -> Recorder:
-    """A fresh `Recorder` as MLX's kernel call for the rest of this process, the CUDA check forced on and the kernels
-    `factories` cached dropped (for scripts that only record: nothing is put back; tests use monkeypatch)."""
+def record_kernels(factories: Any, recorder: Recorder | None = None) -> Recorder:
+    """`recorder` (a fresh `Recorder` by default) as MLX's kernel call for the rest of this process, the CUDA check
+    forced on and the kernels `factories` cached dropped (for scripts that only record: nothing is put back; tests
+    use monkeypatch)."""
     from engine import cuda_backend
 
-    recorder = Recorder()
+    recorder = Recorder() if recorder is None else recorder
     mx.fast.cuda_kernel = recorder
     cuda_backend.cuda_available = lambda: True
     for factory in factories:

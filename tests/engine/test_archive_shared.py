@@ -16,26 +16,20 @@ import mlx.core as mx
 import msgpack
 import pytest
 
+from checkpoint_helpers import archive_arrays, archive_bounds
 from engine import archive_format
 from engine.archive import INDEX_NAME, ArchiveCorruptError, CheckpointArchive
 from engine.archive_files import LOCK_NAME
-from engine.boundaries import boundaries
-from engine.request import PromptSegment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bound(i: int):
-    return boundaries("pol", [PromptSegment("file", "a", (i,)), PromptSegment("file", "b", (i, i + 1))])[0]
-
-
-def _arrays(seed: int):
-    mx.random.seed(seed)
-    return {"1.kv.0": mx.random.normal((1, 1, 2, 8))}, {"0.rec.0": mx.random.normal((1, 3, 4))}
+    return archive_bounds(i, (i,))[0]
 
 
 def _prepared(seed: int) -> list[archive_format.Entry]:
-    kv, rec = _arrays(seed)
+    kv, rec = archive_arrays(seed)
     return archive_format.prepare({**kv, **rec})
 
 
@@ -65,7 +59,7 @@ def _lock_is_held(directory: Path) -> bool:
 
 def _loads_as_written(archive: CheckpointArchive, key: str, seed: int) -> bool:
     kv, rec = archive.load(archive.get(key))
-    want_kv, want_rec = _arrays(seed)
+    want_kv, want_rec = archive_arrays(seed)
     return mx.array_equal(kv["1.kv.0"], want_kv["1.kv.0"]) and mx.array_equal(rec["0.rec.0"], want_rec["0.rec.0"])
 
 
@@ -88,7 +82,7 @@ def test_an_archive_opening_mid_write_leaves_the_writer_on_and_then_sees_its_che
     assert _indexed(directory) == _files(directory) == {first.key} and not _temps(directory)
     assert b.get(first.key) is not None and _loads_as_written(b, first.key, 1)  # B re-read the changed index
     second = _bound(2)
-    assert a.put(second, *_arrays(2)) is not None and _indexed(directory) == {first.key, second.key}
+    assert a.put(second, *archive_arrays(2)) is not None and _indexed(directory) == {first.key, second.key}
 
 
 def test_a_real_second_process_opening_mid_write_leaves_the_writer_on(tmp_path):
@@ -114,8 +108,8 @@ def test_two_writers_keep_each_others_checkpoints(tmp_path):
     a = CheckpointArchive("pol", 1 << 20, tmp_path)
     b = CheckpointArchive("pol", 1 << 20, tmp_path)
     x, y = _bound(1), _bound(2)
-    assert a.put(x, *_arrays(1)) is not None
-    assert b.put(y, *_arrays(2)) is not None
+    assert a.put(x, *archive_arrays(1)) is not None
+    assert b.put(y, *archive_arrays(2)) is not None
     b.close()
     a.close()  # the last to write knew only its own entry in memory when it opened
     c = CheckpointArchive("pol", 1 << 20, tmp_path)
@@ -154,7 +148,7 @@ def test_a_temp_file_removed_under_a_writer_loses_that_write_only(tmp_path, capl
     assert a.state == "on" and a.get(lost.key) is None
     assert any("lost the write" in r.getMessage() and lost.key in r.getMessage() for r in caplog.records)
     kept = _bound(2)
-    assert a.put(kept, *_arrays(2)) is not None
+    assert a.put(kept, *archive_arrays(2)) is not None
     assert _indexed(directory) == _files(directory) == {kept.key} and not _temps(directory)
 
 
@@ -163,7 +157,7 @@ def test_a_removal_by_one_writer_is_not_undone_by_the_other(tmp_path, caplog):
     a = CheckpointArchive("pol", 1 << 20, tmp_path)
     b = CheckpointArchive("pol", 1 << 20, tmp_path)
     x, y = _bound(1), _bound(2)
-    assert a.put(x, *_arrays(1)) is not None
+    assert a.put(x, *archive_arrays(1)) is not None
     assert b.get(x.key) is not None  # taken in from the index A wrote
     path = directory / f"{x.key}.safetensors"
     data = bytearray(path.read_bytes())
@@ -171,7 +165,7 @@ def test_a_removal_by_one_writer_is_not_undone_by_the_other(tmp_path, caplog):
     path.write_bytes(bytes(data))
     with pytest.raises(ArchiveCorruptError):
         a.load(a.get(x.key))
-    assert b.put(y, *_arrays(2)) is not None  # B still held x in memory: its write must not bring x back
+    assert b.put(y, *archive_arrays(2)) is not None  # B still held x in memory: its write must not bring x back
     assert b.get(x.key) is None and _indexed(directory) == _files(directory) == {y.key}
     caplog.clear()
     c = CheckpointArchive("pol", 1 << 20, tmp_path)
@@ -184,11 +178,11 @@ def test_the_size_cap_applies_to_every_writers_entries_together(tmp_path):
     a = CheckpointArchive("pol", 1 << 20, tmp_path)
     b = CheckpointArchive("pol", 1 << 20, tmp_path)
     x, y, z = _bound(1), _bound(2), _bound(3)
-    oldest = a.put(x, *_arrays(1))
-    assert b.put(y, *_arrays(2)) is not None
+    oldest = a.put(x, *archive_arrays(1))
+    assert b.put(y, *archive_arrays(2)) is not None
     oldest.last_used = 0.0
     a.cap_bytes = 2 * oldest.size
-    assert a.put(z, *_arrays(3)).size == oldest.size
+    assert a.put(z, *archive_arrays(3)).size == oldest.size
     assert _indexed(directory) == _files(directory) == {y.key, z.key}  # A's own oldest went, B's stayed
     assert sum(p.stat().st_size for p in directory.glob("*.safetensors")) <= a.cap_bytes
 
@@ -204,9 +198,9 @@ def test_a_checkpoint_is_renamed_into_place_under_the_lock_and_written_outside_i
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    b = _bound(1)
-    assert a._put(b, _prepared(1), between=lambda: held.append(("write", _lock_is_held(directory)))) is not None
-    assert held == [("write", False), ("write", False), ("rename", True)]
+    b, entries = _bound(1), _prepared(1)
+    assert a._put(b, entries, between=lambda: held.append(("write", _lock_is_held(directory)))) is not None
+    assert held == [("write", False)] * len(entries) + [("rename", True)]
     assert not _lock_is_held(directory) and _indexed(directory) == {b.key}
 
 
@@ -218,5 +212,5 @@ def test_a_lock_file_planted_as_a_link_is_never_followed(tmp_path, caplog):
     (directory / LOCK_NAME).symlink_to(victim)
     archive = CheckpointArchive("pol", 1 << 20, tmp_path / "archive")
     assert archive.state.startswith("off: cannot write") and LOCK_NAME in archive.state
-    assert archive.put(_bound(1), *_arrays(1)) is None
+    assert archive.put(_bound(1), *archive_arrays(1)) is None
     assert victim.read_bytes() == b"keep me" and (directory / LOCK_NAME).is_symlink()
