@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from tests.reliability.lsp_wire import frame, read_message
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def frame(payload: Any) -> bytes:
-    """One well-formed LSP frame (bytes are sent as the body as they are)."""
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode("utf-8")
-    return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
 class LspPeer:
@@ -130,17 +125,9 @@ class LspPeer:
                 task.cancel()
 
     async def _read_stdout(self) -> None:
-        stream = self.process.stdout
         try:
-            while True:
-                length = None
-                while (line := await stream.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.decode("ascii").partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                if not line or length is None:
-                    return
-                self._dispatch(json.loads(await stream.readexactly(length)))
+            while (message := await read_message(self.process.stdout)) is not None:
+                self._dispatch(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
 

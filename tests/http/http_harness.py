@@ -10,10 +10,9 @@ import json
 import os
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from pytest_lsp import ClientServerConfig
@@ -81,18 +80,6 @@ class Api:
 
     def state(self) -> dict:
         return httpx.get(self.url + "/monitor/state", timeout=30).json()
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)  # a poll interval, not a wait for an event
 
 
 def start_api(model: Path, workspace: Path | None, config: HttpConfig) -> Api:

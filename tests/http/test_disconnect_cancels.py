@@ -5,7 +5,7 @@ import json
 import socket
 from urllib.parse import urlparse
 
-from tests.http.http_harness import wait_until
+from tests.polling import wait_until
 
 LONG = 3000  # far more than the test lets it decode: only a cancel ends it early
 MESSAGES = [{"role": "system", "content": "Disconnect test."}, {"role": "user", "content": "Talk for a long time."}]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.request import Request
-from tests.http.http_harness import wait_until
+from tests.polling import wait_until
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "http"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

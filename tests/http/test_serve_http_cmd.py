@@ -8,7 +8,7 @@ import sys
 
 import httpx
 
-from tests.http.http_harness import wait_until
+from tests.polling import wait_until
 from tests.server.harness import REPO_ROOT
 from tests.http.http_harness import free_port
 

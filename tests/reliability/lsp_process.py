@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.reliability.lsp_wire import frame, read_message
 from tests.server.harness import build_server_test_model, default_options, server_config, write_sample_workspace
 
 TIMEOUT = 30.0  # generous for a busy 2-core machine; a healthy server answers in milliseconds
@@ -30,12 +30,6 @@ def tiny_model() -> Path:
     if _model_dir is None:
         _model_dir = build_server_test_model(Path(os.environ["CODECTX_HOME"]) / "lsp-reliability-model")
     return _model_dir
-
-
-def frame(payload: Any) -> bytes:
-    """`payload` as one well-formed LSP frame (bytes are sent as the body as they are)."""
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode("utf-8")
-    return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
 class LspProcess:
@@ -151,17 +145,8 @@ class LspProcess:
             self._changed.notify_all()
 
     async def _read_stdout(self) -> None:
-        stream = self.process.stdout
         try:
-            while True:
-                length = None
-                while (line := await stream.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.decode("ascii").partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                if not line or length is None:
-                    return
-                message = json.loads(await stream.readexactly(length))
+            while (message := await read_message(self.process.stdout)) is not None:
                 self.messages.append(message)
                 if "method" in message and "id" in message:  # a server-to-client request
                     result = self.answers.get(message["method"])

@@ -147,7 +147,7 @@ def test_two_processes_finding_the_same_damage_repair_it_once(home):
             "format='%(name)s %(message)s'); from engine.default_model import ensure_default_model; "
             "print('repaired:', ensure_default_model(progress=False, fetch=False).repaired)")
     env = {**os.environ, "CODECTX_HOME": str(home), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    with exclusive_lock(home / "models" / ".smollm2-135m.lock", "the test"):
+    with exclusive_lock(home / "models" / f".{default_model.DEFAULT_MODEL_ID}.lock", "the test"):
         procs = [subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                  for _ in range(2)]

@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from tests.security.http_process import HttpProcess, read_until_closed, status_and_json, wait_until
+from tests.polling import wait_until
+from tests.security.http_process import HttpProcess, read_until_closed, status_and_json
 
 CAP = 8
 FLOOD = 200

@@ -73,7 +73,7 @@ def test_http_alone_answers_on_the_remote_engine(mlx_server, tiny_model, tmp_pat
 
     import httpx
 
-    from tests.http.http_harness import wait_until
+    from tests.polling import wait_until
     from tests.server.harness import REPO_ROOT
 
     _, engine_url = mlx_server
