@@ -35,22 +35,10 @@ import {
 } from '../../protocol';
 import { startServerProcess } from '../../serverProcess';
 import { describeStatus } from '../../statusBar';
+import { LIMIT, MAIN, REPO, required, UTIL } from '../e2eWorkspace';
 
-const REPO = path.resolve(__dirname, '..', '..', '..', '..', '..');
-const LIMIT = { timeout: 120_000 }; // a hang fails the test instead of the whole run
 const POLL_MS = 20; // between hovers while waiting for the answer to land
 const ANSWER_TOKENS = 96; // more than the loop guard's rule needs to fire first (engine/loop_guard.py)
-const UTIL = '"""Helpers."""\n\n\ndef add(a, b):\n    """Returns a + b."""\n    return a + b\n\n\n'
-  + 'def greet(name: str) -> str:\n    return "Grüße, " + name + " 🙂"\n';
-const MAIN = 'from util import add, greet\n\n\ndef main():\n    print(greet("café"), add(1, 2))\n';
-
-function required(name: string): string {
-  const value = process.env[name];
-  if (!value) {
-    throw new Error(`${name} is not set: run this suite through tests/editors/test_vscode_client.py`);
-  }
-  return value;
-}
 
 /** An AskView that keeps what the ask panel would show. */
 class View implements AskView {

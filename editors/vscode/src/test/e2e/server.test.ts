@@ -35,23 +35,11 @@ import {
 } from '../../protocol';
 import { startServerProcess } from '../../serverProcess';
 import { describeStatus, StatusBarController, StatusSummary } from '../../statusBar';
+import { LIMIT, MAIN, REPO, required, UTIL } from '../e2eWorkspace';
 
-const REPO = path.resolve(__dirname, '..', '..', '..', '..', '..');
 const LONG = 2000; // a decode budget the tiny model is still using when the test cancels
 const ENDLESS = 'Write a long essay about util.py.'; // greedy output does not reach EOS (tests/server/test_ask.py)
 const QUESTION = 'What does add do?';
-const LIMIT = { timeout: 120_000 }; // a hang fails the test instead of the whole run
-const UTIL = '"""Helpers."""\n\n\ndef add(a, b):\n    """Returns a + b."""\n    return a + b\n\n\n'
-  + 'def greet(name: str) -> str:\n    return "Grüße, " + name + " 🙂"\n';
-const MAIN = 'from util import add, greet\n\n\ndef main():\n    print(greet("café"), add(1, 2))\n';
-
-function required(name: string): string {
-  const value = process.env[name];
-  if (!value) {
-    throw new Error(`${name} is not set: run this suite through tests/editors/test_vscode_client.py`);
-  }
-  return value;
-}
 
 /** Fans one connection's notifications out to several listeners (a connection keeps one per method). */
 class Fanout implements ServerConnection {
