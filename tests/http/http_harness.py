@@ -6,6 +6,7 @@ reach the template.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -80,6 +81,21 @@ class Api:
 
     def state(self) -> dict:
         return httpx.get(self.url + "/monitor/state", timeout=30).json()
+
+
+async def engine_ready(http: httpx.AsyncClient, timeout: float = 120) -> dict:
+    """/health's answer once the language server beside the HTTP API has loaded the engine (503 until then)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            response = await http.get("/health")
+            if response.status_code == 200:
+                return response.json()
+            assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
+        except httpx.ConnectError:
+            pass
+        assert asyncio.get_running_loop().time() < deadline, "the engine did not load in time"
+        await asyncio.sleep(0.05)  # a poll interval, not a wait for an event
 
 
 def start_api(model: Path, workspace: Path | None, config: HttpConfig) -> Api:

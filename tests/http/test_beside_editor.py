@@ -5,15 +5,13 @@ answers whose cached_tokens reflect the editor's warm prefix.
 """
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import openai
 import pytest_lsp
 from pytest_lsp import LanguageClient
 
 from server.http.prometheus import parse
-from tests.http.http_harness import free_port, stdio_http_config
+from tests.http.http_harness import engine_ready, free_port, stdio_http_config
 from tests.server.harness import command, default_options, end_session, start
 
 
@@ -28,24 +26,9 @@ async def editor(lsp_client: LanguageClient, http_model, http_workspace):
     await end_session(lsp_client)
 
 
-async def _wait_for_engine(http: httpx.AsyncClient, timeout: float = 120) -> dict:
-    """Polls /health until the language server has loaded the engine (503 until then)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            response = await http.get("/health")
-            if response.status_code == 200:
-                return response.json()
-            assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
-        except httpx.ConnectError:
-            pass
-        assert asyncio.get_running_loop().time() < deadline, "the engine did not load in time"
-        await asyncio.sleep(0.05)  # a poll interval, not a wait for an event
-
-
 async def test_openai_client_streams_over_the_editors_warm_prefix(editor: LanguageClient):
     async with httpx.AsyncClient(base_url=URL, timeout=60) as http:
-        health = await _wait_for_engine(http)
+        health = await engine_ready(http)
         assert health["repository"] is True
         answer = await command(editor, "codectx.ask", question="What does util.py define?")
         assert answer["finishReason"] in ("stop", "length")

@@ -15,7 +15,7 @@ import httpx
 import pytest_lsp
 from pytest_lsp import LanguageClient
 
-from tests.http.http_harness import free_port, stdio_http_config
+from tests.http.http_harness import engine_ready, free_port, stdio_http_config
 from tests.server.harness import command, default_options, end_session, start
 
 CONTENT = "\u20ac" * 400_000
@@ -32,23 +32,9 @@ async def editor(lsp_client: LanguageClient, security_model, security_workspace)
     await end_session(lsp_client)
 
 
-async def _engine_up(http: httpx.AsyncClient, timeout: float = 120) -> str:
-    """The served model id, once the language server has loaded the engine (503 until then)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            response = await http.get("/health")
-            if response.status_code == 200:
-                return response.json()["model"]
-        except httpx.ConnectError:
-            pass
-        assert time.monotonic() < deadline, "the engine did not load in time"
-        await asyncio.sleep(0.05)  # a poll interval, not a wait for an event
-
-
 async def test_lsp_requests_answer_while_a_huge_http_prompt_is_tokenized(editor: LanguageClient):
     async with httpx.AsyncClient(base_url=URL, timeout=120) as http:
-        model = await _engine_up(http)
+        model = (await engine_ready(http))["model"]
         started = time.perf_counter()
         huge = asyncio.ensure_future(http.post("/v1/chat/completions", json={
             "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": CONTENT}]}))
