@@ -14,7 +14,8 @@ disk archive on. Per length, in one run:
   the engine's host milliseconds per step (``decode_host_ms``: building the step's graph, submitting it, waiting for
   its token), and how often its compiled step traced and fell back (``step_traces_fallbacks``);
 - ``--raw-step``: after each configuration, the same decode step outside the engine in the same process
-  (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose); ``--archive off``: the
+  (bench/gpu_step.py's pipelined loop with the path that configuration's engine chose), and before its engine
+  closes the same loop over that engine's own cache and path (writes paused); ``--archive off``: the
   same asks with no disk archive and no restart row (what its background writes cost);
 - bounds, measured in the same run (bench/gpu_bounds.py): bf16 matmul TFLOP/s, device copy bandwidth (decode bound =
   bandwidth / bytes read per token), disk read bandwidth (restart bound = bytes restored / bandwidth).
@@ -189,12 +190,29 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
     decode_steps(path, cache, 2, (False, False, "cores"), "sync", attempts=1)  # the buffers grow once, untimed
     times = decode_steps(path, cache, steps, (False, False, "cores"), "pipelined", attempts=3)
-    run.result.setdefault("raw_steps", []).append(dict(
-        length=length, config=config, step_ms=round(times.seconds * 1e3, 2), host_ms=round(times.host * 1e3, 2),
-        python_ms=round(times.python * 1e3, 2), bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))
-    print(f"raw step {config} at {length}: {run.result['raw_steps'][-1]}", flush=True)
+    add_raw_step(run, length, config, "a filled cache", times)
     del cache
     free()
+
+
+def engine_cache_steps(run: Run, eng: Engine, config: str, steps: int = 16) -> None:
+    """The raw step's loop over the idle engine's own cache and path, its archive writes paused as during a request,
+    on this thread: against the raw step over a filled cache and the engine's asks, whether what the engine adds to
+    a token comes with its cache or with its request path (docs/benchmarks.md, *GPU engine*)."""
+    from bench.gpu_step import decode_steps
+
+    idle(eng)
+    with eng.prefix.request_scope():  # (decode_steps puts the cache's offset back after each run)
+        times = decode_steps(eng.compute, eng.prefix.cache, steps, (False, False, "cores"), "pipelined", attempts=3)
+    add_raw_step(run, eng.prefix.cache[0].offset, config, "the engine's cache, writes paused", times)
+
+
+def add_raw_step(run: Run, length: int, config: str, over: str, times: Any) -> None:
+    run.result.setdefault("raw_steps", []).append(dict(
+        length=length, config=config, over=over, step_ms=round(times.seconds * 1e3, 2),
+        host_ms=round(times.host * 1e3, 2), python_ms=round(times.python * 1e3, 2),
+        bound_ms=round(1e3 / decode_bound(run, length, CONFIGS[config][1]), 2)))
+    print(f"raw step {config} at {length} over {over}: {run.result['raw_steps'][-1]}", flush=True)
 
 
 def close(eng: Engine) -> float:
@@ -268,6 +286,8 @@ def whole_loop(run: Run, length: int, config: str) -> None:
     record(run, length, config, "edit + ask", edit, edited_file=key,
            edited_tokens=len(edited.hot[-1].token_ids), **tops[1])
     edit_warm_ask(run, eng, edited, length, config)
+    if run.a.raw_step and CONFIGS[config][0]:
+        engine_cache_steps(run, eng, config)
     flush_s = close(eng)
     del eng
     free()
