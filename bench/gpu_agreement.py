@@ -59,13 +59,16 @@ def linear_agreement(shape: Any, shape_name: str, chunk: int, layers: int, promp
     """Greedy tokens and last-position logits of one prompt, quantized vs dequantized linears, on a
     `layers`-layer model of `shape`'s widths, prefilled in chunks of `chunk` (deep random models forget their
     input: the logits of another prompt are compared too, to show the check sees the input); `bench/gpu_engine.py`
-    runs it once per run."""
+    runs it once per run. A second quantized engine says whether the same settings give the same tokens
+    (``repeat_first_difference``: None when they do), and ``paths`` what each engine's compute path ran: on H100s
+    the modes' tokens differed at token 3 in four runs of nine, their prompt logits equal (docs/benchmarks.md)."""
     loaded = random_loaded(shape, f"{shape_name}-{layers}l", layers, 8192)
     vocab = loaded.model.args.vocab_size
     ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
                   for k in (5, 6))
-    tokens = {mode: greedy(loaded, ids, max_tokens, mode, chunk=chunk)["tokens"]
-              for mode in ("quantized", "dequantized")}
+    runs = {name: greedy(loaded, ids, max_tokens, name.split()[0], chunk=chunk)
+            for name in ("quantized", "quantized again", "dequantized")}
+    tokens = {name: run["tokens"] for name, run in runs.items()}
     q, d = _last_logits(loaded.model, "quantized", ids), _last_logits(loaded.model, "dequantized", ids)
     chunked = _last_logits(loaded.model, "quantized", ids, prompt_tokens // 2)
     elsewhere = _last_logits(loaded.model, "quantized", other)
@@ -73,6 +76,8 @@ def linear_agreement(shape: Any, shape_name: str, chunk: int, layers: int, promp
     diff = first_difference(tokens["quantized"], tokens["dequantized"])
     return dict(layers=layers, prompt_tokens=prompt_tokens, greedy_tokens=len(tokens["quantized"]),
                 greedy_identical=tokens["quantized"] == tokens["dequantized"], first_difference=diff,
+                repeat_first_difference=first_difference(tokens["quantized"], tokens["quantized again"]),
+                paths={name: run["path"] for name, run in runs.items()},
                 distinct_greedy_tokens=len(set(tokens["quantized"])),
                 max_abs_logit_diff=round(mx.abs(q - d).max().item(), 5),
                 chunking_max_abs_logit_diff=round(mx.abs(q - chunked).max().item(), 5),

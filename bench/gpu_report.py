@@ -116,8 +116,16 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     if agreement:
         _goal(out, "greedy output identical between the linear modes",
               f"{agreement['greedy_identical']} (max |logit diff| {agreement['max_abs_logit_diff']} vs "
-              f"{agreement['chunking_max_abs_logit_diff']} between two chunkings)", agreement["greedy_identical"])
+              f"{agreement['chunking_max_abs_logit_diff']} between two chunkings; the same settings twice: "
+              f"{_repeat(agreement)})", agreement["greedy_identical"])
     return out
+
+
+def _repeat(agreement: dict) -> str:
+    if "repeat_first_difference" not in agreement:
+        return "not run"
+    where = agreement["repeat_first_difference"]
+    return "identical" if where is None else f"first differ at token {where}"
 
 
 if __name__ == "__main__":
