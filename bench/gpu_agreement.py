@@ -61,7 +61,7 @@ def linear_agreement(shape: Any, shape_name: str, chunk: int, layers: int, promp
     input: the logits of another prompt are compared too, to show the check sees the input); `bench/gpu_engine.py`
     runs it once per run. A second quantized engine says whether the same settings give the same tokens
     (``repeat_first_difference``: None when they do), and ``paths`` what each engine's compute path ran: on H100s
-    the modes' tokens differed at token 3 in four runs of nine, their prompt logits equal (docs/benchmarks.md)."""
+    the modes' tokens differed at token 3 in four runs of ten, their prompt logits equal (docs/benchmarks.md)."""
     loaded = random_loaded(shape, f"{shape_name}-{layers}l", layers, 8192)
     vocab = loaded.model.args.vocab_size
     ids, other = ([int(t) for t in mx.random.randint(256, vocab - 16, (prompt_tokens,), key=mx.random.key(k)).tolist()]
