@@ -32,6 +32,16 @@ def test_compute_and_draft_settings_parse_and_bad_values_keep_their_defaults():
                                                    "compute.linear"]
 
 
+def test_the_compute_settings_default_to_the_engines_own_options():
+    """`compute.*` mirrors `engine.compute_options.ComputeOptions` (the settings' docs are the server's): the same
+    names, and the same defaults, so an engine built without settings computes as one built from the defaults."""
+    import dataclasses
+
+    from engine.compute_options import ComputeOptions
+
+    assert dataclasses.asdict(ComputeSettings()) == dataclasses.asdict(ComputeOptions())
+
+
 def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(tiny_model):
     options = default_options(tiny_model, compute={"attention": "mlx", "compile": False})
     options["model"] |= {"speculation": "draft", "draftModel": str(tiny_model)}
