@@ -270,7 +270,6 @@ class _Asker:
         from context.errors import ContextError, ScanStopped
         from server.context_cmd import fit_summary
         from server.core.features.ask import ask, question_fits
-        from server.core.prompt import Turn
         from server.core.prompt_size import PromptTooLongError
 
         try:  # before the scan: a question that leaves no room for the repository is named as such
@@ -290,16 +289,17 @@ class _Asker:
         self.err.write(f"[repo {self.args.repo}: {fit_summary(layout)}; {len(layout.skipped)} skipped, "
                        f"{layout.tokens} prefix tokens (budget {session.settings.context.budget_tokens}; "
                        f"`codectx context` shows which)]\n")
-        first = session.prompt.segments([Turn("user", self.args.question)])
-        if not self._fits(sum(len(s.token_ids) for s in first)):
-            return FAILED
         self._cancel = session.cancel_all
         if self.interrupted:
             return INTERRUPTED
-        result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
-                           tools=tools, max_tokens=self.args.max_tokens, sampling=self._sampling(),
-                           on_focus=lambda focus: self.err.write(f"[{focus.summary()}; `codectx context --question` "
-                                                                 f"shows why]\n"))
+        try:  # the core refuses a prompt that, with the answer, cannot fit the model's context
+            result = await ask(session, self.args.question, on_text=self.write, on_prefill=prefill_bar(self.err),
+                               tools=tools, max_tokens=self.args.max_tokens, sampling=self._sampling(),
+                               on_focus=lambda focus: self.err.write(f"[{focus.summary()}; `codectx context "
+                                                                     f"--question` shows why]\n"))
+        except PromptTooLongError as error:
+            self.err.write(f"codectx ask: {error}\n")
+            return FAILED
         return result.metrics, result.finish_reason
 
     def _session(self) -> tuple[Any, Any]:

@@ -98,7 +98,8 @@ class SessionHost:
                 raise NotReadyError("codectx was shut down while loading")
             stage(f"scanning {self.base.root}")
             progress = self._scan_progress(stage, stop)
-            prompt = await asyncio.to_thread(workspace_prompt, self.base, backend.tokenizer, progress)
+            prompt = await asyncio.to_thread(workspace_prompt, self.base, backend.tokenizer, backend.context_length,
+                                             progress)
             if self._closed:
                 raise NotReadyError("codectx was shut down while loading")
         except ScanStopped:

@@ -16,6 +16,7 @@ from context.scan import ScanProgress
 from .backend import Backend
 from .features import hover as hover_feature
 from .features.hover_prefetch import HoverPrefetch
+from .prefix_budget import server_context
 from .prompt import WorkspacePrompt
 from .session import LoadingSession, Session
 from .tools import TOOLS_PROMPT, WorkspaceTools
@@ -24,14 +25,17 @@ from .warmup import Warmup
 logger = logging.getLogger(__name__)
 
 
-def workspace_prompt(base: LoadingSession, tokenizer, progress: ScanProgress | None = None) -> WorkspacePrompt:
-    """The workspace's prompt over `base`'s root, buffers and context settings (scans: blocking).
+def workspace_prompt(base: LoadingSession, tokenizer, context_length: int,
+                     progress: ScanProgress | None = None) -> WorkspacePrompt:
+    """The workspace's prompt over `base`'s root, buffers and context settings, its budget within what a
+    model's context of `context_length` tokens leaves (`server_context`) (scans: blocking).
 
     Raises:
         ContextError: The workspace cannot be scanned.
         ScanStopped: `progress` stopped the scan.
     """
-    return WorkspacePrompt(base.root, tokenizer, base.buffer_text, TOOLS_PROMPT, base.settings.context, progress)
+    return WorkspacePrompt(base.root, tokenizer, base.buffer_text, TOOLS_PROMPT,
+                           server_context(base.settings, context_length), progress)
 
 
 class ReadySession(Session):

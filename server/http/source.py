@@ -22,6 +22,7 @@ from server.core.backend import Backend, start_backend
 from server.core.errors import NotReadyError
 from server.core.features.ask import focus_of
 from server.core.outcomes import Outcomes
+from server.core.prefix_budget import server_context
 from server.core.prompt import Turn, WorkspacePrompt
 from server.core.session import Session, SessionProvider
 from server.core.settings import Settings
@@ -112,7 +113,7 @@ class StandaloneSource:
         settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, name=model))
         backend = start_backend(settings)
         try:
-            prompt = build_workspace_prompt(workspace, backend.tokenizer, settings) if workspace else None
+            prompt = build_workspace_prompt(workspace, backend, settings) if workspace else None
         except BaseException:
             backend.close()
             raise
@@ -151,12 +152,14 @@ class StandaloneSource:
             self.prompt.close()
 
 
-def build_workspace_prompt(root: Path, tokenizer: Any, settings: Settings) -> WorkspacePrompt:
-    """The core's prompt for `root` (`WorkspacePrompt`: one builder, one access policy), no buffers."""
+def build_workspace_prompt(root: Path, backend: Any, settings: Settings) -> WorkspacePrompt:
+    """The core's prompt for `root` (`WorkspacePrompt`: one builder, one access policy), no buffers;
+    its budget within what `backend`'s context leaves (`server_context`)."""
     def no_buffers(path: Path) -> None:
         return None
 
-    return WorkspacePrompt(root, tokenizer, no_buffers, TOOLS_PROMPT, settings.context)
+    return WorkspacePrompt(root, backend.tokenizer, no_buffers, TOOLS_PROMPT,
+                           server_context(settings, backend.context_length))
 
 
 class SessionSource:

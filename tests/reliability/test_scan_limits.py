@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.security.lsp_session import ask, prompt_keys, served, show_context, skip_reasons, tiny_model
-from tests.server.harness import REPO_ROOT, write_sample_workspace
+from tests.server.harness import REPO_ROOT, build_server_test_model, write_sample_workspace
 
 DEPTH = 1500  # above Python's default recursion limit (1000)
 BOTTOM = "bottom.py"
@@ -110,10 +110,13 @@ def test_tree_past_path_max_reports_where_the_os_refused(deep):
     assert bottom.startswith(folder) and reason == "unreadable folder (File name too long)"
 
 
-async def test_language_server_on_a_hostile_tree_is_ready_and_answers(deep):
+async def test_language_server_on_a_hostile_tree_is_ready_and_answers(deep, tmp_path_factory):
     root, bottom = deep("d")
     (root / os.fsdecode(b"bad\xff.py")).write_bytes(b"X = 1\n")  # git allows any bytes in a name
-    model = {"name": str(tiny_model()), "kvBits": 16, "prefillChunk": 512}  # the deep path is ~1,500 tokens
+    # The deep path is ~1,500 tokens, in the map and in the file's header: a model that reads 8,192 tokens
+    # leaves the prefix room for it beside an ask.
+    wide = build_server_test_model(tmp_path_factory.mktemp("wide-model"), max_position_embeddings=8192)
+    model = {"name": str(wide), "kvBits": 16, "prefillChunk": 512}
     async with served(root, model=model) as client:
         context = await show_context(client)
         assert prompt_keys(context) == {"util.py", "main.py", bottom}

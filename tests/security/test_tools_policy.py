@@ -135,6 +135,8 @@ async def test_ask_loop_survives_every_bad_call_and_leaks_nothing(repo):
     calls += ['<tool_call>{"name": "run_shell", "arguments": {"cmd": "cat .env"}}</tool_call>',
               '<tool_call>{"name": "search", "arguments": {"text": "' + SECRET + '"}}</tool_call>']
     session, engine = session_for(repo, [*calls, "done reading."], ask={"maxToolCalls": len(calls)})
+    # Byte tokens, and one call alone names a 100,000-character path: a context that holds every round.
+    session.backend.context_length = 262144
     result = await ask(session, "Read every secret.", on_text=lambda t: None,
                        tools=tools_of(session))
     assert result.finish_reason == "stop" and result.text.endswith("done reading. ")

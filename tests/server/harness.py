@@ -187,7 +187,7 @@ async def in_process_session(options: dict, root: Path):
     assert problems == [], problems
     base = LoadingSession(settings, DocumentStore(UTF16), root)
     backend = await asyncio.to_thread(start_backend, settings)
-    return Session(base, backend, workspace_prompt(base, backend.tokenizer))
+    return Session(base, backend, workspace_prompt(base, backend.tokenizer, backend.context_length))
 
 
 async def loaded_host(options: dict, root: Path):

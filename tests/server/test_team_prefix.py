@@ -16,7 +16,7 @@ from tests.server.harness import write_sample_workspace
 
 def prefix_of(root, tokenizer) -> tuple[list[tuple[str, str]], list[int], str]:
     """The stable prefix of `root`'s workspace prompt: (kind, key) per segment, token ids, text."""
-    prompt = workspace_prompt(LoadingSession(Settings(), NoBuffers(), root), tokenizer)
+    prompt = workspace_prompt(LoadingSession(Settings(), NoBuffers(), root), tokenizer, 8192)
     segments = prompt.prefix_segments()
     ids = [t for s in segments for t in s.token_ids]
     return [(str(s.kind), s.key) for s in segments], ids, tokenizer.decode(ids)
@@ -42,6 +42,6 @@ def test_two_checkouts_on_different_paths_send_the_same_prefix_bytes(tmp_path):
     assert str(tmp_path) not in text_a and "alice" not in text_a and "bob" not in text_b
 
     # The question and the hot tail come after the prefix: they change nothing before it.
-    prompt = workspace_prompt(LoadingSession(Settings(), NoBuffers(), second), tokenizer)
+    prompt = workspace_prompt(LoadingSession(Settings(), NoBuffers(), second), tokenizer, 8192)
     asked = prompt.segments([Turn("user", "What does deep return?")])
     assert [t for s in asked[:len(layout_b)] for t in s.token_ids] == ids_b

@@ -39,9 +39,11 @@ export function outcomeFooter(outcome: AskOutcome): string {
   }
   const m: Partial<Record<string, unknown>> = outcome.result.metrics ?? {};
   const finish = FINISH_NOTES[outcome.result.finishReason] ?? '';
+  const dropped = outcome.result.droppedTurns
+    ? ` · ${outcome.result.droppedTurns} earlier turns left out to fit the context` : '';
   return `${count(m.prompt_tokens)} prompt tokens (${count(m.cached_tokens)} cached, `
     + `${count(m.recomputed_tokens)} computed) · TTFT ${fixed(m.ttft_s, 2) ?? '?'} s · `
-    + `${count(m.decode_tokens)} tokens at ${fixed(m.decode_tps, 1) ?? '?'} tok/s${finish}`;
+    + `${count(m.decode_tokens)} tokens at ${fixed(m.decode_tps, 1) ?? '?'} tok/s${finish}${dropped}`;
 }
 
 /** The message that ends an ask in the page; an answer's final text replaces the streamed one. */

@@ -56,6 +56,8 @@ export interface AskResult {
   conversationId: string;
   metrics: AskMetrics;
   toolCalls?: { name: string; resultChars: number }[];
+  /** The conversation's oldest turns that left the prompt to fit the model's context. */
+  droppedTurns?: number;
 }
 
 /** Params of a `codectx/stream` notification. */

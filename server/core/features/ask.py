@@ -10,6 +10,7 @@ from context.focus import Focus
 from context.focus_query import FocusQuery
 from engine.request import PromptSegment, SamplingParams
 
+from ..context_fit import answer_room, fitted_turns
 from ..prompt import Turn, tokenizable
 from ..prompt_size import PromptTooLongError, check_text_fits
 from ..session import Session
@@ -28,10 +29,12 @@ class AskResult:
     conversation_id: str
     tool_calls: list[dict] = field(default_factory=list)
     focus: dict | None = None  # `Focus.as_dict()`: what was focused and why (None: focus off)
+    dropped_turns: int = 0  # the conversation's oldest turns that left the prompt to fit the context
 
     def as_dict(self) -> dict:
         return {"text": self.text, "finishReason": self.finish_reason, "metrics": self.metrics,
-                "conversationId": self.conversation_id, "toolCalls": self.tool_calls, "focus": self.focus}
+                "conversationId": self.conversation_id, "toolCalls": self.tool_calls, "focus": self.focus,
+                "droppedTurns": self.dropped_turns}
 
 
 def question_text(question: str, selection: str | None, path: str | None) -> str:
@@ -71,6 +74,9 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     Tool calls are shown in the stream. `sampling` defaults to greedy. Unless `focus.enabled` is off, the
     definitions and files the request names (`focus`, default: the question and `path`) are focus segments
     after the repository prefix (`context.focus`); `on_focus` is told that focus before the answer starts.
+    Prompt and answer stay inside the model's context: the conversation's oldest exchanges leave the prompt
+    first, then the answer is shortened, and a tool result that cannot fit is replaced by a note
+    (`server.core.context_fit`).
 
     Raises:
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
@@ -81,43 +87,85 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     asked = question_text(question, selection, path)
     await asyncio.to_thread(check_fits, session, asked, answer_tokens)  # tokenizing a long paste: not on the loop
     conversation_id, history = session.base.conversations.get(conversation_id)
-    turns = history + [Turn("user", asked)]
     pieces: list[str] = []
     calls: list[dict] = []
-
-    def first_prompt() -> tuple[Focus | None, list[PromptSegment]]:  # the focus sized for the prompt it goes in
-        chosen = focus_of(session, focus or FocusQuery(question, path=path), turns, answer_tokens)
-        return chosen, session.prompt.segments(turns, chosen.segments if chosen else ())
 
     def emit(text: str) -> None:
         pieces.append(text)
         on_text(text)
 
     # Built on the prompt's own thread: applying edits may fold the hot tail (seconds on a large repository).
-    focused, segments = await session.prompt.call(first_prompt)
+    turns, dropped, focused, segments, round_tokens = await session.prompt.call(
+        _first_prompt, session, history, Turn("user", asked), focus or FocusQuery(question, path=path), answer_tokens)
     if focused is not None and on_focus is not None:
         on_focus(focused)
     metrics: dict = {}
+    finish_reason = "stop"
     for round_number in range(settings.max_tool_calls + 1):
-        if round_number:
-            segments = await session.prompt.call(session.prompt.segments, turns, focused.segments if focused else ())
         done = await session.generate(
-            segments, max_tokens=answer_tokens, on_text=emit,
+            segments, max_tokens=round_tokens, on_text=emit,
             stop=(CALL_CLOSE,) if tools else (), on_prefill=on_prefill, sampling=sampling)
         metrics = _add_metrics(metrics, done.metrics.as_dict())
+        finish_reason = done.finish_reason
         more = tools and round_number < settings.max_tool_calls and done.finish_reason != "cancelled"
         call = _tool_call(done.text) if more else None
         if call is None:
             break
-        result = await asyncio.to_thread(_run_tool, tools, call)  # reads files (a search reads every one)
-        calls.append({"name": call.name, "arguments": call.arguments, "resultChars": len(result)})
-        emit(f"\n[tool {call.name} returned {len(result)} characters]\n")
-        reply = done.text if done.text.rstrip().endswith(CALL_CLOSE) else done.text + CALL_CLOSE
-        turns += [Turn("assistant", reply), Turn("user", f"<tool_response>\n{result}\n</tool_response>")]
+        segments, round_tokens = await _tool_round(session, tools, call, done.text, turns, focused, answer_tokens,
+                                                   emit, calls)
+        if not round_tokens:
+            finish_reason = "length"
+            break
     text = "".join(pieces)
+    del history[:dropped]  # left-out turns are not kept for later asks
     history += [turns[len(history)], Turn("assistant", text)]
-    return AskResult(text, done.finish_reason, metrics, conversation_id, calls,
-                     focused.as_dict() if focused else None)
+    return AskResult(text, finish_reason, metrics, conversation_id, calls,
+                     focused.as_dict() if focused else None, dropped)
+
+
+def _first_prompt(session: Session, history: list[Turn], question: Turn, query: FocusQuery, answer_tokens: int
+                  ) -> tuple[list[Turn], int, Focus | None, list[PromptSegment], int]:
+    """The first round's turns (how many of `history` were left out), focus, prompt and answer's
+    tokens: the oldest exchanges give way to the answer and the focus's budget; the focus is sized
+    for what is left."""
+    focus = session.settings.focus
+    turns, dropped, room = fitted_turns(session.prompt, history, question, session.backend.context_length,
+                                        answer_tokens, focus.budget_tokens if focus.enabled else 0)
+    if dropped:
+        logger.info("a conversation's %d oldest turns left the prompt to fit the model's context", dropped)
+    chosen = focus_of(session, query, turns, room)
+    return turns, dropped, chosen, session.prompt.segments(turns, chosen.segments if chosen else ()), room
+
+
+async def _tool_round(session: Session, tools: WorkspaceTools, call: Any, text: str, turns: list[Turn],
+                      focused: Focus | None, answer_tokens: int, emit: Callable[[str], None],
+                      calls: list[dict]) -> tuple[list[PromptSegment], int]:
+    """Runs `call` (the round's `text` asked for it), adds the exchange to `turns` and returns the
+    next round's prompt and answer's tokens; 0 tokens (said in the stream): no room for a round."""
+    result = await asyncio.to_thread(_run_tool, tools, call)  # reads files (a search reads every one)
+    calls.append({"name": call.name, "arguments": call.arguments, "resultChars": len(result)})
+    emit(f"\n[tool {call.name} returned {len(result)} characters]\n")
+    reply = text if text.rstrip().endswith(CALL_CLOSE) else text + CALL_CLOSE
+    turns += [Turn("assistant", reply), Turn("user", f"<tool_response>\n{result}\n</tool_response>")]
+    segments, room = await session.prompt.call(_tool_round_prompt, session, turns, focused, answer_tokens)
+    if not room:
+        emit("\n[no room left in the model's context for another round]\n")
+    return segments, room
+
+
+def _tool_round_prompt(session: Session, turns: list[Turn], focused: Focus | None,
+                       answer_tokens: int) -> tuple[list[PromptSegment], int]:
+    """The next tool round's prompt and answer's tokens (`answer_room`); a tool result that leaves
+    too little room is replaced by a note saying so (the model answers without it)."""
+    focus_segments = focused.segments if focused else ()
+    context_length = session.backend.context_length
+    segments = session.prompt.segments(turns, focus_segments)
+    room = answer_room(segments, context_length, answer_tokens)
+    if room:
+        return segments, room
+    turns[-1] = Turn("user", "<tool_response>\nerror: the result does not fit in the model's context\n</tool_response>")
+    segments = session.prompt.segments(turns, focus_segments)
+    return segments, answer_room(segments, context_length, answer_tokens)
 
 
 def check_fits(session: Session, asked: str, answer_tokens: int) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from context.errors import AccessDeniedError
 
+from ..context_fit import answer_room, prompt_tokens
 from ..prompt import Turn
+from ..prompt_size import PromptTooLongError
 from ..session import Session
 from .symbols import DefinitionSite, enclosing_definition
 
@@ -47,8 +49,19 @@ def clean_line(text: str, limit: int = 100) -> str:
 
 
 async def _complete(session: Session, question: str, max_tokens: int) -> str:
+    """The model's answer to `question` after the repository prefix, within the model's context.
+
+    Raises:
+        PromptTooLongError: The code in `question` leaves the answer too little of the context.
+    """
     segments = await session.prompt.call(session.prompt.segments, [Turn("user", question)])  # may fold: off the loop
-    done = await session.generate(segments, max_tokens=max_tokens)
+    context_length = session.backend.context_length
+    room = answer_room(segments, context_length, max_tokens)
+    if not room:
+        raise PromptTooLongError(f"the code with the repository prefix comes to {prompt_tokens(segments)} tokens, "
+                                 f"which leave too little of the model's context of {context_length} for an answer: "
+                                 f"select less")
+    done = await session.generate(segments, max_tokens=room)
     return done.text
 
 

@@ -13,7 +13,7 @@ local M = {}
 ---@field win integer The float.
 ---@field text string Streamed text so far.
 ---@field finish string? finishReason of the stream's end (`stop`, `length`, `repetition`, `cancelled`, `error`), or of an acknowledged cancel.
----@field result table? The request's result (`text`, `finishReason`, `metrics`, `conversationId`).
+---@field result table? The request's result (`text`, `finishReason`, `metrics`, `conversationId`, `droppedTurns`).
 ---@field error lsp.ResponseError? The request's error (a cancelled request gets none: Neovim drops that reply).
 ---@field cancelled boolean? `$/cancelRequest` was sent.
 ---@field exited { code: integer, signal: integer }? The server exited before the answer ended (nothing more comes).
@@ -82,8 +82,10 @@ end
 
 local function summary(result)
   local m = result.metrics or {}
-  return ('%s · %d tokens · %.1f tok/s · TTFT %.2f s'):format(
-    result.finishReason or '?', m.decode_tokens or 0, m.decode_tps or 0, m.ttft_s or 0)
+  local dropped = (result.droppedTurns or 0) > 0
+      and (' · %d earlier turns left out to fit the context'):format(result.droppedTurns) or ''
+  return ('%s · %d tokens · %.1f tok/s · TTFT %.2f s%s'):format(
+    result.finishReason or '?', m.decode_tokens or 0, m.decode_tps or 0, m.ttft_s or 0, dropped)
 end
 
 --- Handler of `codectx/stream` (registered in `lsp/codectx.lua`).

@@ -16,6 +16,9 @@ test('the footer gives tokens, cache use, TTFT, decode speed and why an answer w
   assert.ok(outcomeFooter(looped).endsWith('57 tokens at 18.4 tok/s (stopped on repetition)'), outcomeFooter(looped));
   const stopped = { kind: 'answered' as const, result: { ...outcome.result, finishReason: 'stop' } };
   assert.ok(outcomeFooter(stopped).endsWith('tok/s'), outcomeFooter(stopped));
+  const trimmed = { kind: 'answered' as const, result: { ...outcome.result, droppedTurns: 4 } };
+  assert.ok(outcomeFooter(trimmed).endsWith('(length limit) · 4 earlier turns left out to fit the context'),
+    outcomeFooter(trimmed));
   assert.deepEqual(endMessage({ kind: 'cancelled' }), { type: 'end', text: undefined, footer: 'Stopped.', failed: false });
   assert.deepEqual(endMessage({ kind: 'failed', message: 'no model' }),
     { type: 'end', text: undefined, footer: 'Failed: no model', failed: true });
