@@ -10,6 +10,7 @@ import pytest
 
 from server.core.features import code_actions
 from server.core.features.ask import ask
+from server.core.features.status import show_context
 from server.core.prefix_budget import QUESTION_TOKENS, RESERVED_TOKENS, server_context
 from server.core.prompt_size import PromptTooLongError
 from server.core.settings import parse_settings
@@ -146,5 +147,9 @@ async def test_a_server_builds_its_prefix_within_the_model_context(tmp_path):
         budget = server_context(session.settings, context_length).budget_tokens
         assert session.prompt.workspace.layout.budget == budget < context_length == 4096
         assert prefix_tokens(session) <= budget
+        shown = show_context(session, session.prompt.layout(), session.warmup.segment_states())
+        assert shown["budget"] == budget
+        assert (f"budget: {budget} tokens (context.budgetTokens 1000000, lowered to leave an ask room in the "
+                f"model's context of 4096 tokens)") in shown["markdown"].splitlines()
     finally:
         host.close()

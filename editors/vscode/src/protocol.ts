@@ -123,6 +123,8 @@ export interface ContextLayout {
   segments: { kind: string; key: string; tokens: number; reason?: string }[];
   markdown: string;
   focus?: Focus | null;
+  /** The prefix's token budget (`context.budgetTokens`, or less where the model's context needs room for an ask). */
+  budget?: number | null;
 }
 
 /** Where the connection to the server is: a new connection numbers its requests from 0 again. */

@@ -57,7 +57,7 @@ def show_context(session: Session, layout: list[dict], cache_states: list[str], 
     lines += [f"| {i} | {r['kind']} | {r['key']} | {r['tokens']} | {r['cache']} |" for i, r in enumerate(rows)]
     cached = sum(r["tokens"] for r in rows if r["cache"] == "cached")
     lines += ["", f"total: {sum(r['tokens'] for r in rows)} tokens in {len(rows)} segments; "
-              f"{cached} tokens cached"]
+              f"{cached} tokens cached", budget_line(session)]
     skipped, notes = session.prompt.skipped(), session.prompt.notes()
     if skipped:
         counts = iter_reasons(Skipped(s["path"], s["reason"]) for s in skipped)
@@ -66,4 +66,13 @@ def show_context(session: Session, layout: list[dict], cache_states: list[str], 
     if focus is not None:
         lines += ["", "## focus", "", *(f"    {line}" for line in focus.lines())]
     return {"segments": rows, "skipped": skipped, "notes": notes, "markdown": "\n".join(lines) + "\n",
-            "focus": focus.as_dict() if focus is not None else None}
+            "focus": focus.as_dict() if focus is not None else None, "budget": session.prompt.workspace.budget}
+
+
+def budget_line(session: Session) -> str:
+    """The prefix's token budget, and why when the server lowered `context.budgetTokens` (`server_context`)."""
+    budget, setting = session.prompt.workspace.budget, session.settings.context.budget_tokens
+    if budget is None or budget >= setting:
+        return f"budget: {budget if budget is not None else 'unlimited'} tokens"
+    return (f"budget: {budget} tokens (context.budgetTokens {setting}, lowered to leave an ask room in the model's "
+            f"context of {session.backend.context_length} tokens)")
