@@ -34,7 +34,7 @@ def fitted_turns(prompt: Any, history: Sequence[Turn], question: Turn, context_l
                  reserve: int = 0) -> tuple[list[Turn], int, int]:
     """The turns of an ask: the end of `history`, then `question`. The oldest exchanges (a question
     and its answer) are left out until the prompt and `answer_tokens` fit `context_length` with
-    `reserve` tokens to spare (the focus's budget), or no history is left.
+    `reserve` tokens to spare (the focus the question gets), or no history is left.
 
     Args:
         prompt: The workspace prompt (`WorkspacePrompt`); call on its thread.

@@ -57,6 +57,21 @@ async def test_a_long_conversation_keeps_its_newest_exchanges_within_the_context
     assert all("question-0?" != turn.content for turn in history)  # what left the prompt is not kept
 
 
+async def test_history_gives_way_to_the_focus_a_question_gets_not_to_the_whole_focus_budget(repo):
+    answers = ["answer-0 " + "words " * 60, "answer-1 " + "words " * 60, "answer-2"]
+    session, engine = session_for(repo, answers)  # focus on, 1,024 tokens of budget
+    session.backend.context_length = prefix_tokens(session) + 1100  # one exchange and the whole budget do not fit
+    first = await ask(session, "question-0?", on_text=lambda t: None, max_tokens=ANSWER_TOKENS)
+    plain = await ask(session, "question-1?", on_text=lambda t: None, conversation_id=first.conversation_id,
+                      max_tokens=ANSWER_TOKENS)
+    assert plain.focus["tokens"] == 0 and plain.dropped_turns == 0  # nothing named: the whole history stays
+    assert "question-0?" in prompt_of(engine.requests[1])
+    named = await ask(session, "What does greet in util.py do?", on_text=lambda t: None,
+                      conversation_id=first.conversation_id, max_tokens=ANSWER_TOKENS)
+    assert named.focus["tokens"] > 0 and named.dropped_turns > 0  # history gives way to the focus
+    assert len(engine.requests[2].all_token_ids()) + ANSWER_TOKENS <= session.backend.context_length
+
+
 async def test_an_answer_longer_than_the_room_left_is_shortened_after_the_oldest_turns_leave(repo):
     session, engine = session_for(repo, ["answer-0 " + "words " * 60, "short"], focus={"enabled": False})
     session.backend.context_length = prefix_tokens(session) + 600

@@ -10,7 +10,7 @@ from context.focus import Focus
 from context.focus_query import FocusQuery
 from engine.request import PromptSegment, SamplingParams
 
-from ..context_fit import answer_room, fitted_turns
+from ..context_fit import answer_room, fitted_turns, prompt_tokens
 from ..prompt import Turn, tokenizable
 from ..prompt_size import PromptTooLongError, check_text_fits
 from ..session import Session
@@ -126,15 +126,19 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
 def _first_prompt(session: Session, history: list[Turn], question: Turn, query: FocusQuery, answer_tokens: int
                   ) -> tuple[list[Turn], int, Focus | None, list[PromptSegment], int]:
     """The first round's turns (how many of `history` were left out), focus, prompt and answer's
-    tokens: the oldest exchanges give way to the answer and the focus's budget; the focus is sized
-    for what is left."""
-    focus = session.settings.focus
-    turns, dropped, room = fitted_turns(session.prompt, history, question, session.backend.context_length,
-                                        answer_tokens, focus.budget_tokens if focus.enabled else 0)
+    tokens: the oldest exchanges give way to the answer and the focus the question gets (within
+    its budget); the focus shrinks only where no history is left to give way."""
+    settings, context_length = session.settings.focus, session.backend.context_length
+    focused = session.prompt.focus(query, settings.budget_tokens) if settings.enabled else None
+    turns, dropped, room = fitted_turns(session.prompt, history, question, context_length, answer_tokens,
+                                        focused.tokens if focused else 0)
     if dropped:
         logger.info("a conversation's %d oldest turns left the prompt to fit the model's context", dropped)
-    chosen = focus_of(session, query, turns, room)
-    return turns, dropped, chosen, session.prompt.segments(turns, chosen.segments if chosen else ()), room
+    segments = session.prompt.segments(turns, focused.segments if focused else ())
+    if focused is not None and prompt_tokens(segments) + room > context_length:
+        focused = focus_of(session, query, turns, room)
+        segments = session.prompt.segments(turns, focused.segments if focused else ())
+    return turns, dropped, focused, segments, room
 
 
 async def _tool_round(session: Session, tools: WorkspaceTools, call: Any, text: str, turns: list[Turn],
