@@ -1,7 +1,7 @@
 """Keeping a request inside the model's context. For an ask (`features.ask`): a conversation's
-oldest exchanges leave the prompt first, then the answer is shortened to the room left, a tool
-result that cannot fit is replaced by a note, and a question that leaves too little room even
-alone is refused; code actions shorten or refuse the same way.
+oldest exchanges leave the prompt first, then the focus and then the answer are shortened to the
+room left, a tool result that cannot fit is replaced by a note, and a question that leaves too
+little room even alone is refused; code actions shorten their answer or refuse the same way.
 
 Neither prompt nor answer runs past the model's trained context: the engine would run it, and
 the model would answer from positions it never learned.

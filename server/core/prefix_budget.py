@@ -1,6 +1,6 @@
 """How many tokens of the repository prefix a question can have: one computation for
 `codectx ask` (which uses it), `codectx context` (which shows what it holds) and the servers
-(`server_budget`: their questions are not known when the prefix is built)."""
+(`server_context`: their questions are not known when the prefix is built)."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +40,7 @@ def prefix_budget(context: ContextSettings, context_length: int, max_tokens: int
 def server_context(settings: Settings, context_length: int) -> ContextSettings:
     """The context settings a server's prefix is built with: a `budgetTokens` that leaves a model of
     `context_length` tokens room for an ask (`QUESTION_TOKENS`), its focus and its answer
-    (`ask.maxTokens`); a larger setting is lowered (the default's 6000 suit the default model's 8192
+    (`ask.maxTokens`); a larger setting is lowered (the default 6,000 suits the default model's 8,192
     tokens, not a smaller model's), and the log says so."""
     focus = settings.focus.budget_tokens if settings.focus.enabled else 0
     budget = prefix_budget(settings.context, context_length, settings.ask.max_tokens, QUESTION_TOKENS + focus)

@@ -75,8 +75,8 @@ async def answer(session: Session, question: str, *, on_text: Callable[[str], No
     definitions and files the request names (`focus`, default: the question and `path`) are focus segments
     after the repository prefix (`context.focus`); `on_focus` is told that focus before the answer starts.
     Prompt and answer stay inside the model's context: the conversation's oldest exchanges leave the prompt
-    first, then the answer is shortened, and a tool result that cannot fit is replaced by a note
-    (`server.core.context_fit`).
+    first, then the focus and the answer are shortened, and a tool result that cannot fit is replaced by a
+    note (`server.core.context_fit`).
 
     Raises:
         asyncio.CancelledError: The caller cancelled; the engine request is cancelled too.
