@@ -102,8 +102,11 @@ class Tokenizer:
         return cls(hf_tokenizer, eos_token_ids)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS/EOS (special-token strings in it are parsed)."""
-        return list(self.hf.encode(text, add_special_tokens=False))
+        """Token ids of `text`, without BOS/EOS (special-token strings in it are parsed). Any length:
+        whole files are counted on purpose, and a prompt's fit in the model's context is checked where
+        it is built (`server.core.context_fit`), so transformers' warning past its `model_max_length`
+        (which an editor shows as an error line) is not asked for."""
+        return list(self.hf.encode(text, add_special_tokens=False, verbose=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens included."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -175,8 +174,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     from engine.errors import EngineError
     from server.core.backend import start_backend
 
-    # Counting a whole file's tokens is fine here; transformers warns past model_max_length.
-    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
     try:
         backend = start_backend(settings, progress=True)
     except EngineError as error:
