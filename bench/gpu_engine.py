@@ -176,6 +176,10 @@ def ask(eng: Engine, segments: list, max_tokens: int) -> dict[str, Any]:
                 step_traces_fallbacks=[b - a for a, b in zip(before, request_profile.step_counts(eng))])
 
 
+RAW_VARIANT = (False, False, "cores")
+"""The kernels argument both raw steps pass to `bench.gpu_step.decode_steps` (its scope asks for none of its own)."""
+
+
 def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     """The same decode step outside the engine (bench/gpu_step.py's pipelined loop over a window cache of random
     rows, disabled for dense configurations; the path `config`'s engine chose), in this process after its asks, at
@@ -188,8 +192,8 @@ def raw_steps(run: Run, length: int, config: str, steps: int = 16) -> None:
     path = choose(run.model, run.options(config))  # as the engine chooses it
     policy = run.window if CONFIGS[config][0] else WindowPolicy(enabled=False)
     cache = filled_cache(run.model, policy, CONFIGS[config][1], length)
-    decode_steps(path, cache, 2, (False, False, "cores"), "sync", attempts=1)  # the buffers grow once, untimed
-    times = decode_steps(path, cache, steps, (False, False, "cores"), "pipelined", attempts=3)
+    decode_steps(path, cache, 2, RAW_VARIANT, "sync", attempts=1)  # the buffers grow once, untimed
+    times = decode_steps(path, cache, steps, RAW_VARIANT, "pipelined", attempts=3)
     add_raw_step(run, length, config, "a filled cache", times)
     del cache
     free()
@@ -203,7 +207,7 @@ def engine_cache_steps(run: Run, eng: Engine, config: str, steps: int = 16) -> N
 
     idle(eng)
     with eng.prefix.request_scope():  # (decode_steps puts the cache's offset back after each run)
-        times = decode_steps(eng.compute, eng.prefix.cache, steps, (False, False, "cores"), "pipelined", attempts=3)
+        times = decode_steps(eng.compute, eng.prefix.cache, steps, RAW_VARIANT, "pipelined", attempts=3)
     add_raw_step(run, eng.prefix.cache[0].offset, config, "the engine's cache, writes paused", times)
 
 
