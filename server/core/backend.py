@@ -180,9 +180,8 @@ def start_backend(settings: Settings, *, progress: bool = False) -> Backend:
 
         return start_remote_backend(settings)
     from engine import blas
-    from engine.compute_options import ComputeOptions
 
-    compute = ComputeOptions(**dataclasses.asdict(settings.compute))
+    compute = settings.compute  # the engine's own ComputeOptions
     blas.preload(compute.blas, compute.blas_threads)  # the start-up step, before MLX is imported
     from engine.draft_model import drafter_for
     from engine.engine import Engine

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from engine.compute_options import ATTENTION_CHOICES, FORWARD_CHOICES, KERNEL_CHOICES, LINEAR_CHOICES
+from engine.compute_options import (ATTENTION_CHOICES, FORWARD_CHOICES, KERNEL_CHOICES, LINEAR_CHOICES,
+                                    ComputeOptions)
 
 
 @dataclass(frozen=True)
@@ -42,34 +43,11 @@ class ModelSettings:
     gguf_bits: int = 4
 
 
-@dataclass(frozen=True)
-class ComputeSettings:
-    """How the engine computes the model's forward (`engine.compute`); what runs is part of
-    the checkpoint policy, so checkpoints of one path are never restored under another.
-
-    Attributes:
-        attention: "auto" (NumPy attention on the CPU for llama/qwen-style models), "mlx"
-            (the model's own) or "numpy".
-        forward: "auto" (every layer in NumPy where `engine.cpu_forward` supports the
-            model: float32 llama), "mlx" or "numpy".
-        compile: Compiled decode and verify steps where MLX runs the layers.
-        blas: The BLAS under MLX's CPU matmuls: "auto", "off" or a library path; chosen
-            once when the engine first starts (a change needs a restart).
-        blas_threads: BLAS threads; 0: the usable cores, at most 8.
-        linear: How a quantized model's linear layers multiply prefill chunks: "auto"
-            (measured once per device and model shape), "quantized" or "dequantized"
-            (`engine.linear_mode`).
-        kernels: Our decode kernels on MLX's CUDA backend: "auto" (measured against MLX's
-            once per device and model shape), "mlx" or "codectx" (`engine.decode_choice`).
-    """
-
-    attention: str = "auto"
-    forward: str = "auto"
-    compile: bool = True
-    blas: str = "auto"
-    blas_threads: int = 0
-    linear: str = "auto"
-    kernels: str = "auto"
+ComputeSettings = ComputeOptions
+"""`compute.*`: how the engine computes the model's forward, the engine's own options
+(`engine.compute_options.ComputeOptions`: names, defaults and checks held once), parsed like
+every group here; what runs is part of the checkpoint policy, so checkpoints of one path are
+never restored under another."""
 
 
 @dataclass(frozen=True)
