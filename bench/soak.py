@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.soak_lsp import LspPeer  # noqa: E402
 from bench.soak_report import Tally, percentile, report  # noqa: E402
-from tests.reliability.lsp_wire import frame  # noqa: E402
+from bench.lsp_wire import frame  # noqa: E402
 
 TIMEOUT_S = 60.0
 LISTENING = re.compile(r"codectx HTTP API on (http://\S+)")

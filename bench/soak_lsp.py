@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.reliability.lsp_wire import frame, read_message
+from bench.lsp_wire import frame, read_message
 
 ROOT = Path(__file__).resolve().parents[1]
 

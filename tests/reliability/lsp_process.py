@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.reliability.lsp_wire import frame, read_message
+from bench.lsp_wire import frame, read_message
 from tests.server.harness import build_server_test_model, default_options, server_config, write_sample_workspace
 
 TIMEOUT = 30.0  # generous for a busy 2-core machine; a healthy server answers in milliseconds
