@@ -81,11 +81,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def one(eng: Any, label: str, seed: int) -> dict[str, Any]:
         before, start = ptx_files(folder), time.time()
-        row = {k: v for k, v in gpu_engine.ask(eng, repo.prompt(seed), a.decode).items() if k != "ids"}
+        row = gpu_engine.ask(eng, repo.prompt(seed), a.decode)
+        ids = row.pop("ids")
         row.update(label=label, ptx_written=written(before, ptx_files(folder), start))
         keep = ("label", "prompt", "restored", "ttft_s", "decode_tps", "drafted", "accepted", "token_gaps",
                 "ptx_written")
-        result["asks"].append({k: row[k] for k in keep})
+        result["asks"].append({k: row[k] for k in keep} | {"ids": ids})
         print(label, {k: row[k] for k in keep if k != "ptx_written"}, f"{len(row['ptx_written'])} PTX modules",
               file=sys.stderr, flush=True)
         return row
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     one(eng, "first speculating ask", 2)
     one(eng, "second speculating ask", 3)
     gpu_engine.close(eng)
+    from engine import cuda_kernel_cache
+    result["kernel_cache"] = cuda_kernel_cache.enabled()
     result["ptx_files_at_end"] = len(ptx_files(folder))
     result["custom_kernel_files"] = sorted(n for n in ptx_files(folder) if n.startswith("custom_kernel"))[:50]
     save_json(result, a.out, quiet=True)

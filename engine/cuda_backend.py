@@ -2,7 +2,8 @@
 
 Our kernels (`engine.cuda_qmv`, `engine.cuda_dequant`, `engine.cuda_attention`,
 `engine.cuda_attention_mma`, `engine.cuda_chunk_attention`, `engine.cuda_kv_write`) are compiled by MLX at first use
-through `kernel` (`mx.fast.cuda_kernel`); they exist only where MLX runs on CUDA.
+through `kernel` (`mx.fast.cuda_kernel`); they exist only where MLX runs on CUDA. MLX keeps what it compiles for
+them in memory only; `engine.cuda_kernel_cache` writes it where MLX's next process finds it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlx.core as mx
+
+from engine import cuda_kernel_cache
 
 LOG2E = math.log2(math.e)
 """Our attention kernels work in base 2 (`exp2f`): the softmax scale is multiplied by this."""
@@ -103,10 +106,13 @@ def kept_verdict(owner: Any, name: str, dtype: mx.Dtype, ask: Callable[[], bool]
 def kernel(name: str, source: str, header: str = "", **options: Any) -> Any:
     """`mx.fast.cuda_kernel` under `name` plus a hash of its source and signature: some MLX builds
     cache compiled kernels on disk by name alone, so a changed source, or a changed list of inputs
-    or outputs (MLX writes the signature from them), must get a new name."""
+    or outputs (MLX writes the signature from them), must get a new name. Where
+    `engine.cuda_kernel_cache` is on, each launch's compiled code is kept on disk for later processes."""
     signature = repr((options.get("input_names"), options.get("output_names")))
     digest = hashlib.sha1((header + source + signature).encode()).hexdigest()[:10]
-    return mx.fast.cuda_kernel(name=f"{name}_{digest}", source=source, header=header, **options)
+    made = mx.fast.cuda_kernel(name=f"{name}_{digest}", source=source, header=header, **options)
+    return cuda_kernel_cache.wrap(made, f"{name}_{digest}", source, header, options.get("input_names", ()),
+                                  options.get("output_names", ()))
 
 
 @functools.lru_cache(maxsize=16)

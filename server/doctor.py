@@ -54,6 +54,11 @@ def check_mlx() -> Check:
     backends = [name for name in ("metal", "cuda") if _available(mx, name)]
     backend = "+".join(backends) or "cpu"
     settings = ", ".join(f"{name}={value}" for name, value in mlx_env.current().items())
+    if "cuda" in backends:
+        from engine import cuda_kernel_cache
+
+        kept = f"in {cuda_kernel_cache.ptx_folder()}" if cuda_kernel_cache.enabled() else "off (the log says why)"
+        settings += f", our CUDA kernels' compiled code kept {kept}"
     return Check("mlx", True, f"{mx.__version__}, backend {backend}, device {mx.default_device()}, {settings}")
 
 

@@ -4,21 +4,19 @@ wheel) on the sources MLX would build from our calls.
 MLX's CUDA backend has no CPU build, so `mx.fast.cuda_kernel` is replaced by `Recorder` (a stand-in, named
 as such: MLX's call is a thing we do not own and cannot run here). Each kernel's definition (name, header,
 body, input and output names) and each launch's inputs, template and output dtypes are recorded, and the
-launch returns zeros. `kernel_source` writes the whole kernel the way MLX's CUDA backend writes one: its
-header, ours, then ``__global__ void name(const T* input, [Shape input_shape, Strides input_strides,
-int input_ndim: where the body names them], ..., T* output, ...) { constexpr int ... = ...; using T = ...;
-body }`` inside ``namespace mlx::core::cu``. MLX's own header (``mlx/backend/cuda/device/utils.cuh``,
-compiled into MLX) is not in its wheel: `PRELUDE` stands in for the part our kernels use (the fixed-width
-integer types, ``INFINITY``, ``Shape`` and ``Strides``); MLX's header also brings in cooperative groups,
-which none of our kernels uses (its headers need more of CUDA's than the wheel holds): one that did would
-fail here.
+launch returns zeros. `kernel_source` writes the whole kernel the way MLX's CUDA backend writes one
+(`engine.cuda_kernel_cache.standalone_source`): its header, ours, then ``__global__ void
+custom_kernel_<name><template>(const T* input, [Shape input_shape, Strides input_strides, int input_ndim: where
+the body names them], ..., T* output, ...) { constexpr int ... = ...; using T = ...; body }`` inside
+``namespace mlx::core::cu``. MLX's own header (``mlx/backend/cuda/device/utils.cuh``, compiled into MLX) is not in
+its wheel: `PRELUDE` stands in for the part our kernels use (the fixed-width integer types, ``INFINITY``, ``Shape``
+and ``Strides``); MLX's header also brings in cooperative groups, which none of our kernels uses (its headers need
+more of CUDA's than the wheel holds): one that did would fail here. `PRELUDE`, the C types and the NVRTC loader are
+`engine.cuda_kernel_cache`'s, which compiles the same sources for MLX's PTX cache on a GPU host.
 `compile_errors` compiles for the H200's architecture (sm_90).
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import importlib.util
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -27,44 +25,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.cuda_kernel_cache import C_TYPES, PRELUDE, Definition, kernel_name, nvrtc_compile, standalone_source
+
+__all__ = ["ARCH", "C_TYPES", "PRELUDE", "Definition", "Recorder", "compile_errors", "cubin", "graph_operations",
+           "kernel_source", "record_kernels", "resources"]
 ARCH = "sm_90"
-PRELUDE = r"""
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-typedef signed char int8_t;
-typedef short int16_t;
-typedef int int32_t;
-typedef long long int64_t;
-typedef unsigned char uint8_t;
-typedef unsigned short uint16_t;
-typedef unsigned int uint32_t;
-typedef unsigned long long uint64_t;
-#define INFINITY (__int_as_float(0x7f800000))
-namespace mlx::core::cu {
-template <typename T, int N>
-struct StandInArray {
-  T values[N];
-  __device__ const T& operator[](int i) const { return values[i]; }
-  __device__ T& operator[](int i) { return values[i]; }
-};
-using Shape = StandInArray<int32_t, 10>;
-using Strides = StandInArray<int64_t, 10>;
-}  // namespace mlx::core::cu
-"""
-C_TYPES = {mx.bool_: "bool", mx.int8: "int8_t", mx.int16: "int16_t", mx.int32: "int32_t", mx.int64: "int64_t",
-           mx.uint8: "uint8_t", mx.uint16: "uint16_t", mx.uint32: "uint32_t", mx.uint64: "uint64_t",
-           mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.float32: "float"}
-
-
-@dataclass(frozen=True)
-class Definition:
-    """What `mx.fast.cuda_kernel` was given."""
-
-    name: str
-    source: str
-    header: str
-    input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
 
 
 @dataclass
@@ -76,7 +41,8 @@ class Recorder:
 
     def __call__(self, *, name: str, input_names: list, output_names: list, source: str, header: str = "",
                  **_: Any) -> Any:
-        definition = Definition(name, source, header, tuple(input_names), tuple(output_names))
+        definition = Definition(name=name, header=header, source=source, input_names=tuple(input_names),
+                                output_names=tuple(output_names))
 
         def launch(*, inputs: list, template: list = (), output_shapes: list, output_dtypes: list, **__: Any) -> list:
             self.launches.append((definition, tuple((a.dtype, a.ndim) for a in inputs), tuple(template),
@@ -118,75 +84,22 @@ def graph_operations(*outputs: mx.array) -> list[str]:
 
 def kernel_source(definition: Definition, inputs: tuple, template: tuple, output_dtypes: tuple) -> str:
     """The whole kernel as MLX's CUDA backend writes it (module docstring), `PRELUDE` for MLX's header."""
-    params = []
-    for name, (dtype, ndim) in zip(definition.input_names, inputs):
-        params.append(f"    const {C_TYPES[dtype]}* {name}")
-        for suffix, kind in (("shape", "Shape"), ("strides", "Strides"), ("ndim", "int")):
-            if ndim > 0 and f"{name}_{suffix}" in definition.source:
-                params.append(f"    const __grid_constant__ {kind} {name}_{suffix}")
-    params += [f"    {C_TYPES[dtype]}* {name}" for name, dtype in zip(definition.output_names, output_dtypes)]
-    constants = []
-    for name, value in template:
-        if isinstance(value, bool):
-            constants.append(f"  constexpr bool {name} = {'true' if value else 'false'};")
-        elif isinstance(value, int):
-            constants.append(f"  constexpr int {name} = {value};")
-        else:
-            constants.append(f"  using {name} = {C_TYPES[value]};")
-    return (f"{PRELUDE}{definition.header}namespace mlx::core::cu {{\n\n"
-            f"__global__ void {definition.name}(\n" + ",\n".join(params) + ") {\n" + "\n".join(constants)
-            + f"\n\n{definition.source}\n}}\n\n}} // namespace mlx::core::cu\n")
+    return standalone_source(kernel_name(definition.name, template), definition.header, definition.source,
+                             definition.input_names, inputs, definition.output_names, output_dtypes, template)
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
-
-
-@functools.lru_cache(maxsize=1)
-def _nvrtc() -> tuple[Any, Path]:
-    """libnvrtc and the CUDA headers' folder, from the wheels the dev extras install."""
-    nvrtc, runtime = _package_dir("nvidia.cuda_nvrtc"), _package_dir("nvidia.cuda_runtime")
-    if nvrtc is None or runtime is None:
-        raise RuntimeError("NVRTC is missing: install the dev extras (pip install -e '.[dev]')")
-    return ctypes.CDLL(str(next((nvrtc / "lib").glob("libnvrtc.so.*")))), runtime / "include"
-
-
-def _compile(source: str, name: str, *extra: bytes) -> tuple[bool, str]:
+def _compile(source: str, name: str, *extra: str) -> tuple[bool, str]:
     """(whether NVRTC compiled `source` for `ARCH`, its log)."""
-    lib, include = _nvrtc()
-    program = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None) != 0:
-        raise RuntimeError("nvrtcCreateProgram failed")
-    try:
-        options = [f"--gpu-architecture={ARCH}".encode(), b"-std=c++17", b"-I" + str(include).encode(), *extra]
-        status = lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(program, log)
-        return status == 0, log.value.decode(errors="replace")
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(program))
+    result = nvrtc_compile(source, (f"--gpu-architecture={ARCH}", "-std=c++17", *extra), program_name=name)
+    return result.ok, result.log
 
 
 def cubin(source: str, name: str = "kernel.cu") -> bytes:
     """`source` compiled for `ARCH` by NVRTC: the cubin (machine code, which `cuobjdump -sass` reads)."""
-    lib, include = _nvrtc()
-    program = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None) != 0:
-        raise RuntimeError("nvrtcCreateProgram failed")
-    try:
-        options = [f"--gpu-architecture={ARCH}".encode(), b"-std=c++17", b"-I" + str(include).encode()]
-        if lib.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options)) != 0:
-            raise RuntimeError(f"{name} does not compile")
-        size = ctypes.c_size_t()
-        lib.nvrtcGetCUBINSize(program, ctypes.byref(size))
-        code = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(program, code)
-        return code.raw
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(program))
+    result = nvrtc_compile(source, (f"--gpu-architecture={ARCH}", "-std=c++17"), program_name=name)
+    if not result.ok:
+        raise RuntimeError(f"{name} does not compile")
+    return result.cubin
 
 
 def compile_errors(source: str, name: str = "kernel.cu") -> str | None:
@@ -198,7 +111,7 @@ def compile_errors(source: str, name: str = "kernel.cu") -> str | None:
 def resources(source: str, name: str = "kernel.cu") -> dict[str, int]:
     """What the assembler reports for `source` compiled for `ARCH` (``--ptxas-options=-v``): registers a thread,
     stack frame and spill bytes."""
-    ok, log = _compile(source, name, b"--ptxas-options=-v")
+    ok, log = _compile(source, name, "--ptxas-options=-v")
     if not ok:
         raise RuntimeError(log)
     found = {"registers": re.search(r"Used (\d+) registers", log),
