@@ -56,6 +56,13 @@ def stdout_of(call: Callable[[], Any]) -> str:
         return sink.read().decode(errors="replace")
 
 
+def safely(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - reported, the checks go on
+        return repr(error)
+
+
 def probe(name: str, body: str) -> Any:
     import mlx.core as mx
     return mx.fast.cuda_kernel(name=name, input_names=["inp", "scale"], output_names=["out"], source=body)
@@ -84,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result: dict[str, Any] = dict(mlx=mx.__version__, device_info=mx.device_info(), ptx_dir=a.ptx_dir,
                                   folder=str(kc.ptx_folder()), enabled=kc.enabled(), arch=kc.device_arch(),
-                                  nvrtc=kc.nvrtc_version(), include=str(kc.cuda_include()))
+                                  nvrtc=safely(kc.nvrtc_version), include=str(kc.cuda_include()))
     inp_dtypes = [(mx.float32, 1), (mx.float32, 1)]
     template = [("N", 3), ("T", mx.float32)]
     printed = stdout_of(lambda: launch(probe("probe_text", BODY), verbose=True))
