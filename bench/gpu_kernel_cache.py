@@ -84,14 +84,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     shutil.rmtree(a.ptx_dir, ignore_errors=True)
     os.environ["MLX_PTX_CACHE_DIR"] = a.ptx_dir
-    os.environ["CODECTX_CUDA_KERNEL_CACHE"] = "1"  # on whether or not this MLX is in VERIFIED_MLX yet
+    os.environ["CODECTX_CUDA_KERNEL_CACHE"] = "1"  # on whether or not this MLX is in VERIFIED_MLX
     import mlx.core as mx
 
-    from engine import cuda_backend, cuda_kernel_cache as kc
+    from engine import cuda_backend, cuda_kernel_cache as kc, nvrtc
 
     result: dict[str, Any] = dict(mlx=mx.__version__, device_info=mx.device_info(), ptx_dir=a.ptx_dir,
                                   folder=str(kc.ptx_folder()), enabled=kc.enabled(), arch=kc.device_arch(),
-                                  nvrtc=safely(kc.nvrtc_version), include=str(kc.cuda_include()))
+                                  nvrtc=safely(nvrtc.nvrtc_version), driver=safely(nvrtc.driver_version),
+                                  include=str(nvrtc.cuda_include()))
     inp_dtypes = [(mx.float32, 1), (mx.float32, 1)]
     template = [("N", 3), ("T", mx.float32)]
     printed = stdout_of(lambda: launch(probe("probe_text", BODY), verbose=True))

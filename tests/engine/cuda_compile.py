@@ -25,7 +25,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.cuda_kernel_cache import C_TYPES, PRELUDE, Definition, kernel_name, nvrtc_compile, standalone_source
+from engine.cuda_kernel_cache import C_TYPES, PRELUDE, Definition, kernel_name, standalone_source
+from engine.nvrtc import nvrtc_compile
 
 __all__ = ["ARCH", "C_TYPES", "PRELUDE", "Definition", "Recorder", "compile_errors", "cubin", "graph_operations",
            "kernel_source", "record_kernels", "resources"]

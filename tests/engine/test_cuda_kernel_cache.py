@@ -224,6 +224,7 @@ def test_seeding_on_cuda_needs_a_checked_mlx_and_can_be_switched_off(fresh_decis
     into MLX's folder, unless MLX's version is not one checked on a GPU (said once) or the switch is 0."""
     monkeypatch.setattr(cache, "_mlx_on_cuda", lambda: True)
     monkeypatch.setattr(mx, "device_info", lambda: {"compute_capability_major": 9, "compute_capability_minor": 0})
+    monkeypatch.setattr(cache, "driver_version", lambda: (99, 0))  # no GPU driver here
     monkeypatch.setattr(cache, "VERIFIED_MLX", frozenset({"9.9.9"}))
     monkeypatch.setattr(mx, "__version__", "9.9.9")
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path))
@@ -244,6 +245,11 @@ def test_seeding_on_cuda_needs_a_checked_mlx_and_can_be_switched_off(fresh_decis
     monkeypatch.setenv(cache.SWITCH, "1")  # asked for under an unchecked version (the GPU check's own runs)
     cache._seeder.cache_clear()
     assert cache.enabled()
+    monkeypatch.setattr(cache, "driver_version", lambda: (11, 0))  # NVRTC newer than the driver: its cubin may not load
+    cache._seeder.cache_clear()
+    with caplog.at_level(logging.INFO, logger=cache.__name__):
+        assert not cache.enabled()
+    assert "newer than the driver" in caplog.text
 
 
 def test_seed_as_names_the_module_by_one_text_and_compiles_another(tmp_path):
