@@ -241,16 +241,17 @@ class SeedingKernel:
     def __init__(self, kernel: Any, definition: Definition, seeder: Any) -> None:
         self._kernel, self._definition, self._seeder, self._seen = kernel, definition, seeder, set()
 
-    def __call__(self, *args: Any, **kw: Any) -> Any:
-        if _off_reason is None and not args:
-            try:
-                key = tuple(kw.get("template") or ())
-                if key not in self._seen:
-                    self._seen.add(key)
+    def __call__(self, **kw: Any) -> Any:  # on every launch: kept to a tuple and a set lookup (about 1 µs)
+        template = kw.get("template")
+        key = tuple(template) if template else ()
+        if key not in self._seen:
+            self._seen.add(key)
+            if _off_reason is None:
+                try:
                     self._seeder.seed(self._definition, kw["inputs"], key, kw["output_dtypes"])
-            except Exception as error:  # seeding only saves time: never let it stop a launch
-                _turn_off(f"{self._definition.name}: {type(error).__name__}: {error}")
-        return self._kernel(*args, **kw)
+                except Exception as error:  # seeding only saves time: never let it stop a launch
+                    _turn_off(f"{self._definition.name}: {type(error).__name__}: {error}")
+        return self._kernel(**kw)
 
 
 def _mlx_on_cuda() -> bool:
