@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         keep = ("label", "prompt", "restored", "ttft_s", "decode_tps", "drafted", "accepted", "token_gaps",
                 "ptx_written")
         result["asks"].append({k: row[k] for k in keep} | {"ids": ids})
+        save_json(result, a.out, quiet=True)  # after every ask: a process cut by a time limit keeps its rows
         print(label, {k: row[k] for k in keep if k != "ptx_written"}, f"{len(row['ptx_written'])} PTX modules",
               file=sys.stderr, flush=True)
         return row
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     eng = run.engine(a.config, archive=False)  # its load-time measurements compile kernels too
     result["engine_start_s"] = [round(time.perf_counter() - start, 2)]
+    save_json(result, a.out, quiet=True)
     one(eng, "plain ask", 1)
     gpu_engine.close(eng)
     del eng
