@@ -28,13 +28,13 @@ import ctypes
 import functools
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import mlx.core as mx
 
+from engine.archive_files import write_atomically
 from engine.nvrtc import compile_cubin, driver_version, nvrtc_version
 
 logger = logging.getLogger(__name__)
@@ -180,24 +180,6 @@ def module_paths(folder: Path, module: str) -> tuple[Path, Path]:
     return base / f"{last}.ptx", base / f"{last}.txt"
 
 
-def _write_files(contents: dict[Path, bytes]) -> None:
-    """Each file of `contents` (in order) written whole under a temporary name in its folder, then renamed: nothing
-    is renamed unless every file was written, and a reader never sees part of one."""
-    temporary: dict[Path, str] = {}
-    try:
-        for path, data in contents.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary[path] = tempfile.mkstemp(dir=path.parent, prefix=".seed-", suffix=".tmp")
-            with os.fdopen(descriptor, "wb") as file:
-                os.fchmod(file.fileno(), 0o644)
-                file.write(data)
-        for path in list(temporary):
-            os.replace(temporary.pop(path), path)
-    finally:
-        for name in temporary.values():
-            Path(name).unlink(missing_ok=True)
-
-
 class KernelSeeder:
     """Writes a kernel launch's compiled code into MLX's PTX folder `folder`, compiled for `arch` (``sm_90a``)."""
 
@@ -222,7 +204,9 @@ class KernelSeeder:
         source = standalone_source(kernel, compiled.header, compiled.source, compiled.input_names, signature,
                                    compiled.output_names, outputs, template)
         code, lowered = compile_cubin(source, NAMESPACE + kernel, self.arch, self.extra_options)
-        _write_files({txt: f"{NAMESPACE}{kernel}\t{lowered}\n".encode(), ptx: code})  # names before code
+        ptx.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(txt, f"{NAMESPACE}{kernel}\t{lowered}\n".encode())  # the names first: MLX looks for the .ptx
+        write_atomically(ptx, code)
         return True
 
 
@@ -241,7 +225,7 @@ class SeedingKernel:
     def __init__(self, kernel: Any, definition: Definition, seeder: Any) -> None:
         self._kernel, self._definition, self._seeder, self._seen = kernel, definition, seeder, set()
 
-    def __call__(self, **kw: Any) -> Any:  # on every launch: kept to a tuple and a set lookup (about 1 µs)
+    def __call__(self, **kw: Any) -> Any:  # on every launch: kept to a tuple and a set lookup
         template = kw.get("template")
         key = tuple(template) if template else ()
         if key not in self._seen:
@@ -277,10 +261,11 @@ def _seeder() -> KernelSeeder | None:
         if mx.__version__ not in VERIFIED_MLX and os.environ.get(SWITCH) != "1":
             raise RuntimeError(f"MLX {mx.__version__}: its kernel naming was not checked (checked: "
                                f"{', '.join(sorted(VERIFIED_MLX))})")
-        if nvrtc_version() < (11, 8):  # MLX builds PTX, not a cubin, with an older NVRTC
-            raise RuntimeError(f"NVRTC {nvrtc_version()} is older than 11.8")
-        if nvrtc_version() > driver_version():  # its cubin could be one the driver cannot load: MLX would fail
-            raise RuntimeError(f"NVRTC {nvrtc_version()} is newer than the driver's CUDA {driver_version()}")
+        compiler, driver = nvrtc_version(), driver_version()
+        if compiler < (11, 8):  # MLX builds PTX, not a cubin, with an older NVRTC
+            raise RuntimeError(f"NVRTC {compiler} is older than 11.8")
+        if compiler > driver:  # its cubin could be one the driver cannot load: MLX would fail
+            raise RuntimeError(f"NVRTC {compiler} is newer than the driver's CUDA {driver}")
         return KernelSeeder(ptx_folder(), device_arch())
     except (RuntimeError, OSError, KeyError, TypeError, ValueError) as error:
         logger.info("our CUDA kernels are not written to MLX's PTX cache: %s", error)

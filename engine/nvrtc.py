@@ -77,7 +77,7 @@ Compiled = collections.namedtuple("Compiled", "ok log cubin lowered", defaults=(
 
 def _check(status: int, call: str) -> None:
     if status != 0:
-        raise RuntimeError(f"{call} failed (NVRTC status {status})")
+        raise RuntimeError(f"{call} failed (status {status})")
 
 
 def nvrtc_compile(source: str, options: Iterable[str | bytes], name_expression: str | None = None,
