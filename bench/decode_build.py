@@ -67,7 +67,7 @@ def emulated_cuda() -> Iterator[None]:
             return mx.depends(zeros, list(inputs))
         return call
 
-    patched = [(cuda_backend, "_cuda_backend", lambda device: True), (cuda_backend, "cuda_available", lambda: True),
+    patched = [(cuda_backend, "cuda_available", lambda: True),
                (cuda_attention, "cuda_available", lambda: True), (mx.fast, "cuda_kernel", kernel)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
     factories = [cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,

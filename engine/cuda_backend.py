@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from engine import cuda_kernel_cache
+from engine import cuda_kernel_cache, mlx_cuda
 
 LOG2E = math.log2(math.e)
 """Our attention kernels work in base 2 (`exp2f`): the softmax scale is multiplied by this."""
@@ -37,16 +37,6 @@ __device__ __forceinline__ float byte_f(uint32_t w, uint32_t b) {
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_backend(device: str) -> bool:
-    cuda = getattr(mx, "cuda", None)
-    try:
-        return device.startswith("Device(gpu") and cuda is not None and bool(cuda.is_available()) \
-            and hasattr(mx.fast, "cuda_kernel")
-    except (RuntimeError, AttributeError):
-        return False
-
-
 def affine_problem(mode: str, bits: int, dtype: mx.Dtype, has_biases: bool) -> str | None:
     """Why our 4/8-bit affine kernels (`engine.cuda_qmv`, `engine.cuda_dequant`) cannot take a weight
     (None: they can, as far as these checks go; each kernel adds its own group-size rule)."""
@@ -65,7 +55,7 @@ def affine_problem(mode: str, bits: int, dtype: mx.Dtype, has_biases: bool) -> s
 
 def cuda_available() -> bool:
     """Whether MLX runs on its CUDA backend here (the default device is a CUDA GPU)."""
-    return _cuda_backend(str(mx.default_device()))
+    return mlx_cuda.on_cuda()
 
 
 def _hash_kernel_modules() -> str:

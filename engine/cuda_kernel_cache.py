@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import mlx.core as mx
 
+from engine import mlx_cuda
 from engine.archive_files import write_atomically
 from engine.nvrtc import compile_cubin, driver_version, nvrtc_version
 
@@ -238,13 +239,6 @@ class SeedingKernel:
         return self._kernel(**kw)
 
 
-def _mlx_on_cuda() -> bool:
-    """Whether MLX runs on its CUDA backend here: `engine.cuda_backend.cuda_available`'s test, not that function,
-    which imports this module (and which tests replace to record kernels on a CPU)."""
-    cuda = getattr(mx, "cuda", None)
-    return cuda is not None and bool(cuda.is_available()) and mx.default_device().type == mx.gpu
-
-
 def device_arch() -> str:
     """The GPU's architecture as MLX compiles for it (``sm_90a``: the ``a`` from compute capability 9 on)."""
     info = mx.device_info()
@@ -255,7 +249,7 @@ def device_arch() -> str:
 @functools.lru_cache(maxsize=1)
 def _seeder() -> KernelSeeder | None:
     """This process's seeder, or None where seeding is off (why: logged once)."""
-    if os.environ.get(SWITCH) == "0" or not _mlx_on_cuda():
+    if os.environ.get(SWITCH) == "0" or not mlx_cuda.on_cuda():
         return None
     try:  # "1" seeds under an MLX whose naming was not checked (the check itself: bench/gpu_kernel_cache.py)
         if mx.__version__ not in VERIFIED_MLX and os.environ.get(SWITCH) != "1":

@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine import cuda_backend, cuda_qmv
+from engine import cuda_backend, cuda_qmv, mlx_cuda
 from engine import cuda_kernel_cache as cache
 from tests.engine.cuda_compile import PRELUDE, Recorder, record_kernels
 
@@ -213,7 +213,7 @@ def fresh_decision(monkeypatch):
 
 @pytest.mark.skipif(mx.cuda.is_available(), reason="MLX runs on CUDA here")
 def test_seeding_is_off_without_mlxs_cuda_backend_and_wrap_changes_nothing(fresh_decision):
-    assert not cache._mlx_on_cuda()
+    assert not mlx_cuda.on_cuda()
     assert cache.enabled() is False
     kernel = StandIn()
     assert cache.wrap(kernel, "probe", BODY, "", ["x"], ["y"]) is kernel
@@ -222,7 +222,7 @@ def test_seeding_is_off_without_mlxs_cuda_backend_and_wrap_changes_nothing(fresh
 def test_seeding_on_cuda_needs_a_checked_mlx_and_can_be_switched_off(fresh_decision, monkeypatch, tmp_path, caplog):
     """The decision past the CUDA check, MLX's CUDA backend faked: a GPU of compute capability 9.0 seeds for sm_90a
     into MLX's folder, unless MLX's version is not one checked on a GPU (said once) or the switch is 0."""
-    monkeypatch.setattr(cache, "_mlx_on_cuda", lambda: True)
+    monkeypatch.setattr(mlx_cuda, "on_cuda", lambda: True)
     monkeypatch.setattr(mx, "device_info", lambda: {"compute_capability_major": 9, "compute_capability_minor": 0})
     monkeypatch.setattr(cache, "driver_version", lambda: (99, 0))  # no GPU driver here
     monkeypatch.setattr(cache, "VERIFIED_MLX", frozenset({"9.9.9"}))
