@@ -55,6 +55,8 @@ def submit_batch(engine: Any, requests: Sequence[Request],
                  on_progress: Callable[[int, int], None] | None = None) -> list[RequestHandle]:
     """Queue `requests` as one batch where the engine can, else one by one (`Engine.submit_batch`)."""
     requests = list(requests)
+    for request in requests:
+        engine.check_fits(request)
     common = common_segments(requests)
     if (len(requests) < 2 or common == 0 or engine.compute.numpy_forward is None
             or any(r.sampling.temperature != 0 for r in requests)):

@@ -28,7 +28,7 @@ from .answer_stream import AnswerStream
 from .batch import submit_batch
 from .compute import choose
 from .compute_options import ComputeOptions
-from .errors import EngineClosedError, RequestCancelled
+from .errors import ContextOverflowError, EngineClosedError, RequestCancelled
 from .generate import DEFAULT_PREFILL_CHUNK, ChunkCallback, decode
 from .handle import RequestHandle
 from .jobs import Job, JobQueue
@@ -113,7 +113,9 @@ class Engine:
         Raises:
             EngineClosedError: After `close()`.
             ValueError: When the request id is already in flight.
+            ContextOverflowError: When the prompt and `max_tokens` do not fit the model's context.
         """
+        self.check_fits(request)
         handle = RequestHandle(request, self.cancel)
         with self._lock:
             if self._closed:
@@ -124,6 +126,15 @@ class Engine:
             self._active[request.request_id] = job
             self._queue.put(job)
         return handle
+
+    def check_fits(self, request: Request) -> None:
+        """Raise `ContextOverflowError` unless the prompt and `max_tokens` fit the model's context (a loaded model
+        that declares none is not checked)."""
+        context = getattr(self.loaded, "context_length", None)
+        prompt = request.prompt_length()
+        if context and prompt + request.max_tokens > context:
+            raise ContextOverflowError(f"the prompt has {prompt} tokens and asks for up to {request.max_tokens} "
+                                       f"more; the model's context is {context} tokens")
 
     def submit_batch(self, batch: Sequence[Request], on_progress: ChunkCallback | None = None) -> list[RequestHandle]:
         """Queue requests sharing leading segments as one batch job where it can (`engine.batch`); a handle each."""

@@ -27,3 +27,8 @@ class EngineClosedError(EngineError):
 
 class DraftModelMismatchError(ModelLoadError):
     """A draft model that cannot draft for the target (different tokenizer, untrimmable cache)."""
+
+
+class ContextOverflowError(EngineError, ValueError):
+    """A request whose prompt and answer (`max_tokens`) would run past the model's trained context:
+    refused at `Engine.submit`, before anything runs (the model would answer from positions it never learned)."""

@@ -3,8 +3,9 @@ oldest exchanges leave the prompt first, then the focus and then the answer are 
 room left, a tool result that cannot fit is replaced by a note, and a question that leaves too
 little room even alone is refused; code actions shorten their answer or refuse the same way.
 
-Neither prompt nor answer runs past the model's trained context: the engine would run it, and
-the model would answer from positions it never learned.
+Neither prompt nor answer runs past the model's trained context, where the model would answer from
+positions it never learned. The engine refuses such a request (`ContextOverflowError`); fitting it here
+lets a long conversation or a long answer go on, shortened, instead of failing.
 """
 from __future__ import annotations
 

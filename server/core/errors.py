@@ -53,6 +53,7 @@ _TABLE: list[tuple[type[BaseException], Category, str]] = [
      "Model not found: {err}. Set `codectx.model.name` to a model directory, a .gguf file or a hub id"),
     (engine_errors.ModelLoadError, Category.MODEL_LOAD_FAILED, "The model could not be loaded: {err}"),
     (engine_errors.EngineClosedError, Category.ENGINE_CLOSED, "The engine is shut down"),
+    (engine_errors.ContextOverflowError, Category.INVALID_ARGUMENTS, "The request does not fit the model: {err}"),
     (engine_errors.EngineError, Category.ENGINE_FAILED, "Engine error: {err}"),
     (ContextError, Category.CONTEXT_FAILED, "Could not build the repository context: {err}"),
     (InvalidArgumentsError, Category.INVALID_ARGUMENTS, "{err}"),
