@@ -14,9 +14,10 @@ The workload, on bench/prefill.py's random Qwen3-32B shape cut to ``--layers`` l
 (``compute.kernels: codectx``, ``compute.linear: dequantized``) over an 8-bit cache: a ``--length``-token prompt in
 chunks of 2,048, a 40-token question after it (the chunk attention over the cache), then ``--decode`` greedy steps
 through the engine's decode loop (the traced step). Every logit row is kept (float32) and compared bit for bit with
-the ``mlx`` process's. Each process also reports the workload's wall time twice (the first pass pays for compiling
-or loading the kernels; the second, over a fresh cache, does not) and, in the seeding processes, the host time the
-wrapper adds to a launch (`SeedingKernel.__call__` around a stand-in that does nothing, against the stand-in).
+the ``mlx`` process's. Each process builds the model once and reports the workload's wall time twice (the first
+pass pays for compiling or loading the kernels; the second, over a fresh cache, does not) and, in the seeding
+processes, the host time the wrapper adds to a launch (`SeedingKernel.__call__` around a stand-in that does
+nothing, against the stand-in; `wrapper_cost`, which also runs alone on a CPU).
 
     # device tool, carry [".gpu"]:
     bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_seeded_equal.py --out $OUT/gpu_seeded_equal.json
@@ -53,22 +54,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def workload(a: argparse.Namespace) -> tuple[list[Any], list[int]]:
-    """The prompt, the question and the decode steps: every logit row (float32, NumPy) and the greedy tokens."""
-    import mlx.core as mx
-    import numpy as np
-
+def model_path(a: argparse.Namespace) -> Any:
+    """The random model's compute path with every kernel ours (built once a process: the weights are seeded)."""
     from bench.gpu_workload import random_loaded
     from bench.prefill import SHAPES
     from engine.compute import choose
     from engine.compute_options import ComputeOptions
+
+    loaded = random_loaded(SHAPES["tiny" if a.small else "qwen3-32b"], "seeded-equal", a.layers, a.length + 1024)
+    return choose(loaded.model, ComputeOptions(kernels="codectx", linear="dequantized"))
+
+
+def workload(a: argparse.Namespace, path: Any) -> tuple[list[Any], list[int]]:
+    """The prompt, the question and the decode steps over a fresh 8-bit cache: every logit row (float32, NumPy)
+    and the greedy tokens."""
+    import mlx.core as mx
+    import numpy as np
+
     from engine.generate import decode, prefill
     from engine.window import WindowPolicy, make_window_cache
 
-    shape = SHAPES["tiny" if a.small else "qwen3-32b"]
-    loaded = random_loaded(shape, "seeded-equal", a.layers, a.length + 1024)
-    path = choose(loaded.model, ComputeOptions(kernels="codectx", linear="dequantized"))
-    vocab = loaded.model.args.vocab_size
+    vocab = path.model.args.vocab_size
     rng = np.random.default_rng(0)
     prompt, question = rng.integers(256, vocab - 16, a.length), rng.integers(256, vocab - 16, 40)
     rows: list[Any] = []
@@ -118,10 +124,10 @@ def child(a: argparse.Namespace) -> None:
 
     if not a.small:
         mx.set_default_device(mx.gpu)
-    passes = []
+    path, passes = model_path(a), []
     for _ in range(2):
         start = time.perf_counter()
-        rows, tokens = workload(a)
+        rows, tokens = workload(a, path)
         passes.append(round(time.perf_counter() - start, 2))
     np.savez(a.child, *rows)
     report = dict(pass_s=passes, tokens=tokens, seeding=cuda_kernel_cache.enabled(), mlx=mx.__version__,
@@ -146,14 +152,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import numpy as np
 
     from bench._common import save_json
+    from engine.cuda_kernel_cache import SWITCH
 
     work = Path(tempfile.mkdtemp(prefix="seeded-equal-"))
     result: dict[str, Any] = dict(length=a.length, layers=a.layers, decode=a.decode, processes={})
     logits: dict[str, Any] = {}
     for label, switch, folder in PROCESSES:
-        env = dict(os.environ, MLX_PTX_CACHE_DIR=str(work / f"ptx-{folder}"), CODECTX_HOME=str(work / "home"))
-        env.pop("CODECTX_CUDA_KERNEL_CACHE", None)
-        env.update({"CODECTX_CUDA_KERNEL_CACHE": switch} if switch else {})
+        env = {k: v for k, v in os.environ.items() if k != SWITCH}  # the default unless the process sets it
+        env.update(MLX_PTX_CACHE_DIR=str(work / f"ptx-{folder}"), CODECTX_HOME=str(work / "home"))
+        if switch:
+            env[SWITCH] = switch
         files = work / f"{label}.npz"
         argv_child = [sys.executable, __file__, "--child", str(files), "--length", str(a.length), "--layers",
                       str(a.layers), "--decode", str(a.decode)] + (["--small"] if a.small else [])
