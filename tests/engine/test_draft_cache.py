@@ -7,7 +7,7 @@ import pytest
 from engine.draft_model import DraftModelDrafter, drafter_for
 from engine.engine import Engine
 from engine.errors import DraftModelMismatchError, ModelLoadError, RequestCancelled
-from engine.request import DoneEvent, Metrics, PromptSegment, Request, TokenEvent
+from engine.request import Metrics, PromptSegment, Request, TokenEvent
 
 from spec_helpers import plain_greedy, tiny_llama
 from tiny_models import build_tiny_model, corpus

@@ -4,7 +4,6 @@ Architectures and quantisation types beyond these: tests/engine/test_gguf_archs.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
