@@ -24,7 +24,9 @@ them; at the copy bandwidth `bench/gpu_engine.py` measures, about 3,550 GB/s, th
     python bench/gpu_step_profile.py --shape tiny --length 1024 --bits 8 --variant ours   # CPU smoke run (no profiler)
 
 With ``--forward ROWS`` it profiles forwards of ROWS rows at the cache's end instead (an edit + ask's hot copy,
-1,037 rows, or its question, 45), as the engine's prefill runs them.
+1,037 rows, or its question, 45), as the engine's prefill runs them. Before the profiled ones it prints the
+wall time of a forward at 64 keys fewer (new attention shapes, every kernel already built) and of that forward
+twice more (warm): the first minus the others is what a new shape costs (MLX's cuDNN plan per shape).
 """
 from __future__ import annotations
 
@@ -129,16 +131,20 @@ def _forwards(a: argparse.Namespace) -> tuple[Any, Any, float]:
     set_dense_from(cache, a.length)
     ids = mx.array([[7] * a.forward], dtype=mx.uint32)
 
-    def run(n: int) -> None:
+    def run(n: int, offset: int = a.length) -> float:
+        began = time.perf_counter()
         for _ in range(n):
             for c in cache:
-                c.offset = a.length
+                c.offset = offset
             mx.eval(path.forward(ids, cache, logits="last"))
+        return time.perf_counter() - began
     run(3)
+    # The same forward at 64 keys fewer: new attention shapes (MLX builds a cuDNN plan for each, its source) with
+    # every kernel already built, then those shapes again (warm): what a new shape costs the edit + ask's forward.
+    shapes = [round(run(1, a.length - 64) * 1e3, 2) for _ in range(3)]
+    print({"forward_rows": a.forward, "kv_bits": a.bits, "ms_new_shape_then_warm": shapes}, flush=True)
     started = profiler("cuProfilerStart")
-    began = time.perf_counter()
-    run(a.steps)
-    return started, model, time.perf_counter() - began
+    return started, model, run(a.steps)
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
