@@ -24,13 +24,11 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
-
-import numpy as np
 
 from engine import state
 from engine.boundaries import Boundary, boundaries
+from engine.checkpoint_types import Checkpoint, Miss, Plan, common_prefix
 from engine.request import SegmentLike
 
 if TYPE_CHECKING:
@@ -40,75 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TOMBSTONES = 4096
-
-
-@dataclass(frozen=True)
-class Miss:
-    """Why a restore stopped where it did.
-
-    kind is one of "new prefix", "diverged", "policy mismatch", "evicted",
-    "corrupt archive entry"; `token` is the first differing position for "diverged".
-    """
-
-    kind: str
-    token: int | None = None
-
-    def __str__(self) -> str:
-        return f"diverged at token {self.token}" if self.kind == "diverged" else self.kind
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b)) // 4
-    x = np.frombuffer(a[:4 * n], "<u4")
-    y = np.frombuffer(b[:4 * n], "<u4")
-    diff = np.nonzero(x != y)[0]
-    return int(diff[0]) if diff.size else n
-
-
-@dataclass(eq=False)
-class Checkpoint:
-    """Confirmed model state at one boundary.
-
-    Attributes:
-        boundary: Where it is and what it covers.
-        recurrent: Snapshot of recurrent layers (empty for attention-only models).
-        kv: None while on the main line (an offset mark); otherwise an owned copy
-            of the KV for [start, end) (a detached branch tail).
-        last_used: Store tick of the last restore or record.
-    """
-
-    boundary: Boundary
-    recurrent: state.Arrays = field(default_factory=dict)
-    kv: state.Arrays | None = None
-    last_used: int = 0
-
-    @property
-    def key(self) -> str:
-        return self.boundary.key
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this checkpoint owns (its tail copy and its snapshot)."""
-        return state.nbytes(self.recurrent) + (state.nbytes(self.kv) if self.kv else 0)
-
-    def matches(self, b: Boundary) -> bool:
-        """Verified on tokens and position, not only on the hash."""
-        cb = self.boundary
-        return (cb.parent, cb.start, cb.end, cb.tokens) == (b.parent, b.start, b.end, b.tokens)
-
-
-@dataclass
-class Plan:
-    """What `CheckpointStore.restore` will do for one request."""
-
-    path: list[Checkpoint]
-    archived: list[Any]   # engine.archive_entry.ArchiveEntry, following `path`
-    miss: Miss | None
-
-    @property
-    def offset(self) -> int:
-        last = self.archived[-1] if self.archived else (self.path[-1].boundary if self.path else None)
-        return last.end if last is not None else 0
 
 
 class CheckpointStore:
@@ -191,7 +120,7 @@ class CheckpointStore:
             siblings += self.archive.children(b.parent)
         for s in siblings:
             if s.start == b.start:
-                n = _common_prefix(s.tokens, b.tokens)
+                n = common_prefix(s.tokens, b.tokens)
                 best = n if best is None else max(best, n)
         if best is not None:
             return Miss("diverged", b.start + best)
@@ -310,6 +239,38 @@ class CheckpointStore:
                       extra={"archive_copy": (done, seconds)})
         return len(self._owed)
 
+    def copy_ahead(self, cache: Sequence[Any], stop: Callable[[], bool] | None = None) -> int:
+        """Copy the line's one-off tail (its checkpoints after the last of an archived kind: a question, its header,
+        an answer) out of the live cache between requests, newest first until `stop()`; return how many are left.
+
+        The next request leaves that tail (a new question or an edit does), and `_leave_line` would copy it then,
+        on the request's path: 7-11 ms for a 45-row question over a 131k-token 8-bit cache on the H200 (the
+        `detach` of runs u and w, docs/benchmarks.md). A tail longer than `max_branch_tokens` is left alone: the
+        line drops it when it leaves. A copy stays valid while its checkpoint is on the line (the line's rows under
+        a checkpoint never change) and counts against the budget like a detached tail.
+        """
+        tail: list[Checkpoint] = []
+        for cp in reversed(self._line):
+            if cp.boundary.kind.archived:
+                break
+            tail.append(cp)
+        if not tail or tail[0].boundary.end - tail[-1].boundary.start > self.max_branch_tokens:
+            return 0
+        left = [cp for cp in tail if cp.kv is None]
+        done = 0
+        for cp in left:
+            if stop is not None and stop():
+                break
+            try:
+                cp.kv = state.copy_kv_span(cache, cp.boundary.start, cp.boundary.end)
+            except Exception as err:  # noqa: BLE001 - e.g. out of memory: the next request copies what it leaves
+                log.warning("not copying the line's tail ahead: %s", err)
+                return 0
+            done += 1
+        if done:
+            self._enforce_budget()
+        return len(left) - done
+
     def forget_owed(self) -> None:
         """Owe the archive nothing (a live cache no longer known to hold its checkpoints' rows)."""
         self._owed.clear()
@@ -338,13 +299,14 @@ class CheckpointStore:
         if not leaving:
             return
         detach = leaving[-1].boundary.end - base <= self.max_branch_tokens
-        began = time.perf_counter()
+        began, copied = time.perf_counter(), 0
         for cp in leaving:
-            if detach:
-                cp.kv = state.copy_kv_span(cache, cp.boundary.start, cp.boundary.end)
-            else:
+            if not detach:
                 self._drop(cp)
-        if detach and log.isEnabledFor(logging.DEBUG):  # benchmarks read `detach` (bench/request_profile.ForwardLog)
+            elif cp.kv is None:  # else `copy_ahead` copied it between requests
+                cp.kv = state.copy_kv_span(cache, cp.boundary.start, cp.boundary.end)
+                copied += 1
+        if copied and log.isEnabledFor(logging.DEBUG):  # benchmarks read `detach` (bench/request_profile.ForwardLog)
             seconds = time.perf_counter() - began
             log.debug("detached %d checkpoint(s) after %d: %.4f s", len(leaving), base, seconds,
                       extra={"detach": (leaving[-1].boundary.end - leaving[0].boundary.start, seconds)})

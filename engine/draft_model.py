@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.checkpoints import Plan
+from engine.checkpoint_types import Plan
 from engine.compute import ComputeOptions, ComputePath, choose
 from engine.errors import DraftModelMismatchError
 from engine.generate import written_arrays

@@ -273,7 +273,7 @@ class Engine:
                 if job is None:
                     break
                 (job.serve or self._serve)(job)
-                if not self.prefix.settle_archive(stop=lambda: not self._queue.empty()):  # while none waits
+                if not self.prefix.settle(stop=lambda: not self._queue.empty()):  # while none waits
                     self._queue.mark_idle()
             while not self._queue.empty():  # only jobs submitted before close() remain
                 job = self._queue.get()

@@ -32,7 +32,8 @@ import mlx.core as mx
 from engine import state
 from engine.archive import CheckpointArchive
 from engine.boundaries import Boundary
-from engine.checkpoints import Checkpoint, CheckpointStore, Miss
+from engine.checkpoint_types import Checkpoint, Miss
+from engine.checkpoints import CheckpointStore
 from engine.compute import path_of
 from engine.generate import CancelCheck, prefill
 from engine.kv import make_cache
@@ -296,6 +297,13 @@ class PrefixCache:
         """Checkpoints, memory and archive, as of the last request (any thread)."""
         with self._stats_lock:
             return dict(self._stats)
+
+    def settle(self, stop: Callable[[], bool] | None = None) -> int:
+        """The work between requests, until `stop()`: the archive's copies still owed, then the line's one-off
+        tail copied ahead of the next request (`CheckpointStore.copy_ahead`); how many copies are still to make.
+        Call it on the thread that runs the requests (the engine's worker does, while none waits)."""
+        owed = self.settle_archive(stop)
+        return owed + (self.store.copy_ahead(self.cache, stop) if not owed else 0)
 
     def settle_archive(self, stop: Callable[[], bool] | None = None) -> int:
         """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`; how many are still owed.

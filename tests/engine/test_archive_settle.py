@@ -14,7 +14,8 @@ from checkpoint_helpers import ask, repo_segments, run
 from engine import state
 from engine.archive import CheckpointArchive
 from engine.boundaries import boundaries
-from engine.checkpoints import CheckpointStore, Plan
+from engine.checkpoint_types import Plan
+from engine.checkpoints import CheckpointStore
 from engine.engine import Engine
 from engine.request import PromptSegment
 

@@ -13,7 +13,7 @@ import pytest
 from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, restorable, run
 from engine import state
 from engine.boundaries import boundaries, cut_points
-from engine.checkpoints import Miss
+from engine.checkpoint_types import Miss
 from engine.engine import Engine
 from engine.generate import prefill
 from engine.kv import make_cache
