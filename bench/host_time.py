@@ -2,8 +2,9 @@
 and keys, and the switch a plain 8-bit decode step reads per layer.
 
 Over `bench/gpu_workload.py`'s synthetic repository (131,072 tokens by default, 67 segments), best of five
-`timeit` repeats, ms (µs for the switch). ``token_bytes``' two paths side by side: `array` (the machine's
-unsigned int, where it is little-endian uint32) and NumPy (elsewhere). No MLX work: runs anywhere.
+`timeit` repeats, ms (µs for the switch). The boundaries of a prompt whose segments are all new, by ``token_bytes``'
+two paths side by side (`array`: the machine's unsigned int, where it is little-endian uint32; NumPy elsewhere), and
+of the same segments again (the bytes `engine.boundaries` kept from the last prompt). No MLX work: runs anywhere.
 
     python bench/host_time.py                 # table on stdout, JSON under bench/results/
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from bench._common import machine, markdown_table, write_json  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
 from engine import request  # noqa: E402
-from engine.boundaries import boundaries  # noqa: E402
+from engine.boundaries import _SegmentBytes, boundaries  # noqa: E402
 from engine.decode_kernels import _as_traced  # noqa: E402
 from engine.request import Request  # noqa: E402
 
@@ -38,9 +39,16 @@ def measure(tokens: int, vocab: int = 151_936) -> dict:
     rows = {"all_token_ids": best_ms(req.all_token_ids),
             "len(all_token_ids())": best_ms(lambda: len(req.all_token_ids())),
             "prompt_length": best_ms(req.prompt_length)}
-    for name, native in (("boundaries (token_bytes by array)", True), ("boundaries (token_bytes by NumPy)", False)):
+    def new_segments() -> None:  # every segment's bytes made, as for a prompt none of whose segments came before
+        _SegmentBytes._last = {}
+        boundaries(POLICY, segments, 2048, None)
+
+    for name, native in (("boundaries, new segments (token_bytes by array)", True),
+                         ("boundaries, new segments (token_bytes by NumPy)", False)):
         with mock.patch.object(request, "_NATIVE_U32", native):
-            rows[name] = best_ms(lambda: boundaries(POLICY, segments, 2048, None))
+            rows[name] = best_ms(new_segments)
+    rows["boundaries, the last prompt's segments (their bytes kept)"] = best_ms(
+        lambda: boundaries(POLICY, segments, 2048, None))
     per_read_us = best_ms(_as_traced.on, number=200_000) * 1e3
     return {"tokens": req.prompt_length(), "segments": len(segments), "ms": {k: round(v, 3) for k, v in rows.items()},
             "split_as_traced_read_us": round(per_read_us, 4),
