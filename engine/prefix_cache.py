@@ -202,12 +202,12 @@ class PrefixCache:
         Raises:
             RequestCancelled: From `should_cancel`; call `rollback()` afterwards.
         """
-        ids = request.all_token_ids()
-        segments = list(request.segments or [PromptSegment(SegmentKind.PROMPT, "", tuple(ids))])
-        layout_key = self._layout_key(request, len(ids))
-        self._decoding = (segments, len(ids), layout_key)
+        n_tokens = request.prompt_length()
+        segments = list(request.segments or [PromptSegment(SegmentKind.PROMPT, "", tuple(request.prompt_ids))])
+        layout_key = self._layout_key(request, n_tokens)
+        self._decoding = (segments, n_tokens, layout_key)
         bounds = self.store.boundaries(segments, layout_key)
-        plan = self.store.plan(bounds, len(ids))
+        plan = self.store.plan(bounds, n_tokens)
         began = time.perf_counter()
         offset, miss = self.store.restore(self.cache, plan)
         restore_s = time.perf_counter() - began
@@ -229,17 +229,17 @@ class PrefixCache:
                     log.debug("record [%d, %d): %.4f s (its archive copy comes later: CheckpointStore.settle)",
                               b.start, b.end, seconds, extra={"record": (b.end - b.start, seconds)})
             if on_chunk is not None:
-                on_chunk(offset + done, len(ids))
+                on_chunk(offset + done, n_tokens)
 
         try:
-            logits = prefill(self.compute, self.cache, ids[offset:], chunk_size, should_cancel,
+            logits = prefill(self.compute, self.cache, request.token_ids_from(offset), chunk_size, should_cancel,
                              boundaries=[b.end - offset for b in pending], on_chunk=confirm)
         finally:
             metrics.checkpoint_bytes = self.store.nbytes
             self._note_prefix(segments)
             self._update_stats()
         log.debug("prefill %s: %d cached, %d recomputed, miss=%s", request.request_id,
-                  offset, len(ids) - offset, metrics.miss_reason)
+                  offset, n_tokens - offset, metrics.miss_reason)
         return logits
 
     def record_decoded(self, generated: Sequence[int]) -> Checkpoint | None:

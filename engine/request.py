@@ -276,6 +276,19 @@ class Request:
             return list(self.prompt_ids)
         return list(itertools.chain.from_iterable(s.token_ids for s in self.segments))
 
+    def token_ids_from(self, start: int) -> list[int]:
+        """`all_token_ids()[start:]` without building the part before `start` (a restored prefix's)."""
+        if self.prompt_ids is not None:
+            return list(self.prompt_ids[start:])
+        out: list[int] = []
+        pos = 0
+        for s in self.segments or ():
+            n = len(s.token_ids)
+            if pos + n > start:
+                out.extend(s.token_ids[max(0, start - pos):])
+            pos += n
+        return out
+
     def prompt_length(self) -> int:
         """`len(all_token_ids())` without building the list (131k tokens: 0.68 ms of host time saved,
         `bench/host_time.py`)."""

@@ -28,3 +28,10 @@ def test_a_requests_length_is_its_tokens_count_without_listing_them():
     assert req.all_token_ids() == [1, 2, 3, 4, 5] and req.prompt_length() == 5
     plain = Request(prompt_ids=[7, 8], max_tokens=1)
     assert plain.all_token_ids() == [7, 8] and plain.prompt_length() == 2
+
+
+def test_a_requests_tokens_from_a_position_are_its_token_list_from_there():
+    segments = [PromptSegment("system", "s", (1, 2, 3)), PromptSegment("file", "a.py", ()),
+                PromptSegment("file", "b.py", (4,)), PromptSegment("question", "q", (5, 6, 7))]
+    for req in (Request(segments=segments, max_tokens=1), Request(prompt_ids=[1, 2, 3, 4, 5, 6, 7], max_tokens=1)):
+        assert [req.token_ids_from(i) for i in range(9)] == [req.all_token_ids()[i:] for i in range(9)]
