@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import machine, markdown_table, write_json  # noqa: E402
 from bench.gpu_workload import synthetic_repository  # noqa: E402
-from engine import request  # noqa: E402
+from engine import boundaries as boundaries_module  # noqa: E402
 from engine.boundaries import _SegmentBytes, boundaries  # noqa: E402
 from engine.decode_kernels import _as_traced  # noqa: E402
 from engine.request import Request  # noqa: E402
@@ -45,7 +45,7 @@ def measure(tokens: int, vocab: int = 151_936) -> dict:
 
     for name, native in (("boundaries, new segments (token_bytes by array)", True),
                          ("boundaries, new segments (token_bytes by NumPy)", False)):
-        with mock.patch.object(request, "_NATIVE_U32", native):
+        with mock.patch.object(boundaries_module, "_NATIVE_U32", native):
             rows[name] = best_ms(new_segments)
     rows["boundaries, the last prompt's segments (their bytes kept)"] = best_ms(
         lambda: boundaries(POLICY, segments, 2048, None))

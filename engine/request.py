@@ -9,14 +9,10 @@ one). `SegmentKind` is the one vocabulary of segment kinds. No MLX here.
 """
 from __future__ import annotations
 
-import array
 import itertools
-import sys
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Iterable, Protocol, Sequence
-
-import numpy as np
+from typing import Protocol, Sequence
 
 _ids = itertools.count(1)
 
@@ -391,16 +387,3 @@ class DoneEvent:
 
 
 Event = TokenEvent | DoneEvent
-
-
-_NATIVE_U32 = sys.byteorder == "little" and array.array("I").itemsize == 4
-
-
-def token_bytes(token_ids: Iterable[int]) -> bytes:
-    """Token ids as little-endian uint32 bytes (what hashes and stores compare). Python ints, where the machine's
-    own unsigned int is that, by `array` (a 131k-token prompt's boundaries in 3.2 ms on a 2-core CPU, against 5.0
-    through NumPy: `bench/host_time.py`; an id outside uint32 raises OverflowError on both paths); a NumPy array
-    through NumPy."""
-    if _NATIVE_U32 and not isinstance(token_ids, np.ndarray):
-        return array.array("I", token_ids).tobytes()
-    return np.asarray(list(token_ids), dtype="<u4").tobytes()

@@ -1,18 +1,19 @@
-"""The bytes a prompt's tokens hash and compare as (`engine.request.token_bytes`), and a request's length."""
+"""The bytes a prompt's tokens hash and compare as (`engine.boundaries.token_bytes`), and a request's length."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine import request
-from engine.request import PromptSegment, Request, token_bytes
+from engine import boundaries
+from engine.boundaries import token_bytes
+from engine.request import PromptSegment, Request
 
 IDS = [0, 1, 255, 256, 65535, 65536, 151935, 2**32 - 1]
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_token_bytes_are_little_endian_uint32_on_either_path(native, monkeypatch):
-    monkeypatch.setattr(request, "_NATIVE_U32", native)
+    monkeypatch.setattr(boundaries, "_NATIVE_U32", native)
     expected = b"".join(int(t).to_bytes(4, "little") for t in IDS)
     assert token_bytes(IDS) == token_bytes(tuple(IDS)) == token_bytes(iter(IDS)) == expected
     assert token_bytes(np.array(IDS, dtype=np.int64)) == expected and token_bytes(()) == b""
