@@ -29,7 +29,10 @@ def token_bytes(token_ids: Iterable[int]) -> bytes:
     paths); a NumPy array through NumPy."""
     if _NATIVE_U32 and not isinstance(token_ids, np.ndarray):
         return array.array("I", token_ids).tobytes()
-    return np.asarray(list(token_ids), dtype="<u4").tobytes()
+    ids = np.asarray(token_ids if isinstance(token_ids, np.ndarray) else list(token_ids))
+    if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):  # NumPy would wrap them
+        raise OverflowError(f"token ids outside uint32: {ids.min()}..{ids.max()}")
+    return ids.astype("<u4").tobytes()
 
 
 def _chain(prev: str, tokens: bytes) -> str:

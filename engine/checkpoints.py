@@ -245,18 +245,22 @@ class CheckpointStore:
 
         The next request leaves that tail (a new question or an edit does), and `_leave_line` would copy it then,
         on the request's path: 7-11 ms for a 45-row question over a 131k-token 8-bit cache on the H200 (the
-        `detach` of runs u and w, docs/benchmarks.md). A tail longer than `max_branch_tokens` is left alone: the
-        line drops it when it leaves. A copy stays valid while its checkpoint is on the line (the line's rows under
-        a checkpoint never change) and counts against the budget like a detached tail.
+        `detach` of runs u and w, docs/benchmarks.md). A copy made ahead never evicts anything: one that would pass
+        the budget is not kept, and the budget releases these copies before any checkpoint (`_enforce_budget`). A
+        tail longer than `max_branch_tokens` is not copied (the line drops it when it leaves), and copies further
+        down the line (a tail the conversation went on from) are released. A copy stays valid while its checkpoint
+        is on the line: the line's rows under a checkpoint never change.
         """
         tail: list[Checkpoint] = []
         for cp in reversed(self._line):
             if cp.boundary.kind.archived:
                 break
             tail.append(cp)
-        if not tail or tail[0].boundary.end - tail[-1].boundary.start > self.max_branch_tokens:
-            return 0
-        left = [cp for cp in tail if cp.kv is None]
+        too_long = not tail or tail[0].boundary.end - tail[-1].boundary.start > self.max_branch_tokens
+        for cp in self._line:
+            if cp.kv is not None and (too_long or cp not in tail):
+                cp.kv = None
+        left = [] if too_long else [cp for cp in tail if cp.kv is None]
         done = 0
         for cp in left:
             if stop is not None and stop():
@@ -266,9 +270,10 @@ class CheckpointStore:
             except Exception as err:  # noqa: BLE001 - e.g. out of memory: the next request copies what it leaves
                 log.warning("not copying the line's tail ahead: %s", err)
                 return 0
+            if self.nbytes > self.budget_bytes:  # not at the cost of a checkpoint: the request will copy it
+                cp.kv = None
+                return 0
             done += 1
-        if done:
-            self._enforce_budget()
         return len(left) - done
 
     def forget_owed(self) -> None:
@@ -299,17 +304,17 @@ class CheckpointStore:
         if not leaving:
             return
         detach = leaving[-1].boundary.end - base <= self.max_branch_tokens
-        began, copied = time.perf_counter(), 0
+        began, copied = time.perf_counter(), []
         for cp in leaving:
             if not detach:
                 self._drop(cp)
             elif cp.kv is None:  # else `copy_ahead` copied it between requests
                 cp.kv = state.copy_kv_span(cache, cp.boundary.start, cp.boundary.end)
-                copied += 1
+                copied.append(cp.boundary.end - cp.boundary.start)
         if copied and log.isEnabledFor(logging.DEBUG):  # benchmarks read `detach` (bench/request_profile.ForwardLog)
             seconds = time.perf_counter() - began
-            log.debug("detached %d checkpoint(s) after %d: %.4f s", len(leaving), base, seconds,
-                      extra={"detach": (leaving[-1].boundary.end - leaving[0].boundary.start, seconds)})
+            log.debug("detached %d checkpoint(s) after %d, %d copied here: %.4f s", len(leaving), base, len(copied),
+                      seconds, extra={"detach": (sum(copied), seconds)})
 
     # -- memory ------------------------------------------------------------
 
@@ -329,6 +334,10 @@ class CheckpointStore:
 
     def _enforce_budget(self) -> None:
         total = self.nbytes
+        for cp in self._line:  # copies made ahead (`copy_ahead`) go first: nothing needs them yet
+            if total > self.budget_bytes and cp.kv is not None:
+                total -= state.nbytes(cp.kv)
+                cp.kv = None
         while total > self.budget_bytes and self._by_key:
             victim = min(self._by_key.values(),
                          key=lambda c: (c.boundary.protected, c.last_used, -c.boundary.end))

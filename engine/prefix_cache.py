@@ -203,7 +203,7 @@ class PrefixCache:
             RequestCancelled: From `should_cancel`; call `rollback()` afterwards.
         """
         n_tokens = request.prompt_length()
-        segments = list(request.segments or [PromptSegment(SegmentKind.PROMPT, "", tuple(request.prompt_ids))])
+        segments = list(request.segments or [PromptSegment(SegmentKind.PROMPT, "", tuple(request.prompt_ids or ()))])
         layout_key = self._layout_key(request, n_tokens)
         self._decoding = (segments, n_tokens, layout_key)
         bounds = self.store.boundaries(segments, layout_key)
@@ -303,7 +303,11 @@ class PrefixCache:
         tail copied ahead of the next request (`CheckpointStore.copy_ahead`); how many copies are still to make.
         Call it on the thread that runs the requests (the engine's worker does, while none waits)."""
         owed = self.settle_archive(stop)
-        return owed + (self.store.copy_ahead(self.cache, stop) if not owed else 0)
+        if owed:
+            return owed
+        left = self.store.copy_ahead(self.cache, stop)
+        self._update_stats()
+        return left
 
     def settle_archive(self, stop: Callable[[], bool] | None = None) -> int:
         """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`; how many are still owed.

@@ -307,3 +307,10 @@ def test_kv_span_copy_trim_append_round_trip(tiny_loaded, make):
     nxt = prefill(model, cache, [5, 6, 7], 16)
     assert mx.array_equal(nxt, prefill(model, fresh, [5, 6, 7], 16))
     assert whole.shape == nxt.shape
+
+
+def test_an_empty_prompt_is_refused_as_such(tiny_loaded):
+    prefix = PrefixCache(tiny_loaded.model, POLICY, budget_bytes=1 << 30)
+    for request in (Request(segments=[], max_tokens=1), Request(prompt_ids=[], max_tokens=1)):
+        with pytest.raises(ValueError, match="at least one token"):
+            prefix.prefill(request, 16, lambda: False, Metrics())

@@ -100,3 +100,48 @@ def test_the_engine_copies_the_tail_between_requests_and_answers_as_a_cold_engin
         assert done.metrics.cached_tokens == prefix_len(hover, len(hover))
     assert asked == cold(tiny_loaded, question)
     assert tokens == cold(tiny_loaded, continued)
+
+
+def _row_bytes(cache: list[KVCache]) -> int:
+    """Bytes one token's keys and values take in `cache` (what a copied checkpoint owns per token)."""
+    return sum(2 * c.keys[..., :1, :].nbytes for c in cache)
+
+
+def test_a_copy_made_ahead_never_costs_a_checkpoint_and_the_budget_releases_such_copies_first():
+    cache = [KVCache() for _ in range(2)]
+    probe = CheckpointStore("pol", 1 << 20)
+    _prefill(probe, cache, _layout((10, 11, 12)), seed=0)
+    row = _row_bytes(cache)
+
+    store, cache = CheckpointStore("pol", 3 * row), [KVCache() for _ in range(2)]  # less than the 5-token tail
+    _prefill(store, cache, _layout((10, 11, 12)), seed=0)
+    line = [cp.boundary.end for cp in store.checkpoints()]
+    assert store.copy_ahead(cache) == 0
+    assert [cp.boundary.end for cp in store.checkpoints()] == line and store.line_offset == line[-1]
+    assert all(cp.kv is None for cp in store.checkpoints()) and store.nbytes == 0  # the copy was not kept
+
+    store, cache = CheckpointStore("pol", 1 << 20), [KVCache() for _ in range(2)]
+    first = _layout((10, 11, 12))
+    _prefill(store, cache, first, seed=0)
+    second = _layout((20, 21, 22))
+    store.restore(cache, store.plan(store.boundaries(second), 10**6))  # the first tail detached: a branch
+    _prefill(store, cache, second, seed=500)
+    branch = [cp for cp in store.checkpoints() if cp.kv is not None]
+    store.copy_ahead(cache)
+    ahead = [cp for cp in store.checkpoints() if cp.kv is not None and cp not in branch]
+    assert branch and ahead
+    store.set_budget(sum(cp.nbytes for cp in branch))  # room for the branch alone: the copies made ahead go
+    assert all(cp.kv is None for cp in ahead) and all(cp.kv is not None for cp in branch)
+    assert store.plan(store.boundaries(first), 10**6).offset == prefix_len(first, 4)
+
+
+def test_copies_further_down_the_line_are_released_once_the_line_goes_on():
+    store, cache = CheckpointStore("pol", 1 << 20), [KVCache() for _ in range(2)]
+    first = _layout((10, 11, 12))
+    _prefill(store, cache, first, seed=0)
+    store.copy_ahead(cache)
+    copied = [cp for cp in store.checkpoints() if cp.kv is not None]
+    assert copied
+    _prefill(store, cache, [*first, PromptSegment("turn", "t", (30, 31))], seed=900)  # a turn (archived kind) after
+    assert store.copy_ahead(cache) == 0
+    assert all(cp.kv is None for cp in store.checkpoints()) and store.nbytes == 0

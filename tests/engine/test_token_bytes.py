@@ -36,3 +36,9 @@ def test_a_requests_tokens_from_a_position_are_its_token_list_from_there():
                 PromptSegment("file", "b.py", (4,)), PromptSegment("question", "q", (5, 6, 7))]
     for req in (Request(segments=segments, max_tokens=1), Request(prompt_ids=[1, 2, 3, 4, 5, 6, 7], max_tokens=1)):
         assert [req.token_ids_from(i) for i in range(9)] == [req.all_token_ids()[i:] for i in range(9)]
+
+
+def test_token_ids_outside_uint32_raise_from_a_numpy_array_too():
+    for bad in (-1, 2**32):
+        with pytest.raises(OverflowError):
+            token_bytes(np.array([1, bad], dtype=np.int64))
