@@ -12,7 +12,6 @@ from mlx_lm.models.cache import KVCache
 
 from checkpoint_helpers import ask, cold, prefix_len, repo_segments, run
 from engine import state
-from engine.boundaries import boundaries
 from engine.checkpoints import CheckpointStore
 from engine.engine import Engine
 from engine.request import PromptSegment

@@ -11,7 +11,7 @@ import pytest
 
 from checkpoint_helpers import ask, edit, prefix_len, repo_segments, run
 from engine.engine import Engine
-from engine.request import DoneEvent, Priority, PromptSegment, Request
+from engine.request import DoneEvent, Priority, Request
 from engine.window import WindowPolicy
 
 ARCHIVE_BYTES = 64 << 20
