@@ -91,7 +91,7 @@ def common_segments(requests: Sequence[Request]) -> int:
     while n < limit and all(_same(r.segments[n], first[n]) for r in requests):
         n += 1
     prefix = sum(len(s.token_ids) for s in first[:n])
-    while n and any(len(r.all_token_ids()) == prefix for r in requests):  # a row needs a token of its own
+    while n and any(r.prompt_length() == prefix for r in requests):  # a row needs a token of its own
         n -= 1
         prefix -= len(first[n].token_ids)
     return n if prefix else 0
@@ -193,7 +193,7 @@ class _Batch:
         segments = list(request.segments[:self.common])
         prefix = sum(len(s.token_ids) for s in segments)
         for row in live:
-            row.suffix = row.request.all_token_ids()[prefix:]
+            row.suffix = row.request.token_ids_from(prefix)
         total = prefix + sum(len(row.suffix) for row in live)
         progress = self.job.on_progress
         metrics = Metrics()
