@@ -287,6 +287,10 @@ class CheckpointStore:
         self._set_recurrent(cache)
         return self.line_offset
 
+    def on_line(self, cp: Checkpoint) -> bool:
+        """Whether `cp` is on the live line (a mark into the live cache, whatever copy `copy_ahead` gave it)."""
+        return cp in self._line
+
     @property
     def line_offset(self) -> int:
         """Tokens of confirmed state on the live line."""

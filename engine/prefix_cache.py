@@ -336,7 +336,7 @@ class PrefixCache:
             "archive_entries": len(self.archive) if self.archive else 0,
             "archive_bytes": self.archive.nbytes if self.archive else 0,
             "checkpoint_list": [{"kind": c.boundary.kind, "end": c.boundary.end,
-                                 "bytes": c.nbytes, "branch": c.kv is not None}
+                                 "bytes": c.nbytes, "branch": not self.store.on_line(c)}
                                 for c in cps],
         }
         with self._stats_lock:

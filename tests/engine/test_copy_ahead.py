@@ -92,9 +92,14 @@ def test_the_engine_copies_the_tail_between_requests_and_answers_as_a_cold_engin
         assert eng.wait_idle(60)
         line_tail = [cp for cp in eng.prefix.store.checkpoints() if cp.boundary.end > prefix_len(hover, len(repo))]
         assert line_tail and all(cp.kv is not None for cp in line_tail)
+        listed = eng.prefix.stats()["checkpoint_list"]
+        assert listed and not any(c["branch"] for c in listed)  # copied ahead, still on the line
+        assert sum(c["bytes"] for c in listed) == eng.prefix.stats()["checkpoint_bytes"] > 0  # stats refreshed
         with caplog.at_level(logging.DEBUG, logger="engine.checkpoints"):
             asked, _ = run(eng, question)
         assert not [r for r in caplog.records if hasattr(r, "detach")]  # nothing copied on the question's path
+        branches = [c for c in eng.prefix.stats()["checkpoint_list"] if c["branch"]]
+        assert branches and all(c["end"] > prefix_len(hover, len(repo)) for c in branches)  # the hover's tail left
         tokens, done = run(eng, continued)  # the hover's tail restored from the copy made ahead
         assert done.metrics.cached_tokens == prefix_len(hover, len(hover))
     assert asked == cold(tiny_loaded, question)
