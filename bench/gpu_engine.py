@@ -72,7 +72,7 @@ CONFIGS = {  # name -> (windowed, kv bits, whole loop, linear setting or None fo
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="tiny 4-bit qwen3 on the CPU, 4096 tokens (a smoke run)")
-    ap.add_argument("--lengths", default="32768")
+    ap.add_argument("--lengths", default=None, help="prompt tokens, comma-separated (default 32768; 4096 with --small)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: gpu (cpu with --small)")
     ap.add_argument("--configs", default="window-16,dense-16,window-8,dense-8")
     ap.add_argument("--compare-linear", action="store_true", help="add window-16-q (quantized kernel forced)")
@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     blas_arguments(ap)
     a = ap.parse_args(argv)
     if a.small:
-        a.lengths, a.chunk, a.decode, a.disk_gib = "4096", 256, 16, 0.25
+        a.lengths, a.chunk, a.decode, a.disk_gib = a.lengths or "4096", 256, 16, 0.25
+    a.lengths = a.lengths or "32768"
     a.device = a.device or ("cpu" if a.small else "gpu")
     if a.compare_linear:
         a.configs += ",window-16-q"

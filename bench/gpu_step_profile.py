@@ -109,7 +109,7 @@ def profiler(call: str) -> bool:
     return getattr(driver, call)() == 0
 
 
-def _forwards(a: argparse.Namespace) -> tuple[Any, Any, float]:
+def _forwards(a: argparse.Namespace) -> tuple[Any, Any, float, list[float]]:
     """`--forward`: forwards of `a.forward` rows at the end of a dense cache of `a.length` rows, as an edit + ask's
     prefill runs them (run q's choices: dequantized linears from 128 rows, our chunk attentions up to 48 rows),
     a few untimed, then `a.steps` between the profiler's start and stop; the offset put back before each."""
@@ -142,10 +142,10 @@ def _forwards(a: argparse.Namespace) -> tuple[Any, Any, float]:
     run(3)
     # The same forward at 64 keys fewer: new attention shapes (MLX builds a cuDNN plan for each, its source) with
     # every kernel already built, then those shapes again (warm): what a new shape costs the edit + ask's forward.
-    a.shapes_ms = [round(run(1, a.length - 64) * 1e3, 2) for _ in range(3)]
-    print({"forward_rows": a.forward, "kv_bits": a.bits, "ms_new_shape_then_warm": a.shapes_ms}, flush=True)
+    shapes_ms = [round(run(1, a.length - 64) * 1e3, 2) for _ in range(3)]
+    print({"forward_rows": a.forward, "kv_bits": a.bits, "ms_new_shape_then_warm": shapes_ms}, flush=True)
     started = profiler("cuProfilerStart")
-    return started, model, run(a.steps)
+    return started, model, run(a.steps), shapes_ms
 
 
 def profile(a: argparse.Namespace) -> dict[str, Any]:
@@ -158,11 +158,11 @@ def profile(a: argparse.Namespace) -> dict[str, Any]:
     from engine.step_measure import filled_cache
 
     if a.forward:
-        started, model, seconds = _forwards(a)
+        started, model, seconds, shapes_ms = _forwards(a)
         stopped = profiler("cuProfilerStop")
         result = {"forward_rows": a.forward, "kv_bits": a.bits, "length": a.length, "forwards": a.steps,
                   "ms_per_forward_profiled": round(seconds / a.steps * 1e3, 3), "profiler": started and stopped,
-                  "ms_new_shape_then_warm": a.shapes_ms, "mlx": mx.__version__, "device": str(mx.default_device()),
+                  "ms_new_shape_then_warm": shapes_ms, "mlx": mx.__version__, "device": str(mx.default_device()),
                   "mlx_env": mlx_env.current()}
         print(result, flush=True)
         return result

@@ -268,12 +268,11 @@ class Request:
         return self.prompt_ids is None and bool(self.segments) and segment_kind(self.segments[-1]) is SegmentKind.ANSWER
 
     def all_token_ids(self) -> list[int]:
-        if self.prompt_ids is not None:
-            return list(self.prompt_ids)
-        return list(itertools.chain.from_iterable(s.token_ids for s in self.segments))
+        return self.token_ids_from(0)
 
     def token_ids_from(self, start: int) -> list[int]:
-        """`all_token_ids()[start:]` without building the part before `start` (a restored prefix's)."""
+        """The prompt's token ids from position `start` on, without building the part before it (a restored
+        prefix's)."""
         if self.prompt_ids is not None:
             return list(self.prompt_ids[start:])
         out: list[int] = []

@@ -35,7 +35,8 @@ def test_a_requests_tokens_from_a_position_are_its_token_list_from_there():
     segments = [PromptSegment("system", "s", (1, 2, 3)), PromptSegment("file", "a.py", ()),
                 PromptSegment("file", "b.py", (4,)), PromptSegment("question", "q", (5, 6, 7))]
     for req in (Request(segments=segments, max_tokens=1), Request(prompt_ids=[1, 2, 3, 4, 5, 6, 7], max_tokens=1)):
-        assert [req.token_ids_from(i) for i in range(9)] == [req.all_token_ids()[i:] for i in range(9)]
+        assert [req.token_ids_from(i) for i in range(9)] == [[1, 2, 3, 4, 5, 6, 7][i:] for i in range(9)]
+        assert req.all_token_ids() == req.token_ids_from(0)
 
 
 def test_token_ids_outside_uint32_raise_from_a_numpy_array_too():
