@@ -1,0 +1,103 @@
+"""Quantized linears of a few dozen rows on the GPU: our tensor-core product (`engine.cuda_qmm`) against MLX's
+`quantized_matmul` and against the dequantized linear mode (`engine.cuda_dequant` then the dense matmul).
+
+A question's forward (about 45 rows) and a verify forward (up to 16) multiply every linear of the model at these
+row counts. Per row count: one Qwen3-32B block's seven linears (4-bit, groups of 64, bf16; random weights), the
+block taken from `BLOCKS` distinct copies in turn (past the 50 MB L2, as a forward's layers read theirs), each
+way's milliseconds a block, the weight bytes read per second, the relative error against a float32 product of
+the dequantized weights, and the 64-layer forward's linears at that pace. The peer is MLX's call.
+
+    # on the lent GPU (device tool, carry [".gpu"]):
+    bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_qmm.py --out $OUT/gpu_qmm.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import mlx_env  # noqa: E402
+
+mlx_env.apply()  # as the engine's start-up step does, before MLX starts
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+
+from bench._common import markdown_table  # noqa: E402
+from bench.gpu_attention import median_ms, rel_err  # noqa: E402
+from engine import cuda_qmm  # noqa: E402
+from engine.linear_mode import dequantized_product  # noqa: E402
+
+BLOCK = {"q": (8192, 5120), "k": (1024, 5120), "v": (1024, 5120), "o": (5120, 8192), "gate": (25600, 5120),
+         "up": (25600, 5120), "down": (5120, 25600)}
+"""Qwen3-32B's linears, (N rows, K)."""
+LAYERS = 64
+BLOCKS = 4
+ROWS = (9, 16, 32, 45, 64)
+
+
+def quantized(n: int, k: int, seed: int) -> nn.QuantizedLinear:
+    lin = nn.Linear(k, n, bias=False)
+    lin.weight = (mx.random.normal((n, k), key=mx.random.key(seed)) * k ** -0.5).astype(mx.bfloat16)
+    q = nn.QuantizedLinear.from_linear(lin, group_size=64, bits=4)
+    mx.eval(q.parameters())
+    return q
+
+
+WAYS = {"mlx": lambda m, x: nn.QuantizedLinear.__call__(m, x), "ours": cuda_qmm.linear_product,
+        "dequantized": dequantized_product}
+
+
+def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, Any]:
+    """Each way at `rows` rows: ms a block, GB/s of packed weights, relative error on the first block."""
+    xs = {k: mx.random.normal((1, rows, k), key=mx.random.key(k + rows)).astype(mx.bfloat16)
+          for k in {k for _, k in BLOCK.values()}}
+    nbytes = sum(a.nbytes for m in blocks[0] for a in (m.weight, m.scales, m.biases))
+    refs = [xs[m.weight.shape[1] * 8].astype(mx.float32)
+            @ mx.dequantize(m.weight, m.scales, m.biases, 64, 4, dtype=mx.float32).T for m in blocks[0]]
+    out: dict[str, Any] = {"rows": rows, "block_bytes": nbytes}
+    for way, call in WAYS.items():
+        try:
+            out[f"err_{way}"] = max(rel_err(call(m, xs[m.weight.shape[1] * 8]), ref) for m, ref in zip(blocks[0], refs))
+            ms = median_ms(lambda: [call(m, xs[m.weight.shape[1] * 8]) for block in blocks for m in block], 7)
+        except Exception as failure:  # noqa: BLE001 - a way that fails is a row that says so
+            out[f"{way}_error"] = repr(failure)
+            continue
+        out[f"{way}_ms"] = ms / len(blocks)
+        out[f"{way}_gbs"] = nbytes / (out[f"{way}_ms"] / 1e3) / 1e9
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_qmm.json"))
+    a = ap.parse_args(argv)
+    blocks = [[quantized(n, k, 10 * b + i) for i, (n, k) in enumerate(BLOCK.values())] for b in range(BLOCKS)]
+    result: dict[str, Any] = {"mlx": mx.__version__, "device": str(mx.default_device()), "layers": LAYERS,
+                              "counts": []}
+    for rows in map(int, a.rows.split(",")):
+        result["counts"].append(row_count(blocks, rows))
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))  # after each row: a cut run keeps what it measured
+    table = []
+    for r in result["counts"]:
+        cells = [r["rows"]]
+        for way in WAYS:
+            ms = r.get(f"{way}_ms")
+            cells.append(f"{ms:.3f} ({ms * LAYERS:.1f}; {r[f'{way}_gbs']:.0f} GB/s; {r[f'err_{way}']:.1e})"
+                         if ms is not None else r.get(f"{way}_error", "")[:60])
+        cells.append(f"{r['mlx_ms'] / r['ours_ms']:.2f}x" if "mlx_ms" in r and "ours_ms" in r else "")
+        table.append(cells)
+    print(markdown_table(["rows", *(f"{w}: ms a block ({LAYERS} layers; GB/s; rel err)" for w in WAYS),
+                          "mlx / ours"], table))
+    return result
+
+
+if __name__ == "__main__":
+    main()

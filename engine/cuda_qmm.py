@@ -1,0 +1,249 @@
+"""Our quantized matrix product for a few dozen rows on MLX's CUDA backend (tensor cores, 4 or 8 bits).
+
+Between decode (`engine.cuda_qmv`, at most `cuda_qmv.MAX_ROWS` rows) and a prefill chunk long enough to
+dequantize each weight for one dense matmul (`engine.linear_mode`, from 128 rows on the H200) lie a question's
+forward (about 45 rows) and a speculative verify (up to 16). There MLX's `quantized_matmul` took about half of a
+45-row forward at 131k tokens (84 of 170 ms on the H100, docs/benchmarks.md, eighteenth session), several times
+what reading the weights once costs: its tensor-core kernel gives each block 128 output rows and the whole of K,
+so a 1,024-row projection runs as 8 blocks on 132 multiprocessors.
+
+This kernel reads each packed weight once, dequantizes it in registers and multiplies on the tensor cores:
+
+- the weight is the product's A operand (16 output rows a ``mma.m16n8k16``), the input rows its B operand
+  (8 rows a tile; `TILE_BUCKETS` tiles compiled, other counts padded);
+- a block's `KW` warps take one set of `16 R` output rows and divide a split of K among them, chunk by chunk
+  (64 values of K); `splits` cuts K into as many splits as keep the device busy, each writing float32
+  partial sums that MLX adds up after;
+- within a chunk a lane takes values ``16 s + 4 t .. + 3`` at step s (t its place in its quad): the product sums
+  over K in any order, so the A and B fragments map these four values to the columns ``2t, 2t+1, 2t+8, 2t+9``
+  the instruction expects, and each quad reads 32 contiguous bytes of an input row;
+- each value is ``q * scale + bias`` in float32 rounded once to bfloat16/float16, as MLX's `dequantize` (and
+  `engine.cuda_dequant`) computes it, so the products are those of the dequantized linear mode up to the order
+  of the float32 sums.
+
+Whether it runs is decided by measurement against MLX's call (`engine.qmm_measure`, `engine.decode_choice`),
+after a check against a float32 product; it needs MLX's CUDA backend and is never used on the CPU or Metal.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+
+from engine import cuda_backend
+from engine.cuda_attention_fragments import HEADER as FRAGMENTS
+from engine.cuda_backend import affine_problem
+
+MAX_ROWS = 64
+"""Most input rows one call takes; fewer than `cuda_qmv.MAX_ROWS` + 1 are decode's."""
+TILE_BUCKETS = (2, 4, 6, 8)
+"""Input tiles of 8 rows compiled for (one build per bucket and shape; a count in between is padded: a new question
+length must not compile in the middle of a request)."""
+KW = 4
+"""Warps a block: each takes every `KW`-th chunk of the block's split of K; their sums meet in shared memory."""
+TARGET_WARPS = 132 * 16
+"""Warps a call aims at (16 on each of the H200's and H100's 132 multiprocessors), through `splits`."""
+
+_HEADER = FRAGMENTS + r"""
+namespace codectx {
+// d += a * b: m16n8k16, f16 inputs, float32 accumulators.
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1, const __half*) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1, const __nv_bfloat16*) {
+  mma16816(d, a0, a1, a2, a3, b0, b1);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) { return bf2(lo, hi); }
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) { return h2(lo, hi); }
+// The four values a lane takes from a packed word at one step (see the module docstring), exact floats.
+template <int BITS>
+__device__ __forceinline__ void four(uint32_t word, int t, float (&q)[4]) {
+  if constexpr (BITS == 4) {  // the lane's four nibbles are the half-word t & 1
+    const uint32_t half = (word >> ((t & 1) * 16)) & 0xFFFFu;
+    const uint32_t lo = half & 0x0F0Fu, hi = (half >> 4) & 0x0F0Fu;  // values 0, 2 and 1, 3 in bytes 0, 1
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {  // (0.5 + q/256 - 0.5) * 256 = q, exact
+      q[2 * b] = (__uint_as_float(prmt(lo, 0x3F000000u, 0x7054u | (b << 8))) - 0.5f) * 256.f;
+      q[2 * b + 1] = (__uint_as_float(prmt(hi, 0x3F000000u, 0x7054u | (b << 8))) - 0.5f) * 256.f;
+    }
+  } else {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) q[b] = byte_f(word, b);
+  }
+}
+}  // namespace codectx
+"""
+
+_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;             // values a packed word
+  constexpr int WPR = K / VPW;               // packed words a weight row
+  constexpr int WPC = 64 / VPW;              // packed words a chunk of 64 values
+  constexpr int WPS = WPC / 4;               // packed words a step of 16 values
+  constexpr int GROUPS = K / GS;
+  constexpr int MP = 8 * NT;                 // the output's rows: the input's, padded to whole tiles
+  constexpr int X = R * NT * 4;              // accumulators a lane
+  const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * 16 * R, split = blockIdx.y;
+  const int m = meta[0];
+
+  // The lane's input row g of each tile (a row past the input's is not read: zeros) and its weight rows g and
+  // g + 8 of each 16: one base each, the tiles' and rows' offsets compile-time constants.
+  const T* xg = x + (size_t)g * K + 4 * t;
+  const uint32_t* wg = w + (size_t)(row0 + g) * WPR + (BITS == 4 ? (t >> 1) : t);
+  const T* sg = scales + (size_t)(row0 + g) * GROUPS;
+  const T* bg = biases + (size_t)(row0 + g) * GROUPS;
+
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
+
+#pragma unroll 2
+  for (int c = split * CPS + warp; c < (split + 1) * CPS; c += KW) {
+    uint32_t wq[R][2][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wq[r][h][s] = wg[(16 * r + 8 * h) * WPR + c * WPC + s * WPS];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int gi = (c * 64 + 16 * s) / GS;
+      uint32_t a[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float v[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float sc = static_cast<float>(sg[(16 * r + 8 * h) * GROUPS + gi]);
+          const float bi = static_cast<float>(bg[(16 * r + 8 * h) * GROUPS + gi]);
+          float q[4];
+          codectx::four<BITS>(wq[r][h][s], t, q);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], sc, bi);
+        }
+        a[r][0] = codectx::pack2(v[0][0], v[0][1], x);  // rows g, g + 8; columns 2t, 2t+1, then 2t+8, 2t+9
+        a[r][1] = codectx::pack2(v[1][0], v[1][1], x);
+        a[r][2] = codectx::pack2(v[0][2], v[0][3], x);
+        a[r][3] = codectx::pack2(v[1][2], v[1][3], x);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint2 b = 8 * j + g < m ? *reinterpret_cast<const uint2*>(xg + (size_t)8 * j * K + c * 64 + 16 * s)
+                                      : make_uint2(0u, 0u);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          codectx::mma16816(acc[r][j], a[r][0], a[r][1], a[r][2], a[r][3], b.x, b.y, x);
+      }
+    }
+  }
+
+  __shared__ float red[KW * X * 32];  // each warp's sums, lane by lane, added in warp order (deterministic)
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * X + (r * NT + j) * 4 + e) * 32 + lane] = acc[r][j][e];
+  __syncthreads();
+  for (int i = warp; i < X; i += KW) {
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < KW; ++k) v += red[(k * X + i) * 32 + lane];
+    const int r = i / (NT * 4), j = (i >> 2) % NT, e = i & 3;
+    const int row = row0 + 16 * r + g + (e >> 1) * 8, token = 8 * j + 2 * t + (e & 1);
+    y[((size_t)split * MP + token) * N + row] = v;
+  }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    return cuda_backend.kernel("codectx_qmm", _SOURCE, _HEADER, input_names=["x", "w", "scales", "biases", "meta"],
+                               output_names=["y"])
+
+
+def tiles(rows: int) -> int:
+    """The smallest of `TILE_BUCKETS` whose tiles of 8 hold `rows` (raises past `MAX_ROWS`)."""
+    for bucket in TILE_BUCKETS:
+        if 8 * bucket >= rows:
+            return bucket
+    raise ValueError(f"qmm takes at most {MAX_ROWS} rows, got {rows}")
+
+
+def rows_per_warp(n: int, tile_count: int) -> int:
+    """Sets of 16 output rows a warp takes: 2 (each input fragment used twice) where the accumulators fit and
+    `n` divides, else 1."""
+    return 2 if tile_count <= 8 and n % 32 == 0 else 1
+
+
+def splits(n: int, k: int, bits: int, tile_count: int) -> int:
+    """How many parts K is cut into: the fewest that give `TARGET_WARPS` warps, each part a whole number of
+    chunks and at least `KW` of them, and the float32 partial sums (parts x rows x n) at most half the packed
+    weight's bytes."""
+    chunks, blocks = k // 64, n // (16 * rows_per_warp(n, tile_count))
+    most = max(1, min(chunks // KW, k * bits // (16 * 4 * 8 * tile_count)))
+    candidates = [s for s in range(1, most + 1) if chunks % s == 0]
+    return next((s for s in candidates if blocks * s * KW >= TARGET_WARPS), candidates[-1])
+
+
+def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
+    """Why this kernel cannot multiply `linear` for activations of `dtype` (None: it can)."""
+    weight = linear["weight"]
+    return _problem(getattr(linear, "mode", "affine"), linear.bits, linear.group_size, weight.ndim,
+                    weight.shape[0], weight.shape[-1] * 32 // linear.bits, linear.get("biases") is not None, dtype,
+                    str(mx.default_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _problem(mode: str, bits: int, group_size: int, ndim: int, n: int, k: int, biases: bool, dtype: mx.Dtype,
+             device: str) -> str | None:
+    problem = affine_problem(mode, bits, dtype, biases)
+    if problem is None and (group_size not in (32, 64, 128) or k % 64 or k % group_size or ndim != 2 or n % 16):
+        return f"group size {group_size}, {n} x {k}"
+    return problem
+
+
+def takes(linear: Any, x: mx.array) -> bool:
+    """Whether `linear(x)` goes through `qmm`: more rows than decode's, at most `MAX_ROWS`, a weight the kernel
+    takes (its verdict kept on the linear, `cuda_backend.kept_verdict`)."""
+    from engine import cuda_qmv
+
+    rows = x.size // x.shape[-1]
+    return cuda_qmv.MAX_ROWS < rows <= MAX_ROWS and cuda_backend.kept_verdict(
+        linear, "_codectx_qmm", x.dtype, lambda: unsupported(linear, x.dtype) is None)
+
+
+def qmm(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int,
+        group_size: int) -> mx.array:
+    """``x @ dequantize(weight).T`` for x (..., K), bfloat16 or float16, of at most `MAX_ROWS` rows (leading axes
+    flattened); weight (N, K * bits / 32) uint32 in MLX's affine packing, scales and biases (N, K / group_size)
+    in x's dtype. Returns (..., N) in x's dtype."""
+    k, n = x.shape[-1], weight.shape[0]
+    rows = x.size // k
+    tile_count = tiles(rows)
+    r, parts = rows_per_warp(n, tile_count), splits(n, k, bits, tile_count)
+    partial = _kernel()(
+        inputs=[x.reshape(rows, k), weight, scales, biases, cuda_backend.int32s(rows)],
+        template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("NT", tile_count),
+                  ("R", r), ("KW", KW), ("CPS", k // 64 // parts)],
+        grid=(32 * n // (16 * r), KW * parts, 1), threadgroup=(32, KW, 1),
+        output_shapes=[(parts, 8 * tile_count, n)], output_dtypes=[mx.float32])[0]
+    y = partial[0] if parts == 1 else partial.sum(axis=0)
+    return y[:rows].astype(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def linear_product(linear: Any, x: mx.array) -> mx.array:
+    """`linear(x)` through `qmm` (the caller checked `takes`), plus the linear's bias where it has one."""
+    y = qmm(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size)
+    return y + linear["bias"] if "bias" in linear else y

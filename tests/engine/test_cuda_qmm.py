@@ -1,0 +1,125 @@
+"""`engine.cuda_qmm` on a machine without a GPU: how it cuts the work, where the engine calls it, and its lane
+layout transliterated to NumPy.
+
+The kernel itself runs only on MLX's CUDA backend (its build for the H200 is checked in test_cuda_compile.py, its
+numbers against MLX's at load by `engine.qmm_measure`). Here `model_product` follows the kernel's index
+arithmetic lane by lane (which packed word and half-word a lane reads at a step, which scale, how the four values
+fill the A fragment, which input values fill B, where each accumulator lands) and multiplies the fragments as
+PTX's ``mma.m16n8k16`` defines them; on MLX's own packing of a random weight it must give the product of the
+dequantized weight. A mistake in that reasoning fails here rather than in the load-time check on a lent GPU.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from engine import cuda_backend, cuda_qmm, decode_kernels, linear_mode
+from engine.decode_choice import DecodeKernels
+from tests.engine.cuda_compile import Recorder
+
+SHAPES = ((8192, 5120), (1024, 5120), (5120, 8192), (25600, 5120), (5120, 25600))  # Qwen3-32B's linears (N, K)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("tile_count", cuda_qmm.TILE_BUCKETS)
+def test_splits_keep_every_warp_busy_and_the_partial_sums_small(bits, tile_count):
+    for n, k in SHAPES:
+        parts = cuda_qmm.splits(n, k, bits, tile_count)
+        chunks = k // 64
+        assert chunks % parts == 0 and chunks // parts >= cuda_qmm.KW  # each warp of a block has a chunk
+        assert parts * 8 * tile_count * n * 4 <= n * k * bits // 8 // 2  # float32 partials: at most half the weight
+        warps = n // (16 * cuda_qmm.rows_per_warp(n, tile_count)) * parts * cuda_qmm.KW
+        assert warps >= cuda_qmm.TARGET_WARPS or parts == max(
+            s for s in range(1, chunks // cuda_qmm.KW + 1)
+            if chunks % s == 0 and s * 8 * tile_count * n * 4 <= n * k * bits // 16), (n, k, parts)
+
+
+def test_a_row_count_takes_the_smallest_bucket_that_holds_it():
+    assert [cuda_qmm.tiles(r) for r in (9, 16, 17, 45, 48, 49, 64)] == [2, 2, 4, 6, 6, 8, 8]
+    with pytest.raises(ValueError, match="at most 64"):
+        cuda_qmm.tiles(65)
+
+
+def _four(word: int, t: int, bits: int) -> list[int]:
+    """`codectx::four`: the lane's four values at one step from its packed word."""
+    if bits == 4:
+        half = (word >> ((t & 1) * 16)) & 0xFFFF
+        return [(half >> (4 * i)) & 0xF for i in range(4)]
+    return [(word >> (8 * i)) & 0xFF for i in range(4)]
+
+
+def model_product(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, gs: int,
+                  r_sets: int) -> np.ndarray:
+    """The kernel's lanes for every block and chunk, in float64 (order of sums aside)."""
+    rows, k = x.shape
+    n = w.shape[0]
+    vpw = 32 // bits
+    wpc, wps = 64 // vpw, 64 // vpw // 4
+    tile_count = -(-rows // 8)
+    xp = np.zeros((8 * tile_count, k)); xp[:rows] = x
+    flat_w = w.reshape(-1)
+    y = np.zeros((8 * tile_count, n))
+    for row0 in range(0, n, 16 * r_sets):
+        for c in range(k // 64):
+            for s in range(4):
+                gi = (c * 64 + 16 * s) // gs
+                for r in range(r_sets):
+                    a = np.zeros((16, 16))  # this step's A: 16 weight rows x 16 columns of k
+                    b = np.zeros((16, 8 * tile_count))  # its B: 16 columns of k x every input row
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        base = (row0 + g) * (k // vpw) + ((t >> 1) if bits == 4 else t)
+                        for h in range(2):
+                            word = int(flat_w[base + (16 * r + 8 * h) * (k // vpw) + c * wpc + s * wps])
+                            row = row0 + g + 16 * r + 8 * h
+                            v = [q * scales[row, gi] + biases[row, gi] for q in _four(word, t, bits)]
+                            # a0/a1: rows g, g + 8 at columns 2t, 2t+1; a2/a3: at columns 2t+8, 2t+9
+                            a[g + 8 * h, [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]] = v
+                        for j in range(tile_count):  # b0, b1: the input's values 16s + 4t .. + 3
+                            phys = c * 64 + 16 * s + 4 * t
+                            b[[2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9], 8 * j + g] = xp[8 * j + g, phys:phys + 4]
+                    d = a @ b  # (16 weight rows, input rows): lane (g, t) holds rows g, g + 8 at columns 2t, 2t+1
+                    y[:, row0 + 16 * r:row0 + 16 * r + 16] += d.T
+    return y[:rows]
+
+
+@pytest.mark.parametrize("bits,gs", [(4, 64), (4, 32), (4, 128), (8, 64)])
+def test_the_lane_layout_computes_the_dequantized_product(bits, gs):
+    n, k, rows = 64, 256, 13
+    weight = mx.random.normal((n, k), key=mx.random.key(1))
+    w, scales, biases = mx.quantize(weight, group_size=gs, bits=bits)
+    x = np.array(mx.random.normal((rows, k), key=mx.random.key(2)), dtype=np.float64)
+    dense = np.array(mx.dequantize(w, scales, biases, group_size=gs, bits=bits), dtype=np.float64)
+    got = model_product(x, np.array(w), np.array(scales, dtype=np.float64), np.array(biases, dtype=np.float64), bits,
+                        gs, cuda_qmm.rows_per_warp(n, cuda_qmm.tiles(rows)))
+    # (MLX dequantizes in float32, the model in float64: 1e-6 apart; a misplaced value is off by the values' size)
+    np.testing.assert_allclose(got, x @ dense.T, rtol=1e-5, atol=1e-4)
+    assert np.abs(x @ dense.T).mean() > 1.0
+
+
+def test_the_engine_multiplies_a_question_through_it_and_not_decode_or_a_long_chunk(monkeypatch):
+    """With "qmm" chosen, a forward's scope sends a wired linear's call of 9..64 rows to our kernel (MLX's
+    kernel call recorded by a stand-in: MLX's CUDA backend does not run here) and other counts elsewhere."""
+    recorder = Recorder()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", recorder, raising=False)
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
+    cuda_qmm._kernel.cache_clear()
+    cuda_qmm._problem.cache_clear()
+    linear = nn.QuantizedLinear(256, 64, bias=False, group_size=64, bits=4)
+    linear.set_dtype(mx.bfloat16)
+    with linear_mode.wired([linear]):
+        for rows, ours in ((45, True), (9, True), (64, True), (65, False), (1, False)):
+            before = len(recorder.launches)
+            kernels = DecodeKernels(qmm=True, source="setting")
+            with kernels.scope(rows):
+                assert decode_kernels.qmm_on() is (9 <= rows <= 64)
+                if ours:  # the others would reach MLX's own quantized product, which needs a GPU build here
+                    assert linear(mx.zeros((1, rows, 256), dtype=mx.bfloat16)).shape == (1, rows, 64)
+            assert (len(recorder.launches) > before) is ours
+            assert all(d.name.startswith("codectx_qmm") for d, *_ in recorder.launches[before:])
+        with DecodeKernels(qmm=False, source="setting").scope(45):
+            assert not decode_kernels.qmm_on()
+    cuda_qmm._kernel.cache_clear()
+    cuda_qmm._problem.cache_clear()
