@@ -73,11 +73,49 @@ def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, An
     return out
 
 
+def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, int]]) -> list[dict]:
+    """Each linear of the block alone at `rows` rows: MLX's call and ours under each (`KW`, `TARGET_WARPS`) variant,
+    microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
+    out = []
+    for index, (name, (n, k)) in enumerate(BLOCK.items()):
+        linears = [block[index] for block in blocks]
+        x = mx.random.normal((1, rows, k), key=mx.random.key(5)).astype(mx.bfloat16)
+        row: dict[str, Any] = {"linear": name, "n": n, "k": k,
+                               "mb": sum(a.nbytes for a in (linears[0].weight, linears[0].scales,
+                                                            linears[0].biases)) / 1e6}
+        calls = 8
+        row["mlx_us"] = median_ms(lambda: [WAYS["mlx"](linears[i % BLOCKS], x) for i in range(calls)], 7) / calls * 1e3
+        kept = (cuda_qmm.KW, cuda_qmm.TARGET_WARPS)
+        for kw, target in variants:
+            cuda_qmm.KW, cuda_qmm.TARGET_WARPS = kw, target
+            try:
+                label = f"ours_kw{kw}_t{target}"
+                row[label + "_us"] = median_ms(lambda: [cuda_qmm.linear_product(linears[i % BLOCKS], x)
+                                                        for i in range(calls)], 7) / calls * 1e3
+                row[label + "_splits"] = cuda_qmm.splits(n, k, 4, cuda_qmm.tiles(rows))
+            finally:
+                cuda_qmm.KW, cuda_qmm.TARGET_WARPS = kept
+        out.append(row)
+        print(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--shapes-at", type=int, default=45, help="the row count of the per-linear table (0: none)")
+    ap.add_argument("--variants", default="4:2112,8:2112,4:4224,4:1056", help="KW:TARGET_WARPS pairs it times")
+    ap.add_argument("--profile", action="store_true",
+                    help="only a gate projection at --shapes-at rows, ours then MLX's, three calls each (for ncu)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_qmm.json"))
     a = ap.parse_args(argv)
+    if a.profile:
+        gate = quantized(*BLOCK["gate"], 3)
+        x = mx.random.normal((1, a.shapes_at, BLOCK["gate"][1]), key=mx.random.key(5)).astype(mx.bfloat16)
+        for way in ("ours", "mlx"):
+            for _ in range(3):
+                mx.eval(WAYS[way](gate, x))
+        return {}
     blocks = [[quantized(n, k, 10 * b + i) for i, (n, k) in enumerate(BLOCK.values())] for b in range(BLOCKS)]
     result: dict[str, Any] = {"mlx": mx.__version__, "device": str(mx.default_device()), "layers": LAYERS,
                               "counts": []}
@@ -96,6 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
         table.append(cells)
     print(markdown_table(["rows", *(f"{w}: ms a block ({LAYERS} layers; GB/s; rel err)" for w in WAYS),
                           "mlx / ours"], table))
+    if a.shapes_at:
+        variants = [tuple(map(int, v.split(":"))) for v in a.variants.split(",")]
+        result["per_linear"] = per_shape(blocks, a.shapes_at, variants)
+        Path(a.out).write_text(json.dumps(result, indent=1))
     return result
 
 

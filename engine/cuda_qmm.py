@@ -14,9 +14,11 @@ This kernel reads each packed weight once, dequantizes it in registers and multi
 - a block's `KW` warps take one set of `16 R` output rows and divide a split of K among them, chunk by chunk
   (64 values of K); `splits` cuts K into as many splits as keep the device busy, each writing float32
   partial sums that MLX adds up after;
-- within a chunk a lane takes values ``16 s + 4 t .. + 3`` at step s (t its place in its quad): the product sums
-  over K in any order, so the A and B fragments map these four values to the columns ``2t, 2t+1, 2t+8, 2t+9``
-  the instruction expects, and each quad reads 32 contiguous bytes of an input row;
+- within a chunk a lane takes values ``16 t .. 16 t + 15`` (t its place in its quad), four at each of the four
+  steps: the product sums over K in any order, so the A and B fragments map a step's four values to the columns
+  ``2t, 2t+1, 2t+8, 2t+9`` the instruction expects. A lane then reads its 16 weights of a row in one load (8 or 16
+  bytes; a quad a whole 32- or 64-byte span) and its 16 inputs of a row in two;
+- each warp loads the next chunk's weights, scales and biases before it multiplies the current one's;
 - each value is ``q * scale + bias`` in float32 rounded once to bfloat16/float16, as MLX's `dequantize` (and
   `engine.cuda_dequant`) computes it, so the products are those of the dequantized linear mode up to the order
   of the float32 sums.
@@ -61,12 +63,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) { return bf2(lo, hi); }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) { return h2(lo, hi); }
-// The four values a lane takes from a packed word at one step (see the module docstring), exact floats.
+// The four values a lane takes from a packed word at one step (see the module docstring), exact floats: for
+// 4 bits the half-word `half` of the word, for 8 bits its bytes.
 template <int BITS>
-__device__ __forceinline__ void four(uint32_t word, int t, float (&q)[4]) {
-  if constexpr (BITS == 4) {  // the lane's four nibbles are the half-word t & 1
-    const uint32_t half = (word >> ((t & 1) * 16)) & 0xFFFFu;
-    const uint32_t lo = half & 0x0F0Fu, hi = (half >> 4) & 0x0F0Fu;  // values 0, 2 and 1, 3 in bytes 0, 1
+__device__ __forceinline__ void four(uint32_t word, int half, float (&q)[4]) {
+  if constexpr (BITS == 4) {
+    const uint32_t h = (word >> (half * 16)) & 0xFFFFu;
+    const uint32_t lo = h & 0x0F0Fu, hi = (h >> 4) & 0x0F0Fu;  // values 0, 2 and 1, 3 in bytes 0, 1
 #pragma unroll
     for (int b = 0; b < 2; ++b) {  // (0.5 + q/256 - 0.5) * 256 = q, exact
       q[2 * b] = (__uint_as_float(prmt(lo, 0x3F000000u, 0x7054u | (b << 8))) - 0.5f) * 256.f;
@@ -83,19 +86,18 @@ __device__ __forceinline__ void four(uint32_t word, int t, float (&q)[4]) {
 _SOURCE = r"""
   constexpr int VPW = 32 / BITS;             // values a packed word
   constexpr int WPR = K / VPW;               // packed words a weight row
-  constexpr int WPC = 64 / VPW;              // packed words a chunk of 64 values
-  constexpr int WPS = WPC / 4;               // packed words a step of 16 values
+  constexpr int WPL = 16 / VPW;              // packed words a lane takes from a row's chunk: 2 or 4
   constexpr int GROUPS = K / GS;
   constexpr int MP = 8 * NT;                 // the output's rows: the input's, padded to whole tiles
   constexpr int X = R * NT * 4;              // accumulators a lane
   const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * 16 * R, split = blockIdx.y;
   const int m = meta[0];
-
   // The lane's input row g of each tile (a row past the input's is not read: zeros) and its weight rows g and
-  // g + 8 of each 16: one base each, the tiles' and rows' offsets compile-time constants.
-  const T* xg = x + (size_t)g * K + 4 * t;
-  const uint32_t* wg = w + (size_t)(row0 + g) * WPR + (BITS == 4 ? (t >> 1) : t);
+  // g + 8 of each 16, from the lane's 16 values of a chunk (16t .. 16t + 15): one base each, the tiles' and
+  // rows' offsets compile-time constants.
+  const T* xg = x + (size_t)g * K + 16 * t;
+  const uint32_t* wg = w + (size_t)(row0 + g) * WPR + WPL * t;
   const T* sg = scales + (size_t)(row0 + g) * GROUPS;
   const T* bg = biases + (size_t)(row0 + g) * GROUPS;
 
@@ -107,30 +109,62 @@ _SOURCE = r"""
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
 
-#pragma unroll 2
-  for (int c = split * CPS + warp; c < (split + 1) * CPS; c += KW) {
-    uint32_t wq[R][2][4];
+  // A chunk's packed words, scales and biases for the lane's rows, loaded one chunk ahead of its products.
+  uint32_t wq[R][2][WPL];
+  T sc[R][2], bi[R][2];
+  auto load = [&](int c) {
+    const int gi = (c * 64 + 16 * t) / GS;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t* p = wg + (16 * r + 8 * h) * WPR + c * (64 / VPW);
+        if constexpr (WPL == 2) {
+          const uint2 v = *reinterpret_cast<const uint2*>(p);
+          wq[r][h][0] = v.x; wq[r][h][1] = v.y;
+        } else {
+          const uint4 v = *reinterpret_cast<const uint4*>(p);
+          wq[r][h][0] = v.x; wq[r][h][1] = v.y; wq[r][h][2] = v.z; wq[r][h][3] = v.w;
+        }
+        sc[r][h] = sg[(16 * r + 8 * h) * GROUPS + gi];
+        bi[r][h] = bg[(16 * r + 8 * h) * GROUPS + gi];
+      }
+  };
+  const int first = split * CPS + warp, end = (split + 1) * CPS;
+  if (first < end) load(first);
+  for (int c = first; c < end; c += KW) {
+    uint32_t cw[R][2][WPL];
+    float cs[R][2], cb[R][2];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) wq[r][h][s] = wg[(16 * r + 8 * h) * WPR + c * WPC + s * WPS];
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < WPL; ++i) cw[r][h][i] = wq[r][h][i];
+        cs[r][h] = static_cast<float>(sc[r][h]);
+        cb[r][h] = static_cast<float>(bi[r][h]);
+      }
+    if (c + KW < end) load(c + KW);
+    uint4 xv[NT][2];  // the lane's 16 values of each tile's row g
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint4* p = reinterpret_cast<const uint4*>(xg + (size_t)8 * j * K + c * 64);
+      const bool live = 8 * j + g < m;
+      xv[j][0] = live ? p[0] : make_uint4(0u, 0u, 0u, 0u);
+      xv[j][1] = live ? p[1] : make_uint4(0u, 0u, 0u, 0u);
+    }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const int gi = (c * 64 + 16 * s) / GS;
       uint32_t a[R][4];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float v[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float sc = static_cast<float>(sg[(16 * r + 8 * h) * GROUPS + gi]);
-          const float bi = static_cast<float>(bg[(16 * r + 8 * h) * GROUPS + gi]);
           float q[4];
-          codectx::four<BITS>(wq[r][h][s], t, q);
+          codectx::four<BITS>(cw[r][h][BITS == 4 ? s >> 1 : s], s & 1, q);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], sc, bi);
+          for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], cs[r][h], cb[r][h]);
         }
         a[r][0] = codectx::pack2(v[0][0], v[0][1], x);  // rows g, g + 8; columns 2t, 2t+1, then 2t+8, 2t+9
         a[r][1] = codectx::pack2(v[1][0], v[1][1], x);
@@ -139,11 +173,10 @@ _SOURCE = r"""
       }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const uint2 b = 8 * j + g < m ? *reinterpret_cast<const uint2*>(xg + (size_t)8 * j * K + c * 64 + 16 * s)
-                                      : make_uint2(0u, 0u);
+        const uint4 xw = xv[j][s >> 1];  // the input's values 4s .. 4s + 3 of the lane's 16
+        const uint32_t b0 = s & 1 ? xw.z : xw.x, b1 = s & 1 ? xw.w : xw.y;
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          codectx::mma16816(acc[r][j], a[r][0], a[r][1], a[r][2], a[r][3], b.x, b.y, x);
+        for (int r = 0; r < R; ++r) codectx::mma16816(acc[r][j], a[r][0], a[r][1], a[r][2], a[r][3], b0, b1, x);
       }
     }
   }
@@ -182,9 +215,12 @@ def tiles(rows: int) -> int:
 
 
 def rows_per_warp(n: int, tile_count: int) -> int:
-    """Sets of 16 output rows a warp takes: 2 (each input fragment used twice) where the accumulators fit and
-    `n` divides, else 1."""
-    return 2 if tile_count <= 8 and n % 32 == 0 else 1
+    """Sets of 16 output rows a warp takes: as many as keep its accumulators at 64 floats a lane where `n` divides
+    (each input fragment it loads used that often, each chunk's loads that much larger), else 1."""
+    for sets in (4, 2):
+        if sets * tile_count <= 16 and n % (16 * sets) == 0:
+            return sets
+    return 1
 
 
 def splits(n: int, k: int, bits: int, tile_count: int) -> int:

@@ -3,7 +3,7 @@ layout transliterated to NumPy.
 
 The kernel itself runs only on MLX's CUDA backend (its build for the H200 is checked in test_cuda_compile.py, its
 numbers against MLX's at load by `engine.qmm_measure`). Here `model_product` follows the kernel's index
-arithmetic lane by lane (which packed word and half-word a lane reads at a step, which scale, how the four values
+arithmetic lane by lane (which packed words a lane reads for a chunk and which of them at a step, which scale, how the four values
 fill the A fragment, which input values fill B, where each accumulator lands) and multiplies the fragments as
 PTX's ``mma.m16n8k16`` defines them; on MLX's own packing of a random weight it must give the product of the
 dequantized weight. A mistake in that reasoning fails here rather than in the load-time check on a lent GPU.
@@ -42,11 +42,11 @@ def test_a_row_count_takes_the_smallest_bucket_that_holds_it():
         cuda_qmm.tiles(65)
 
 
-def _four(word: int, t: int, bits: int) -> list[int]:
+def _four(word: int, half: int, bits: int) -> list[int]:
     """`codectx::four`: the lane's four values at one step from its packed word."""
     if bits == 4:
-        half = (word >> ((t & 1) * 16)) & 0xFFFF
-        return [(half >> (4 * i)) & 0xF for i in range(4)]
+        h = (word >> (half * 16)) & 0xFFFF
+        return [(h >> (4 * i)) & 0xF for i in range(4)]
     return [(word >> (8 * i)) & 0xFF for i in range(4)]
 
 
@@ -56,7 +56,7 @@ def model_product(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.n
     rows, k = x.shape
     n = w.shape[0]
     vpw = 32 // bits
-    wpc, wps = 64 // vpw, 64 // vpw // 4
+    wpc = 64 // vpw
     tile_count = -(-rows // 8)
     xp = np.zeros((8 * tile_count, k)); xp[:rows] = x
     flat_w = w.reshape(-1)
@@ -64,21 +64,22 @@ def model_product(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.n
     for row0 in range(0, n, 16 * r_sets):
         for c in range(k // 64):
             for s in range(4):
-                gi = (c * 64 + 16 * s) // gs
                 for r in range(r_sets):
                     a = np.zeros((16, 16))  # this step's A: 16 weight rows x 16 columns of k
                     b = np.zeros((16, 8 * tile_count))  # its B: 16 columns of k x every input row
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
-                        base = (row0 + g) * (k // vpw) + ((t >> 1) if bits == 4 else t)
+                        base = (row0 + g) * (k // vpw) + (16 // vpw) * t  # the lane's words of a row's chunk
                         for h in range(2):
-                            word = int(flat_w[base + (16 * r + 8 * h) * (k // vpw) + c * wpc + s * wps])
+                            words = flat_w[base + (16 * r + 8 * h) * (k // vpw) + c * wpc:][:16 // vpw]
+                            word = int(words[s >> 1] if bits == 4 else words[s])
                             row = row0 + g + 16 * r + 8 * h
-                            v = [q * scales[row, gi] + biases[row, gi] for q in _four(word, t, bits)]
+                            gi = (c * 64 + 16 * t) // gs
+                            v = [q * scales[row, gi] + biases[row, gi] for q in _four(word, s & 1, bits)]
                             # a0/a1: rows g, g + 8 at columns 2t, 2t+1; a2/a3: at columns 2t+8, 2t+9
                             a[g + 8 * h, [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]] = v
-                        for j in range(tile_count):  # b0, b1: the input's values 16s + 4t .. + 3
-                            phys = c * 64 + 16 * s + 4 * t
+                        for j in range(tile_count):  # b0, b1: the input's values 16t + 4s .. + 3
+                            phys = c * 64 + 16 * t + 4 * s
                             b[[2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9], 8 * j + g] = xp[8 * j + g, phys:phys + 4]
                     d = a @ b  # (16 weight rows, input rows): lane (g, t) holds rows g, g + 8 at columns 2t, 2t+1
                     y[:, row0 + 16 * r:row0 + 16 * r + 16] += d.T
