@@ -73,9 +73,9 @@ def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, An
     return out
 
 
-def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, int]]) -> list[dict]:
-    """Each linear of the block alone at `rows` rows: MLX's call and ours under each (`KW`, `TARGET_WARPS`) variant,
-    microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
+def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, ...]]) -> list[dict]:
+    """Each linear of the block alone at `rows` rows: MLX's call and ours under each (`KW`, `TARGET_WARPS`,
+    `PREFETCH`) variant, microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
     out = []
     for index, (name, (n, k)) in enumerate(BLOCK.items()):
         linears = [block[index] for block in blocks]
@@ -85,16 +85,16 @@ def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[
                                                             linears[0].biases)) / 1e6}
         calls = 8
         row["mlx_us"] = median_ms(lambda: [WAYS["mlx"](linears[i % BLOCKS], x) for i in range(calls)], 7) / calls * 1e3
-        kept = (cuda_qmm.KW, cuda_qmm.TARGET_WARPS)
-        for kw, target in variants:
-            cuda_qmm.KW, cuda_qmm.TARGET_WARPS = kw, target
+        kept = (cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH)
+        for kw, target, prefetch in variants:
+            cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH = kw, target, prefetch
             try:
-                label = f"ours_kw{kw}_t{target}"
+                label = f"ours_kw{kw}_t{target}_p{prefetch}"
                 row[label + "_us"] = median_ms(lambda: [cuda_qmm.linear_product(linears[i % BLOCKS], x)
                                                         for i in range(calls)], 7) / calls * 1e3
                 row[label + "_splits"] = cuda_qmm.splits(n, k, 4, cuda_qmm.tiles(rows))
             finally:
-                cuda_qmm.KW, cuda_qmm.TARGET_WARPS = kept
+                cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH = kept
         out.append(row)
         print(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
     return out
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--shapes-at", type=int, default=45, help="the row count of the per-linear table (0: none)")
-    ap.add_argument("--variants", default="4:2112,8:2112,4:4224,4:1056", help="KW:TARGET_WARPS pairs it times")
+    ap.add_argument("--variants", default="4:2112:2,4:2112:1,8:2112:2,4:1056:2,4:4224:2",
+                    help="KW:TARGET_WARPS:PREFETCH triples the per-linear table times")
     ap.add_argument("--profile", action="store_true",
                     help="only a gate projection at --shapes-at rows, ours then MLX's, three calls each (for ncu)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_qmm.json"))

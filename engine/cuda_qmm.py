@@ -15,13 +15,16 @@ This kernel reads each packed weight once, dequantizes it in registers and multi
   (64 values of K); `splits` cuts K into as many splits as keep the device busy, each writing float32
   partial sums that MLX adds up after;
 - within a chunk a lane takes values ``16 t .. 16 t + 15`` (t its place in its quad), four at each of the four
-  steps: the product sums over K in any order, so the A and B fragments map a step's four values to the columns
-  ``2t, 2t+1, 2t+8, 2t+9`` the instruction expects. A lane then reads its 16 weights of a row in one load (8 or 16
-  bytes; a quad a whole 32- or 64-byte span) and its 16 inputs of a row in two;
-- each warp loads the next chunk's weights, scales and biases before it multiplies the current one's;
-- each value is ``q * scale + bias`` in float32 rounded once to bfloat16/float16, as MLX's `dequantize` (and
-  `engine.cuda_dequant`) computes it, so the products are those of the dequantized linear mode up to the order
-  of the float32 sums.
+  steps: the product sums over K in any order, so the A and B fragments may map any four of them to the columns
+  ``2t, 2t+1, 2t+8, 2t+9`` the instruction expects as long as both map the same. A lane then reads its 16 weights
+  of a row in one load (8 or 16 bytes; a quad a whole 32- or 64-byte span) and its 16 inputs of a row in two;
+- 4-bit values are dequantized two at a time as the instruction takes them, values j and j + 4 of a packed word
+  (two nibbles one logic operation apart): their pair ``M + q`` in the activations' type, M taken off exactly,
+  and one fused multiply-add with the scale and bias, ``q * scale + bias`` rounded once (MLX's `dequantize`
+  rounds the float32 result to the same type: the two differ only where that double rounding does); the inputs
+  are paired to match with two byte permutes. 8-bit values take the float32 path of `engine.cuda_dequant`;
+- each warp loads its chunks' weights, scales and biases `PREFETCH` chunks ahead of their products; where K is
+  not split the block writes the output in the activations' type, else float32 partial sums MLX adds up.
 
 Whether it runs is decided by measurement against MLX's call (`engine.qmm_measure`, `engine.decode_choice`),
 after a check against a float32 product; it needs MLX's CUDA backend and is never used on the CPU or Metal.
@@ -44,6 +47,8 @@ TILE_BUCKETS = (2, 4, 6, 8)
 length must not compile in the middle of a request)."""
 KW = 4
 """Warps a block: each takes every `KW`-th chunk of the block's split of K; their sums meet in shared memory."""
+PREFETCH = 2
+"""Chunks a warp has loaded ahead of the one it multiplies (its weights, scales and biases in registers)."""
 TARGET_WARPS = 132 * 16
 """Warps a call aims at (16 on each of the H200's and H100's 132 multiprocessors), through `splits`."""
 
@@ -61,24 +66,44 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
                                          uint32_t b0, uint32_t b1, const __nv_bfloat16*) {
   mma16816(d, a0, a1, a2, a3, b0, b1);
 }
+// A 4-bit word's values j and j + 4 (the low nibbles of `bits` and of its upper half) as a packed pair of T,
+// ``q * s + b`` rounded once: the pair M + q made by one logic operation with the exponent of M (128 in bf16,
+// 1024 in f16, each q exact), M taken off exactly, then one fused multiply-add of the pair with (s, s) and (b, b).
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t bits, uint32_t magic) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(bits), "r"(0x000F000Fu), "r"(magic));  // (a & b) | c
+  return d;
+}
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t bits, uint32_t s2, uint32_t b2, const __nv_bfloat16*) {
+  const uint32_t m = nibble_pair(bits, 0x43004300u);
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&m),
+                                   __halves2bfloat162(__ushort_as_bfloat16(0x4300), __ushort_as_bfloat16(0x4300)));
+  const __nv_bfloat162 v = __hfma2(q, *reinterpret_cast<const __nv_bfloat162*>(&s2),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b2));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t bits, uint32_t s2, uint32_t b2, const __half*) {
+  const uint32_t m = nibble_pair(bits, 0x64006400u);
+  const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&m),
+                            __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+  const __half2 v = __hfma2(q, *reinterpret_cast<const __half2*>(&s2), *reinterpret_cast<const __half2*>(&b2));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// A T's bits twice in a word.
+template <typename TT>
+__device__ __forceinline__ uint32_t twice(TT v) {
+  const uint32_t h = *reinterpret_cast<const unsigned short*>(&v);
+  return h | (h << 16);
+}
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __nv_bfloat16*) { return bf2(lo, hi); }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, const __half*) { return h2(lo, hi); }
-// The four values a lane takes from a packed word at one step (see the module docstring), exact floats: for
-// 4 bits the half-word `half` of the word, for 8 bits its bytes.
-template <int BITS>
-__device__ __forceinline__ void four(uint32_t word, int half, float (&q)[4]) {
-  if constexpr (BITS == 4) {
-    const uint32_t h = (word >> (half * 16)) & 0xFFFFu;
-    const uint32_t lo = h & 0x0F0Fu, hi = (h >> 4) & 0x0F0Fu;  // values 0, 2 and 1, 3 in bytes 0, 1
+// The four 8-bit values of a packed word, exact floats.
+__device__ __forceinline__ void four(uint32_t word, float (&q)[4]) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {  // (0.5 + q/256 - 0.5) * 256 = q, exact
-      q[2 * b] = (__uint_as_float(prmt(lo, 0x3F000000u, 0x7054u | (b << 8))) - 0.5f) * 256.f;
-      q[2 * b + 1] = (__uint_as_float(prmt(hi, 0x3F000000u, 0x7054u | (b << 8))) - 0.5f) * 256.f;
-    }
-  } else {
-#pragma unroll
-    for (int b = 0; b < 4; ++b) q[b] = byte_f(word, b);
-  }
+  for (int b = 0; b < 4; ++b) q[b] = byte_f(word, b);
 }
 }  // namespace codectx
 """
@@ -88,15 +113,16 @@ _SOURCE = r"""
   constexpr int WPR = K / VPW;               // packed words a weight row
   constexpr int WPL = 16 / VPW;              // packed words a lane takes from a row's chunk: 2 or 4
   constexpr int GROUPS = K / GS;
-  constexpr int MP = 8 * NT;                 // the output's rows: the input's, padded to whole tiles
   constexpr int X = R * NT * 4;              // accumulators a lane
   const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * 16 * R, split = blockIdx.y;
   const int m = meta[0];
-  // The lane's input row g of each tile (a row past the input's is not read: zeros) and its weight rows g and
-  // g + 8 of each 16, from the lane's 16 values of a chunk (16t .. 16t + 15): one base each, the tiles' and
-  // rows' offsets compile-time constants.
-  const T* xg = x + (size_t)g * K + 16 * t;
+  // The lane's weight rows g and g + 8 of each 16 and its input row g of each tile, from the lane's 16 values of a
+  // chunk (16t .. 16t + 15).
+  const T* xg = x + 16 * t;
+  int xo[NT];  // row 8j + g of the input, or its last row for a tile's rows past it (their sums are not stored)
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xo[j] = min(8 * j + g, m - 1) * K;
   const uint32_t* wg = w + (size_t)(row0 + g) * WPR + WPL * t;
   const T* sg = scales + (size_t)(row0 + g) * GROUPS;
   const T* bg = biases + (size_t)(row0 + g) * GROUPS;
@@ -109,72 +135,95 @@ _SOURCE = r"""
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
 
-  // A chunk's packed words, scales and biases for the lane's rows, loaded one chunk ahead of its products.
-  uint32_t wq[R][2][WPL];
-  T sc[R][2], bi[R][2];
-  auto load = [&](int c) {
+  // Chunks' packed words, scales and biases for the lane's rows, each loaded `PF` of the warp's chunks ahead of
+  // its products: slot p holds the chunk the inner loop's p-th pass multiplies (a compile-time index).
+  uint32_t wq[PF][R][2][WPL];
+  T sc[PF][R][2], bi[PF][R][2];
+  auto load = [&](int c, int p) {
     const int gi = (c * 64 + 16 * t) / GS;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t* p = wg + (16 * r + 8 * h) * WPR + c * (64 / VPW);
+        const uint32_t* src = wg + (16 * r + 8 * h) * WPR + c * (64 / VPW);
         if constexpr (WPL == 2) {
-          const uint2 v = *reinterpret_cast<const uint2*>(p);
-          wq[r][h][0] = v.x; wq[r][h][1] = v.y;
+          const uint2 v = *reinterpret_cast<const uint2*>(src);
+          wq[p][r][h][0] = v.x; wq[p][r][h][1] = v.y;
         } else {
-          const uint4 v = *reinterpret_cast<const uint4*>(p);
-          wq[r][h][0] = v.x; wq[r][h][1] = v.y; wq[r][h][2] = v.z; wq[r][h][3] = v.w;
+          const uint4 v = *reinterpret_cast<const uint4*>(src);
+          wq[p][r][h][0] = v.x; wq[p][r][h][1] = v.y; wq[p][r][h][2] = v.z; wq[p][r][h][3] = v.w;
         }
-        sc[r][h] = sg[(16 * r + 8 * h) * GROUPS + gi];
-        bi[r][h] = bg[(16 * r + 8 * h) * GROUPS + gi];
+        sc[p][r][h] = sg[(16 * r + 8 * h) * GROUPS + gi];
+        bi[p][r][h] = bg[(16 * r + 8 * h) * GROUPS + gi];
       }
   };
   const int first = split * CPS + warp, end = (split + 1) * CPS;
-  if (first < end) load(first);
-  for (int c = first; c < end; c += KW) {
-    uint32_t cw[R][2][WPL];
-    float cs[R][2], cb[R][2];
+#pragma unroll
+  for (int p = 0; p < PF; ++p)
+    if (first + p * KW < end) load(first + p * KW, p);
+  for (int base = first; base < end; base += PF * KW)
+#pragma unroll
+  for (int p = 0; p < PF; ++p) {
+    const int c = base + p * KW;
+    if (c >= end) break;
+    uint32_t cw[R][2][WPL], s2[R][2], b2[R][2];
+    T cs[R][2], cb[R][2];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int i = 0; i < WPL; ++i) cw[r][h][i] = wq[r][h][i];
-        cs[r][h] = static_cast<float>(sc[r][h]);
-        cb[r][h] = static_cast<float>(bi[r][h]);
+        for (int i = 0; i < WPL; ++i) cw[r][h][i] = wq[p][r][h][i];
+        cs[r][h] = sc[p][r][h];
+        cb[r][h] = bi[p][r][h];
+        s2[r][h] = codectx::twice(cs[r][h]);
+        b2[r][h] = codectx::twice(cb[r][h]);
       }
-    if (c + KW < end) load(c + KW);
-    uint4 xv[NT][2];  // the lane's 16 values of each tile's row g
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const uint4* p = reinterpret_cast<const uint4*>(xg + (size_t)8 * j * K + c * 64);
-      const bool live = 8 * j + g < m;
-      xv[j][0] = live ? p[0] : make_uint4(0u, 0u, 0u, 0u);
-      xv[j][1] = live ? p[1] : make_uint4(0u, 0u, 0u, 0u);
-    }
+    if (c + PF * KW < end) load(c + PF * KW, p);
+    uint4 xv[NT];  // loaded at steps 0 and 2: the lane's 8 values of each tile's row g those two steps take
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+      if ((s & 1) == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xv[j] = reinterpret_cast<const uint4*>(xg + xo[j] + c * 64)[s >> 1];
+      }
       uint32_t a[R][4];
+      if constexpr (BITS == 4) {  // values (j, j + 4) of word s >> 1 as pairs, j = 2 (s & 1) and j + 1
+        const int j = 2 * (s & 1);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v[2][4];
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float q[4];
-          codectx::four<BITS>(cw[r][h][BITS == 4 ? s >> 1 : s], s & 1, q);
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t word = cw[r][h][s >> 1];
+            a[r][h] = codectx::dequant_pair(word >> (4 * j), s2[r][h], b2[r][h], x);  // columns 2t, 2t+1
+            a[r][2 + h] = codectx::dequant_pair(word >> (4 * j + 4), s2[r][h], b2[r][h], x);  // 2t+8, 2t+9
+          }
+      } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], cs[r][h], cb[r][h]);
+        for (int r = 0; r < R; ++r) {
+          float v[2][4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float q[4];
+            codectx::four(cw[r][h][s], q);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], static_cast<float>(cs[r][h]), static_cast<float>(cb[r][h]));
+          }
+          a[r][0] = codectx::pack2(v[0][0], v[0][1], x);  // rows g, g + 8; columns 2t, 2t+1, then 2t+8, 2t+9
+          a[r][1] = codectx::pack2(v[1][0], v[1][1], x);
+          a[r][2] = codectx::pack2(v[0][2], v[0][3], x);
+          a[r][3] = codectx::pack2(v[1][2], v[1][3], x);
         }
-        a[r][0] = codectx::pack2(v[0][0], v[0][1], x);  // rows g, g + 8; columns 2t, 2t+1, then 2t+8, 2t+9
-        a[r][1] = codectx::pack2(v[1][0], v[1][1], x);
-        a[r][2] = codectx::pack2(v[0][2], v[0][3], x);
-        a[r][3] = codectx::pack2(v[1][2], v[1][3], x);
       }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const uint4 xw = xv[j][s >> 1];  // the input's values 4s .. 4s + 3 of the lane's 16
-        const uint32_t b0 = s & 1 ? xw.z : xw.x, b1 = s & 1 ? xw.w : xw.y;
+        const uint4 xw = xv[j];  // the input's values 4s .. 4s + 3 of the lane's 16
+        uint32_t b0 = s & 1 ? xw.z : xw.x, b1 = s & 1 ? xw.w : xw.y;
+        if constexpr (BITS == 4) {  // (x_j, x_j+4) and (x_j+1, x_j+5) of the 8 in xw, as the A pairs take them
+          const uint32_t lo = s & 1 ? xw.y : xw.x, hi = s & 1 ? xw.w : xw.z;
+          b0 = codectx::prmt(lo, hi, 0x5410u);
+          b1 = codectx::prmt(lo, hi, 0x7632u);
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) codectx::mma16816(acc[r][j], a[r][0], a[r][1], a[r][2], a[r][3], b0, b1, x);
       }
@@ -195,7 +244,7 @@ _SOURCE = r"""
     for (int k = 0; k < KW; ++k) v += red[(k * X + i) * 32 + lane];
     const int r = i / (NT * 4), j = (i >> 2) % NT, e = i & 3;
     const int row = row0 + 16 * r + g + (e >> 1) * 8, token = 8 * j + 2 * t + (e & 1);
-    y[((size_t)split * MP + token) * N + row] = v;
+    if (token < m) codectx::store(y + ((size_t)split * m + token) * N + row, v);  // T where K is not split
   }
 """
 
@@ -269,14 +318,14 @@ def qmm(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
     rows = x.size // k
     tile_count = tiles(rows)
     r, parts = rows_per_warp(n, tile_count), splits(n, k, bits, tile_count)
-    partial = _kernel()(
+    out = _kernel()(
         inputs=[x.reshape(rows, k), weight, scales, biases, cuda_backend.int32s(rows)],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("NT", tile_count),
-                  ("R", r), ("KW", KW), ("CPS", k // 64 // parts)],
+                  ("R", r), ("KW", KW), ("CPS", k // 64 // parts), ("PF", PREFETCH)],
         grid=(32 * n // (16 * r), KW * parts, 1), threadgroup=(32, KW, 1),
-        output_shapes=[(parts, 8 * tile_count, n)], output_dtypes=[mx.float32])[0]
-    y = partial[0] if parts == 1 else partial.sum(axis=0)
-    return y[:rows].astype(x.dtype).reshape(*x.shape[:-1], n)
+        output_shapes=[(*x.shape[:-1], n) if parts == 1 else (parts, rows, n)],
+        output_dtypes=[x.dtype if parts == 1 else mx.float32])[0]
+    return out if parts == 1 else out.sum(axis=0).astype(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def linear_product(linear: Any, x: mx.array) -> mx.array:

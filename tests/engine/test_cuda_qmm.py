@@ -42,12 +42,19 @@ def test_a_row_count_takes_the_smallest_bucket_that_holds_it():
         cuda_qmm.tiles(65)
 
 
-def _four(word: int, half: int, bits: int) -> list[int]:
-    """`codectx::four`: the lane's four values at one step from its packed word."""
+def _positions(s: int, bits: int) -> list[int]:
+    """Which of a lane's 16 values of a chunk fill columns 2t, 2t+1, 2t+8, 2t+9 at step s: for 4 bits values
+    (j, j + 4) then (j + 1, j + 5) of word s >> 1, j = 2 (s & 1) (the nibble pairs); for 8 bits 4s .. 4s + 3."""
     if bits == 4:
-        h = (word >> (half * 16)) & 0xFFFF
-        return [(h >> (4 * i)) & 0xF for i in range(4)]
-    return [(word >> (8 * i)) & 0xFF for i in range(4)]
+        base, j = 8 * (s >> 1), 2 * (s & 1)
+        return [base + j, base + j + 4, base + j + 1, base + j + 5]
+    return [4 * s + i for i in range(4)]
+
+
+def _four(words: np.ndarray, s: int, bits: int) -> list[int]:
+    """The lane's four values at step s from its packed words of a row's chunk (`_positions`' order)."""
+    per_word = 32 // bits
+    return [(int(words[p // per_word]) >> (bits * (p % per_word))) & ((1 << bits) - 1) for p in _positions(s, bits)]
 
 
 def model_product(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, gs: int,
@@ -72,15 +79,14 @@ def model_product(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.n
                         base = (row0 + g) * (k // vpw) + (16 // vpw) * t  # the lane's words of a row's chunk
                         for h in range(2):
                             words = flat_w[base + (16 * r + 8 * h) * (k // vpw) + c * wpc:][:16 // vpw]
-                            word = int(words[s >> 1] if bits == 4 else words[s])
                             row = row0 + g + 16 * r + 8 * h
                             gi = (c * 64 + 16 * t) // gs
-                            v = [q * scales[row, gi] + biases[row, gi] for q in _four(word, s & 1, bits)]
+                            v = [q * scales[row, gi] + biases[row, gi] for q in _four(words, s, bits)]
                             # a0/a1: rows g, g + 8 at columns 2t, 2t+1; a2/a3: at columns 2t+8, 2t+9
                             a[g + 8 * h, [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]] = v
-                        for j in range(tile_count):  # b0, b1: the input's values 16t + 4s .. + 3
-                            phys = c * 64 + 16 * t + 4 * s
-                            b[[2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9], 8 * j + g] = xp[8 * j + g, phys:phys + 4]
+                        for j in range(tile_count):  # b0, b1: the same four of the input's 16 values from 16t
+                            values = xp[8 * j + g, c * 64 + 16 * t:c * 64 + 16 * t + 16]
+                            b[[2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9], 8 * j + g] = values[_positions(s, bits)]
                     d = a @ b  # (16 weight rows, input rows): lane (g, t) holds rows g, g + 8 at columns 2t, 2t+1
                     y[:, row0 + 16 * r:row0 + 16 * r + 16] += d.T
     return y[:rows]
