@@ -11,9 +11,11 @@ This kernel reads each packed weight once, dequantizes it in registers and multi
 
 - the weight is the product's A operand (16 output rows a ``mma.m16n8k16``), the input rows its B operand
   (8 rows a tile; `TILE_BUCKETS` tiles compiled, other counts padded);
-- a block's `KW` warps take one set of `16 R` output rows and divide a split of K among them, chunk by chunk
-  (64 values of K); `splits` cuts K into as many splits as keep the device busy, each writing float32
-  partial sums that MLX adds up after;
+- a warp takes `16 R` output rows over a split of K, chunk by chunk (64 values of K); a block's `KW` warps take
+  neighbouring rows over the same chunks, so the input rows one warp reads from L2 the others find in L1 (with
+  warps dividing K instead, every block read the whole input: five times the weights' bytes at 45 rows);
+  `splits` cuts K into as many splits as keep the device busy, each writing float32 partial sums MLX adds up
+  after;
 - within a chunk a lane takes values ``16 t .. 16 t + 15`` (t its place in its quad), four at each of the four
   steps: the product sums over K in any order, so the A and B fragments may map any four of them to the columns
   ``2t, 2t+1, 2t+8, 2t+9`` the instruction expects as long as both map the same. A lane then reads its 16 weights
@@ -46,7 +48,8 @@ TILE_BUCKETS = (2, 4, 6, 8)
 """Input tiles of 8 rows compiled for (one build per bucket and shape; a count in between is padded: a new question
 length must not compile in the middle of a request)."""
 KW = 4
-"""Warps a block: each takes every `KW`-th chunk of the block's split of K; their sums meet in shared memory."""
+"""Warps a block: each takes its own output rows over the block's split of K, the block's warps the same chunks at
+about the same time, so that the input rows one reads from L2 the others find in L1."""
 PREFETCH = 2
 """Chunks a warp has loaded ahead of the one it multiplies (its weights, scales and biases in registers)."""
 TARGET_WARPS = 132 * 16
@@ -113,9 +116,9 @@ _SOURCE = r"""
   constexpr int WPR = K / VPW;               // packed words a weight row
   constexpr int WPL = 16 / VPW;              // packed words a lane takes from a row's chunk: 2 or 4
   constexpr int GROUPS = K / GS;
-  constexpr int X = R * NT * 4;              // accumulators a lane
   const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * 16 * R, split = blockIdx.y;
+  const int row0 = (blockIdx.x * KW + warp) * 16 * R, split = blockIdx.y;
+  if (row0 >= N) return;
   const int m = meta[0];
   // The lane's weight rows g and g + 8 of each 16 and its input row g of each tile, from the lane's 16 values of a
   // chunk (16t .. 16t + 15).
@@ -157,14 +160,14 @@ _SOURCE = r"""
         bi[p][r][h] = bg[(16 * r + 8 * h) * GROUPS + gi];
       }
   };
-  const int first = split * CPS + warp, end = (split + 1) * CPS;
+  const int first = split * CPS, end = (split + 1) * CPS;
 #pragma unroll
   for (int p = 0; p < PF; ++p)
-    if (first + p * KW < end) load(first + p * KW, p);
-  for (int base = first; base < end; base += PF * KW)
+    if (first + p < end) load(first + p, p);
+  for (int base = first; base < end; base += PF)
 #pragma unroll
   for (int p = 0; p < PF; ++p) {
-    const int c = base + p * KW;
+    const int c = base + p;
     if (c >= end) break;
     uint32_t cw[R][2][WPL], s2[R][2], b2[R][2];
     T cs[R][2], cb[R][2];
@@ -179,7 +182,7 @@ _SOURCE = r"""
         s2[r][h] = codectx::twice(cs[r][h]);
         b2[r][h] = codectx::twice(cb[r][h]);
       }
-    if (c + PF * KW < end) load(c + PF * KW, p);
+    if (c + PF < end) load(c + PF, p);
     uint4 xv[NT];  // loaded at steps 0 and 2: the lane's 8 values of each tile's row g those two steps take
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -230,22 +233,15 @@ _SOURCE = r"""
     }
   }
 
-  __shared__ float red[KW * X * 32];  // each warp's sums, lane by lane, added in warp order (deterministic)
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * X + (r * NT + j) * 4 + e) * 32 + lane] = acc[r][j][e];
-  __syncthreads();
-  for (int i = warp; i < X; i += KW) {
-    float v = 0.f;
-#pragma unroll
-    for (int k = 0; k < KW; ++k) v += red[(k * X + i) * 32 + lane];
-    const int r = i / (NT * 4), j = (i >> 2) % NT, e = i & 3;
-    const int row = row0 + 16 * r + g + (e >> 1) * 8, token = 8 * j + 2 * t + (e & 1);
-    if (token < m) codectx::store(y + ((size_t)split * m + token) * N + row, v);  // T where K is not split
-  }
+      for (int e = 0; e < 4; ++e) {  // rows g, g + 8; input rows 2t, 2t + 1 of the tile
+        const int row = row0 + 16 * r + g + (e >> 1) * 8, token = 8 * j + 2 * t + (e & 1);
+        if (token < m) codectx::store(y + ((size_t)split * m + token) * N + row, acc[r][j][e]);  // T if K is whole
+      }
 """
 
 
@@ -273,13 +269,13 @@ def rows_per_warp(n: int, tile_count: int) -> int:
 
 
 def splits(n: int, k: int, bits: int, tile_count: int) -> int:
-    """How many parts K is cut into: the fewest that give `TARGET_WARPS` warps, each part a whole number of
-    chunks and at least `KW` of them, and the float32 partial sums (parts x rows x n) at most half the packed
-    weight's bytes."""
-    chunks, blocks = k // 64, n // (16 * rows_per_warp(n, tile_count))
-    most = max(1, min(chunks // KW, k * bits // (16 * 4 * 8 * tile_count)))
+    """How many parts K is cut into: the fewest that give `TARGET_WARPS` warps, each part a whole number of chunks,
+    the float32 partial sums (parts x rows x n) at most half the packed weight's bytes (1: no partial sums, the
+    block writes the output)."""
+    chunks, warps = k // 64, n // (16 * rows_per_warp(n, tile_count))
+    most = max(1, min(chunks, k * bits // (16 * 4 * 8 * tile_count)))
     candidates = [s for s in range(1, most + 1) if chunks % s == 0]
-    return next((s for s in candidates if blocks * s * KW >= TARGET_WARPS), candidates[-1])
+    return next((s for s in candidates if warps * s >= TARGET_WARPS), candidates[-1])
 
 
 def unsupported(linear: Any, dtype: mx.Dtype) -> str | None:
@@ -322,7 +318,7 @@ def qmm(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
         inputs=[x.reshape(rows, k), weight, scales, biases, cuda_backend.int32s(rows)],
         template=[("T", x.dtype), ("BITS", bits), ("GS", group_size), ("K", k), ("N", n), ("NT", tile_count),
                   ("R", r), ("KW", KW), ("CPS", k // 64 // parts), ("PF", PREFETCH)],
-        grid=(32 * n // (16 * r), KW * parts, 1), threadgroup=(32, KW, 1),
+        grid=(32 * -(-n // (16 * r * KW)), KW * parts, 1), threadgroup=(32, KW, 1),
         output_shapes=[(*x.shape[:-1], n) if parts == 1 else (parts, rows, n)],
         output_dtypes=[x.dtype if parts == 1 else mx.float32])[0]
     return out if parts == 1 else out.sum(axis=0).astype(x.dtype).reshape(*x.shape[:-1], n)
