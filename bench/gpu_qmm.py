@@ -75,7 +75,7 @@ def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, An
 
 def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, ...]]) -> list[dict]:
     """Each linear of the block alone at `rows` rows: MLX's call and ours under each (`KW`, `TARGET_WARPS`,
-    `PREFETCH`) variant, microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
+    `PREFETCH`[, `ROW_SETS`]) variant, microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
     out = []
     for index, (name, (n, k)) in enumerate(BLOCK.items()):
         linears = [block[index] for block in blocks]
@@ -85,18 +85,48 @@ def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[
                                                             linears[0].biases)) / 1e6}
         calls = 8
         row["mlx_us"] = median_ms(lambda: [WAYS["mlx"](linears[i % BLOCKS], x) for i in range(calls)], 7) / calls * 1e3
-        kept = (cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH)
-        for kw, target, prefetch in variants:
-            cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH = kw, target, prefetch
+        for variant in variants:
+            kept = set_variant(variant)
             try:
-                label = f"ours_kw{kw}_t{target}_p{prefetch}"
+                label = "ours_" + "_".join(map(str, variant))
                 row[label + "_us"] = median_ms(lambda: [cuda_qmm.linear_product(linears[i % BLOCKS], x)
                                                         for i in range(calls)], 7) / calls * 1e3
                 row[label + "_splits"] = cuda_qmm.splits(n, k, 4, cuda_qmm.tiles(rows))
             finally:
-                cuda_qmm.KW, cuda_qmm.TARGET_WARPS, cuda_qmm.PREFETCH = kept
+                set_variant(kept)
         out.append(row)
         print(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}), flush=True)
+    return out
+
+
+VARIANT_KNOBS = ("KW", "TARGET_WARPS", "PREFETCH", "ROW_SETS")
+
+
+def set_variant(variant: tuple[int, ...]) -> tuple[Any, ...]:
+    """`cuda_qmm`'s knobs (`VARIANT_KNOBS`; a ROW_SETS of 0 is its own rule) set to `variant`; the old values."""
+    kept = tuple(getattr(cuda_qmm, name) for name in VARIANT_KNOBS)
+    for name, value in zip(VARIANT_KNOBS, variant):
+        setattr(cuda_qmm, name, (value or None) if name == "ROW_SETS" else value)
+    return kept
+
+
+def variant_blocks(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, ...]]) -> dict:
+    """Ours under each variant against MLX's, ms a block (the block's linears from `BLOCKS` copies in turn)."""
+    xs = {k: mx.random.normal((1, rows, k), key=mx.random.key(k + rows)).astype(mx.bfloat16)
+          for k in {k for _, k in BLOCK.values()}}
+    out = {"rows": rows, "mlx_ms": median_ms(lambda: [WAYS["mlx"](m, xs[m.weight.shape[1] * 8]) for block in blocks
+                                                      for m in block], 9) / len(blocks)}
+    for variant in variants:
+        kept = set_variant(variant)
+        try:
+            label = "ours_" + "_".join(map(str, variant))
+            out[label] = median_ms(lambda: [cuda_qmm.linear_product(m, xs[m.weight.shape[1] * 8]) for block in blocks
+                                            for m in block], 9) / len(blocks)
+        except Exception as failure:  # noqa: BLE001 - a variant that fails is a cell that says so
+            out[label] = repr(failure)
+        finally:
+            set_variant(kept)
+        print(f"{rows} rows, {label}: {out[label]} ms a block (MLX {out['mlx_ms']:.3f})", flush=True)
     return out
 
 
@@ -106,6 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes-at", type=int, default=45, help="the row count of the per-linear table (0: none)")
     ap.add_argument("--variants", default="4:2112:2,4:2112:1,8:2112:2,4:1056:2,4:4224:2",
                     help="KW:TARGET_WARPS:PREFETCH triples the per-linear table times")
+    ap.add_argument("--block-variants", default="",
+                    help="KW:TARGET_WARPS:PREFETCH:ROW_SETS quadruples timed a whole block at each --rows")
     ap.add_argument("--profile", action="store_true",
                     help="only a gate projection at --shapes-at rows, ours then MLX's, three calls each (for ncu)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_qmm.json"))
@@ -135,6 +167,10 @@ def main(argv: list[str] | None = None) -> dict:
         table.append(cells)
     print(markdown_table(["rows", *(f"{w}: ms a block ({LAYERS} layers; GB/s; rel err)" for w in WAYS),
                           "mlx / ours"], table))
+    if a.block_variants:
+        variants = [tuple(map(int, v.split(":"))) for v in a.block_variants.split(",")]
+        result["variants"] = [variant_blocks(blocks, rows, variants) for rows in map(int, a.rows.split(","))]
+        Path(a.out).write_text(json.dumps(result, indent=1))
     if a.shapes_at:
         variants = [tuple(map(int, v.split(":"))) for v in a.variants.split(",")]
         result["per_linear"] = per_shape(blocks, a.shapes_at, variants)

@@ -259,9 +259,15 @@ def tiles(rows: int) -> int:
     raise ValueError(f"qmm takes at most {MAX_ROWS} rows, got {rows}")
 
 
+ROW_SETS: int | None = None
+"""Sets of 16 output rows a warp takes, where set (a benchmark's variant); None: `rows_per_warp`'s rule."""
+
+
 def rows_per_warp(n: int, tile_count: int) -> int:
     """Sets of 16 output rows a warp takes: as many as keep its accumulators at 64 floats a lane where `n` divides
     (each input fragment it loads used that often, each chunk's loads that much larger), else 1."""
+    if ROW_SETS is not None and n % (16 * ROW_SETS) == 0:
+        return ROW_SETS
     for sets in (4, 2):
         if sets * tile_count <= 16 and n % (16 * sets) == 0:
             return sets
