@@ -1,4 +1,4 @@
-"""Quantized linears of a few dozen rows on the GPU: our tensor-core product (`engine.cuda_qmm`) against MLX's
+"""Quantized linears of a few dozen rows on the GPU: our tensor-core experiment (`bench/qmm_kernel.py`) against MLX's
 `quantized_matmul` and against the dequantized linear mode (`engine.cuda_dequant` then the dense matmul).
 
 A question's forward (about 45 rows) and a verify forward (up to 16) multiply every linear of the model at these
@@ -30,7 +30,7 @@ import mlx.nn as nn  # noqa: E402
 
 from bench._common import markdown_table  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err  # noqa: E402
-from engine import cuda_qmm  # noqa: E402
+from bench import qmm_kernel  # noqa: E402
 from engine.linear_mode import dequantized_product  # noqa: E402
 
 BLOCK = {"q": (8192, 5120), "k": (1024, 5120), "v": (1024, 5120), "o": (5120, 8192), "gate": (25600, 5120),
@@ -49,7 +49,7 @@ def quantized(n: int, k: int, seed: int) -> nn.QuantizedLinear:
     return q
 
 
-WAYS = {"mlx": lambda m, x: nn.QuantizedLinear.__call__(m, x), "ours": cuda_qmm.linear_product,
+WAYS = {"mlx": lambda m, x: nn.QuantizedLinear.__call__(m, x), "ours": qmm_kernel.linear_product,
         "dequantized": dequantized_product}
 
 
@@ -75,7 +75,7 @@ def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, An
 
 def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, ...]]) -> list[dict]:
     """Each linear of the block alone at `rows` rows: MLX's call and ours under each (`KW`, `TARGET_WARPS`,
-    `PREFETCH`[, `ROW_SETS`]) variant, microseconds a call (8 calls an evaluation, the linear from a different block each call)."""
+    `PREFETCH`[, `ROW_SETS`]) variant, microseconds a call (8 calls an evaluation, each from another block)."""
     out = []
     for index, (name, (n, k)) in enumerate(BLOCK.items()):
         linears = [block[index] for block in blocks]
@@ -89,9 +89,9 @@ def per_shape(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[
             kept = set_variant(variant)
             try:
                 label = "ours_" + "_".join(map(str, variant))
-                row[label + "_us"] = median_ms(lambda: [cuda_qmm.linear_product(linears[i % BLOCKS], x)
+                row[label + "_us"] = median_ms(lambda: [qmm_kernel.linear_product(linears[i % BLOCKS], x)
                                                         for i in range(calls)], 7) / calls * 1e3
-                row[label + "_splits"] = cuda_qmm.splits(n, k, 4, cuda_qmm.tiles(rows))
+                row[label + "_splits"] = qmm_kernel.splits(n, k, 4, qmm_kernel.tiles(rows))
             finally:
                 set_variant(kept)
         out.append(row)
@@ -103,10 +103,10 @@ VARIANT_KNOBS = ("KW", "TARGET_WARPS", "PREFETCH", "ROW_SETS")
 
 
 def set_variant(variant: tuple[int, ...]) -> tuple[Any, ...]:
-    """`cuda_qmm`'s knobs (`VARIANT_KNOBS`; a ROW_SETS of 0 is its own rule) set to `variant`; the old values."""
-    kept = tuple(getattr(cuda_qmm, name) for name in VARIANT_KNOBS)
+    """`qmm_kernel`'s knobs (`VARIANT_KNOBS`; a ROW_SETS of 0 is its own rule) set to `variant`; the old values."""
+    kept = tuple(getattr(qmm_kernel, name) for name in VARIANT_KNOBS)
     for name, value in zip(VARIANT_KNOBS, variant):
-        setattr(cuda_qmm, name, (value or None) if name == "ROW_SETS" else value)
+        setattr(qmm_kernel, name, (value or None) if name == "ROW_SETS" else value)
     return kept
 
 
@@ -120,7 +120,7 @@ def variant_blocks(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: 
         kept = set_variant(variant)
         try:
             label = "ours_" + "_".join(map(str, variant))
-            out[label] = median_ms(lambda: [cuda_qmm.linear_product(m, xs[m.weight.shape[1] * 8]) for block in blocks
+            out[label] = median_ms(lambda: [qmm_kernel.linear_product(m, xs[m.weight.shape[1] * 8]) for block in blocks
                                             for m in block], 9) / len(blocks)
         except Exception as failure:  # noqa: BLE001 - a variant that fails is a cell that says so
             out[label] = repr(failure)

@@ -64,7 +64,7 @@ def _hash_kernel_modules() -> str:
     try:
         names = ("decode_kernels", "decode_choice", "decode_measure", "compiled_mlp", "compiled", "trace_caches",
                  "step_measure", "fused_linears", "fused_residual", "residual_measure", "linear_mode", "chunk_measure",
-                 "cpu_attention", "qmm_measure")
+                 "cpu_attention")
         for path in [*sorted(here.glob("cuda_*.py")), *(here / f"{name}.py" for name in names)]:
             digest.update(path.read_bytes())
     except OSError:  # no sources to hash (an install without them): nothing cached can be trusted

@@ -43,9 +43,6 @@ the same thing:
 - a block's residual adds in its projections' launches (``residual_fused``, `engine.fused_residual`): the first
   block's o and down projections on one row, `REPEAT` per evaluation, our kernel and MLX's add against the add in
   the launch (checked against them); where the blocks can be wired, only together with our linears;
-- quantized linears of a few dozen rows on the tensor cores (``qmm``, `engine.cuda_qmm`): the first block's at a
-  verify forward's and a question's row counts, `REPEAT` per evaluation, against MLX's product, at the count where
-  ours does worst (checked like our linears first; `engine.qmm_measure`);
 - the whole one-token step replayed from its trace (`engine.compiled`), over 8-bit caches (``step_traced``,
   only with the in-place write) and over bf16 ones (``step_traced_bf16``, only with the chunk attention),
   measured last, on the whole model with the kernels chosen before it (`engine.step_measure`): queued
@@ -69,8 +66,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from engine import (chunk_measure, compiled_mlp, cpu_attention, cuda_qmm, cuda_qmv, decode_kernels, fused_linears,
-                    fused_residual, linear_mode, qmm_measure, residual_measure)
+from engine import (chunk_measure, compiled_mlp, cpu_attention, cuda_qmv, decode_kernels, fused_linears, fused_residual,
+                    linear_mode, residual_measure)
 from engine.chunk_measure import CHUNK_CALLS, CHUNK_ROWS
 from engine.cuda_backend import code_version, cuda_available
 from engine.decode_measure import (ATTENTION_KEYS, ATTENTION_NEAR, ATTENTION_TIMINGS, MARGIN, REPEAT, Timings,
@@ -84,7 +81,7 @@ logger = logging.getLogger(__name__)
 
 KERNEL_NAMES = ("qmv", "attention", "attention_mma", "attention_chunk", "kv_write", "mlp_compiled", "step_traced",
                 "step_traced_bf16", "qmv_fused", "rope_fused", "attention_staged", "attention_transposed",
-                "attention_chunk_q8", "qmv_split", "residual_fused", "qmm")
+                "attention_chunk_q8", "qmv_split", "residual_fused")
 NEEDS = (("kv_write", tuple(ATTENTION_TIMINGS), "our attention"),  # the one reader it orders after itself
          ("mlp_compiled", ("qmv",), "qmv"),  # the trace holds our linears
          ("qmv_fused", ("qmv",), "qmv"),  # one launch of our linears' kernel
@@ -139,8 +136,6 @@ class DecodeKernels:
             warp's rows split over K (only with `qmv`).
         residual_fused: `engine.fused_residual` for a decode-sized forward's residual adds, each in the launch of
             the projection before it (a block's o and down projections; only with `qmv`).
-        qmm: `engine.cuda_qmm` for quantized linears of `cuda_qmv.MAX_ROWS` + 1..`cuda_qmm.MAX_ROWS` rows (a
-            question, a verify forward) where the linear mode does not dequantize them.
         measure_s: Seconds measuring took at this load, a failed attempt's included (0 when cached, set or
             not measured).
     """
@@ -163,7 +158,6 @@ class DecodeKernels:
     attention_chunk_q8: bool = False
     qmv_split: bool = False
     residual_fused: bool = False
-    qmm: bool = False
     measure_s: float = 0.0
 
     @property
@@ -188,18 +182,16 @@ class DecodeKernels:
         mlp = self.mlp_compiled and qmv and rows == 1 and not traced  # the trace holds our linears
         rope = self.rope_fused and rows == 1
         chunk_q8 = self.attention_chunk_q8 and 1 < rows <= decode_kernels.CHUNK_MAX_ROWS
-        qmm = self.qmm and cuda_qmv.MAX_ROWS < rows <= cuda_qmm.MAX_ROWS
         return decode_kernels.scope(qmv, attention, self.attention_mma, chunk, kv_write, mlp, self.qmv_fused, rope,
                                     staged=self.attention_staged, transposed=self.attention_transposed,
-                                    chunk_q8=chunk_q8, split=self.qmv_split, residual=self.residual_fused, qmm=qmm) \
-            if qmv or attention or chunk or mlp or rope or chunk_q8 or qmm else contextlib.nullcontext()
+                                    chunk_q8=chunk_q8, split=self.qmv_split, residual=self.residual_fused) \
+            if qmv or attention or chunk or mlp or rope or chunk_q8 else contextlib.nullcontext()
 
     def wire(self, model: Any) -> None:
         """Give the model's layers the classes the chosen kernels are called through (our linears, the MLPs
         that replay a trace, the attention modules' wired call); the compute path does it once when built."""
-        if self.qmv or self.qmm:
-            linear_mode.wire(model)
         if self.qmv:
+            linear_mode.wire(model)
             linear_mode.wire_head(model)
         if self.qmv_fused:  # before the compiled MLPs, whose trace then holds the fused call
             fused_linears.wire(model)
@@ -243,7 +235,7 @@ def resolve(model: Any, setting: str = "auto", *, measure: Callable[[Any], Timin
         return DecodeKernels(True, True, "setting", attention_chunk=True, attention_chunk_q8=_q8_chunk_takes(model),
                              kv_write=ours, mlp_compiled=True, qmv_split=_splits_a_linear(model),
                              step_traced=ours, step_traced_bf16=_chunk_kernel_takes_one_query(model), qmv_fused=True,
-                             rope_fused=True, residual_fused=fused_residual.wirable(model), qmm=True,
+                             rope_fused=True, residual_fused=fused_residual.wirable(model),
                              notes=() if ours else ("kernels: kv_write needs our attention, which does not take "
                                                     "this model's heads",))
     linears = first_block_linears(model)
@@ -275,7 +267,6 @@ def measure_all(model: Any) -> Timings:
     timings = measure_kernels(model)
     if "qmv" in timings:  # (beside our linears only)
         timings.update(residual_measure.measure(model))
-    timings.update(qmm_measure.measure(model))
     timings.update(chunk_measure.measure(model, cpu_attention.wirable(model)))
     chosen, _ = choose_kernels(timings)
     held = {kernel: True for trace, kernel in FOR_THE_TRACE if _holdable(trace, kernel, chosen, timings)

@@ -23,8 +23,7 @@ and the layers ask `qmv_on()` / `attention_on()`:
 - a decode step's MLPs (`engine.compiled_mlp`): replayed from their trace while `compiled_mlp.on()`;
 - linears of one input (a block's q, k, v; its MLP's gate and up) in one launch each while `fused_on()`,
   and one token's per-head norms and RoPE in one launch while `rope_on()` (`engine.fused_linears`);
-- a block's residual adds in its o and down projections' launches while `residual_on()` (`engine.fused_residual`);
-- quantized linears of a few dozen rows (a question, a verify) through `engine.cuda_qmm` while `qmm_on()`.
+- a block's residual adds in its o and down projections' launches while `residual_on()` (`engine.fused_residual`).
 """
 from __future__ import annotations
 
@@ -51,7 +50,6 @@ _kv_write = Switch("codectx_kv_write")
 _fused = Switch("codectx_qmv_fused")
 _rope = Switch("codectx_rope_fused")
 _residual = Switch("codectx_residual_fused")
-_qmm = Switch("codectx_qmm_kernel")
 _installed: list[Any] = []
 CHUNK_MAX_ROWS = 48
 """Forwards of 2..CHUNK_MAX_ROWS tokens may take `engine.cuda_chunk_attention` (a question, a header,
@@ -85,15 +83,13 @@ rope_on = _rope.on
 """Whether one token's per-head norms and RoPE take one launch (`engine.cuda_qk_rope`) on this thread now."""
 residual_on = _residual.on
 """Whether wired blocks add their residuals in their projections' launches (`engine.fused_residual`) on this thread now."""
-qmm_on = _qmm.on
-"""Whether quantized linears of a few dozen rows use `engine.cuda_qmm` on this thread now."""
 
 
 @contextlib.contextmanager
 def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
           kv_write: bool = False, mlp: bool = False, fused: bool = False, rope: bool = False,
           staged: bool = False, transposed: bool = False, chunk_q8: bool = False,
-          split: bool = False, residual: bool = False, qmm: bool = False) -> Iterator[None]:
+          split: bool = False, residual: bool = False) -> Iterator[None]:
     """Inside this block, the kernels asked for run (on this thread); `mma`: the attention's is
     `engine.cuda_attention_mma` (tensor cores) where the shape fits it; `staged`: it is
     `engine.cuda_attention_staged` (its bytes staged through shared memory) there; `transposed`: it is
@@ -104,15 +100,13 @@ def scope(qmv: bool, attention: bool, mma: bool = False, chunk: bool = False,
     (`engine.fused_linears`; only with `qmv`); `rope`: one token's norms and RoPE take one launch; `chunk_q8`:
     a chunk over an 8-bit cache's dense rows attends through `engine.cuda_chunk_attention`'s 8-bit kernel; `split`:
     our linears of few, long rows split their warps' rows over K (`engine.cuda_qmv_split`; only with `qmv`); `residual`:
-    wired blocks add their residuals in their projections' launches (`engine.fused_residual`; only with `qmv`); `qmm`:
-    wired linears of more rows than decode's multiply through `engine.cuda_qmm`."""
+    wired blocks add their residuals in their projections' launches (`engine.fused_residual`; only with `qmv`)."""
     if attention or chunk_q8:
         install()
     with _qmv.scope(qmv), _attention.scope(attention), _mma.scope(attention and mma), \
             _staged.scope(attention and staged), _transposed.scope(attention and transposed), _chunk.scope(chunk), \
             _kv_write.scope(kv_write), compiled_mlp.scope(mlp), _fused.scope(qmv and fused), _rope.scope(rope), \
-            _chunk_q8.scope(chunk_q8), _qmv_split.scope(qmv and split), _residual.scope(qmv and residual), \
-            _qmm.scope(qmm):
+            _chunk_q8.scope(chunk_q8), _qmv_split.scope(qmv and split), _residual.scope(qmv and residual):
         yield
 
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import cuda_dequant, cuda_qmm, cuda_qmv, cuda_qmv_split, decode_kernels, fused_residual
+from engine import cuda_dequant, cuda_qmv, cuda_qmv_split, decode_kernels, fused_residual
 from engine.last_row import LastRowQuantizedLinear, last_row
 from engine.linear_mode_cache import LinearModeCache, Timings
 from engine.switches import Switch
@@ -73,8 +73,7 @@ class DequantizingLinear(nn.QuantizedLinear):
 
     Assigned to existing modules as their class (`wire`), so parameters, names
     and `isinstance` checks stay as they are; outside the context (decode, a
-    compiled step, any caller that did not ask) it is the quantized kernel: ours for decode-sized inputs while
-    `decode_kernels.qmv_on()` and for a few dozen rows while `decode_kernels.qmm_on()`, else MLX's.
+    compiled step, any caller that did not ask) it is the quantized kernel.
     """
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -83,8 +82,6 @@ class DequantizingLinear(nn.QuantizedLinear):
         if decode_sized(self, x):  # (with the block's residual, where it offers this product one)
             kernel = cuda_qmv_split if decode_kernels.qmv_split_on() else cuda_qmv
             return kernel.linear_product(self, x, fused_residual.take(self))
-        if decode_kernels.qmm_on() and cuda_qmm.takes(self, x):
-            return cuda_qmm.linear_product(self, x)
         return super().__call__(x)
 
 

@@ -20,7 +20,7 @@ UNQUANTIZED = {"mode": "unquantized", "min_rows": 0, "source": "no quantized lay
 NO_KERNELS = {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,
               "mlp_compiled": False, "step_traced": False, "step_traced_bf16": False, "qmv_fused": False, "rope_fused": False,
               "attention_staged": False, "attention_transposed": False, "attention_chunk_q8": False, "qmv_split": False,
-              "residual_fused": False, "qmm": False,
+              "residual_fused": False,
               "source": "not CUDA", "measure_s": 0.0,
               "timings_ms": {},
               "notes": []}

@@ -12,15 +12,14 @@ import mlx.nn as nn
 import pytest
 
 from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed, cuda_backend,
-                    cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmm, cuda_qmv, cuda_qmv_split)
+                    cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv, cuda_qmv_split)
 from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
              cuda_chunk_attention._kernel, cuda_chunk_attention._kernel_q8, cuda_dequant._kernel,
              cuda_kv_write._q8_kernel, cuda_qmv._kernel, cuda_qmv._three_kernel, cuda_qmv._glu_kernel,
-             cuda_qk_rope._kernel, cuda_qmv_split._kernel, cuda_qmv._residual_kernel, cuda_qmv_split._residual_kernel,
-             cuda_qmm._kernel)
+             cuda_qk_rope._kernel, cuda_qmv_split._kernel, cuda_qmv._residual_kernel, cuda_qmv_split._residual_kernel)
 H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 
@@ -63,13 +62,6 @@ def launch_every_kernel() -> None:
                              group_size=group_size, residual=residual)
                 cuda_qmv_split.qmv(mx.zeros((1, rows, HIDDEN), dtype=dtype), weight, scales, scales, bits=bits,
                                    group_size=group_size, split=2, residual=residual)
-        for dtype, rows, (n, k) in ((mx.bfloat16, 45, (1024, HIDDEN)), (mx.bfloat16, 64, (HIDDEN, 25600)),
-                                    (mx.float16, 9, (25600, HIDDEN))):  # a question, the most rows, a verify
-            weight = mx.zeros((n, k * bits // 32), dtype=mx.uint32)
-            scales = mx.zeros((n, k // group_size), dtype=dtype)
-            out = cuda_qmm.qmm(mx.zeros((1, rows, k), dtype=dtype), weight, scales, scales, bits=bits,
-                               group_size=group_size)
-            assert out.shape == (1, rows, n) and out.dtype == dtype
         for dtype in (mx.bfloat16, mx.float16):
             cuda_dequant.dequantize(weight, scales.astype(dtype), scales.astype(dtype), bits=bits,
                                     group_size=group_size, dtype=dtype)
@@ -132,7 +124,6 @@ def test_every_kernel_source_compiles_for_the_h200(recorder):
     assert any(label.startswith("codectx_q8_attention_transposed") for label in sources)
     assert {label.split("_")[-1] for label in sources if label.startswith("codectx_qk_rope")} == {"True", "False"}
     assert any(label.startswith("codectx_chunk_attention_q8") for label in sources)
-    assert any(label.startswith("codectx_qmm") for label in sources)
     failures = {label: errors for label, source in sources.items() if (errors := compile_errors(source))}
     assert not failures, "\n\n".join(f"{label}:\n{errors}" for label, errors in failures.items())
 
@@ -262,15 +253,3 @@ def test_the_transposed_attention_folds_a_blocks_warps_into_one_partial_for_the_
             assert compile_errors(source) is None, label
             used = resources(source)
             assert used["spill_stores"] == used["spill_loads"] == 0, (label, used)
-
-
-def test_the_few_row_product_keeps_its_registers_without_spilling(recorder):
-    """`cuda_qmm` at every tile bucket: within the 255 registers a thread may hold, none spilled to local memory
-    (its register arrays indexed by compile-time constants only)."""
-    launch_every_kernel()
-    sources = [source for label, source in recorder.sources().items() if label.startswith("codectx_qmm")]
-    assert sources
-    for source in sources:
-        used = resources(source)
-        assert used["registers"] <= 255 and used["stack"] == 0, used
-        assert used["spill_stores"] == used["spill_loads"] == 0, used

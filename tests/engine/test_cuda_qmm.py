@@ -1,46 +1,44 @@
-"""`engine.cuda_qmm` on a machine without a GPU: how it cuts the work, where the engine calls it, and its lane
-layout transliterated to NumPy.
+"""The few-row tensor-core product of `bench/qmm_kernel.py` (an experiment, not in the engine) on a machine without
+a GPU: how it cuts the work, its build for the H200, and its lane layout transliterated to NumPy.
 
-The kernel itself runs only on MLX's CUDA backend (its build for the H200 is checked in test_cuda_compile.py, its
-numbers against MLX's at load by `engine.qmm_measure`). Here `model_product` follows the kernel's index
-arithmetic lane by lane (which packed words a lane reads for a chunk and which of them at a step, which scale, how the four values
-fill the A fragment, which input values fill B, where each accumulator lands) and multiplies the fragments as
-PTX's ``mma.m16n8k16`` defines them; on MLX's own packing of a random weight it must give the product of the
-dequantized weight. A mistake in that reasoning fails here rather than in the load-time check on a lent GPU.
+The kernel itself runs only on MLX's CUDA backend (`bench/gpu_qmm.py` times it and checks it against a float32
+product there). Here `model_product` follows the kernel's index arithmetic lane by lane (which packed words a lane
+reads for a chunk and which of them at a step, which scale, how the four values fill the A fragment, which input
+values fill B, where each accumulator lands) and multiplies the fragments as PTX's ``mma.m16n8k16`` defines them;
+on MLX's own packing of a random weight it must give the product of the dequantized weight.
 """
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 
-from engine import cuda_backend, cuda_qmm, decode_kernels, linear_mode
-from engine.decode_choice import DecodeKernels
-from tests.engine.cuda_compile import Recorder
+from bench import qmm_kernel
+from engine import cuda_backend
+from tests.engine.cuda_compile import Recorder, compile_errors, resources
 
 SHAPES = ((8192, 5120), (1024, 5120), (5120, 8192), (25600, 5120), (5120, 25600))  # Qwen3-32B's linears (N, K)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("tile_count", cuda_qmm.TILE_BUCKETS)
+@pytest.mark.parametrize("tile_count", qmm_kernel.TILE_BUCKETS)
 def test_splits_keep_every_warp_busy_and_the_partial_sums_small(bits, tile_count):
     for n, k in SHAPES:
-        parts = cuda_qmm.splits(n, k, bits, tile_count)
+        parts = qmm_kernel.splits(n, k, bits, tile_count)
         chunks = k // 64
         assert chunks % parts == 0
         assert parts == 1 or parts * 8 * tile_count * n * 4 <= n * k * bits // 8 // 2  # partials: half the weight
-        warps = n // (16 * cuda_qmm.rows_per_warp(n, tile_count)) * parts
+        warps = n // (16 * qmm_kernel.rows_per_warp(n, tile_count)) * parts
         fewer = [s for s in range(1, parts) if chunks % s == 0]
-        assert warps >= cuda_qmm.TARGET_WARPS or parts == max(
+        assert warps >= qmm_kernel.TARGET_WARPS or parts == max(
             s for s in range(1, chunks + 1) if chunks % s == 0 and s * 8 * tile_count * n * 4 <= n * k * bits // 16)
-        assert all(n // (16 * cuda_qmm.rows_per_warp(n, tile_count)) * s < cuda_qmm.TARGET_WARPS for s in fewer)
+        assert all(n // (16 * qmm_kernel.rows_per_warp(n, tile_count)) * s < qmm_kernel.TARGET_WARPS for s in fewer)
 
 
 def test_a_row_count_takes_the_smallest_bucket_that_holds_it():
-    assert [cuda_qmm.tiles(r) for r in (9, 16, 17, 45, 48, 49, 64)] == [2, 2, 4, 6, 6, 8, 8]
+    assert [qmm_kernel.tiles(r) for r in (9, 16, 17, 45, 48, 49, 64)] == [2, 2, 4, 6, 6, 8, 8]
     with pytest.raises(ValueError, match="at most 64"):
-        cuda_qmm.tiles(65)
+        qmm_kernel.tiles(65)
 
 
 def _positions(s: int, bits: int) -> list[int]:
@@ -101,33 +99,39 @@ def test_the_lane_layout_computes_the_dequantized_product(bits, gs):
     x = np.array(mx.random.normal((rows, k), key=mx.random.key(2)), dtype=np.float64)
     dense = np.array(mx.dequantize(w, scales, biases, group_size=gs, bits=bits), dtype=np.float64)
     got = model_product(x, np.array(w), np.array(scales, dtype=np.float64), np.array(biases, dtype=np.float64), bits,
-                        gs, cuda_qmm.rows_per_warp(n, cuda_qmm.tiles(rows)))
+                        gs, qmm_kernel.rows_per_warp(n, qmm_kernel.tiles(rows)))
     # (MLX dequantizes in float32, the model in float64: 1e-6 apart; a misplaced value is off by the values' size)
     np.testing.assert_allclose(got, x @ dense.T, rtol=1e-5, atol=1e-4)
     assert np.abs(x @ dense.T).mean() > 1.0
 
 
-def test_the_engine_multiplies_a_question_through_it_and_not_decode_or_a_long_chunk(monkeypatch):
-    """With "qmm" chosen, a forward's scope sends a wired linear's call of 9..64 rows to our kernel (MLX's
-    kernel call recorded by a stand-in: MLX's CUDA backend does not run here) and other counts elsewhere."""
+@pytest.fixture
+def recorder(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(mx.fast, "cuda_kernel", recorder, raising=False)
     monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
-    cuda_qmm._kernel.cache_clear()
-    cuda_qmm._problem.cache_clear()
-    linear = nn.QuantizedLinear(256, 64, bias=False, group_size=64, bits=4)
-    linear.set_dtype(mx.bfloat16)
-    with linear_mode.wired([linear]):
-        for rows, ours in ((45, True), (9, True), (64, True), (65, False), (1, False)):
-            before = len(recorder.launches)
-            kernels = DecodeKernels(qmm=True, source="setting")
-            with kernels.scope(rows):
-                assert decode_kernels.qmm_on() is (9 <= rows <= 64)
-                if ours:  # the others would reach MLX's own quantized product, which needs a GPU build here
-                    assert linear(mx.zeros((1, rows, 256), dtype=mx.bfloat16)).shape == (1, rows, 64)
-            assert (len(recorder.launches) > before) is ours
-            assert all(d.name.startswith("codectx_qmm") for d, *_ in recorder.launches[before:])
-        with DecodeKernels(qmm=False, source="setting").scope(45):
-            assert not decode_kernels.qmm_on()
-    cuda_qmm._kernel.cache_clear()
-    cuda_qmm._problem.cache_clear()
+    qmm_kernel._kernel.cache_clear()
+    qmm_kernel._problem.cache_clear()
+    yield recorder
+    qmm_kernel._kernel.cache_clear()
+    qmm_kernel._problem.cache_clear()
+
+
+def test_every_bucket_compiles_for_the_h200_without_spilling(recorder):
+    """Each tile bucket, width and dtype the experiment runs (MLX's kernel call recorded by a stand-in: MLX's CUDA
+    backend does not run here), compiled by NVRTC for sm_90: no error, no register spilled to local memory."""
+    for bits, group_size in ((4, 64), (4, 128), (8, 64)):
+        for dtype, rows, (n, k) in ((mx.bfloat16, 45, (1024, 5120)), (mx.bfloat16, 64, (5120, 25600)),
+                                    (mx.float16, 9, (25600, 5120)), (mx.bfloat16, 30, (8192, 5120))):
+            weight = mx.zeros((n, k * bits // 32), dtype=mx.uint32)
+            scales = mx.zeros((n, k // group_size), dtype=dtype)
+            out = qmm_kernel.qmm(mx.zeros((1, rows, k), dtype=dtype), weight, scales, scales, bits=bits,
+                                 group_size=group_size)
+            assert out.shape == (1, rows, n) and out.dtype == dtype
+    sources = recorder.sources()
+    assert len(sources) >= 12
+    for label, source in sources.items():
+        assert compile_errors(source) is None, label
+        used = resources(source)
+        assert used["registers"] <= 255 and used["stack"] == 0, (label, used)
+        assert used["spill_stores"] == used["spill_loads"] == 0, (label, used)

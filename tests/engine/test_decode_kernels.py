@@ -43,7 +43,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                            "kernels: rope_fused not measured here", "kernels: attention_staged not measured here",
                            "kernels: attention_transposed not measured here",
                            "kernels: attention_chunk_q8 not measured here", "kernels: qmv_split not measured here",
-                           "kernels: residual_fused not measured here", "kernels: qmm not measured here")
+                           "kernels: residual_fused not measured here")
     again = resolve(q4_model, "auto", measure=timings, cache=store, cuda=True)
     assert (again.qmv, again.source, timings.calls) == (True, "cached", 1)
     assert again.timings == first.timings
@@ -60,7 +60,7 @@ def test_each_kernel_runs_where_it_measured_faster_and_the_timings_are_kept_per_
                                             "step_traced": False, "step_traced_bf16": False, "qmv_fused": False,
                                             "rope_fused": False, "attention_staged": False,
                                             "attention_transposed": False, "attention_chunk_q8": False,
-                                            "qmv_split": False, "residual_fused": False, "qmm": False}
+                                            "qmv_split": False, "residual_fused": False}
 
 
 def test_a_model_of_the_same_blocks_but_fewer_layers_is_measured_again(q4_model, tiny_model_dir, tmp_path):

@@ -1,11 +1,15 @@
-"""Our quantized matrix product for a few dozen rows on MLX's CUDA backend (tensor cores, 4 or 8 bits).
+"""An experiment, not in the engine: a quantized matrix product for a few dozen rows on tensor cores (4 or 8 bits),
+against MLX's `quantized_matmul` (`bench/gpu_qmm.py`).
 
-Between decode (`engine.cuda_qmv`, at most `cuda_qmv.MAX_ROWS` rows) and a prefill chunk long enough to
-dequantize each weight for one dense matmul (`engine.linear_mode`, from 128 rows on the H200) lie a question's
-forward (about 45 rows) and a speculative verify (up to 16). There MLX's `quantized_matmul` took about half of a
-45-row forward at 131k tokens (84 of 170 ms on the H100, docs/benchmarks.md, eighteenth session), several times
-what reading the weights once costs: its tensor-core kernel gives each block 128 output rows and the whole of K,
-so a 1,024-row projection runs as 8 blocks on 132 multiprocessors.
+Between decode (`engine.cuda_qmv`, at most 8 rows) and a prefill chunk long enough to dequantize each weight for
+one dense matmul (`engine.linear_mode`) lie a question's forward (about 45 rows) and a speculative verify (up to
+16). There MLX's `quantized_matmul` took about half of a 45-row forward at 131k tokens (84 of 170 ms on the H100
+under ncu, docs/benchmarks.md, eighteenth session), several times what reading the weights once costs. On the H100
+(runs a-e, docs/benchmarks.md, thirty-third session) this kernel computes what MLX's does (relative error 1.7e-3
+against a float32 product, as MLX's) but does not beat it: at 45 rows its best variants tie MLX's (0.61-0.68
+against 0.64-0.65 ms a block of Qwen3-32B's seven linears), at 16 rows it loses (0.48-0.51 against 0.34-0.45), and
+under ncu a 45-row gate projection read 600 GB/s with 8-12 warps a multiprocessor (184 registers a thread).
+So the engine keeps MLX's product there.
 
 This kernel reads each packed weight once, dequantizes it in registers and multiplies on the tensor cores:
 
@@ -28,8 +32,8 @@ This kernel reads each packed weight once, dequantizes it in registers and multi
 - each warp loads its chunks' weights, scales and biases `PREFETCH` chunks ahead of their products; where K is
   not split the block writes the output in the activations' type, else float32 partial sums MLX adds up.
 
-Whether it runs is decided by measurement against MLX's call (`engine.qmm_measure`, `engine.decode_choice`),
-after a check against a float32 product; it needs MLX's CUDA backend and is never used on the CPU or Metal.
+It needs MLX's CUDA backend (`mx.fast.cuda_kernel`); its build for the H200 and a NumPy transliteration of its
+lanes are checked on the CPU (tests/engine/test_cuda_qmm.py).
 """
 from __future__ import annotations
 
@@ -43,14 +47,14 @@ from engine.cuda_attention_fragments import HEADER as FRAGMENTS
 from engine.cuda_backend import affine_problem
 
 MAX_ROWS = 64
-"""Most input rows one call takes; fewer than `cuda_qmv.MAX_ROWS` + 1 are decode's."""
+"""Most input rows one call takes."""
 TILE_BUCKETS = (2, 4, 6, 8)
-"""Input tiles of 8 rows compiled for (one build per bucket and shape; a count in between is padded: a new question
-length must not compile in the middle of a request)."""
+"""Input tiles of 8 rows compiled for (one build per bucket and shape; a count in between is padded, so that a new
+question length would not compile in the middle of a request)."""
 KW = 4
 """Warps a block: each takes its own output rows over the block's split of K, the block's warps the same chunks at
 about the same time, so that the input rows one reads from L2 the others find in L1."""
-PREFETCH = 2
+PREFETCH = 1
 """Chunks a warp has loaded ahead of the one it multiplies (its weights, scales and biases in registers)."""
 TARGET_WARPS = 132 * 16
 """Warps a call aims at (16 on each of the H200's and H100's 132 multiprocessors), through `splits`."""
@@ -210,7 +214,8 @@ _SOURCE = r"""
             float q[4];
             codectx::four(cw[r][h][s], q);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[h][i] = fmaf(q[i], static_cast<float>(cs[r][h]), static_cast<float>(cb[r][h]));
+            for (int i = 0; i < 4; ++i)
+              v[h][i] = fmaf(q[i], static_cast<float>(cs[r][h]), static_cast<float>(cb[r][h]));
           }
           a[r][0] = codectx::pack2(v[0][0], v[0][1], x);  // rows g, g + 8; columns 2t, 2t+1, then 2t+8, 2t+9
           a[r][1] = codectx::pack2(v[1][0], v[1][1], x);
@@ -264,12 +269,13 @@ ROW_SETS: int | None = None
 
 
 def rows_per_warp(n: int, tile_count: int) -> int:
-    """Sets of 16 output rows a warp takes: as many as keep its accumulators at 64 floats a lane where `n` divides
-    (each input fragment it loads used that often, each chunk's loads that much larger), else 1."""
+    """Sets of 16 output rows a warp takes: as many as keep its accumulators at 48 floats a lane where `n` divides
+    (each input fragment it loads used that often, each chunk's loads that much larger), else 1. (At 64, four sets
+    of 8-bit rows over four tiles spilled registers.)"""
     if ROW_SETS is not None and n % (16 * ROW_SETS) == 0:
         return ROW_SETS
     for sets in (4, 2):
-        if sets * tile_count <= 16 and n % (16 * sets) == 0:
+        if sets * tile_count <= 12 and n % (16 * sets) == 0:
             return sets
     return 1
 
@@ -301,16 +307,6 @@ def _problem(mode: str, bits: int, group_size: int, ndim: int, n: int, k: int, b
     return problem
 
 
-def takes(linear: Any, x: mx.array) -> bool:
-    """Whether `linear(x)` goes through `qmm`: more rows than decode's, at most `MAX_ROWS`, a weight the kernel
-    takes (its verdict kept on the linear, `cuda_backend.kept_verdict`)."""
-    from engine import cuda_qmv
-
-    rows = x.size // x.shape[-1]
-    return cuda_qmv.MAX_ROWS < rows <= MAX_ROWS and cuda_backend.kept_verdict(
-        linear, "_codectx_qmm", x.dtype, lambda: unsupported(linear, x.dtype) is None)
-
-
 def qmm(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bits: int,
         group_size: int) -> mx.array:
     """``x @ dequantize(weight).T`` for x (..., K), bfloat16 or float16, of at most `MAX_ROWS` rows (leading axes
@@ -331,6 +327,6 @@ def qmm(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, bi
 
 
 def linear_product(linear: Any, x: mx.array) -> mx.array:
-    """`linear(x)` through `qmm` (the caller checked `takes`), plus the linear's bias where it has one."""
+    """`linear(x)` through `qmm` (the caller checked `unsupported`), plus the linear's bias where it has one."""
     y = qmm(x, linear["weight"], linear["scales"], linear["biases"], bits=linear.bits, group_size=linear.group_size)
     return y + linear["bias"] if "bias" in linear else y
