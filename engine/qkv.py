@@ -63,13 +63,16 @@ def _capacity(needed: int) -> int:
 
 
 def _grow(buf: mx.array | None, keep: int, capacity: int, like: mx.array) -> mx.array:
-    """A buffer of `capacity` positions holding the first `keep` of `buf`."""
-    shape = (*like.shape[:2], capacity, like.shape[3])
-    fresh = mx.zeros(shape, like.dtype)
+    """A buffer of `capacity` positions holding the first `keep` of `buf`, zeros after them.
+
+    The kept rows are concatenated with the zero tail rather than written into a buffer of zeros: the whole
+    buffer is written once, not filled and then overwritten. A restored cache's first write grows it (a
+    checkpoint's arrays end where it ends), so every follow-up and edit pays this once over the whole history:
+    at 131,072 rows of a 64-layer 8-bit cache the fill was 17 GB of the 52 GB moved."""
     if buf is None or keep == 0:
-        return fresh
-    fresh[..., :keep, :] = buf[..., :keep, :]
-    return fresh
+        return mx.zeros((*like.shape[:2], capacity, like.shape[3]), like.dtype)
+    tail = mx.zeros((*like.shape[:2], capacity - keep, like.shape[3]), like.dtype)
+    return mx.concatenate([buf[..., :keep, :], tail], axis=2)
 
 
 class KVStore(Protocol):
