@@ -30,6 +30,7 @@ import mlx.nn as nn  # noqa: E402
 
 from bench._common import markdown_table  # noqa: E402
 from bench.gpu_attention import median_ms, rel_err  # noqa: E402
+from bench.gpu_qmv_mma import quantized  # noqa: E402  (a random 4-bit linear, groups of 64, bf16)
 from bench import qmm_kernel  # noqa: E402
 from engine.linear_mode import dequantized_product  # noqa: E402
 
@@ -39,14 +40,6 @@ BLOCK = {"q": (8192, 5120), "k": (1024, 5120), "v": (1024, 5120), "o": (5120, 81
 LAYERS = 64
 BLOCKS = 4
 ROWS = (9, 16, 32, 45, 64)
-
-
-def quantized(n: int, k: int, seed: int) -> nn.QuantizedLinear:
-    lin = nn.Linear(k, n, bias=False)
-    lin.weight = (mx.random.normal((n, k), key=mx.random.key(seed)) * k ** -0.5).astype(mx.bfloat16)
-    q = nn.QuantizedLinear.from_linear(lin, group_size=64, bits=4)
-    mx.eval(q.parameters())
-    return q
 
 
 WAYS = {"mlx": lambda m, x: nn.QuantizedLinear.__call__(m, x), "ours": qmm_kernel.linear_product,
