@@ -119,6 +119,29 @@ def test_stores_overwrite_after_trim_semantics():
         assert k[0, 0, :4].min().item() > 0.99 and k[0, 0, 4:].max().item() < -0.99
 
 
+def test_a_restored_store_grows_on_its_first_write_keeping_its_rows_and_the_checkpoints():
+    """A store loaded from another's state (a restore: the arrays end where the checkpoint ends) grows on its first
+    write: the kept rows are the checkpoint's, the new rows follow them, the rest of the new capacity is zeros,
+    and the checkpoint's own arrays are unchanged."""
+    for store in (DenseKVStore(), QuantizedKVStore()):
+        x = mx.random.normal((1, 2, 256, 64), key=mx.random.key(3))
+        store.write(0, x, 2 * x)
+        checkpoint = store.state(256)
+        before = [mx.array(a) for a in checkpoint]
+        restored = type(store)()
+        assert restored.load(checkpoint) == 256
+        new = mx.random.normal((1, 2, 45, 64), key=mx.random.key(4))
+        restored.write(256, new, new)
+        buffers = restored.keys if isinstance(restored.keys, tuple) else (restored.keys,)
+        assert buffers[0].shape[2] == 512  # the next 256-position step
+        k, v = restored.read(0, 301)
+        k0, v0 = store.read(0, 256)
+        assert mx.array_equal(k[:, :, :256], k0).item() and mx.array_equal(v[:, :, :256], v0).item()
+        assert mx.allclose(k[:, :, 256:], new, atol=0.05).item()
+        assert all(not a[:, :, 301:].any().item() for a in buffers)  # the tail past the write: zeros
+        assert all(mx.array_equal(a, b).item() for a, b in zip(checkpoint, before))
+
+
 def test_head_dim_not_a_multiple_of_the_group_is_an_error():
     with pytest.raises(ValueError, match="group size"):
         QuantizedKVStore().write(0, mx.zeros((1, 1, 4, 48)), mx.zeros((1, 1, 4, 48)))
