@@ -1,11 +1,11 @@
-"""A restored cache's first write on the GPU: the store's buffers grown from a checkpoint's arrays.
+"""A cache's buffers grown over the whole history on the GPU: a restored store's first write.
 
-A checkpoint's arrays end where it ends, so the first write after a restore (a follow-up's question, an edit's
-hot copy) grows every layer's buffers over the whole history. `engine.qkv._grow` now concatenates the kept rows
-with a zero tail; before, it filled a whole buffer with zeros and copied the rows over it. Here one layer of a
-Qwen3-32B-shaped 8-bit store (8 KV heads, dim 128) holding `--rows` rows is restored from its own state and
-written `--write` rows, both ways in turn: milliseconds a layer (best of `--repeats`), the bytes each moves, and
-the 64-layer figure. The peer is the previous way, kept here.
+A write past a cache's buffers grows every layer's buffers over the whole history: an edit's hot copy after the
+cached prefix, the first write after a restore from copies (a checkpoint's arrays end where it ends).
+`engine.qkv._grow` now concatenates the kept rows with a zero tail; before, it filled a whole buffer with zeros and
+copied the rows over it. Here one layer of a Qwen3-32B-shaped 8-bit store (8 KV heads, dim 128) holding `--rows`
+rows is restored from its own state and written `--write` rows, both ways in turn: milliseconds a layer (best of
+`--repeats`) and the 64-layer figure. The peer is the previous way, kept here.
 
     # on the lent GPU (device tool, carry [".gpu"]):
     bash .gpu/install.sh > /dev/null 2>&1; python3 bench/gpu_grow.py --out $OUT/gpu_grow.json

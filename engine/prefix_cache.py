@@ -41,6 +41,14 @@ from engine.policy import CachePolicy
 from engine.request import Metrics, Probe, PromptSegment, Request, SegmentKind, SegmentLike, stable_part
 from engine.window import set_dense_from
 
+ROOM_AHEAD = 4096
+"""Positions past the live cache's offset its buffers are grown to hold between requests (`PrefixCache._room_ahead`).
+A write past the buffers grows them over the whole history, inside the forward that makes it: an edit's hot copy
+after the cached prefix (the buffers end within 256 positions of the last request's rows), and the answer's decode
+every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that grow took 28-33 ms on an H100 (`bench/gpu_grow.py`;
+docs/benchmarks.md, thirty-third session). 4,096 positions hold most edited files' copies with their question; they
+cost a Qwen3-32B-shaped 8-bit cache about 0.6 GB (1.1 GB at bf16)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -300,14 +308,30 @@ class PrefixCache:
 
     def settle(self, stop: Callable[[], bool] | None = None) -> int:
         """The work between requests, until `stop()`: the archive's copies still owed, then the line's one-off
-        tail copied ahead of the next request (`CheckpointStore.copy_ahead`); how many copies are still to make.
+        tail copied ahead of the next request (`CheckpointStore.copy_ahead`), then room for the next request's rows
+        in the live cache's buffers (`_room_ahead`); how many copies or layers are still to do.
         Call it on the thread that runs the requests (the engine's worker does, while none waits)."""
         owed = self.settle_archive(stop)
         if owed:
             return owed
         left = self.store.copy_ahead(self.cache, stop)
+        if not left:
+            left = self._room_ahead(stop)
         self._update_stats()
         return left
+
+    def _room_ahead(self, stop: Callable[[], bool] | None) -> int:
+        """`ROOM_AHEAD` positions past the live cache's offset in every layer's buffers, one layer at a time (its
+        new buffers evaluated before the next grows, so the old ones can go first) until `stop()`; how many layers
+        are still to grow."""
+        layers = [layer for layer in self.cache if hasattr(layer, "make_room")]
+        for done, layer in enumerate(layers):
+            if stop is not None and stop():
+                return len(layers) - done
+            grown = layer.make_room(ROOM_AHEAD)
+            if grown:
+                mx.eval(grown)
+        return 0
 
     def settle_archive(self, stop: Callable[[], bool] | None = None) -> int:
         """Make the archive's copies still owed (`CheckpointStore.settle`) until `stop()`; how many are still owed.

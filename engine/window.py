@@ -253,6 +253,14 @@ class WindowKVCache:
     def state(self, arrays: tuple[mx.array, ...]) -> None:
         self.offset = self.store.load(tuple(arrays))
 
+    def make_room(self, rows: int) -> list[mx.array]:
+        """Grow the buffers to fit `rows` positions past the offset, between requests; the new buffers ([]: fit)."""
+        buffer = self.written()[:1]
+        if not buffer or buffer[0].shape[2] >= self.offset + rows:
+            return []
+        self.store.reserve(self.offset + rows)
+        return self.written()
+
     def written(self) -> list[mx.array]:
         """The store's whole buffers, for evaluating what a forward wrote (`engine.generate.prefill`): unlike
         `state`, no views handed out, so the store still holds them alone and the next decode step's row may be
