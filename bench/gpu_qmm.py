@@ -46,10 +46,21 @@ WAYS = {"mlx": lambda m, x: nn.QuantizedLinear.__call__(m, x), "ours": qmm_kerne
         "dequantized": dequantized_product}
 
 
+def inputs(rows: int) -> dict[int, mx.array]:
+    """A random bf16 input of `rows` rows for each input width of the block's linears."""
+    return {k: mx.random.normal((1, rows, k), key=mx.random.key(k + rows)).astype(mx.bfloat16)
+            for k in {k for _, k in BLOCK.values()}}
+
+
+def block_ms(call: Any, blocks: list[list[nn.QuantizedLinear]], xs: dict[int, mx.array], repeats: int) -> float:
+    """`call(linear, input)` over every block's linears in turn, median ms a block."""
+    return median_ms(lambda: [call(m, xs[m.weight.shape[1] * 8]) for block in blocks for m in block],
+                     repeats) / len(blocks)
+
+
 def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, Any]:
     """Each way at `rows` rows: ms a block, GB/s of packed weights, relative error on the first block."""
-    xs = {k: mx.random.normal((1, rows, k), key=mx.random.key(k + rows)).astype(mx.bfloat16)
-          for k in {k for _, k in BLOCK.values()}}
+    xs = inputs(rows)
     nbytes = sum(a.nbytes for m in blocks[0] for a in (m.weight, m.scales, m.biases))
     refs = [xs[m.weight.shape[1] * 8].astype(mx.float32)
             @ mx.dequantize(m.weight, m.scales, m.biases, 64, 4, dtype=mx.float32).T for m in blocks[0]]
@@ -57,11 +68,10 @@ def row_count(blocks: list[list[nn.QuantizedLinear]], rows: int) -> dict[str, An
     for way, call in WAYS.items():
         try:
             out[f"err_{way}"] = max(rel_err(call(m, xs[m.weight.shape[1] * 8]), ref) for m, ref in zip(blocks[0], refs))
-            ms = median_ms(lambda: [call(m, xs[m.weight.shape[1] * 8]) for block in blocks for m in block], 7)
+            out[f"{way}_ms"] = block_ms(call, blocks, xs, 7)
         except Exception as failure:  # noqa: BLE001 - a way that fails is a row that says so
             out[f"{way}_error"] = repr(failure)
             continue
-        out[f"{way}_ms"] = ms / len(blocks)
         out[f"{way}_gbs"] = nbytes / (out[f"{way}_ms"] / 1e3) / 1e9
     return out
 
@@ -105,16 +115,13 @@ def set_variant(variant: tuple[int, ...]) -> tuple[Any, ...]:
 
 def variant_blocks(blocks: list[list[nn.QuantizedLinear]], rows: int, variants: list[tuple[int, ...]]) -> dict:
     """Ours under each variant against MLX's, ms a block (the block's linears from `BLOCKS` copies in turn)."""
-    xs = {k: mx.random.normal((1, rows, k), key=mx.random.key(k + rows)).astype(mx.bfloat16)
-          for k in {k for _, k in BLOCK.values()}}
-    out = {"rows": rows, "mlx_ms": median_ms(lambda: [WAYS["mlx"](m, xs[m.weight.shape[1] * 8]) for block in blocks
-                                                      for m in block], 9) / len(blocks)}
+    xs = inputs(rows)
+    out = {"rows": rows, "mlx_ms": block_ms(WAYS["mlx"], blocks, xs, 9)}
     for variant in variants:
         kept = set_variant(variant)
+        label = "ours_" + "_".join(map(str, variant))
         try:
-            label = "ours_" + "_".join(map(str, variant))
-            out[label] = median_ms(lambda: [qmm_kernel.linear_product(m, xs[m.weight.shape[1] * 8]) for block in blocks
-                                            for m in block], 9) / len(blocks)
+            out[label] = block_ms(qmm_kernel.linear_product, blocks, xs, 9)
         except Exception as failure:  # noqa: BLE001 - a variant that fails is a cell that says so
             out[label] = repr(failure)
         finally:

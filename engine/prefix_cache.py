@@ -46,8 +46,9 @@ ROOM_AHEAD = 4096
 A write past the buffers grows them over the whole history, inside the forward that makes it: an edit's hot copy
 after the cached prefix (the buffers end within 256 positions of the last request's rows), and the answer's decode
 every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that grow took 28-33 ms on an H100 (`bench/gpu_grow.py`;
-docs/benchmarks.md, thirty-third session). 4,096 positions hold most edited files' copies with their question; they
-cost a Qwen3-32B-shaped 8-bit cache about 0.6 GB (1.1 GB at bf16)."""
+docs/benchmarks.md, thirty-third session). 4,096 positions hold an edited file of up to about 4,000 tokens with its
+question; by the store's sizes they cost a Qwen3-32B-shaped cache 0.57 GB at 8 bits (2.2 KB a position and layer:
+run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16."""
 
 log = logging.getLogger(__name__)
 

@@ -68,10 +68,10 @@ def _grow(buf: mx.array | None, keep: int, capacity: int, like: mx.array) -> mx.
     The kept rows are concatenated with the zero tail rather than written into a buffer of zeros: the whole
     buffer is written once, not filled and then overwritten. A write past the buffers grows them over the whole
     history: an edit's hot copy after the cached prefix, the first write after a restore from copies (a
-    checkpoint's arrays end where it ends). At 131,072 rows of a 64-layer 8-bit cache the fill was 17 GB of the
-    52 GB moved, and the grow took 28 ms instead of 36-37 on an H100 (`bench/gpu_grow.py`; docs/benchmarks.md,
-    thirty-third session). The engine's worker also makes room between requests
-    (`engine.prefix_cache.ROOM_AHEAD`), so the live cache's next rows mostly land without a grow."""
+    checkpoint's arrays end where it ends). At 131,072 rows of a 64-layer 8-bit cache (285 MB a layer) the fill was
+    18 GB of the 55 GB moved, and a 45-row write's grow took 28 ms instead of 36-37 on an H100
+    (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session). The engine's worker also makes room between
+    requests (`engine.prefix_cache.ROOM_AHEAD`), so the live cache's next rows mostly land without a grow."""
     if buf is None or keep == 0:
         return mx.zeros((*like.shape[:2], capacity, like.shape[3]), like.dtype)
     tail = mx.zeros((*like.shape[:2], capacity - keep, like.shape[3]), like.dtype)

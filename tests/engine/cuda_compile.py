@@ -21,7 +21,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 
@@ -29,7 +29,7 @@ from engine.cuda_kernel_cache import C_TYPES, PRELUDE, Definition, kernel_name, 
 from engine.nvrtc import nvrtc_compile
 
 __all__ = ["ARCH", "C_TYPES", "PRELUDE", "Definition", "Recorder", "compile_errors", "cubin", "graph_operations",
-           "kernel_source", "record_kernels", "resources"]
+           "kernel_source", "record_kernels", "recorded", "resources"]
 ARCH = "sm_90"
 
 
@@ -72,6 +72,19 @@ def record_kernels(factories: Any, recorder: Recorder | None = None) -> Recorder
     for factory in factories:
         factory.cache_clear()
     return recorder
+
+
+def recorded(monkeypatch: Any, factories: Any) -> Iterator[Recorder]:
+    """A test fixture's body (``yield from recorded(monkeypatch, FACTORIES)``): `record_kernels` for the test, MLX's
+    kernel call and the CUDA check put back after it by `monkeypatch`, and the caches `factories` dropped before and
+    after (kernels or verdicts made outside the test are not the recorder's)."""
+    from engine import cuda_backend
+
+    monkeypatch.setattr(mx.fast, "cuda_kernel", getattr(mx.fast, "cuda_kernel", None), raising=False)
+    monkeypatch.setattr(cuda_backend, "cuda_available", cuda_backend.cuda_available)
+    yield record_kernels(factories)
+    for factory in factories:
+        factory.cache_clear()
 
 
 def graph_operations(*outputs: mx.array) -> list[str]:

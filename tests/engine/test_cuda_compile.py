@@ -11,9 +11,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed, cuda_backend,
+from engine import (cuda_attention, cuda_attention_mma, cuda_attention_staged, cuda_attention_transposed,
                     cuda_chunk_attention, cuda_dequant, cuda_kv_write, cuda_qk_rope, cuda_qmv, cuda_qmv_split)
-from tests.engine.cuda_compile import Recorder, compile_errors, resources
+from tests.engine.cuda_compile import compile_errors, recorded, resources
 
 FACTORIES = (cuda_attention._kernels, cuda_attention_mma._kernel, cuda_attention_mma._merge_kernel,
              cuda_attention_staged._kernel, cuda_attention_transposed._kernel, cuda_dequant._rows_kernel,
@@ -25,14 +25,7 @@ H, KV, D, HIDDEN = 64, 8, 128, 5120  # Qwen3-32B's attention and width
 
 @pytest.fixture
 def recorder(monkeypatch):
-    recorder = Recorder()
-    monkeypatch.setattr(mx.fast, "cuda_kernel", recorder, raising=False)
-    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
-    for factory in FACTORIES:  # kernels made before (or after) this test are not the recorder's
-        factory.cache_clear()
-    yield recorder
-    for factory in FACTORIES:
-        factory.cache_clear()
+    yield from recorded(monkeypatch, FACTORIES)
 
 
 def eight_bit(rows: int, dtype=mx.bfloat16, group_size: int = 64) -> tuple:

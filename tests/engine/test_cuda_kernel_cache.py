@@ -11,9 +11,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine import cuda_backend, cuda_qmv, mlx_cuda
+from engine import cuda_qmv, mlx_cuda
 from engine import cuda_kernel_cache as cache
-from tests.engine.cuda_compile import PRELUDE, Recorder, record_kernels
+from tests.engine.cuda_compile import PRELUDE, recorded
 
 FACTORIES = (cuda_qmv._kernel, cuda_qmv._three_kernel, cuda_qmv._glu_kernel)
 BODY = ("  // s_shape: named, not passed (s has no dimensions)\n"
@@ -112,11 +112,7 @@ def test_the_ptx_folder_is_mlxs(tmp_path, monkeypatch):
 @pytest.fixture
 def recorder(monkeypatch):
     """MLX's kernel call recorded (tests/engine/cuda_compile.py) for `FACTORIES`' kernels, put back after."""
-    monkeypatch.setattr(mx.fast, "cuda_kernel", getattr(mx.fast, "cuda_kernel", None), raising=False)
-    monkeypatch.setattr(cuda_backend, "cuda_available", cuda_backend.cuda_available)
-    yield record_kernels(FACTORIES, Recorder())
-    for factory in FACTORIES:
-        factory.cache_clear()
+    yield from recorded(monkeypatch, FACTORIES)
 
 
 def quantized(k: int, n: int) -> nn.QuantizedLinear:

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from bench import qmm_kernel
-from engine import cuda_backend
-from tests.engine.cuda_compile import Recorder, compile_errors, resources
+from tests.engine.cuda_compile import compile_errors, recorded, resources
 
 SHAPES = ((8192, 5120), (1024, 5120), (5120, 8192), (25600, 5120), (5120, 25600))  # Qwen3-32B's linears (N, K)
 
@@ -107,14 +106,7 @@ def test_the_lane_layout_computes_the_dequantized_product(bits, gs):
 
 @pytest.fixture
 def recorder(monkeypatch):
-    recorder = Recorder()
-    monkeypatch.setattr(mx.fast, "cuda_kernel", recorder, raising=False)
-    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: True)
-    qmm_kernel._kernel.cache_clear()
-    qmm_kernel._problem.cache_clear()
-    yield recorder
-    qmm_kernel._kernel.cache_clear()
-    qmm_kernel._problem.cache_clear()
+    yield from recorded(monkeypatch, (qmm_kernel._kernel, qmm_kernel._problem))
 
 
 def test_every_bucket_compiles_for_the_h200_without_spilling(recorder):
