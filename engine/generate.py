@@ -77,6 +77,17 @@ def written_arrays(cache: Sequence[Any]) -> list[Any]:
     return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
+def make_room(cache: Sequence[Any], rows: int) -> None:
+    """Grow each window cache's buffers, once, to fit `rows` positions past its offset (`WindowKVCache.make_room`;
+    a cache without buffers yet, or another kind, is left alone). A write past the buffers grows them over the whole
+    history, in steps of 256 positions (`engine.qkv`): a 131,072-token cold prefill in 2,048-row chunks grew the
+    history 63 times (28 ms a grow at its end for a 64-layer 8-bit cache on an H100, docs/benchmarks.md,
+    thirty-third session); made room for the whole prompt once, it grows it once."""
+    for layer in cache:
+        if hasattr(layer, "make_room"):
+            layer.make_room(rows)
+
+
 def _forward_done(chunk: tuple[int, int], since: float) -> float:
     """Log a finished prefill forward, (rows, keys), timed from `since` (the forward before it finished: the time
     it added, its build overlapped); return now."""
@@ -124,6 +135,7 @@ def prefill(
     ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
     spans = chunk_spans(len(token_ids), chunk_size, boundaries)
     logits, running, mark = None, None, time.perf_counter()
+    make_room(cache, len(token_ids))  # buffers that exist grow before the first write, not inside every chunk's
     for start, end in spans:
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
@@ -133,6 +145,8 @@ def prefill(
         # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*). Only the
         # cache is evaluated, but for the last chunk's logits.
         out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
+        if start == 0 and not last:
+            make_room(cache, len(token_ids) - end)  # a cold cache's buffers exist now
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)

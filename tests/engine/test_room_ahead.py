@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoint_helpers import ask, cold, edit, repo_segments, run
-from engine import qkv
+from engine import generate, qkv
 from engine.engine import Engine
 from engine.prefix_cache import ROOM_AHEAD
 from engine.window import WindowKVCache, WindowPolicy
@@ -63,3 +63,25 @@ def test_making_room_stops_when_a_request_waits_and_grows_nothing_that_fits(tiny
             layer.offset = size  # as if the last request had filled every buffer
         assert eng.prefix._room_ahead(stop=lambda: True) == len(layers) and grows == []  # a request waits
         assert [layer.written()[0].shape[2] for layer in layers] == sizes
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_a_cold_prefill_grows_the_buffers_once_for_the_whole_prompt(tiny_loaded, grows, monkeypatch, kv_bits):
+    tok = tiny_loaded.tokenizer
+    prompt = ask(tok, repo_segments(tok, n_files=12, file_tokens=60), "Where is main?")
+    n = sum(len(s.token_ids) for s in prompt)
+    assert n > 512  # its 16-row chunks cross the store's 256-position steps twice at least
+    settings = dict(kv_bits=kv_bits, window=WINDOW)
+
+    def prefill_grows() -> list[int]:
+        """Rows kept by each grow of a history while the prompt was written (later ones are decode's or the
+        worker's)."""
+        return [keep for keep, _ in grows if 0 < keep < n]
+
+    tokens = cold(tiny_loaded, prompt, **settings)
+    arrays = 2 if kv_bits == 16 else 6  # keys and values; 8-bit: packed, scales, biases of each
+    assert prefill_grows() == [256] * arrays * len(tiny_loaded.model.layers)  # once, after the first chunk
+    grows.clear()
+    monkeypatch.setattr(generate, "make_room", lambda cache, rows: None)  # each write grows what it needs
+    assert cold(tiny_loaded, prompt, **settings) == tokens
+    assert len(set(prefill_grows())) == 2  # the history grew at each 256-position step the writes crossed
