@@ -110,8 +110,8 @@ def prefill(
 ) -> mx.array:
     """Run the prompt through the model, filling `cache`.
 
-    The cancel check runs before every chunk. On cancel the cache holds the
-    chunks already done (the caller decides whether to keep or drop them).
+    The cancel check runs before every chunk. On cancel the cache holds the chunks already done (the caller
+    decides whether to keep or drop them). Room for the whole prompt is made once (`make_room`).
 
     Args:
         compute: The engine's `ComputePath`, or a bare mlx-lm model (its exact MLX call).
@@ -131,22 +131,19 @@ def prefill(
     """
     if len(token_ids) == 0:
         raise ValueError("prefill needs at least one token")
-    path = path_of(compute)
-    ids = mx.array(list(token_ids), dtype=mx.uint32)[None]
-    spans = chunk_spans(len(token_ids), chunk_size, boundaries)
+    path, ids = path_of(compute), mx.array(list(token_ids), dtype=mx.uint32)[None]
     logits, running, mark = None, None, time.perf_counter()
-    make_room(cache, len(token_ids))  # buffers that exist grow before the first write, not inside every chunk's
-    for start, end in spans:
+    make_room(cache, len(token_ids))  # buffers that exist: before the first write
+    for start, end in chunk_spans(len(token_ids), chunk_size, boundaries):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
         last = end == len(token_ids)
-        # Built while the chunk before still runs; queued only once it has finished (`mx.synchronize`): a chunk's KV
-        # write updates the cache's buffer in place only when no queued work still reads it (on the H200, queuing
-        # ahead raised a 128k prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*). Only the
-        # cache is evaluated, but for the last chunk's logits.
+        # Built while the chunk before still runs; queued once it has finished (`mx.synchronize`): a chunk's KV write
+        # updates the buffer in place only when no queued work still reads it (on the H200, queuing ahead raised a 128k
+        # prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*). Only the cache, and last logits, run.
         out = path.forward(ids[:, start:end], cache, logits="last" if last else "none")
-        if start == 0 and not last:
-            make_room(cache, len(token_ids) - end)  # a cold cache's buffers exist now
+        if start == 0 and not last:  # a cold cache's buffers exist now
+            make_room(cache, len(token_ids) - end)
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)
