@@ -35,6 +35,17 @@ from .sampling import RepetitionPenalty, Sampler
 DEFAULT_PREFILL_CHUNK = 256
 """Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU."""
 
+ROOM_AHEAD = 4096
+"""Positions past the rows a request needs that its window caches' buffers are grown to hold (`make_room`), and
+past the live cache's offset between requests (`engine.prefix_cache.PrefixCache.settle`, where fewer than half are
+left). A write past the buffers grows them over the whole history inside the forward that makes it: an edit's hot
+copy after the cached prefix, the answer's decode every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that
+grow took 28-33 ms on an H100 (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session), and each new
+capacity is a new trace of the decode step (`engine.compiled`: 25-60 ms of a request's first decoded token there,
+thirty-fourth session). 4,096 positions hold an edited file of up to about 2,000 tokens with its question and
+answer once half is used; by the store's sizes they cost a Qwen3-32B-shaped cache 0.57 GB at 8 bits (2.2 KB a
+position and layer: run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16."""
+
 CancelCheck = Callable[[], bool]
 ChunkCallback = Callable[[int, int], None]
 """Called after each prefill chunk with (tokens done, tokens total)."""
@@ -78,14 +89,15 @@ def written_arrays(cache: Sequence[Any]) -> list[Any]:
 
 
 def make_room(cache: Sequence[Any], rows: int) -> None:
-    """Grow each window cache's buffers, once, to fit `rows` positions past its offset (`WindowKVCache.make_room`;
-    a cache without buffers yet, or another kind, is left alone). A write past the buffers grows them over the whole
-    history, in steps of 256 positions (`engine.qkv`): a 131,072-token cold prefill in 2,048-row chunks grew the
-    history 63 times (28 ms a grow at its end for a 64-layer 8-bit cache on an H100, docs/benchmarks.md,
-    thirty-third session); made room for the whole prompt once, it grows it once."""
+    """Where `rows` positions past its offset do not fit, grow each window cache's buffers, once, to fit them and
+    `ROOM_AHEAD` more (`WindowKVCache.make_room`; a cache without buffers yet, or another kind, is left alone). A
+    write past the buffers grows them over the whole history, in steps of 256 positions (`engine.qkv`): a
+    131,072-token cold prefill in 2,048-row chunks grew the history 63 times (28 ms a grow at its end for a
+    64-layer 8-bit cache on an H100, docs/benchmarks.md, thirty-third session); made room for the whole prompt
+    once, it grows it once, and the answer's decode writes into room too."""
     for layer in cache:
         if hasattr(layer, "make_room"):
-            layer.make_room(rows)
+            layer.make_room(rows, ahead=ROOM_AHEAD)
 
 
 def _forward_done(chunk: tuple[int, int], since: float) -> float:

@@ -35,20 +35,11 @@ from engine.boundaries import Boundary
 from engine.checkpoint_types import Checkpoint, Miss
 from engine.checkpoints import CheckpointStore
 from engine.compute import path_of
-from engine.generate import CancelCheck, prefill
+from engine.generate import ROOM_AHEAD, CancelCheck, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
 from engine.request import Metrics, Probe, PromptSegment, Request, SegmentKind, SegmentLike, stable_part
 from engine.window import set_dense_from
-
-ROOM_AHEAD = 4096
-"""Positions past the live cache's offset its buffers are grown to hold between requests (`PrefixCache._room_ahead`).
-A write past the buffers grows them over the whole history, inside the forward that makes it: an edit's hot copy
-after the cached prefix (the buffers end within 256 positions of the last request's rows), and the answer's decode
-every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that grow took 28-33 ms on an H100 (`bench/gpu_grow.py`;
-docs/benchmarks.md, thirty-third session). 4,096 positions hold an edited file of up to about 4,000 tokens with its
-question; by the store's sizes they cost a Qwen3-32B-shaped cache 0.57 GB at 8 bits (2.2 KB a position and layer:
-run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16."""
 
 log = logging.getLogger(__name__)
 
@@ -322,14 +313,15 @@ class PrefixCache:
         return left
 
     def _room_ahead(self, stop: Callable[[], bool] | None) -> int:
-        """`ROOM_AHEAD` positions past the live cache's offset in every layer's buffers, one layer at a time (its
-        new buffers evaluated before the next grows, so the old ones can go first) until `stop()`; how many layers
-        are still to grow."""
+        """`ROOM_AHEAD` positions past the live cache's offset in every layer's buffers where fewer than half of
+        them are left, one layer at a time (its new buffers evaluated before the next grows, so the old ones can
+        go first) until `stop()`; how many layers are still to grow. Half, not all: the buffers keep one capacity
+        over many requests, and the traced decode step one trace (`engine.generate.ROOM_AHEAD`)."""
         layers = [layer for layer in self.cache if hasattr(layer, "make_room")]
         for done, layer in enumerate(layers):
             if stop is not None and stop():
                 return len(layers) - done
-            grown = layer.make_room(ROOM_AHEAD)
+            grown = layer.make_room(ROOM_AHEAD // 2, ahead=ROOM_AHEAD - ROOM_AHEAD // 2)
             if grown:
                 mx.eval(grown)
         return 0

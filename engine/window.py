@@ -253,12 +253,12 @@ class WindowKVCache:
     def state(self, arrays: tuple[mx.array, ...]) -> None:
         self.offset = self.store.load(tuple(arrays))
 
-    def make_room(self, rows: int) -> list[mx.array]:
-        """Grow the buffers to fit `rows` positions past the offset, between requests; the new buffers ([]: fit)."""
+    def make_room(self, rows: int, ahead: int = 0) -> list[mx.array]:
+        """Where `rows` positions past the offset do not fit, grow the buffers to fit `ahead` more; the new ones."""
         buffer = self.written()[:1]
         if not buffer or buffer[0].shape[2] >= self.offset + rows:
             return []
-        self.store.reserve(self.offset + rows)
+        self.store.reserve(self.offset + rows + ahead)
         return self.written()
 
     def written(self) -> list[mx.array]:

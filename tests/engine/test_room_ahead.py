@@ -2,8 +2,10 @@
 
 A write past a window cache's buffers grows them over the whole history inside the forward that writes: an edit's
 hot copy after the cached prefix, the answer's decode every 256 tokens (28-33 ms for a 131k-token 8-bit cache of 64
-layers on an H100). The engine's worker now grows them while no request waits, `ROOM_AHEAD` positions past the
-offset, so the next request writes where the rows already have room.
+layers on an H100), and the traced decode step is traced again for the new capacity. The engine's worker now grows
+them while no request waits, to `ROOM_AHEAD` positions past the offset where fewer than half are left, and a prefill
+makes room for its whole prompt and `ROOM_AHEAD` more at once, so the next request writes where the rows already
+have room, into buffers of the capacity the last one traced.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 
 from checkpoint_helpers import ask, cold, edit, repo_segments, run
 from engine import generate, qkv
+from engine.compute import ComputeOptions
 from engine.engine import Engine
-from engine.prefix_cache import ROOM_AHEAD
+from engine.generate import ROOM_AHEAD
 from engine.window import WindowKVCache, WindowPolicy
 
 WINDOW = WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16, continuation_tail=8)
@@ -38,13 +41,13 @@ def test_an_edit_and_its_question_write_into_room_made_between_requests(tiny_loa
         run(eng, first)
         assert eng.wait_idle(60)
         caches = [c for c in eng.prefix.cache if isinstance(c, WindowKVCache)]
-        assert caches and all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD for c in caches)
+        assert caches and all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD // 2 for c in caches)
         grows.clear()
         tokens, done = run(eng, edited)
         assert 0 < done.metrics.cached_tokens  # restored up to the edited file, the rest written after it
         assert grows == []  # the edit's rows, its question's and the answer's: no buffer grew on the request's path
         assert eng.wait_idle(60)
-        assert all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD for c in caches)  # room again for the next
+        assert all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD // 2 for c in caches)  # room for the next
     assert tokens == cold(tiny_loaded, edited, kv_bits=kv_bits, window=WINDOW)
 
 
@@ -85,3 +88,23 @@ def test_a_cold_prefill_grows_the_buffers_once_for_the_whole_prompt(tiny_loaded,
     monkeypatch.setattr(generate, "make_room", lambda cache, rows: None)  # each write grows what it needs
     assert cold(tiny_loaded, prompt, **settings) == tokens
     assert len(set(prefill_grows())) == 2  # the history grew at each 256-position step the writes crossed
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_questions_and_an_edit_after_a_cold_ask_decode_from_the_first_trace(tiny_loaded, kv_bits):
+    """The traced decode step takes the buffers whole, so a new capacity is a new trace (25-60 ms of host work
+    on an H100 in `bench/gpu_engine.py`'s token gaps). The room made ahead keeps one capacity from request to
+    request: grown to `ROOM_AHEAD` past the offset only when half of it is used."""
+    tok = tiny_loaded.tokenizer
+    repo = repo_segments(tok, n_files=12, file_tokens=60)
+    edited = edit(repo, 6, tuple(tok.encode("def changed():\n    return 42\n" * 4)))
+    prompts = [ask(tok, repo, "Where is main?"), ask(tok, repo, "Why?"), ask(tok, edited, "What changed?"),
+               ask(tok, edited, "And now?")]
+    traces = []
+    with Engine(tiny_loaded, prefill_chunk=16, kv_bits=kv_bits, window=WINDOW,
+                compute=ComputeOptions(attention="mlx", compile=True)) as eng:
+        for prompt in prompts:
+            run(eng, prompt, max_tokens=24)
+            assert eng.wait_idle(60)
+            traces.append(eng.compute.decode_step.traces)
+    assert traces == [1, 1, 1, 1]
