@@ -41,8 +41,8 @@ past the live cache's offset between requests (`engine.prefix_cache.PrefixCache.
 left). A write past the buffers grows them over the whole history inside the forward that makes it: an edit's hot
 copy after the cached prefix, the answer's decode every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that
 grow took 28-33 ms on an H100 (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session), and each new
-capacity is a new trace of the decode step (`engine.compiled`: 25-60 ms of a request's first decoded token there,
-thirty-fourth session). 4,096 positions hold an edited file of up to about 2,000 tokens with its question and
+capacity is a new trace of the decode step (`engine.compiled`: a request's first token gap there was 49-94 ms with
+one, 26-42 without, thirty-fourth session). 4,096 positions hold an edited file of up to about 2,000 tokens with its question and
 answer once half is used; by the store's sizes they cost a Qwen3-32B-shaped cache 0.57 GB at 8 bits (2.2 KB a
 position and layer: run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16."""
 

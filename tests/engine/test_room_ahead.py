@@ -92,8 +92,8 @@ def test_a_cold_prefill_grows_the_buffers_once_for_the_whole_prompt(tiny_loaded,
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
 def test_questions_and_an_edit_after_a_cold_ask_decode_from_the_first_trace(tiny_loaded, kv_bits):
-    """The traced decode step takes the buffers whole, so a new capacity is a new trace (25-60 ms of host work
-    on an H100 in `bench/gpu_engine.py`'s token gaps). The room made ahead keeps one capacity from request to
+    """The traced decode step takes the buffers whole, so a new capacity is a new trace (a first token gap of
+    49-94 ms against 26-42 on an H100 in `bench/gpu_engine.py`). The room made ahead keeps one capacity from request to
     request: grown to `ROOM_AHEAD` past the offset only when half of it is used."""
     tok = tiny_loaded.tokenizer
     repo = repo_segments(tok, n_files=12, file_tokens=60)
