@@ -28,8 +28,8 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
   step's arrays from it, in C++) plus the Python around it; ``ours+traced-step+fused``: with the fused
   launches in the trace.
 
-A traced step is traced again for each new size of the cache buffers (they grow by 256 rows), in the
-decode step that first meets it. ``new trace ms`` is that step's building, over a cache whose buffers have
+A traced step is traced again for each new size of the cache buffers (here a write grows them by 256 rows;
+the engine keeps room ahead, `engine.generate.ROOM_AHEAD`), in the decode step that first meets it. ``new trace ms`` is that step's building, over a cache whose buffers have
 a size this variant has not met (its first trace, untimed, made the fused kernels: on the CPU a C++ compiler
 builds them, on CUDA NVRTC, once per process).
 

@@ -130,8 +130,9 @@ class CheckpointStore:
 
     # -- restore / record / rollback -----------------------------------------
 
-    def restore(self, cache: Sequence[Any], plan: Plan) -> tuple[int, Miss | None]:
-        """Make the live cache hold exactly the state at the end of `plan`.
+    def restore(self, cache: Sequence[Any], plan: Plan, room_until: int = 0) -> tuple[int, Miss | None]:
+        """Make the live cache hold exactly the state at the end of `plan`; rows appended to window caches come
+        with room in their buffers up to position `room_until` (`engine.state.append_kv_spans`).
 
         Returns:
             (tokens restored, miss reason); an archive entry failing its
@@ -166,7 +167,7 @@ class CheckpointStore:
             with self._lock:
                 self._by_key[cp.key] = cp
                 self._line.append(cp)
-        state.append_kv_spans(cache, spans)  # one copy per layer, however many spans
+        state.append_kv_spans(cache, spans, room_until)  # one copy per layer, however many spans
         for cp in self._line:
             cp.last_used = self._tick
         self._set_recurrent(cache)

@@ -89,7 +89,8 @@ class Engine:
         self.prefix = PrefixCache(
             self.compute, policy, budget_bytes=checkpoint_budget_bytes, archive_bytes=archive_bytes, cache=cache,
             window=window if policy.approximation else None,
-            rebuild=lambda: policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, self.window)[1])
+            rebuild=lambda: policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, self.window)[1],
+            room_limit=getattr(loaded, "context_length", None))
         self._pending_window: tuple[Any] | None = None
         self._queue = JobQueue()
         self._lock = threading.Lock()

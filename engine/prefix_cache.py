@@ -35,7 +35,7 @@ from engine.boundaries import Boundary
 from engine.checkpoint_types import Checkpoint, Miss
 from engine.checkpoints import CheckpointStore
 from engine.compute import path_of
-from engine.generate import ROOM_AHEAD, CancelCheck, prefill
+from engine.generate import ROOM_AHEAD, CancelCheck, make_room, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
 from engine.request import Metrics, Probe, PromptSegment, Request, SegmentKind, SegmentLike, stable_part
@@ -80,11 +80,14 @@ class PrefixCache:
             window caches); None for caches that attend densely.
         rebuild: Makes a fresh live cache like `cache` (its None standing, as for `cache`, for
             `engine.kv.make_cache`), for a rollback that fails; without it such a failure is raised.
+        room_limit: Positions the live cache never holds more of (the model's context; None: not known): room
+            made in its buffers stops there (`engine.generate.make_room`).
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
                  archive_bytes: int = 0, archive_root: Any = None, cache: list[Any] | None = None,
-                 window: Any = None, rebuild: Callable[[], list[Any] | None] | None = None) -> None:
+                 window: Any = None, rebuild: Callable[[], list[Any] | None] | None = None,
+                 room_limit: int | None = None) -> None:
         self.compute = path_of(model)
         self.model = self.compute.model
         self._budget_bytes = default_budget_bytes() if budget_bytes is None else budget_bytes
@@ -96,7 +99,7 @@ class PrefixCache:
         self._last_prefix: tuple[SegmentLike, ...] = ()  # see `warm_prefix`
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
-        self._rebuild = rebuild
+        self._rebuild, self.room_limit = rebuild, room_limit
         self._use(policy, cache, window)
 
     def _use(self, policy: CachePolicy, cache: list[Any] | None, window: Any) -> None:
@@ -209,7 +212,8 @@ class PrefixCache:
         bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, n_tokens)
         began = time.perf_counter()
-        offset, miss = self.store.restore(self.cache, plan)
+        room = n_tokens + ROOM_AHEAD if self.room_limit is None else min(n_tokens + ROOM_AHEAD, self.room_limit)
+        offset, miss = self.store.restore(self.cache, plan, room_until=room)
         restore_s = time.perf_counter() - began
         log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset, restore_s,
                   extra={"restore_s": restore_s})
@@ -233,7 +237,7 @@ class PrefixCache:
 
         try:
             logits = prefill(self.compute, self.cache, request.token_ids_from(offset), chunk_size, should_cancel,
-                             boundaries=[b.end - offset for b in pending], on_chunk=confirm)
+                             boundaries=[b.end - offset for b in pending], on_chunk=confirm, room_limit=self.room_limit)
         finally:
             metrics.checkpoint_bytes = self.store.nbytes
             self._note_prefix(segments)
@@ -321,7 +325,7 @@ class PrefixCache:
         for done, layer in enumerate(layers):
             if stop is not None and stop():
                 return len(layers) - done
-            grown = layer.make_room(ROOM_AHEAD // 2, ahead=ROOM_AHEAD - ROOM_AHEAD // 2)
+            grown = make_room([layer], ROOM_AHEAD // 2, ROOM_AHEAD - ROOM_AHEAD // 2, self.room_limit)
             if grown:
                 mx.eval(grown)
         return 0

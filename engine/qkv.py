@@ -71,7 +71,8 @@ def _grow(buf: mx.array | None, keep: int, capacity: int, like: mx.array) -> mx.
     checkpoint's arrays end where it ends). At 131,072 rows of a 64-layer 8-bit cache (285 MB a layer) the fill was
     18 GB of the 55 GB moved, and a 45-row write's grow took 28 ms instead of 36-37 on an H100
     (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session). The engine's worker also makes room between
-    requests (`engine.prefix_cache.ROOM_AHEAD`), so the live cache's next rows mostly land without a grow."""
+    requests and a prefill makes it for its prompt (`engine.generate.ROOM_AHEAD`), so the live cache's next rows
+    mostly land without a grow."""
     if buf is None or keep == 0:
         return mx.zeros((*like.shape[:2], capacity, like.shape[3]), like.dtype)
     tail = mx.zeros((*like.shape[:2], capacity - keep, like.shape[3]), like.dtype)
@@ -135,11 +136,13 @@ class DenseKVStore:
         self.keys, self.values = arrays
         return self.keys.shape[2]
 
-    def reserve(self, end: int) -> None:
-        """Room for positions up to `end` (the buffers grow as a write would grow them); needs buffers."""
+    def reserve(self, end: int, keep: int | None = None) -> None:
+        """Room for positions up to `end` (the buffers grow as a write would grow them), keeping the first `keep`
+        rows (all by default); needs buffers."""
         if end > self.keys.shape[2]:
             cap = _capacity(end)
-            self.keys, self.values = (_grow(a, a.shape[2], cap, a) for a in (self.keys, self.values))
+            self.keys, self.values = (_grow(a, a.shape[2] if keep is None else keep, cap, a)
+                                      for a in (self.keys, self.values))
 
     def buffers(self) -> tuple[mx.array, mx.array]:
         """The whole key and value buffers (a traced step's inputs, `engine.compiled`)."""
@@ -263,11 +266,13 @@ class QuantizedKVStore:
         self.keys, self.values = tuple(arrays[:3]), tuple(arrays[3:])
         return self.keys[0].shape[2]
 
-    def reserve(self, end: int) -> None:
-        """Room for positions up to `end` (the buffers grow as a write would grow them); needs buffers."""
+    def reserve(self, end: int, keep: int | None = None) -> None:
+        """Room for positions up to `end` (the buffers grow as a write would grow them), keeping the first `keep`
+        rows (all by default); needs buffers."""
         if end > self.keys[0].shape[2]:
             cap = _capacity(end)
-            self.keys, self.values = (tuple(_grow(a, a.shape[2], cap, a) for a in q) for q in (self.keys, self.values))
+            self.keys, self.values = (tuple(_grow(a, a.shape[2] if keep is None else keep, cap, a) for a in q)
+                                      for q in (self.keys, self.values))
             self._exclusive, self._written = True, None
 
     def buffers(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:

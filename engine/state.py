@@ -80,15 +80,17 @@ def _kv_parts(layer: Any) -> list[mx.array]:
     return list(layer.state)
 
 
-def _set_kv(layer: Any, parts: list[mx.array], end: int) -> None:
+def _set_kv(layer: Any, parts: list[mx.array], end: int, room: int = 0) -> None:
+    """Set a layer's arrays holding positions [0, end); a window cache's may hold `room` positions more."""
     if isinstance(layer, QuantizedKVCache):
         layer.state = (tuple(parts[:3]), tuple(parts[3:]), end, layer.group_size, layer.bits)
     elif isinstance(layer, KVCache):
         layer.state = (parts[0], parts[1], end)
     else:
         layer.state = tuple(parts)
-        if layer.offset != end:
-            raise StateError(f"{type(layer).__name__} took {layer.offset} tokens, expected {end}")
+        if layer.offset != end + room:
+            raise StateError(f"{type(layer).__name__} took {layer.offset - room} tokens, expected {end}")
+        layer.offset = end
 
 
 def _copy(x: mx.array) -> mx.array:
@@ -124,8 +126,9 @@ def append_kv_span(cache: Sequence[Any], span: Arrays, length: int) -> None:
     append_kv_spans(cache, [(span, length)])
 
 
-def append_kv_spans(cache: Sequence[Any], spans: Sequence[tuple[Arrays, int]]) -> None:
-    """Write consecutive spans (each `(arrays, length)`) in one copy per layer.
+def append_kv_spans(cache: Sequence[Any], spans: Sequence[tuple[Arrays, int]], room_until: int = 0) -> None:
+    """Write consecutive spans (each `(arrays, length)`) in one copy per layer; a window cache's copy has room up to
+    position `room_until` (`engine.generate.make_room` would otherwise copy its history again for the next rows).
 
     Raises:
         StateError: If a span does not fit the cache's layers.
@@ -144,11 +147,12 @@ def append_kv_spans(cache: Sequence[Any], spans: Sequence[tuple[Arrays, int]]) -
             if not parts or parts[0].shape[-2] != length:
                 raise StateError(f"span has no {length}-token entry for layer {i}")
             pieces.append(parts)
-        _append_layer(c, pieces)
+        _append_layer(c, pieces, room_until)
 
 
-def _append_layer(layer: Any, pieces: list[list[mx.array]]) -> None:
-    """Append `pieces` (each the layer's arrays for consecutive positions) after `offset`."""
+def _append_layer(layer: Any, pieces: list[list[mx.array]], room_until: int = 0) -> None:
+    """Append `pieces` (each the layer's arrays for consecutive positions) after `offset`; a window cache's new
+    buffers end no earlier than `room_until`, zeros past the pieces."""
     prev = layer.offset
     end = prev + sum(p[0].shape[-2] for p in pieces)
     old = None if layer.empty() else _kv_parts(layer)
@@ -164,11 +168,13 @@ def _append_layer(layer: Any, pieces: list[list[mx.array]]) -> None:
             pos += n
         layer.offset = end
         return
-    grown = []
+    grown, room = [], max(0, room_until - end) if hasattr(layer, "make_room") else 0
     for j in range(len(pieces[0])):
         chunks = ([] if old is None else [old[j][..., :prev, :]]) + [p[j] for p in pieces]
+        last = chunks[-1]
+        chunks += [mx.zeros((*last.shape[:-2], room, last.shape[-1]), last.dtype)] if room else []
         grown.append(chunks[0] if len(chunks) == 1 else mx.concatenate(chunks, axis=-2))
-    _set_kv(layer, grown, end)
+    _set_kv(layer, grown, end, room)
 
 
 def snapshot_recurrent(cache: Sequence[Any]) -> Arrays:

@@ -141,11 +141,9 @@ _DENSE = _Plan(0, 0, False)
 class WindowKVCache:
     """An attention KV cache that applies a `WindowPolicy` during prefill.
 
-    Speaks mlx-lm's cache vocabulary (`update_and_fetch`, `make_mask`, `trim`,
-    `is_trimmable`, `offset`, `state`, `meta_state`, `nbytes`) so it replaces
-    `KVCache` in any model. Over full-precision storage with the policy
-    disabled (or `dense_from` 0, the default) it computes exactly what
-    `KVCache` computes.
+    Speaks mlx-lm's cache vocabulary (`update_and_fetch`, `make_mask`, `trim`, `is_trimmable`, `offset`, `state`,
+    `meta_state`, `nbytes`) so it replaces `KVCache` in any model. Over full-precision storage with the policy
+    disabled (or `dense_from` 0, the default) it computes exactly what `KVCache` computes.
 
     Args:
         policy: The window policy.
@@ -254,11 +252,12 @@ class WindowKVCache:
         self.offset = self.store.load(tuple(arrays))
 
     def make_room(self, rows: int, ahead: int = 0) -> list[mx.array]:
-        """Where `rows` positions past the offset do not fit, grow the buffers to fit `ahead` more; the new ones."""
+        """Where `rows` positions past the offset do not fit, grow the buffers (the rows before the offset copied) to
+        fit `ahead` more, in 256-position steps; the new buffers ([] where they fit or there are none yet)."""
         buffer = self.written()[:1]
         if not buffer or buffer[0].shape[2] >= self.offset + rows:
             return []
-        self.store.reserve(self.offset + rows + ahead)
+        self.store.reserve(self.offset + rows + ahead, keep=self.offset)
         return self.written()
 
     def written(self) -> list[mx.array]:

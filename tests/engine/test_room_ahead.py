@@ -1,4 +1,4 @@
-"""Room for the next request's rows is made between requests (`PrefixCache.settle`, `WindowKVCache.make_room`).
+"""Room for a request's rows is made before they are written: by its prefill, by a restore, between requests.
 
 A write past a window cache's buffers grows them over the whole history inside the forward that writes: an edit's
 hot copy after the cached prefix, the answer's decode every 256 tokens (28-33 ms for a 131k-token 8-bit cache of 64
@@ -9,14 +9,15 @@ have room, into buffers of the capacity the last one traced.
 """
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
-from checkpoint_helpers import ask, cold, edit, repo_segments, run
+from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, run
 from engine import generate, qkv
 from engine.compute import ComputeOptions
 from engine.engine import Engine
 from engine.generate import ROOM_AHEAD
-from engine.window import WindowKVCache, WindowPolicy
+from engine.window import WindowKVCache, WindowPolicy, make_window_cache
 
 WINDOW = WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16, continuation_tail=8)
 
@@ -83,9 +84,9 @@ def test_a_cold_prefill_grows_the_buffers_once_for_the_whole_prompt(tiny_loaded,
 
     tokens = cold(tiny_loaded, prompt, **settings)
     arrays = 2 if kv_bits == 16 else 6  # keys and values; 8-bit: packed, scales, biases of each
-    assert prefill_grows() == [256] * arrays * len(tiny_loaded.model.layers)  # once, after the first chunk
+    assert prefill_grows() == [16] * arrays * len(tiny_loaded.model.layers)  # once, after the first 16-row chunk
     grows.clear()
-    monkeypatch.setattr(generate, "make_room", lambda cache, rows: None)  # each write grows what it needs
+    monkeypatch.setattr(generate, "make_room", lambda *a, **k: [])  # each write grows what it needs
     assert cold(tiny_loaded, prompt, **settings) == tokens
     assert len(set(prefill_grows())) == 2  # the history grew at each 256-position step the writes crossed
 
@@ -108,3 +109,69 @@ def test_questions_and_an_edit_after_a_cold_ask_decode_from_the_first_trace(tiny
             assert eng.wait_idle(60)
             traces.append(eng.compute.decode_step.traces)
     assert traces == [1, 1, 1, 1]
+
+
+def window_cache(model, kv_bits: int) -> list:
+    return make_window_cache(model, WINDOW, kv_bits=kv_bits)
+
+
+def capacity(cache: list) -> int:
+    return cache[0].written()[0].shape[2]
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_loaded, grows, monkeypatch, kv_bits):
+    model, ids = tiny_loaded.model, [(7 * i) % 400 + 3 for i in range(600)]
+    monkeypatch.setattr(generate, "ROOM_AHEAD", 64)
+    logits = {}
+    for room in (True, False):
+        if not room:
+            monkeypatch.setattr(generate, "make_room", lambda *a, **k: [])  # each write grows what it needs
+        cache = window_cache(model, kv_bits)
+        generate.prefill(model, cache, ids[:40], chunk_size=16)
+        assert capacity(cache) >= 40 + 64 or not room
+        grows.clear()
+        logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16)  # its first chunk fits, the rest not
+        kept = sorted({keep for keep, _ in grows})
+        assert kept == [40] if room else len(kept) >= 2  # once, before the first write; else at each step crossed
+        assert capacity(cache) >= 600 + 64 or not room
+    assert mx.allclose(logits[True], logits[False], atol=1e-5).item()
+
+
+def test_a_one_chunk_cold_prompt_gets_room_for_its_answer_and_none_past_the_limit(tiny_loaded):
+    model, ids = tiny_loaded.model, list(range(3, 103))
+    cache = window_cache(model, 8)
+    generate.prefill(model, cache, ids, chunk_size=256)  # one chunk: its write made a 256-row buffer
+    assert capacity(cache) >= 100 + ROOM_AHEAD
+    cache = window_cache(model, 8)
+    generate.prefill(model, cache, ids, chunk_size=256, room_limit=300)
+    assert capacity(cache) == qkv._capacity(300)  # room up to the model's context, not past it
+
+
+def test_room_between_requests_stops_at_the_models_context(tiny_loaded, grows):
+    tok, context = tiny_loaded.tokenizer, tiny_loaded.context_length
+    prompt = ask(tok, repo_segments(tok, n_files=12, file_tokens=60), "Where is main?")
+    assert sum(len(s.token_ids) for s in prompt) + ROOM_AHEAD > context
+    with Engine(tiny_loaded, prefill_chunk=16, kv_bits=8, window=WINDOW) as eng:
+        run(eng, prompt)
+        assert eng.wait_idle(60)
+        assert {c.written()[0].shape[2] for c in eng.prefix.cache} == {qkv._capacity(context)}
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_rows_restored_after_an_edit_land_in_room(tiny_loaded, grows, kv_bits):
+    """Going back to a prompt from an edited one appends its saved rows (`engine.state.append_kv_spans`); they come
+    with room, so the question after them is written without copying the history again."""
+    tok = tiny_loaded.tokenizer
+    repo = repo_segments(tok)
+    first = ask(tok, repo, "Where is main?")
+    edited = ask(tok, edit(repo, 1, tuple(tok.encode("def changed():\n    return 42\n"))), "What changed?")
+    with Engine(tiny_loaded, prefill_chunk=16, kv_bits=kv_bits, window=WINDOW) as eng:
+        for prompt in (first, edited):
+            run(eng, prompt)
+            assert eng.wait_idle(60)
+        grows.clear()
+        tokens, done = run(eng, first)
+        assert done.metrics.cached_tokens > prefix_len(first, 2)  # rows after the edited file came back
+        assert grows == []
+    assert tokens == cold(tiny_loaded, first, kv_bits=kv_bits, window=WINDOW)
