@@ -29,9 +29,9 @@ against ``mlx`` (MLX's own kernels, the same model) in the same run:
   launches in the trace.
 
 A traced step is traced again for each new size of the cache buffers (here a write grows them by 256 rows;
-the engine keeps room ahead, `engine.generate.ROOM_AHEAD`), in the decode step that first meets it. ``new trace ms`` is that step's building, over a cache whose buffers have
-a size this variant has not met (its first trace, untimed, made the fused kernels: on the CPU a C++ compiler
-builds them, on CUDA NVRTC, once per process).
+the engine keeps room ahead, `engine.qkv.ROOM_AHEAD`), in the decode step that first meets it. ``new trace
+ms`` is that step's building, over a cache whose buffers have a size this variant has not met (its first trace,
+untimed, made the fused kernels: on the CPU a C++ compiler builds them, on CUDA NVRTC, once per process).
 
     python bench/decode_build.py --out /tmp/decode_build.json
 """

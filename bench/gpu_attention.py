@@ -54,7 +54,7 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
 
 def buffer_positions(n: int) -> int:
     """The positions of a buffer holding `n` as a write grows it, in steps of 256 (the engine's live cache keeps
-    up to `engine.generate.ROOM_AHEAD` more, which our kernels skip and MLX's traced attention masks)."""
+    up to `engine.qkv.ROOM_AHEAD` more, which our kernels skip and MLX's traced attention masks)."""
     return -(-n // 256) * 256
 
 

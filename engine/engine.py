@@ -90,7 +90,7 @@ class Engine:
             self.compute, policy, budget_bytes=checkpoint_budget_bytes, archive_bytes=archive_bytes, cache=cache,
             window=window if policy.approximation else None,
             rebuild=lambda: policy_and_cache(loaded, self.compute, kv_bits, prefill_chunk, self.window)[1],
-            room_limit=getattr(loaded, "context_length", None))
+            room_limit=getattr(loaded, "context_length", None) or None)  # (0: not known, as check_fits reads it)
         self._pending_window: tuple[Any] | None = None
         self._queue = JobQueue()
         self._lock = threading.Lock()

@@ -27,27 +27,13 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import state
+from . import qkv, state
 from .compute import ComputePath, path_of
 from .errors import RequestCancelled
 from .sampling import RepetitionPenalty, Sampler
 
 DEFAULT_PREFILL_CHUNK = 256
 """Tokens per prefill forward call; 256 beat 2048 on the 2-core CPU."""
-
-ROOM_AHEAD = 4096
-"""Positions past the rows a request needs that its window caches' buffers are grown to hold (`make_room`; rows
-restored from checkpoints come with it, `engine.state.append_kv_spans`), and past the live cache's offset between
-requests where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); never past the model's context.
-A write past the buffers grows them over the whole history inside the forward that makes it: an edit's hot copy
-after the cached prefix, the answer's decode every 256 tokens. At 131,072 rows of a 64-layer 8-bit cache that grow
-took 28-33 ms on an H100 (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session), and each new capacity is
-a new trace of the decode step (`engine.compiled`: a request's first token gap there was 49-94 ms with one, 26-42
-without, thirty-fourth session). Once half is used, 4,096 positions still hold an edited file of about 2,000 tokens
-with its question and answer. By the store's sizes they cost a Qwen3-32B-shaped cache 0.57 GB at 8 bits (2.2 KB a
-position and layer: run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16. A prefill makes its room at its
-first chunk, so a cancelled one keeps buffers for its whole prompt (reported in `live_cache_bytes`; the next
-request, usually the same prompt again, writes into them)."""
 
 CancelCheck = Callable[[], bool]
 ChunkCallback = Callable[[int, int], None]
@@ -93,12 +79,12 @@ def written_arrays(cache: Sequence[Any]) -> list[Any]:
 
 def make_room(cache: Sequence[Any], rows: int, ahead: int, limit: int | None = None) -> list[mx.array]:
     """Where `rows` positions past its offset do not fit, grow each window cache's buffers, once, to fit them and
-    `ahead` more, never past `limit` positions in all (the model's context: nothing is written past it); the new
-    buffers (`WindowKVCache.make_room`; a cache without buffers yet, or another kind, is left alone). A write past
-    the buffers grows them over the whole history, in steps of 256 positions (`engine.qkv`): a 131,072-token cold
-    prefill in 2,048-row chunks grew the history 63 times (28 ms a grow at its end for a 64-layer 8-bit cache on an
-    H100, docs/benchmarks.md, thirty-third session); made room for the whole prompt once, it grows it once, and the
-    answer's decode writes into room too."""
+    `ahead` more (`engine.qkv.ROOM_AHEAD`), never past `limit` positions in all (the model's context: nothing is
+    written past it); the new buffers (`WindowKVCache.make_room`; a cache without buffers yet, or another kind, is
+    left alone). A write past the buffers grows them over the whole history, in steps of 256 positions: a
+    131,072-token cold prefill in 2,048-row chunks grew the history 63 times (28 ms a grow at its end for a 64-layer
+    8-bit cache on an H100, docs/benchmarks.md, thirty-third session); made room for the whole prompt once, it grows
+    it once, and the answer's decode writes into room too."""
     grown = []
     for layer in cache:
         if hasattr(layer, "make_room"):
@@ -154,17 +140,17 @@ def prefill(
     if len(token_ids) == 0:
         raise ValueError("prefill needs at least one token")
     path, ids = path_of(compute), mx.array(list(token_ids), dtype=mx.uint32)[None]
-    logits, running, mark, cold = None, None, time.perf_counter(), state.attention_offset(cache) == 0
-    make_room(cache, len(token_ids), ROOM_AHEAD, room_limit)  # buffers that exist: before the first write
+    logits, running, mark, room = None, None, time.perf_counter(), qkv.ROOM_AHEAD
+    cold = all(c.offset == 0 for c in cache if hasattr(c, "make_room"))
+    make_room(cache, len(token_ids), room, room_limit)  # buffers that exist: before the first write
     for start, end in chunk_spans(len(token_ids), chunk_size, boundaries):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
-        # Built while the chunk before still runs; queued once it has finished (`mx.synchronize`): a chunk's KV write
-        # updates the buffer in place only when no queued work still reads it (on the H200, queuing ahead raised a 128k
-        # prefill's peak from 98 to 124 GiB, docs/benchmarks.md, *GPU engine*). Only the cache, and last logits, run.
+        # Built while the chunk before runs, queued once it finished (`mx.synchronize`): a KV write is in place only if
+        # no queued work reads the buffer (queuing ahead: a 128k peak of 124 GiB, not 98; docs/benchmarks.md, GPU).
         out = path.forward(ids[:, start:end], cache, logits="last" if (last := end == len(token_ids)) else "none")
         if start == 0 and cold:  # the buffers exist now and hold one chunk: room for the prompt and its answer
-            make_room(cache, len(token_ids) - end + ROOM_AHEAD // 2, ROOM_AHEAD - ROOM_AHEAD // 2, room_limit)
+            make_room(cache, len(token_ids) - end + room // 2, room - room // 2, room_limit)
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)

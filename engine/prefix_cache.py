@@ -29,13 +29,13 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from engine import state
+from engine import qkv, state
 from engine.archive import CheckpointArchive
 from engine.boundaries import Boundary
 from engine.checkpoint_types import Checkpoint, Miss
 from engine.checkpoints import CheckpointStore
 from engine.compute import path_of
-from engine.generate import ROOM_AHEAD, CancelCheck, make_room, prefill
+from engine.generate import CancelCheck, make_room, prefill
 from engine.kv import make_cache
 from engine.policy import CachePolicy
 from engine.request import Metrics, Probe, PromptSegment, Request, SegmentKind, SegmentLike, stable_part
@@ -212,7 +212,7 @@ class PrefixCache:
         bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, n_tokens)
         began = time.perf_counter()
-        room = n_tokens + ROOM_AHEAD if self.room_limit is None else min(n_tokens + ROOM_AHEAD, self.room_limit)
+        room = n_tokens + qkv.ROOM_AHEAD if self.room_limit is None else min(n_tokens + qkv.ROOM_AHEAD, self.room_limit)
         offset, miss = self.store.restore(self.cache, plan, room_until=room)
         restore_s = time.perf_counter() - began
         log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset, restore_s,
@@ -320,12 +320,12 @@ class PrefixCache:
         """`ROOM_AHEAD` positions past the live cache's offset in every layer's buffers where fewer than half of
         them are left, one layer at a time (its new buffers evaluated before the next grows, so the old ones can
         go first) until `stop()`; how many layers are still to grow. Half, not all: the buffers keep one capacity
-        over many requests, and the traced decode step one trace (`engine.generate.ROOM_AHEAD`)."""
+        over many requests, and the traced decode step one trace (`engine.qkv.ROOM_AHEAD`)."""
         layers = [layer for layer in self.cache if hasattr(layer, "make_room")]
         for done, layer in enumerate(layers):
             if stop is not None and stop():
                 return len(layers) - done
-            grown = make_room([layer], ROOM_AHEAD // 2, ROOM_AHEAD - ROOM_AHEAD // 2, self.room_limit)
+            grown = make_room([layer], qkv.ROOM_AHEAD // 2, qkv.ROOM_AHEAD - qkv.ROOM_AHEAD // 2, self.room_limit)
             if grown:
                 mx.eval(grown)
         return 0

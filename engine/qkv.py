@@ -46,7 +46,7 @@ def direct_attention_works(rows: int, kv_heads: int, dim: int, dtype: mx.Dtype, 
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
     heads = max(2, kv_heads)
-    buffer = mx.random.normal((1, heads, _capacity(_PROBE_KEYS), dim), key=mx.random.key(0)).astype(dtype)
+    buffer = mx.random.normal((1, heads, capacity(_PROBE_KEYS), dim), key=mx.random.key(0)).astype(dtype)
     packed = tuple(a[..., :_PROBE_KEYS, :] for a in mx.quantize(buffer, group_size=group_size, bits=bits))
     queries = mx.zeros((1, 2 * heads, rows, dim), dtype=dtype)
     try:
@@ -58,7 +58,26 @@ def direct_attention_works(rows: int, kv_heads: int, dim: int, dtype: mx.Dtype, 
     return True
 
 
-def _capacity(needed: int) -> int:
+ROOM_AHEAD = 4096
+"""Positions of room the engine keeps in its window caches' buffers past the rows a request needs. A prefill that
+must grow them grows them to its prompt and this much more (`engine.generate.make_room`); rows a restore appends
+come with it (`engine.state.append_kv_spans`); between requests the worker grows them to this much past the offset
+where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); never past the model's context. (A
+decode that passes them grows them by 256 positions, as a write does: the load-time timing of the traced step runs
+over buffers of its own rows, and more room there would time more empty key splits than the engine's long
+contexts have.)
+A write past the buffers grows them over the whole history inside the forward that makes it (28-33 ms at 131,072
+rows of a 64-layer 8-bit cache on an H100, `bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session), and
+each new capacity is a new trace of the decode step (`engine.compiled`: a request's first token gap there was 49-94
+ms with one, 26-42 without, thirty-fourth session). Once half is used, 4,096 positions still hold an edited file
+of about 2,000 tokens with its question and answer. By the store's sizes they cost a Qwen3-32B-shaped cache 0.57
+GB at 8 bits (2.2 KB a position and layer: run g's 285 MB a layer over 131,072 rows) and 1.07 GB at bf16. A
+prefill makes its room at its first chunk, so a cancelled one keeps buffers for its whole prompt (reported in
+`live_cache_bytes`; the next request, usually the same prompt again, writes into them)."""
+
+
+def capacity(needed: int) -> int:
+    """The positions a buffer holding `needed` is grown to: steps of 256."""
     return (needed + _STEP - 1) // _STEP * _STEP
 
 
@@ -71,7 +90,7 @@ def _grow(buf: mx.array | None, keep: int, capacity: int, like: mx.array) -> mx.
     checkpoint's arrays end where it ends). At 131,072 rows of a 64-layer 8-bit cache (285 MB a layer) the fill was
     18 GB of the 55 GB moved, and a 45-row write's grow took 28 ms instead of 36-37 on an H100
     (`bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session). The engine's worker also makes room between
-    requests and a prefill makes it for its prompt (`engine.generate.ROOM_AHEAD`), so the live cache's next rows
+    requests and a prefill makes it for its prompt (`ROOM_AHEAD`), so the live cache's next rows
     mostly land without a grow."""
     if buf is None or keep == 0:
         return mx.zeros((*like.shape[:2], capacity, like.shape[3]), like.dtype)
@@ -115,7 +134,7 @@ class DenseKVStore:
     def write(self, start: int, keys: mx.array, values: mx.array, in_place: bool = False) -> None:
         end = start + keys.shape[2]
         if self.keys is None or end > self.keys.shape[2]:
-            cap = _capacity(end)
+            cap = capacity(end)
             self.keys = _grow(self.keys, start, cap, keys)
             self.values = _grow(self.values, start, cap, values)
         self.keys[..., start:end, :] = keys
@@ -140,7 +159,7 @@ class DenseKVStore:
         """Room for positions up to `end` (the buffers grow as a write would grow them), keeping the first `keep`
         rows (all by default); needs buffers."""
         if end > self.keys.shape[2]:
-            cap = _capacity(end)
+            cap = capacity(end)
             self.keys, self.values = (_grow(a, a.shape[2] if keep is None else keep, cap, a)
                                       for a in (self.keys, self.values))
 
@@ -230,7 +249,7 @@ class QuantizedKVStore:
         self._written = None
         qk, qv = self._quantize(keys), self._quantize(values)
         if self.keys is None or end > self.keys[0].shape[2]:
-            cap = _capacity(end)
+            cap = capacity(end)
             old_k = self.keys or (None, None, None)
             old_v = self.values or (None, None, None)
             self.keys = tuple(_grow(o, start, cap, n) for o, n in zip(old_k, qk))
@@ -270,7 +289,7 @@ class QuantizedKVStore:
         """Room for positions up to `end` (the buffers grow as a write would grow them), keeping the first `keep`
         rows (all by default); needs buffers."""
         if end > self.keys[0].shape[2]:
-            cap = _capacity(end)
+            cap = capacity(end)
             self.keys, self.values = (tuple(_grow(a, a.shape[2] if keep is None else keep, cap, a) for a in q)
                                       for q in (self.keys, self.values))
             self._exclusive, self._written = True, None

@@ -19,6 +19,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
+from engine.qkv import capacity
+
 Arrays = dict[str, mx.array]
 
 
@@ -168,7 +170,7 @@ def _append_layer(layer: Any, pieces: list[list[mx.array]], room_until: int = 0)
             pos += n
         layer.offset = end
         return
-    grown, room = [], max(0, room_until - end) if hasattr(layer, "make_room") else 0
+    grown, room = [], max(0, capacity(room_until) - end) if hasattr(layer, "make_room") else 0  # as a grow would
     for j in range(len(pieces[0])):
         chunks = ([] if old is None else [old[j][..., :prev, :]]) + [p[j] for p in pieces]
         last = chunks[-1]

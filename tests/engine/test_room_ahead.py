@@ -14,9 +14,9 @@ import pytest
 
 from checkpoint_helpers import ask, cold, edit, prefix_len, repo_segments, run
 from engine import generate, qkv
+from engine.qkv import ROOM_AHEAD
 from engine.compute import ComputeOptions
 from engine.engine import Engine
-from engine.generate import ROOM_AHEAD
 from engine.window import WindowKVCache, WindowPolicy, make_window_cache
 
 WINDOW = WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16, continuation_tail=8)
@@ -122,7 +122,7 @@ def capacity(cache: list) -> int:
 @pytest.mark.parametrize("kv_bits", [16, 8])
 def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_loaded, grows, monkeypatch, kv_bits):
     model, ids = tiny_loaded.model, [(7 * i) % 400 + 3 for i in range(600)]
-    monkeypatch.setattr(generate, "ROOM_AHEAD", 64)
+    monkeypatch.setattr(qkv, "ROOM_AHEAD", 64)
     logits = {}
     for room in (True, False):
         if not room:
@@ -133,19 +133,22 @@ def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_
         grows.clear()
         logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16)  # its first chunk fits, the rest not
         kept = sorted({keep for keep, _ in grows})
-        assert kept == [40] if room else len(kept) >= 2  # once, before the first write; else at each step crossed
+        if room:  # once, before the first write
+            assert kept == [40] and len(grows) == (2 if kv_bits == 16 else 6) * len(model.layers)
+        else:  # at each 256-position step the writes crossed
+            assert len(kept) >= 2
         assert capacity(cache) >= 600 + 64 or not room
     assert mx.allclose(logits[True], logits[False], atol=1e-5).item()
 
 
-def test_a_one_chunk_cold_prompt_gets_room_for_its_answer_and_none_past_the_limit(tiny_loaded):
+def test_a_one_chunk_cold_prompt_gets_room_for_its_answer_up_to_the_limits_step(tiny_loaded):
     model, ids = tiny_loaded.model, list(range(3, 103))
     cache = window_cache(model, 8)
     generate.prefill(model, cache, ids, chunk_size=256)  # one chunk: its write made a 256-row buffer
     assert capacity(cache) >= 100 + ROOM_AHEAD
     cache = window_cache(model, 8)
     generate.prefill(model, cache, ids, chunk_size=256, room_limit=300)
-    assert capacity(cache) == qkv._capacity(300)  # room up to the model's context, not past it
+    assert capacity(cache) == qkv.capacity(300)  # room up to the model's context (in the store's steps)
 
 
 def test_room_between_requests_stops_at_the_models_context(tiny_loaded, grows):
@@ -155,7 +158,7 @@ def test_room_between_requests_stops_at_the_models_context(tiny_loaded, grows):
     with Engine(tiny_loaded, prefill_chunk=16, kv_bits=8, window=WINDOW) as eng:
         run(eng, prompt)
         assert eng.wait_idle(60)
-        assert {c.written()[0].shape[2] for c in eng.prefix.cache} == {qkv._capacity(context)}
+        assert {c.written()[0].shape[2] for c in eng.prefix.cache} == {qkv.capacity(context)}
 
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
@@ -175,3 +178,23 @@ def test_rows_restored_after_an_edit_land_in_room(tiny_loaded, grows, kv_bits):
         assert done.metrics.cached_tokens > prefix_len(first, 2)  # rows after the edited file came back
         assert grows == []
     assert tokens == cold(tiny_loaded, first, kv_bits=kv_bits, window=WINDOW)
+
+
+def test_going_back_from_an_edit_keeps_the_buffers_capacity_and_the_decode_steps_trace(tiny_loaded, monkeypatch):
+    """A restore's room comes in the store's own steps, so rows appended on going back fill buffers of the size the
+    prefill had made, and the traced decode step is not traced again (the model's context binds nothing here)."""
+    monkeypatch.setattr(qkv, "ROOM_AHEAD", 1000)
+    tok = tiny_loaded.tokenizer
+    repo = repo_segments(tok)
+    first = ask(tok, repo, "Where is main?")
+    edited = ask(tok, edit(repo, 1, tuple(tok.encode("def changed():\n    return 42\n"))), "What changed?")
+    assert sum(len(s.token_ids) for s in first) + 1000 < tiny_loaded.context_length
+    seen = []
+    with Engine(tiny_loaded, prefill_chunk=16, kv_bits=8, window=WINDOW,
+                compute=ComputeOptions(attention="mlx", compile=True)) as eng:
+        for prompt in (first, edited, first):
+            tokens, done = run(eng, prompt)
+            assert eng.wait_idle(60)
+            seen.append((eng.compute.decode_step.traces, capacity(eng.prefix.cache)))
+    assert done.metrics.cached_tokens > prefix_len(first, 2)  # the rows after the edited file came back
+    assert len(set(seen)) == 1 and seen[0][0] == 1
