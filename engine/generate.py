@@ -77,19 +77,20 @@ def written_arrays(cache: Sequence[Any]) -> list[Any]:
     return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
-def make_room(cache: Sequence[Any], rows: int, ahead: int, limit: int | None = None) -> list[mx.array]:
-    """Where `rows` positions past its offset do not fit, grow each window cache's buffers, once, to fit them and
-    `ahead` more (`engine.qkv.ROOM_AHEAD`), never past `limit` positions in all (the model's context: nothing is
-    written past it); the new buffers (`WindowKVCache.make_room`; a cache without buffers yet, or another kind, is
-    left alone). A write past the buffers grows them over the whole history, in steps of 256 positions: a
-    131,072-token cold prefill in 2,048-row chunks grew the history 63 times (28 ms a grow at its end for a 64-layer
-    8-bit cache on an H100, docs/benchmarks.md, thirty-third session); made room for the whole prompt once, it grows
-    it once, and the answer's decode writes into room too."""
-    grown = []
+def make_room(cache: Sequence[Any], rows: int, least: int = 0, limit: int | None = None) -> list[mx.array]:
+    """Where fewer than `rows` + `least` positions are left past its offset, grow each window cache's buffers, once,
+    to `rows` + `engine.qkv.ROOM_AHEAD` past it, never past `limit` positions in all (the model's context: nothing
+    is written past it); the new buffers (`WindowKVCache.make_room`; a cache without buffers yet, or another kind,
+    is left alone). A write past the buffers grows them over the whole history, in steps of 256 positions: a
+    131,072-token cold prefill in 2,048-row chunks ends every chunk at its buffers' end, so it grew the history 63
+    times (28 ms a grow at its end for a 64-layer 8-bit cache on an H100, docs/benchmarks.md, thirty-third session);
+    made room for the whole prompt once, it grows it once, and the answer's decode writes into room too."""
+    grown, room = [], qkv.ROOM_AHEAD
     for layer in cache:
         if hasattr(layer, "make_room"):
-            fit = rows if limit is None else max(0, min(rows, limit - layer.offset))
-            spare = ahead if limit is None else max(0, min(ahead, limit - layer.offset - fit))
+            left = None if limit is None else max(0, limit - layer.offset)
+            fit = rows + least if left is None else min(rows + least, left)
+            spare = room - least if left is None else max(0, min(room - least, left - fit))
             grown += layer.make_room(fit, ahead=spare)
     return grown
 
@@ -140,9 +141,9 @@ def prefill(
     if len(token_ids) == 0:
         raise ValueError("prefill needs at least one token")
     path, ids = path_of(compute), mx.array(list(token_ids), dtype=mx.uint32)[None]
-    logits, running, mark, room = None, None, time.perf_counter(), qkv.ROOM_AHEAD
+    logits, running, mark = None, None, time.perf_counter()
     cold = all(c.offset == 0 for c in cache if hasattr(c, "make_room"))
-    make_room(cache, len(token_ids), room, room_limit)  # buffers that exist: before the first write
+    make_room(cache, len(token_ids), limit=room_limit)  # buffers that exist: before the first write
     for start, end in chunk_spans(len(token_ids), chunk_size, boundaries):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
@@ -150,7 +151,7 @@ def prefill(
         # no queued work reads the buffer (queuing ahead: a 128k peak of 124 GiB, not 98; docs/benchmarks.md, GPU).
         out = path.forward(ids[:, start:end], cache, logits="last" if (last := end == len(token_ids)) else "none")
         if start == 0 and cold:  # the buffers exist now and hold one chunk: room for the prompt and its answer
-            make_room(cache, len(token_ids) - end + room // 2, room - room // 2, room_limit)
+            make_room(cache, len(token_ids) - end, least=qkv.ROOM_AHEAD // 2, limit=room_limit)
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)

@@ -325,7 +325,7 @@ class PrefixCache:
         for done, layer in enumerate(layers):
             if stop is not None and stop():
                 return len(layers) - done
-            grown = make_room([layer], qkv.ROOM_AHEAD // 2, qkv.ROOM_AHEAD - qkv.ROOM_AHEAD // 2, self.room_limit)
+            grown = make_room([layer], 0, least=qkv.ROOM_AHEAD // 2, limit=self.room_limit)
             if grown:
                 mx.eval(grown)
         return 0

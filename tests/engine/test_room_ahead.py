@@ -22,6 +22,11 @@ from engine.window import WindowKVCache, WindowPolicy, make_window_cache
 WINDOW = WindowPolicy(global_tokens=16, window_tokens=32, dense_tail=16, continuation_tail=8)
 
 
+def held(layer: WindowKVCache) -> int:
+    """Positions its buffers hold."""
+    return layer.written()[0].shape[2]
+
+
 @pytest.fixture
 def grows(monkeypatch) -> list[tuple[int, int]]:
     """(kept rows, new capacity) of every buffer grown (the store's own `_grow`, observed)."""
@@ -42,13 +47,13 @@ def test_an_edit_and_its_question_write_into_room_made_between_requests(tiny_loa
         run(eng, first)
         assert eng.wait_idle(60)
         caches = [c for c in eng.prefix.cache if isinstance(c, WindowKVCache)]
-        assert caches and all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD // 2 for c in caches)
+        assert caches and all(held(c) >= c.offset + ROOM_AHEAD // 2 for c in caches)
         grows.clear()
         tokens, done = run(eng, edited)
         assert 0 < done.metrics.cached_tokens  # restored up to the edited file, the rest written after it
         assert grows == []  # the edit's rows, its question's and the answer's: no buffer grew on the request's path
         assert eng.wait_idle(60)
-        assert all(c.written()[0].shape[2] >= c.offset + ROOM_AHEAD // 2 for c in caches)  # room for the next
+        assert all(held(c) >= c.offset + ROOM_AHEAD // 2 for c in caches)  # room for the next
     assert tokens == cold(tiny_loaded, edited, kv_bits=kv_bits, window=WINDOW)
 
 
@@ -62,11 +67,11 @@ def test_making_room_stops_when_a_request_waits_and_grows_nothing_that_fits(tiny
             layer.trim(0)  # nothing past the offset needs room now, except what the buffers already hold
         grows.clear()
         assert eng.prefix._room_ahead(stop=None) == 0 and grows == []  # it fits: nothing grows
-        sizes = [layer.written()[0].shape[2] for layer in layers]
+        sizes = [held(layer) for layer in layers]
         for layer, size in zip(layers, sizes):
             layer.offset = size  # as if the last request had filled every buffer
         assert eng.prefix._room_ahead(stop=lambda: True) == len(layers) and grows == []  # a request waits
-        assert [layer.written()[0].shape[2] for layer in layers] == sizes
+        assert [held(layer) for layer in layers] == sizes
 
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
@@ -115,10 +120,6 @@ def window_cache(model, kv_bits: int) -> list:
     return make_window_cache(model, WINDOW, kv_bits=kv_bits)
 
 
-def capacity(cache: list) -> int:
-    return cache[0].written()[0].shape[2]
-
-
 @pytest.mark.parametrize("kv_bits", [16, 8])
 def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_loaded, grows, monkeypatch, kv_bits):
     model, ids = tiny_loaded.model, [(7 * i) % 400 + 3 for i in range(600)]
@@ -129,7 +130,7 @@ def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_
             monkeypatch.setattr(generate, "make_room", lambda *a, **k: [])  # each write grows what it needs
         cache = window_cache(model, kv_bits)
         generate.prefill(model, cache, ids[:40], chunk_size=16)
-        assert capacity(cache) >= 40 + 64 or not room
+        assert held(cache[0]) >= 40 + 64 or not room
         grows.clear()
         logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16)  # its first chunk fits, the rest not
         kept = sorted({keep for keep, _ in grows})
@@ -137,7 +138,7 @@ def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_
             assert kept == [40] and len(grows) == (2 if kv_bits == 16 else 6) * len(model.layers)
         else:  # at each 256-position step the writes crossed
             assert len(kept) >= 2
-        assert capacity(cache) >= 600 + 64 or not room
+        assert held(cache[0]) >= 600 + 64 or not room
     assert mx.allclose(logits[True], logits[False], atol=1e-5).item()
 
 
@@ -145,10 +146,10 @@ def test_a_one_chunk_cold_prompt_gets_room_for_its_answer_up_to_the_limits_step(
     model, ids = tiny_loaded.model, list(range(3, 103))
     cache = window_cache(model, 8)
     generate.prefill(model, cache, ids, chunk_size=256)  # one chunk: its write made a 256-row buffer
-    assert capacity(cache) >= 100 + ROOM_AHEAD
+    assert held(cache[0]) >= 100 + ROOM_AHEAD
     cache = window_cache(model, 8)
     generate.prefill(model, cache, ids, chunk_size=256, room_limit=300)
-    assert capacity(cache) == qkv.capacity(300)  # room up to the model's context (in the store's steps)
+    assert held(cache[0]) == qkv.capacity(300)  # room up to the model's context (in the store's steps)
 
 
 def test_room_between_requests_stops_at_the_models_context(tiny_loaded, grows):
@@ -158,7 +159,7 @@ def test_room_between_requests_stops_at_the_models_context(tiny_loaded, grows):
     with Engine(tiny_loaded, prefill_chunk=16, kv_bits=8, window=WINDOW) as eng:
         run(eng, prompt)
         assert eng.wait_idle(60)
-        assert {c.written()[0].shape[2] for c in eng.prefix.cache} == {qkv.capacity(context)}
+        assert {held(c) for c in eng.prefix.cache} == {qkv.capacity(context)}
 
 
 @pytest.mark.parametrize("kv_bits", [16, 8])
@@ -195,6 +196,6 @@ def test_going_back_from_an_edit_keeps_the_buffers_capacity_and_the_decode_steps
         for prompt in (first, edited, first):
             tokens, done = run(eng, prompt)
             assert eng.wait_idle(60)
-            seen.append((eng.compute.decode_step.traces, capacity(eng.prefix.cache)))
+            seen.append((eng.compute.decode_step.traces, held(eng.prefix.cache[0])))
     assert done.metrics.cached_tokens > prefix_len(first, 2)  # the rows after the edited file came back
     assert len(set(seen)) == 1 and seen[0][0] == 1
