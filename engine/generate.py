@@ -85,13 +85,12 @@ def make_room(cache: Sequence[Any], rows: int, least: int = 0, limit: int | None
     131,072-token cold prefill in 2,048-row chunks ends every chunk at its buffers' end, so it grew the history 63
     times (28 ms a grow at its end for a 64-layer 8-bit cache on an H100, docs/benchmarks.md, thirty-third session);
     made room for the whole prompt once, it grows it once, and the answer's decode writes into room too."""
-    grown, room = [], qkv.ROOM_AHEAD
+    grown = []
     for layer in cache:
         if hasattr(layer, "make_room"):
-            left = None if limit is None else max(0, limit - layer.offset)
-            fit = rows + least if left is None else min(rows + least, left)
-            spare = room - least if left is None else max(0, min(room - least, left - fit))
-            grown += layer.make_room(fit, ahead=spare)
+            end = max(layer.offset, qkv.room_end(layer.offset + rows, limit))
+            fit = min(rows + least, end - layer.offset)
+            grown += layer.make_room(fit, ahead=end - layer.offset - fit)
     return grown
 
 

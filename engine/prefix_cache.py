@@ -212,8 +212,7 @@ class PrefixCache:
         bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, n_tokens)
         began = time.perf_counter()
-        room = n_tokens + qkv.ROOM_AHEAD if self.room_limit is None else min(n_tokens + qkv.ROOM_AHEAD, self.room_limit)
-        offset, miss = self.store.restore(self.cache, plan, room_until=room)
+        offset, miss = self.store.restore(self.cache, plan, room_until=qkv.room_end(n_tokens, self.room_limit))
         restore_s = time.perf_counter() - began
         log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset, restore_s,
                   extra={"restore_s": restore_s})

@@ -76,6 +76,12 @@ prefill makes its room at its first chunk, so a cancelled one keeps buffers for 
 `live_cache_bytes`; the next request, usually the same prompt again, writes into them)."""
 
 
+def room_end(end: int, limit: int | None = None) -> int:
+    """Where room made for rows up to position `end` stops: `ROOM_AHEAD` past it, never past `limit` (the model's
+    context; None: not known)."""
+    return end + ROOM_AHEAD if limit is None else min(end + ROOM_AHEAD, limit)
+
+
 def capacity(needed: int) -> int:
     """The positions a buffer holding `needed` is grown to: steps of 256."""
     return (needed + _STEP - 1) // _STEP * _STEP

@@ -137,7 +137,7 @@ def layer_buffers(cache: Any, n: int, ours: Ours = frozenset(), windows: bool = 
         return None
     if not cache.plan(cache.offset, n).dense or (ours and (n != 1 or _kind(store) not in ours)):
         return None
-    store.reserve(cache.offset + n)
+    store.reserve(cache.offset + n, keep=cache.offset)  # rows past the offset are stale (a rollback's)
     if not store.quantized:
         return store.buffers()
     if ours and not store.in_place_ready(cache.offset + 1):

@@ -199,3 +199,18 @@ def test_going_back_from_an_edit_keeps_the_buffers_capacity_and_the_decode_steps
             seen.append((eng.compute.decode_step.traces, held(eng.prefix.cache[0])))
     assert done.metrics.cached_tokens > prefix_len(first, 2)  # the rows after the edited file came back
     assert len(set(seen)) == 1 and seen[0][0] == 1
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_a_traced_step_that_grows_the_buffers_keeps_only_the_rows_before_the_offset(tiny_loaded, grows, kv_bits):
+    """Rows past the offset are stale (a rollback's): the grow a traced step's buffers make does not copy them."""
+    from engine import trace_caches
+
+    cache = window_cache(tiny_loaded.model, kv_bits)
+    generate.prefill(tiny_loaded.model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
+    assert held(cache[0]) == 256  # no room past the limit
+    for layer in cache:
+        layer.offset = 250  # six rows rolled back
+    grows.clear()
+    assert trace_caches.layer_buffers(cache[0], 10) is not None
+    assert grows and {keep for keep, _ in grows} == {250} and held(cache[0]) == qkv.capacity(260)
