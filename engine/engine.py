@@ -366,7 +366,8 @@ class Engine:
 
         sampler, penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)
         if self.speculation is Mode.OFF:
-            return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled, penalty)
+            return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled, penalty,
+                          room_limit=self.prefix.room_limit)
         return speculative_decode(
             self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
             prompt_ids=request.all_token_ids(), mode=self.speculation, sampling=request.sampling,

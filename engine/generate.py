@@ -175,6 +175,7 @@ def decode(
     eos_token_ids: Collection[int] = (),
     should_cancel: CancelCheck | None = None,
     penalty: RepetitionPenalty | None = None,
+    room_limit: int | None = None,
 ) -> Iterator[int]:
     """Sample tokens one by one from the prefill's last logits, pipelined one step ahead (module docstring).
 
@@ -191,6 +192,10 @@ def decode(
         eos_token_ids: Ids that end the generation.
         should_cancel: Returns True to stop.
         penalty: Applied to the logits before `sampler`, counting each yielded token.
+        room_limit: Positions the cache never holds more of (the model's context): a step that would write past
+            its window caches' buffers first grows them to `ROOM_AHEAD` more (`make_room`), not by the write's
+            256 positions, so a long answer grows them (and the traced step is traced again) once, not every 256
+            tokens.
 
     Yields:
         Token ids.
@@ -198,7 +203,7 @@ def decode(
     Raises:
         RequestCancelled: When `should_cancel` returned True.
     """
-    steps = _Steps(path_of(compute), cache, sampler, penalty)
+    steps = _Steps(path_of(compute), cache, sampler, penalty, room_limit)
     if max_tokens < 1:
         return
     token = steps.sample(logits)
@@ -227,8 +232,11 @@ class _Steps:
     with `mx.async_eval`, waiting for the token), which the benchmarks read (bench/request_profile.ForwardLog).
     Pipelined, the step last queued is the next token's; with a repetition penalty, this token's."""
 
-    def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None):
+    def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None,
+                 room_limit: int | None = None):
         self.path, self.cache, self.sampler, self.penalty = path, cache, sampler, penalty
+        self.window = next((c for c in cache if hasattr(c, "make_room")), None)  # window caches grow together
+        self.room_limit = room_limit
         self.timed = log.isEnabledFor(logging.DEBUG)
         self.host: tuple[float, float] | None = None  # the step built since the last token read
 
@@ -239,11 +247,19 @@ class _Steps:
     def after(self, token: mx.array) -> mx.array:
         """Build and queue the step that follows `token` (its forward and sampling); its token, lazy."""
         began = time.perf_counter()
+        if self.window is not None and self._full(self.window):
+            make_room(self.cache, 1, limit=self.room_limit)
         nxt = self.sample(self.path.forward(token.reshape(1, 1), self.cache, logits="last")[:, -1, :])
         built = time.perf_counter()
         mx.async_eval(nxt)
         self.host = (built - began, time.perf_counter() - built)
         return nxt
+
+    @staticmethod
+    def _full(layer: Any) -> bool:
+        """The layer's buffers end at its offset (where none exist yet, the write makes them)."""
+        held = layer.written()[:1]
+        return bool(held) and layer.offset >= held[0].shape[2]
 
     def read(self, token: mx.array) -> int:
         """The token's id, once the device has it."""

@@ -4,8 +4,9 @@ A write past a window cache's buffers grows them over the whole history inside t
 hot copy after the cached prefix, the answer's decode every 256 tokens (28-33 ms for a 131k-token 8-bit cache of 64
 layers on an H100), and the traced decode step is traced again for the new capacity. The engine's worker now grows
 them while no request waits, to `ROOM_AHEAD` positions past the offset where fewer than half are left, and a prefill
-makes room for its whole prompt and `ROOM_AHEAD` more at once, so the next request writes where the rows already
-have room, into buffers of the capacity the last one traced.
+makes room for its whole prompt and `ROOM_AHEAD` more at once, and an answer that reaches the buffers' end makes
+that room before its next step, so the next request writes where the rows already have room, into buffers of the
+capacity the last one traced.
 """
 from __future__ import annotations
 
@@ -214,3 +215,23 @@ def test_a_traced_step_that_grows_the_buffers_keeps_only_the_rows_before_the_off
     grows.clear()
     assert trace_caches.layer_buffers(cache[0], 10) is not None
     assert grows and {keep for keep, _ in grows} == {250} and held(cache[0]) == qkv.capacity(260)
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_an_answer_past_its_buffers_grows_them_once_by_the_room_not_every_256_tokens(tiny_loaded, grows, kv_bits):
+    """A prompt that ends at its buffers' end (here the prefill's limit): its answer's first step makes room
+    (`ROOM_AHEAD`) where the write would have grown the buffers by 256 positions at a time."""
+    from mlx_lm.sample_utils import make_sampler
+
+    model = tiny_loaded.model
+    cache = window_cache(model, kv_bits)
+    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
+    assert held(cache[0]) == 256
+    grows.clear()
+    answer = list(generate.decode(model, cache, logits, make_sampler(0.0), 300))
+    assert len(answer) == 300  # (no EOS given)
+    assert len({c for _, c in grows}) == 1 and held(cache[0]) == qkv.capacity(qkv.room_end(257))
+    cache = window_cache(model, kv_bits)  # a limit holds here too
+    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
+    list(generate.decode(model, cache, logits, make_sampler(0.0), 8, room_limit=300))
+    assert held(cache[0]) == qkv.capacity(300)
