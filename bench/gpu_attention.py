@@ -40,7 +40,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench import gpu_bounds  # noqa: E402
 from bench._common import run_sections  # noqa: E402
-from engine import cuda_attention  # noqa: E402
+from engine import cuda_attention, qkv  # noqa: E402
 from engine.timing import median_seconds  # noqa: E402
 from engine.timing import seconds as timed  # noqa: E402
 
@@ -53,9 +53,9 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float
 
 
 def buffer_positions(n: int) -> int:
-    """The positions of a buffer holding `n` as a write grows it, in steps of 256 (the engine's live cache keeps
-    up to `engine.qkv.ROOM_AHEAD` more, which our kernels skip and MLX's traced attention masks)."""
-    return -(-n // 256) * 256
+    """The positions of a buffer holding `n` as a write grows it (`engine.qkv.capacity`; the engine's live cache
+    keeps up to `engine.qkv.ROOM_AHEAD` more, which our kernels skip and MLX's traced attention masks)."""
+    return qkv.capacity(n)
 
 
 def rel_err(a: mx.array, ref: mx.array) -> float:

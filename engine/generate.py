@@ -247,19 +247,13 @@ class _Steps:
     def after(self, token: mx.array) -> mx.array:
         """Build and queue the step that follows `token` (its forward and sampling); its token, lazy."""
         began = time.perf_counter()
-        if self.window is not None and self._full(self.window):
-            make_room(self.cache, 1, limit=self.room_limit)
+        if self.window is not None and make_room([self.window], 1, limit=self.room_limit):  # one layer asked
+            make_room(self.cache, 1, limit=self.room_limit)  # the others (that one has room now)
         nxt = self.sample(self.path.forward(token.reshape(1, 1), self.cache, logits="last")[:, -1, :])
         built = time.perf_counter()
         mx.async_eval(nxt)
         self.host = (built - began, time.perf_counter() - built)
         return nxt
-
-    @staticmethod
-    def _full(layer: Any) -> bool:
-        """The layer's buffers end at its offset (where none exist yet, the write makes them)."""
-        held = layer.written()[:1]
-        return bool(held) and layer.offset >= held[0].shape[2]
 
     def read(self, token: mx.array) -> int:
         """The token's id, once the device has it."""

@@ -221,17 +221,18 @@ def test_a_traced_step_that_grows_the_buffers_keeps_only_the_rows_before_the_off
 def test_an_answer_past_its_buffers_grows_them_once_by_the_room_not_every_256_tokens(tiny_loaded, grows, kv_bits):
     """A prompt that ends at its buffers' end (here the prefill's limit): its answer's first step makes room
     (`ROOM_AHEAD`) where the write would have grown the buffers by 256 positions at a time."""
-    from mlx_lm.sample_utils import make_sampler
+    from engine.request import SamplingParams
+    from engine.sampling import make_sampler
 
-    model = tiny_loaded.model
+    model, greedy = tiny_loaded.model, make_sampler(SamplingParams())
     cache = window_cache(model, kv_bits)
     logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
     assert held(cache[0]) == 256
     grows.clear()
-    answer = list(generate.decode(model, cache, logits, make_sampler(0.0), 300))
+    answer = list(generate.decode(model, cache, logits, greedy, 300))
     assert len(answer) == 300  # (no EOS given)
     assert len({c for _, c in grows}) == 1 and held(cache[0]) == qkv.capacity(qkv.room_end(257))
     cache = window_cache(model, kv_bits)  # a limit holds here too
     logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
-    list(generate.decode(model, cache, logits, make_sampler(0.0), 8, room_limit=300))
+    list(generate.decode(model, cache, logits, greedy, 8, room_limit=300))
     assert held(cache[0]) == qkv.capacity(300)
