@@ -1,7 +1,8 @@
 """What decode's room check adds to each step's host work, against building the step it sits before.
 
 `engine.generate.decode` asks one window layer, before every step, whether the step's row still fits its
-buffers (`engine.generate.make_room` on that layer; where it does not, every layer grows by `ROOM_AHEAD`). On
+buffers (`engine.generate.keep_room`; where it does not, every layer grows by `ROOM_AHEAD`; a speculative round's
+verify asks the same for its rows). On
 the GPU the engine's decode is host-bound, so that check is timed here against its peer in the same run: building
 one decode step's graph (the forward and the greedy token, not evaluated) of a random-weight llama of the layer
 count given, over window caches with room (8-bit and bf16 storage). Both are host work only, so the CPU measures
@@ -52,14 +53,14 @@ def per_call_us(fn: Callable[[], object], calls: int, rounds: int = 5) -> float:
 def measure(model: llama.Model, kv_bits: int, context: int) -> dict[str, float]:
     cache = make_window_cache(model, WindowPolicy(False), kv_bits=kv_bits)
     generate.prefill(model, cache, list(range(1, context + 1)), chunk_size=context)  # room made past the prompt
-    token, window = mx.array([[7]]), cache[0]
+    token = mx.array([[7]])
 
     def build() -> None:  # the step's graph, as `decode` builds it; its row taken back so the offset holds
         mx.argmax(model(token, cache=cache)[:, -1, :], axis=-1)
         for layer in cache:
             layer.offset -= 1
 
-    check = per_call_us(lambda: generate.make_room([window], 1, limit=None), calls=20_000)
+    check = per_call_us(lambda: generate.keep_room(cache, 1, limit=None), calls=20_000)
     step = per_call_us(build, calls=50)
     return {"check_us": check, "build_us": step, "share": check / step}
 

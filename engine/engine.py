@@ -371,7 +371,7 @@ class Engine:
         return speculative_decode(
             self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
             prompt_ids=request.all_token_ids(), mode=self.speculation, sampling=request.sampling,
-            draft=self.draft, metrics=metrics, penalty=penalty)
+            draft=self.draft, metrics=metrics, penalty=penalty, room_limit=self.prefix.room_limit)
 
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
         """Decode and stream text events (`AnswerStream`) until a stop string, EOS, a loop or the length limit."""

@@ -94,6 +94,16 @@ def make_room(cache: Sequence[Any], rows: int, least: int = 0, limit: int | None
     return grown
 
 
+def keep_room(cache: Sequence[Any], rows: int, limit: int | None = None) -> None:
+    """Before a step writes `rows` positions: where the first window cache's buffers would not hold them, make room
+    in every window cache (`make_room`: `ROOM_AHEAD` more, never past `limit`), not a 256-position grow of the whole
+    history inside the step. One layer is asked each step (window caches grow together); the others only when it
+    grew (a check per layer per step would loop over all of them at the model's context)."""
+    first = next((c for c in cache if hasattr(c, "make_room")), None)
+    if first is not None and make_room([first], rows, limit=limit):
+        make_room(cache, rows, limit=limit)
+
+
 def _forward_done(chunk: tuple[int, int], since: float) -> float:
     """Log a finished prefill forward, (rows, keys), timed from `since` (the forward before it finished: the time
     it added, its build overlapped); return now."""
@@ -193,7 +203,7 @@ def decode(
         should_cancel: Returns True to stop.
         penalty: Applied to the logits before `sampler`, counting each yielded token.
         room_limit: Positions the cache never holds more of (the model's context): a step that would write past
-            its window caches' buffers first grows them to `ROOM_AHEAD` more (`make_room`), not by the write's
+            its window caches' buffers first grows them to `ROOM_AHEAD` more (`keep_room`), not by the write's
             256 positions, so a long answer grows them (and the traced step is traced again) once, not every 256
             tokens.
 
@@ -235,7 +245,6 @@ class _Steps:
     def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None,
                  room_limit: int | None = None):
         self.path, self.cache, self.sampler, self.penalty = path, cache, sampler, penalty
-        self.window = next((c for c in cache if hasattr(c, "make_room")), None)  # window caches grow together
         self.room_limit = room_limit
         self.timed = log.isEnabledFor(logging.DEBUG)
         self.host: tuple[float, float] | None = None  # the step built since the last token read
@@ -247,8 +256,7 @@ class _Steps:
     def after(self, token: mx.array) -> mx.array:
         """Build and queue the step that follows `token` (its forward and sampling); its token, lazy."""
         began = time.perf_counter()
-        if self.window is not None and make_room([self.window], 1, limit=self.room_limit):  # one layer asked
-            make_room(self.cache, 1, limit=self.room_limit)  # the others (that one has room now)
+        keep_room(self.cache, 1, self.room_limit)
         nxt = self.sample(self.path.forward(token.reshape(1, 1), self.cache, logits="last")[:, -1, :])
         built = time.perf_counter()
         mx.async_eval(nxt)

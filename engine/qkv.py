@@ -62,10 +62,10 @@ ROOM_AHEAD = 4096
 """Positions of room the engine keeps in its window caches' buffers past the rows a request needs. A prefill that
 must grow them grows them to its prompt and this much more (`engine.generate.make_room`); rows a restore appends
 come with it (`engine.state.append_kv_spans`); between requests the worker grows them to this much past the offset
-where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); a decode step that would write past
-them makes it first (`engine.generate.decode`); never past the model's context. (Other writes past them grow them
-by 256 positions: a speculative round's verify, and the load-time timing of the traced step, which runs over
-buffers of its own rows, where more room would time more empty key splits than the engine's long contexts have.)
+where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); a decode step or a speculative round's
+verify that would write past them makes it first (`engine.generate.keep_room`); never past the model's context.
+(The load-time timing of the traced step still grows them by 256 positions: it runs over buffers of its own rows,
+where more room would time more empty key splits than the engine's long contexts have.)
 A write past the buffers grows them over the whole history inside the forward that makes it (28-33 ms at 131,072
 rows of a 64-layer 8-bit cache on an H100, `bench/gpu_grow.py`; docs/benchmarks.md, thirty-third session), and
 each new capacity is a new trace of the decode step (`engine.compiled`: a request's first token gap there was 49-94

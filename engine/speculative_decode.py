@@ -6,12 +6,13 @@ the engine calls one or the other.
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
 from engine.compute import ComputePath, path_of
 from engine.errors import RequestCancelled
+from engine.generate import keep_room
 from engine.lookup import PromptLookupDrafter
 from engine.request import Metrics, SamplingParams
 from engine.sampling import RepetitionPenalty, Sampler
@@ -95,6 +96,7 @@ def speculative_decode(
     draft: Drafter | None = None,
     metrics: Metrics | None = None,
     penalty: RepetitionPenalty | None = None,
+    room_limit: int | None = None,
 ) -> Iterator[int]:
     """Like `engine.generate.decode`, with speculative rounds after the first token.
 
@@ -103,9 +105,9 @@ def speculative_decode(
     yielded; it ends the loop (tokens a round accepted after it are dropped).
 
     Args:
-        compute, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel:
-            As for `engine.generate.decode` (the cache holds the whole prompt);
-            a round verifies through `ComputePath.verify`.
+        compute, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel, room_limit:
+            As for `engine.generate.decode` (the cache holds the whole prompt); a round verifies through
+            `ComputePath.verify` (`_verifier`).
         prompt_ids: The prompt (drafts are looked up in it).
         mode: Speculation mode (see `make_decoder`).
         sampling: The request's sampling parameters.
@@ -130,7 +132,7 @@ def speculative_decode(
     yield first
     path = path_of(compute)
     decoder = make_decoder(mode, path.model, cache, list(prompt_ids) + [first], sampling, draft, stop,
-                           forward=lambda ids: path.verify(ids, cache), penalty=penalty)
+                           forward=_verifier(path, cache, room_limit), penalty=penalty)
     produced = 1
     while produced < max_tokens:
         for token in _round(decoder, max_tokens - produced, metrics):
@@ -138,6 +140,15 @@ def speculative_decode(
                 return
             produced += 1
             yield token
+
+
+def _verifier(path: ComputePath, cache: list[Any], room_limit: int | None) -> Callable[[mx.array], mx.array]:
+    """A round's target call: `path.verify` over `cache`, after making room for its rows where they would pass the
+    buffers (`engine.generate.keep_room`)."""
+    def verify(ids: mx.array) -> mx.array:
+        keep_room(cache, ids.shape[-1], room_limit)
+        return path.verify(ids, cache)
+    return verify
 
 
 def _first_token(sampler: Sampler, logits: mx.array, penalty: RepetitionPenalty | None) -> int:

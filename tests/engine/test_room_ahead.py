@@ -5,7 +5,7 @@ hot copy after the cached prefix, the answer's decode every 256 tokens (28-33 ms
 layers on an H100), and the traced decode step is traced again for the new capacity. The engine's worker now grows
 them while no request waits, to `ROOM_AHEAD` positions past the offset where fewer than half are left, and a prefill
 makes room for its whole prompt and `ROOM_AHEAD` more at once, and an answer that reaches the buffers' end makes
-that room before its next step, so the next request writes where the rows already have room, into buffers of the
+that room before its next step (or speculative round), so the next request writes where the rows already have room, into buffers of the
 capacity the last one traced.
 """
 from __future__ import annotations
@@ -236,3 +236,27 @@ def test_an_answer_past_its_buffers_grows_them_once_by_the_room_not_every_256_to
     logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
     list(generate.decode(model, cache, logits, greedy, 8, room_limit=300))
     assert held(cache[0]) == qkv.capacity(300)
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_a_speculative_answer_past_its_buffers_grows_them_once_by_the_room(tiny_loaded, grows, kv_bits):
+    """A speculative round's verify writes its rows after making room, as a plain decode step does."""
+    from engine.request import Metrics, SamplingParams
+    from engine.sampling import make_sampler
+    from engine.speculative import Mode
+    from engine.speculative_decode import speculative_decode
+
+    model, greedy = tiny_loaded.model, make_sampler(SamplingParams())
+    prompt = [3 + i % 7 for i in range(256)]  # repeats: the lookup drafter finds drafts in it
+    cache = window_cache(model, kv_bits)
+    logits = generate.prefill(model, cache, prompt, chunk_size=256, room_limit=256)
+    assert held(cache[0]) == 256
+    grows.clear()
+    metrics = Metrics()
+    answer = list(speculative_decode(model, cache, logits, greedy, 300, prompt_ids=prompt, mode=Mode.LOOKUP,
+                                     metrics=metrics))
+    assert len(answer) == 300 and metrics.drafted_tokens > 0  # rounds of more than one row were verified
+    assert len({c for _, c in grows}) == 1 and held(cache[0]) >= cache[0].offset
+    plain = window_cache(model, kv_bits)
+    logits = generate.prefill(model, plain, prompt, chunk_size=256)
+    assert answer == list(generate.decode(model, plain, logits, greedy, 300))  # the same answer
