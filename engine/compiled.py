@@ -13,8 +13,10 @@ preallocated buffers of each layer and an ``offset`` that is an array: the new
 keys and values are written at that position inside the trace and attention
 covers the buffer with a mask ``position <= offset`` (or, on our CUDA kernels,
 takes the key count as an array). Shapes then change only when the buffers grow
-(a write past them grows them by 256 positions; the engine's window caches keep
-room ahead, `engine.qkv.ROOM_AHEAD`, and grow about once per 2,048 positions),
+(a write past them grows them by 256 positions; where our kernels' traces run, the
+engine's window caches keep room ahead, `engine.qkv.Room`, and grow about once per
+2,048 positions; where MLX's attention runs in the trace, which attends over the
+whole buffers, they keep none),
 so the step is traced once per buffer size and replayed in between.
 
 The model code is unchanged (any mlx-lm model whose layers only use ``offset``,

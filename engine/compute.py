@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, last_row, linear_mode
+from engine import blas, cpu_attention, cpu_forward, cuda_backend, decode_choice, last_row, linear_mode, qkv
 from engine.compiled import VERIFY_MAX_TOKENS, CompiledDecodeStep
 from engine.compute_options import ComputeOptions
 from engine.decode_choice import DecodeKernels
@@ -62,13 +62,14 @@ class ComputePath:
         linear: The resolved `engine.linear_mode.LinearMode` (default: the
             quantized kernel, or "unquantized" for a model without quantized layers).
         kernels: Our decode kernels that run (`engine.decode_choice`; default: none).
+        room: The ``compute.room`` setting: "auto", "on" or "off" (`room_ahead`).
         notes: Why an option asked for resolved to something else.
     """
 
     def __init__(self, model: Any, *, attention: str = "mlx",
                  numpy_forward: cpu_forward.NumpyForward | None = None,
                  compiled: bool = False, linear: LinearMode | None = None, kernels: DecodeKernels | None = None,
-                 notes: Sequence[str] = ()) -> None:
+                 room: str = "auto", notes: Sequence[str] = ()) -> None:
         self.model = model
         self.attention = attention
         self.linear = linear or linear_mode.resolve(model, "quantized")
@@ -91,6 +92,12 @@ class ComputePath:
                                           ours=ours, windows=windows) if (compiled and ours) or mlx_trace else None
         self._verify = CompiledDecodeStep(model, VERIFY_MAX_TOKENS, fallback=self.call, windows=windows) \
             if mlx_trace else None
+        # Positions of room a window cache's buffers keep past its rows (`engine.qkv.Room`). MLX's attention in a
+        # trace attends over the whole buffers through a mask, so there room costs every step (`bench/room_mask.py`:
+        # 32-73% a step on the CPU, docs/benchmarks.md, thirty-sixth session); our kernels' traces take the key
+        # count and untraced steps read the rows only, so there it costs a step nothing.
+        masked = mlx_trace and windows
+        self.room_ahead = qkv.ROOM_AHEAD if room == "on" or (room == "auto" and not masked) else 0
 
     @property
     def kind(self) -> str:
@@ -109,6 +116,7 @@ class ComputePath:
         return {"kind": self.kind, "attention": self.attention,
                 "forward": "numpy" if self.numpy_forward is not None else "mlx",
                 "compile": self.compiled, "blas": self.blas, "linear": self.linear.describe(),
+                "room_ahead": self.room_ahead,
                 "kernels": self.kernels.describe(),
                 "notes": list(self.notes)}
 
@@ -215,7 +223,7 @@ def choose(model: Any, options: ComputeOptions = ComputeOptions()) -> ComputePat
     if not compiled:
         kernels = decode_choice.untraced(kernels)
     path = ComputePath(model, attention=attention, numpy_forward=numpy_forward,
-                       compiled=compiled, linear=linear, kernels=kernels,
+                       compiled=compiled, linear=linear, kernels=kernels, room=options.room,
                        notes=[*notes, *linear.notes, *kernels.notes])
     logger.info("compute path: %s", path.identity())
     return path

@@ -15,6 +15,7 @@ ATTENTION_CHOICES = ("auto", "mlx", "numpy")
 FORWARD_CHOICES = ("auto", "mlx", "numpy")
 LINEAR_CHOICES = ("auto", "quantized", "dequantized")
 KERNEL_CHOICES = ("auto", "mlx", "codectx")
+ROOM_CHOICES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class ComputeOptions:
             "auto" (each measured against MLX's once per device and model shape),
             "mlx" (MLX's kernels only) or "codectx" (ours wherever they apply).
             Nothing to choose on other backends.
+        room: Positions of room a window cache's buffers keep past the rows a request writes
+            (`engine.qkv.Room`), so that its writes do not grow the history: "auto" (`engine.qkv.ROOM_AHEAD`,
+            none where MLX's attention runs in the traced decode step over window caches, which attends over
+            the whole buffers, room included), "on" (`ROOM_AHEAD` on every path) or "off" (none: a write
+            past the buffers grows them by the store's 256 positions).
 
     Raises:
         ValueError: For a value outside the choices or a negative thread count.
@@ -59,6 +65,7 @@ class ComputeOptions:
     blas_threads: int = 0
     linear: str = "auto"
     kernels: str = "auto"
+    room: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_CHOICES:
@@ -69,6 +76,8 @@ class ComputeOptions:
             raise ValueError(f"linear must be one of {LINEAR_CHOICES}, got {self.linear!r}")
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
+        if self.room not in ROOM_CHOICES:
+            raise ValueError(f"room must be one of {ROOM_CHOICES}, got {self.room!r}")
         if not isinstance(self.blas_threads, int) or self.blas_threads < 0:
             raise ValueError(f"blas_threads must be an integer >= 0, got {self.blas_threads!r}")
         if not self.blas:

@@ -367,11 +367,11 @@ class Engine:
         sampler, penalty = make_sampler(request.sampling), RepetitionPenalty.of(request.sampling)
         if self.speculation is Mode.OFF:
             return decode(self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled, penalty,
-                          room_limit=self.prefix.room_limit)
+                          room=self.prefix.room)
         return speculative_decode(
             self.compute, cache, logits, sampler, request.max_tokens, self._eos, cancelled,
             prompt_ids=request.all_token_ids(), mode=self.speculation, sampling=request.sampling,
-            draft=self.draft, metrics=metrics, penalty=penalty, room_limit=self.prefix.room_limit)
+            draft=self.draft, metrics=metrics, penalty=penalty, room=self.prefix.room)
 
     def _stream(self, job: Job, logits: mx.array, metrics: Metrics, emitted: list[str]) -> str:
         """Decode and stream text events (`AnswerStream`) until a stop string, EOS, a loop or the length limit."""

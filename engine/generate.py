@@ -77,9 +77,9 @@ def written_arrays(cache: Sequence[Any]) -> list[Any]:
     return [c.written() if hasattr(c, "written") else c.state for c in cache]
 
 
-def make_room(cache: Sequence[Any], rows: int, least: int = 0, limit: int | None = None) -> list[mx.array]:
+def make_room(cache: Sequence[Any], rows: int, least: int = 0, room: qkv.Room = qkv.Room()) -> list[mx.array]:
     """Where fewer than `rows` + `least` positions are left past its offset, grow each window cache's buffers, once,
-    to `rows` + `engine.qkv.ROOM_AHEAD` past it, never past `limit` positions in all (the model's context: nothing
+    to `rows` and `room.ahead` more past it, never past `room.limit` positions in all (the model's context: nothing
     is written past it); the new buffers (`WindowKVCache.make_room`; a cache without buffers yet, or another kind,
     is left alone). A write past the buffers grows them over the whole history, in steps of 256 positions: a
     131,072-token cold prefill in 2,048-row chunks ends every chunk at its buffers' end, so it grew the history 63
@@ -88,20 +88,20 @@ def make_room(cache: Sequence[Any], rows: int, least: int = 0, limit: int | None
     grown = []
     for layer in cache:
         if hasattr(layer, "make_room"):
-            end = max(layer.offset, qkv.room_end(layer.offset + rows, limit))
+            end = max(layer.offset, room.end(layer.offset + rows))
             fit = min(rows + least, end - layer.offset)
             grown += layer.make_room(fit, ahead=end - layer.offset - fit)
     return grown
 
 
-def keep_room(cache: Sequence[Any], rows: int, limit: int | None = None) -> None:
+def keep_room(cache: Sequence[Any], rows: int, room: qkv.Room = qkv.Room()) -> None:
     """Before a step writes `rows` positions: where the first window cache's buffers would not hold them, make room
-    in every window cache (`make_room`: `ROOM_AHEAD` more, never past `limit`), not a 256-position grow of the whole
-    history inside the step. One layer is asked each step (window caches grow together); the others only when it
+    in every window cache (`make_room`: `room.ahead` more, never past `room.limit`), not a 256-position grow of the
+    whole history inside the step. One layer is asked each step (window caches grow together); the others only when it
     grew (a check per layer per step would loop over all of them at the model's context)."""
     first = next((c for c in cache if hasattr(c, "make_room")), None)
-    if first is not None and make_room([first], rows, limit=limit):
-        make_room(cache, rows, limit=limit)
+    if first is not None and make_room([first], rows, room=room):
+        make_room(cache, rows, room=room)
 
 
 def _forward_done(chunk: tuple[int, int], since: float) -> float:
@@ -123,7 +123,7 @@ def prefill(
     *,
     boundaries: Sequence[int] = (),
     on_chunk: ChunkCallback | None = None,
-    room_limit: int | None = None,
+    room: qkv.Room = qkv.Room(),
 ) -> mx.array:
     """Run the prompt through the model, filling `cache`.
 
@@ -138,7 +138,7 @@ def prefill(
         should_cancel: Returns True to stop.
         boundaries: Positions (relative to `token_ids`) where a chunk must end.
         on_chunk: Progress callback, run after each chunk on this thread.
-        room_limit: Positions the cache never holds more of (the model's context), for `make_room`.
+        room: How far past the prompt its buffers reach (`make_room`; the path's room, the model's context).
 
     Returns:
         Logits of the last position, shape (1, vocab), evaluated.
@@ -152,7 +152,7 @@ def prefill(
     path, ids = path_of(compute), mx.array(list(token_ids), dtype=mx.uint32)[None]
     logits, running, mark = None, None, time.perf_counter()
     cold = all(c.offset == 0 for c in cache if hasattr(c, "make_room"))
-    make_room(cache, len(token_ids), limit=room_limit)  # buffers that exist: before the first write
+    make_room(cache, len(token_ids), room=room)  # buffers that exist: before the first write
     for start, end in chunk_spans(len(token_ids), chunk_size, boundaries):
         if should_cancel is not None and should_cancel():
             raise RequestCancelled(f"cancelled during prefill at token {start}")
@@ -160,7 +160,7 @@ def prefill(
         # no queued work reads the buffer (queuing ahead: a 128k peak of 124 GiB, not 98; docs/benchmarks.md, GPU).
         out = path.forward(ids[:, start:end], cache, logits="last" if (last := end == len(token_ids)) else "none")
         if start == 0 and cold:  # the buffers exist now and hold one chunk: room for the prompt and its answer
-            make_room(cache, len(token_ids) - end, least=qkv.ROOM_AHEAD // 2, limit=room_limit)
+            make_room(cache, len(token_ids) - end, least=room.ahead // 2, room=room)
         if running is not None:
             mx.synchronize()
             mark = _forward_done(running, mark)
@@ -185,7 +185,7 @@ def decode(
     eos_token_ids: Collection[int] = (),
     should_cancel: CancelCheck | None = None,
     penalty: RepetitionPenalty | None = None,
-    room_limit: int | None = None,
+    room: qkv.Room = qkv.Room(),
 ) -> Iterator[int]:
     """Sample tokens one by one from the prefill's last logits, pipelined one step ahead (module docstring).
 
@@ -202,10 +202,9 @@ def decode(
         eos_token_ids: Ids that end the generation.
         should_cancel: Returns True to stop.
         penalty: Applied to the logits before `sampler`, counting each yielded token.
-        room_limit: Positions the cache never holds more of (the model's context): a step that would write past
-            its window caches' buffers first grows them to `ROOM_AHEAD` more (`keep_room`), not by the write's
-            256 positions, so a long answer grows them (and the traced step is traced again) once, not every 256
-            tokens.
+        room: The path's room and the model's context: a step that would write past its window caches' buffers
+            first grows them by `room.ahead` more (`keep_room`), not by the write's 256 positions, so a long answer
+            grows them (and the traced step is traced again) once, not every 256 tokens.
 
     Yields:
         Token ids.
@@ -213,7 +212,7 @@ def decode(
     Raises:
         RequestCancelled: When `should_cancel` returned True.
     """
-    steps = _Steps(path_of(compute), cache, sampler, penalty, room_limit)
+    steps = _Steps(path_of(compute), cache, sampler, penalty, room)
     if max_tokens < 1:
         return
     token = steps.sample(logits)
@@ -243,9 +242,8 @@ class _Steps:
     Pipelined, the step last queued is the next token's; with a repetition penalty, this token's."""
 
     def __init__(self, path: ComputePath, cache: list[Any], sampler: Sampler, penalty: RepetitionPenalty | None,
-                 room_limit: int | None = None):
-        self.path, self.cache, self.sampler, self.penalty = path, cache, sampler, penalty
-        self.room_limit = room_limit
+                 room: qkv.Room = qkv.Room()):
+        self.path, self.cache, self.sampler, self.penalty, self.room = path, cache, sampler, penalty, room
         self.timed = log.isEnabledFor(logging.DEBUG)
         self.host: tuple[float, float] | None = None  # the step built since the last token read
 
@@ -256,7 +254,7 @@ class _Steps:
     def after(self, token: mx.array) -> mx.array:
         """Build and queue the step that follows `token` (its forward and sampling); its token, lazy."""
         began = time.perf_counter()
-        keep_room(self.cache, 1, self.room_limit)
+        keep_room(self.cache, 1, self.room)
         nxt = self.sample(self.path.forward(token.reshape(1, 1), self.cache, logits="last")[:, -1, :])
         built = time.perf_counter()
         mx.async_eval(nxt)

@@ -81,7 +81,7 @@ class PrefixCache:
         rebuild: Makes a fresh live cache like `cache` (its None standing, as for `cache`, for
             `engine.kv.make_cache`), for a rollback that fails; without it such a failure is raised.
         room_limit: Positions the live cache never holds more of (the model's context; None: not known): room
-            made in its buffers stops there (`engine.generate.make_room`).
+            made in its buffers stops there (`room`: with the compute path's room ahead, `engine.qkv.Room`).
     """
 
     def __init__(self, model: Any, policy: CachePolicy, *, budget_bytes: int | None = None,
@@ -99,7 +99,8 @@ class PrefixCache:
         self._last_prefix: tuple[SegmentLike, ...] = ()  # see `warm_prefix`
         self._stats_lock = threading.Lock()
         self._stats: dict[str, Any] = {}
-        self._rebuild, self.room_limit = rebuild, room_limit
+        self._rebuild = rebuild
+        self.room = qkv.Room(self.compute.room_ahead, room_limit)  # how far its buffers reach past its rows
         self._use(policy, cache, window)
 
     def _use(self, policy: CachePolicy, cache: list[Any] | None, window: Any) -> None:
@@ -212,7 +213,7 @@ class PrefixCache:
         bounds = self.store.boundaries(segments, layout_key)
         plan = self.store.plan(bounds, n_tokens)
         began = time.perf_counter()
-        offset, miss = self.store.restore(self.cache, plan, room_until=qkv.room_end(n_tokens, self.room_limit))
+        offset, miss = self.store.restore(self.cache, plan, room_until=self.room.end(n_tokens))
         restore_s = time.perf_counter() - began
         log.debug("restore: %d tokens, %.4f s (queued work included where it was waited for)", offset, restore_s,
                   extra={"restore_s": restore_s})
@@ -236,7 +237,7 @@ class PrefixCache:
 
         try:
             logits = prefill(self.compute, self.cache, request.token_ids_from(offset), chunk_size, should_cancel,
-                             boundaries=[b.end - offset for b in pending], on_chunk=confirm, room_limit=self.room_limit)
+                             boundaries=[b.end - offset for b in pending], on_chunk=confirm, room=self.room)
         finally:
             metrics.checkpoint_bytes = self.store.nbytes
             self._note_prefix(segments)
@@ -316,15 +317,15 @@ class PrefixCache:
         return left
 
     def _room_ahead(self, stop: Callable[[], bool] | None) -> int:
-        """`ROOM_AHEAD` positions past the live cache's offset in every layer's buffers where fewer than half of
-        them are left, one layer at a time (its new buffers evaluated before the next grows, so the old ones can
+        """`room.ahead` positions past the live cache's offset in every layer's buffers where fewer than half of
+        them are left (none where the path keeps no room), one layer at a time (its new buffers evaluated before the next grows, so the old ones can
         go first) until `stop()`; how many layers are still to grow. Half, not all: the buffers keep one capacity
         over many requests, and the traced decode step one trace (`engine.qkv.ROOM_AHEAD`)."""
         layers = [layer for layer in self.cache if hasattr(layer, "make_room")]
         for done, layer in enumerate(layers):
             if stop is not None and stop():
                 return len(layers) - done
-            grown = make_room([layer], 0, least=qkv.ROOM_AHEAD // 2, limit=self.room_limit)
+            grown = make_room([layer], 0, least=self.room.ahead // 2, room=self.room)
             if grown:
                 mx.eval(grown)
         return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
@@ -64,6 +65,10 @@ must grow them grows them to its prompt and this much more (`engine.generate.mak
 come with it (`engine.state.append_kv_spans`); between requests the worker grows them to this much past the offset
 where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); a decode step or a speculative round's
 verify that would write past them makes it first (`engine.generate.keep_room`); never past the model's context.
+Where MLX's attention runs in the traced decode step over window caches (Metal; the CPU with MLX's attention) it
+attends over the whole buffers through a mask, room included, so there the path keeps none (`Room.ahead` 0 from
+`engine.compute.ComputePath.room_ahead`, the ``compute.room`` setting: 32-73% a step on the CPU,
+`bench/room_mask.py`).
 (The load-time timing of the traced step still grows them by 256 positions: it runs over buffers of its own rows,
 where more room would time more empty key splits than the engine's long contexts have.)
 A write past the buffers grows them over the whole history inside the forward that makes it (28-33 ms at 131,072
@@ -76,10 +81,21 @@ prefill makes its room at its first chunk, so a cancelled one keeps buffers for 
 `live_cache_bytes`; the next request, usually the same prompt again, writes into them)."""
 
 
-def room_end(end: int, limit: int | None = None) -> int:
-    """Where room made for rows up to position `end` stops: `ROOM_AHEAD` past it, never past `limit` (the model's
-    context; None: not known)."""
-    return end + ROOM_AHEAD if limit is None else min(end + ROOM_AHEAD, limit)
+@dataclass(frozen=True)
+class Room:
+    """How far past the rows it writes a window cache's buffers reach once they must grow.
+
+    Args:
+        ahead: Positions past the rows: `ROOM_AHEAD`, or 0 where the compute path's traced step attends over the
+            whole buffers, room included (`engine.compute.ComputePath.room`), so that room would cost every step.
+        limit: Positions the cache never holds more of (the model's context; None: not known).
+    """
+    ahead: int = ROOM_AHEAD
+    limit: int | None = None
+
+    def end(self, end: int) -> int:
+        """Where room made for rows up to position `end` stops: `ahead` past it, never past `limit`."""
+        return end + self.ahead if self.limit is None else min(end + self.ahead, self.limit)
 
 
 def capacity(needed: int) -> int:

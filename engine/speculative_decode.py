@@ -10,6 +10,7 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import mlx.core as mx
 
+from engine import qkv
 from engine.compute import ComputePath, path_of
 from engine.errors import RequestCancelled
 from engine.generate import keep_room
@@ -96,7 +97,7 @@ def speculative_decode(
     draft: Drafter | None = None,
     metrics: Metrics | None = None,
     penalty: RepetitionPenalty | None = None,
-    room_limit: int | None = None,
+    room: qkv.Room = qkv.Room(),
 ) -> Iterator[int]:
     """Like `engine.generate.decode`, with speculative rounds after the first token.
 
@@ -105,7 +106,7 @@ def speculative_decode(
     yielded; it ends the loop (tokens a round accepted after it are dropped).
 
     Args:
-        compute, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel, room_limit:
+        compute, cache, logits, sampler, max_tokens, eos_token_ids, should_cancel, room:
             As for `engine.generate.decode` (the cache holds the whole prompt); a round verifies through
             `ComputePath.verify` (`_verifier`).
         prompt_ids: The prompt (drafts are looked up in it).
@@ -132,7 +133,7 @@ def speculative_decode(
     yield first
     path = path_of(compute)
     decoder = make_decoder(mode, path.model, cache, list(prompt_ids) + [first], sampling, draft, stop,
-                           forward=_verifier(path, cache, room_limit), penalty=penalty)
+                           forward=_verifier(path, cache, room), penalty=penalty)
     produced = 1
     while produced < max_tokens:
         for token in _round(decoder, max_tokens - produced, metrics):
@@ -142,11 +143,11 @@ def speculative_decode(
             yield token
 
 
-def _verifier(path: ComputePath, cache: list[Any], room_limit: int | None) -> Callable[[mx.array], mx.array]:
+def _verifier(path: ComputePath, cache: list[Any], room: qkv.Room) -> Callable[[mx.array], mx.array]:
     """A round's target call: `path.verify` over `cache`, after making room for its rows where they would pass the
     buffers (`engine.generate.keep_room`)."""
     def verify(ids: mx.array) -> mx.array:
-        keep_room(cache, ids.shape[-1], room_limit)
+        keep_room(cache, ids.shape[-1], room)
         return path.verify(ids, cache)
     return verify
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from engine.compute_options import (ATTENTION_CHOICES, FORWARD_CHOICES, KERNEL_CHOICES, LINEAR_CHOICES,
+from engine.compute_options import (ATTENTION_CHOICES, FORWARD_CHOICES, KERNEL_CHOICES, LINEAR_CHOICES, ROOM_CHOICES,
                                     ComputeOptions)
 
 
@@ -220,7 +220,7 @@ _MINIMUMS = {
 }
 _CHOICES = {"kv_bits": (8, 16), "gguf_bits": (4, 8, 16), "speculation": ("off", "lookup", "draft", "auto"),
             "attention": ATTENTION_CHOICES, "forward": FORWARD_CHOICES, "linear": LINEAR_CHOICES,
-            "kernels": KERNEL_CHOICES}
+            "kernels": KERNEL_CHOICES, "room": ROOM_CHOICES}
 _MAY_BE_EMPTY = {"draft_model", "url", "model", "key_file"}
 
 

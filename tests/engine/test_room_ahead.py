@@ -101,7 +101,8 @@ def test_a_cold_prefill_grows_the_buffers_once_for_the_whole_prompt(tiny_loaded,
 def test_questions_and_an_edit_after_a_cold_ask_decode_from_the_first_trace(tiny_loaded, kv_bits):
     """The traced decode step takes the buffers whole, so a new capacity is a new trace (a first token gap of
     49-94 ms against 26-42 on an H100 in `bench/gpu_engine.py`). The room made ahead keeps one capacity from request to
-    request: grown to `ROOM_AHEAD` past the offset only when half of it is used."""
+    request: grown to `ROOM_AHEAD` past the offset only when half of it is used. (On the CPU the one traced step is
+    MLX's, which keeps no room unless told, `compute.room`: it attends over the whole buffers.)"""
     tok = tiny_loaded.tokenizer
     repo = repo_segments(tok, n_files=12, file_tokens=60)
     edited = edit(repo, 6, tuple(tok.encode("def changed():\n    return 42\n" * 4)))
@@ -109,7 +110,7 @@ def test_questions_and_an_edit_after_a_cold_ask_decode_from_the_first_trace(tiny
                ask(tok, edited, "And now?")]
     traces = []
     with Engine(tiny_loaded, prefill_chunk=16, kv_bits=kv_bits, window=WINDOW,
-                compute=ComputeOptions(attention="mlx", compile=True)) as eng:
+                compute=ComputeOptions(attention="mlx", compile=True, room="on")) as eng:
         for prompt in prompts:
             run(eng, prompt, max_tokens=24)
             assert eng.wait_idle(60)
@@ -124,16 +125,15 @@ def window_cache(model, kv_bits: int) -> list:
 @pytest.mark.parametrize("kv_bits", [16, 8])
 def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_loaded, grows, monkeypatch, kv_bits):
     model, ids = tiny_loaded.model, [(7 * i) % 400 + 3 for i in range(600)]
-    monkeypatch.setattr(qkv, "ROOM_AHEAD", 64)
-    logits = {}
+    logits, ahead = {}, qkv.Room(64)
     for room in (True, False):
         if not room:
             monkeypatch.setattr(generate, "make_room", lambda *a, **k: [])  # each write grows what it needs
         cache = window_cache(model, kv_bits)
-        generate.prefill(model, cache, ids[:40], chunk_size=16)
+        generate.prefill(model, cache, ids[:40], chunk_size=16, room=ahead)
         assert held(cache[0]) >= 40 + 64 or not room
         grows.clear()
-        logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16)  # its first chunk fits, the rest not
+        logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16, room=ahead)  # first chunk fits, not the rest
         kept = sorted({keep for keep, _ in grows})
         if room:  # once, before the first write
             assert kept == [40] and len(grows) == (2 if kv_bits == 16 else 6) * len(model.layers)
@@ -149,7 +149,7 @@ def test_a_one_chunk_cold_prompt_gets_room_for_its_answer_up_to_the_limits_step(
     generate.prefill(model, cache, ids, chunk_size=256)  # one chunk: its write made a 256-row buffer
     assert held(cache[0]) >= 100 + ROOM_AHEAD
     cache = window_cache(model, 8)
-    generate.prefill(model, cache, ids, chunk_size=256, room_limit=300)
+    generate.prefill(model, cache, ids, chunk_size=256, room=qkv.Room(limit=300))
     assert held(cache[0]) == qkv.capacity(300)  # room up to the model's context (in the store's steps)
 
 
@@ -193,7 +193,7 @@ def test_going_back_from_an_edit_keeps_the_buffers_capacity_and_the_decode_steps
     assert sum(len(s.token_ids) for s in first) + 1000 < tiny_loaded.context_length
     seen = []
     with Engine(tiny_loaded, prefill_chunk=16, kv_bits=8, window=WINDOW,
-                compute=ComputeOptions(attention="mlx", compile=True)) as eng:
+                compute=ComputeOptions(attention="mlx", compile=True, room="on")) as eng:
         for prompt in (first, edited, first):
             tokens, done = run(eng, prompt)
             assert eng.wait_idle(60)
@@ -208,7 +208,7 @@ def test_a_traced_step_that_grows_the_buffers_keeps_only_the_rows_before_the_off
     from engine import trace_caches
 
     cache = window_cache(tiny_loaded.model, kv_bits)
-    generate.prefill(tiny_loaded.model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
+    generate.prefill(tiny_loaded.model, cache, list(range(3, 259)), chunk_size=256, room=qkv.Room(limit=256))
     assert held(cache[0]) == 256  # no room past the limit
     for layer in cache:
         layer.offset = 250  # six rows rolled back
@@ -226,15 +226,15 @@ def test_an_answer_past_its_buffers_grows_them_once_by_the_room_not_every_256_to
 
     model, greedy = tiny_loaded.model, make_sampler(SamplingParams())
     cache = window_cache(model, kv_bits)
-    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
+    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room=qkv.Room(limit=256))
     assert held(cache[0]) == 256
     grows.clear()
     answer = list(generate.decode(model, cache, logits, greedy, 300))
     assert len(answer) == 300  # (no EOS given)
-    assert len({c for _, c in grows}) == 1 and held(cache[0]) == qkv.capacity(qkv.room_end(257))
+    assert len({c for _, c in grows}) == 1 and held(cache[0]) == qkv.capacity(qkv.Room().end(257))
     cache = window_cache(model, kv_bits)  # a limit holds here too
-    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room_limit=256)
-    list(generate.decode(model, cache, logits, greedy, 8, room_limit=300))
+    logits = generate.prefill(model, cache, list(range(3, 259)), chunk_size=256, room=qkv.Room(limit=256))
+    list(generate.decode(model, cache, logits, greedy, 8, room=qkv.Room(limit=300)))
     assert held(cache[0]) == qkv.capacity(300)
 
 
@@ -249,7 +249,7 @@ def test_a_speculative_answer_past_its_buffers_grows_them_once_by_the_room(tiny_
     model, greedy = tiny_loaded.model, make_sampler(SamplingParams())
     prompt = [3 + i % 7 for i in range(256)]  # repeats: the lookup drafter finds drafts in it
     cache = window_cache(model, kv_bits)
-    logits = generate.prefill(model, cache, prompt, chunk_size=256, room_limit=256)
+    logits = generate.prefill(model, cache, prompt, chunk_size=256, room=qkv.Room(limit=256))
     assert held(cache[0]) == 256
     grows.clear()
     metrics = Metrics()
@@ -260,3 +260,37 @@ def test_a_speculative_answer_past_its_buffers_grows_them_once_by_the_room(tiny_
     plain = window_cache(model, kv_bits)
     logits = generate.prefill(model, plain, prompt, chunk_size=256)
     assert answer == list(generate.decode(model, plain, logits, greedy, 300))  # the same answer
+
+
+def test_the_path_keeps_no_room_where_mlxs_traced_attention_reads_the_whole_buffers(tiny_loaded):
+    """MLX's attention in a trace over window caches attends over their whole buffers, room included (32-73% a step
+    on this CPU, bench/room_mask.py): there `auto` keeps none; our kernels' traces and untraced steps keep it."""
+    from engine.compute import choose
+
+    model = tiny_loaded.model
+    assert choose(model, ComputeOptions(attention="mlx", compile=True)).room_ahead == 0
+    assert choose(model, ComputeOptions(attention="mlx", compile=True, room="on")).room_ahead == ROOM_AHEAD
+    assert choose(model, ComputeOptions(attention="mlx", compile=False)).room_ahead == ROOM_AHEAD
+    assert choose(model, ComputeOptions(attention="numpy", compile=True)).room_ahead == ROOM_AHEAD  # windows untraced
+    assert choose(model, ComputeOptions(attention="mlx", compile=False, room="off")).room_ahead == 0
+    with pytest.raises(ValueError, match="room must be one of"):
+        ComputeOptions(room="more")
+
+
+@pytest.mark.parametrize("kv_bits", [16, 8])
+def test_an_engine_on_mlxs_traced_step_grows_its_buffers_as_writes_need_them(tiny_loaded, grows, kv_bits):
+    """No room past the rows on that path: the buffers end within the store's 256-position step of the offset after
+    a request and after the worker's idle work; the answers are those of a cold cache."""
+    tok = tiny_loaded.tokenizer
+    repo = repo_segments(tok)
+    prompts = [ask(tok, repo, "Where is main?"), ask(tok, repo, "Why?")]
+    with Engine(tiny_loaded, prefill_chunk=16, kv_bits=kv_bits, window=WINDOW,
+                compute=ComputeOptions(attention="mlx", compile=True)) as eng:
+        assert eng.compute.decode_step is not None and eng.prefix.room.ahead == 0
+        answers = []
+        for prompt in prompts:
+            answers.append(run(eng, prompt)[0])
+            assert eng.wait_idle(60)
+            caches = [c for c in eng.prefix.cache if isinstance(c, WindowKVCache)]
+            assert caches and all(held(c) == qkv.capacity(c.offset + 1) for c in caches)
+    assert answers == [cold(tiny_loaded, p, kv_bits=kv_bits, window=WINDOW) for p in prompts]

@@ -18,18 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_compute_and_draft_settings_parse_and_bad_values_keep_their_defaults():
     settings, problems = parse_settings({"compute": {"attention": "mlx", "forward": "numpy", "compile": False,
-                                                     "blas": "off", "blasThreads": 1, "linear": "dequantized"},
+                                                     "blas": "off", "blasThreads": 1, "linear": "dequantized",
+                                                     "room": "off"},
                                          "model": {"speculation": "draft", "draftModel": "/models/small"}})
     assert problems == []
     assert settings.compute == ComputeSettings(attention="mlx", forward="numpy", compile=False, blas="off",
-                                               blas_threads=1, linear="dequantized")
+                                               blas_threads=1, linear="dequantized", room="off")
     assert (settings.model.speculation, settings.model.draft_model) == ("draft", "/models/small")
     settings, problems = parse_settings({"compute": {"attention": "gpu", "blasThreads": -2, "compile": "no",
-                                                     "linear": "fp8"},
+                                                     "linear": "fp8", "room": 4096},
                                          "model": {"draftModel": ""}})
     assert settings.compute == ComputeSettings() and settings.model.draft_model == ""
     assert [p.split(":")[0] for p in problems] == ["compute.attention", "compute.blasThreads", "compute.compile",
-                                                   "compute.linear"]
+                                                   "compute.linear", "compute.room"]
 
 
 def test_the_compute_settings_default_to_the_engines_own_options():
@@ -52,6 +53,7 @@ def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(t
         engine = backend.engine
         assert engine.stats()["compute"] | {"blas": None} == {
             "kind": "mlx", "attention": "mlx", "forward": "mlx", "compile": False, "blas": None, "notes": [],
+            "room_ahead": 4096,  # untraced: the room costs a step nothing
             "linear": {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
                        "timings_ms": {}},
             "kernels": {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,

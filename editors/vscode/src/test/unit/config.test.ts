@@ -20,7 +20,7 @@ test('server settings are every contributed codectx.* key except server.* and tr
 test('initializationOptions are the nested camelCase tree of the settings', () => {
   const tree = serverSettings(manifest, manifestDefaults(manifest, { 'model.name': '/models/tiny', 'ask.maxTokens': 7 }));
   assert.deepEqual(tree.model, { name: '/models/tiny', kvBits: 16, prefillChunk: 256, speculation: 'auto', draftModel: '', ggufBits: 4 });
-  assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0, linear: 'auto', kernels: 'auto' });
+  assert.deepEqual(tree.compute, { attention: 'auto', forward: 'auto', compile: true, blas: 'auto', blasThreads: 0, linear: 'auto', kernels: 'auto', room: 'auto' });
   assert.deepEqual(tree.ask, { maxTokens: 7, maxToolCalls: 4 });
   assert.deepEqual(tree.hover, {
     enabled: true, latencyBudgetMs: 0, maxTokens: 96, firstSentence: true, useWarmPrefix: true, prefetch: 64, prepareBatch: 4,

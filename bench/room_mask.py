@@ -1,0 +1,106 @@
+"""What the room ahead costs a decode step where MLX's own attention runs in the traced step.
+
+The engine keeps `engine.qkv.ROOM_AHEAD` positions of room past a window cache's rows so that writes do not grow
+the history. The traced decode step (`engine.compiled`) holds the whole buffers; on our CUDA kernels attention
+takes the key count and reads only the rows, but where MLX's attention runs in the trace (Metal, and the CPU for a
+model the NumPy forward does not take) it attends over the whole buffer with a mask, so it
+also reads the room. This times that step at a context with the room the engine keeps against the same step over
+buffers that end just past the rows (`engine.qkv.Room` with no room ahead: the store's 256-position steps, what
+the engine keeps on such a path, `engine.compute.ComputePath.room_ahead`), in the same run:
+a random-weight llama with the widths of a 0.5B model (hidden 896, 14 heads, 2 KV heads of 64, MLP 4,864), float32
+as the CPU build loads models, fewer layers (the ratio of a layer's attention to its linears does not depend on the
+count), 8-bit and 16-bit KV, through MLX's forward (as for a model the NumPy forward does not take).
+The step is evaluated each call and its row taken back, so the context holds. The untraced step (``compile``
+off), whose attention reads the rows only, is timed the same way, as the control.
+
+Where decode reads memory at its bound (Metal), the share is the room's KV bytes over a step's bytes; this CPU
+computes it instead, so the ratio here is this machine's, not Apple's (docs/benchmarks.md says both).
+
+    python bench/room_mask.py --out /tmp/room_mask.json
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._common import preload_blas  # noqa: E402
+
+preload_blas()  # before MLX is imported
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
+
+from bench._common import blas_arguments, machine, markdown_table, save_json  # noqa: E402
+from engine import compute, generate, qkv  # noqa: E402
+from engine.compute_options import ComputeOptions  # noqa: E402
+from engine.window import WindowPolicy, make_window_cache  # noqa: E402
+
+
+def model_of(layers: int) -> llama.Model:
+    args = llama.ModelArgs(model_type="llama", hidden_size=896, num_hidden_layers=layers, intermediate_size=4864,
+                           num_attention_heads=14, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+                           vocab_size=8192, rope_traditional=False, tie_word_embeddings=True)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def step_ms(path: compute.ComputePath, model: llama.Model, kv_bits: int, context: int, room: bool,
+            steps: int) -> tuple[float, int]:
+    """Median ms of one evaluated traced decode step at `context`, and the positions the buffers hold."""
+    cache = make_window_cache(model, WindowPolicy(False), kv_bits=kv_bits)
+    prompt = [1 + i % 8000 for i in range(context)]
+    generate.prefill(path, cache, prompt, chunk_size=1024, room=qkv.Room(qkv.ROOM_AHEAD if room else 0))
+    token = mx.array([[7]])
+
+    def step() -> float:
+        began = time.perf_counter()
+        mx.eval(path.forward(token, cache, logits="last"))
+        took = time.perf_counter() - began
+        for layer in cache:  # the row taken back: every step runs at the same context
+            layer.offset -= 1
+        return took * 1e3
+
+    step()  # traced (and on the CPU its fused kernels compiled) for this buffer size
+    held = cache[0].written()[0].shape[2]
+    return statistics.median(step() for _ in range(steps)), held
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--contexts", default="2048,8192")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--out", default="")
+    blas_arguments(parser)
+    args = parser.parse_args()
+    model = model_of(args.layers)
+    rows = []
+    for compiled in (True, False):
+        path = compute.choose(model, ComputeOptions(attention="mlx", forward="mlx", compile=compiled))
+        if compiled and path.decode_step is None:
+            sys.exit("no traced decode step on this path: " + path.identity())
+        for context in (int(c) for c in args.contexts.split(",")):
+            for bits in (8, 16):
+                tight, tight_held = step_ms(path, model, bits, context, room=False, steps=args.steps)
+                roomy, roomy_held = step_ms(path, model, bits, context, room=True, steps=args.steps)
+                rows.append({"step": "traced" if compiled else "untraced", "context": context, "kv_bits": bits,
+                             "held_tight": tight_held, "held_room": roomy_held, "ms_tight": tight,
+                             "ms_room": roomy, "ratio": roomy / tight, "path": path.identity()})
+    table = [[r["step"], r["context"], f"{r['kv_bits']}-bit", r["held_tight"], r["ms_tight"], r["held_room"],
+              r["ms_room"], f"{r['ratio']:.3f}"] for r in rows]
+    print(markdown_table(["step", "context", "KV", "buffer (tight)", "step ms", "buffer (room)", "step ms",
+                          "room / tight"], table))
+    if args.out:
+        save_json({"machine": machine(), "layers": args.layers, "room_ahead": qkv.ROOM_AHEAD, "rows": rows},
+                  args.out)
+
+
+if __name__ == "__main__":
+    main()
