@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks: a Markdown table, the machine's description, JSON results,
-the BLAS start-up step, and one cold request timed through the engine.
+the BLAS start-up step, a random-weight llama, and one cold request timed through the engine.
 
 Benchmarks are scripts (not CI); each prints a table and writes its numbers to
 ``bench/results/`` so a later run can be compared with this one. A benchmark that
@@ -170,6 +170,20 @@ def save_json(result: dict, out: str, quiet: bool = False) -> None:
     Path(out).write_text(json.dumps(result, indent=1, default=str))
     if not quiet:
         print(f"wrote {out}")
+
+
+def random_llama(layers: int, hidden: int, mlp: int, heads: int, kv_heads: int, head_dim: int, vocab: int) -> Any:
+    """A random-weight mlx-lm llama of these widths (float32, tied embeddings), evaluated. (Imports MLX: call it
+    after `preload_blas`.)"""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=mlp,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-5,
+        vocab_size=vocab, rope_traditional=False, tie_word_embeddings=True))
+    mx.eval(model.parameters())
+    return model
 
 
 def llama_tools_folder() -> Path:

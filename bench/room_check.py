@@ -25,18 +25,13 @@ sys.path.insert(0, str(ROOT))
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
-from bench._common import machine, markdown_table, save_json  # noqa: E402
+from bench._common import machine, markdown_table, random_llama, save_json  # noqa: E402
 from engine import generate  # noqa: E402
 from engine.window import WindowPolicy, make_window_cache  # noqa: E402
 
 
 def model_of(layers: int) -> llama.Model:
-    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=layers, intermediate_size=512,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
-                           vocab_size=1024, rope_traditional=False, tie_word_embeddings=True)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
-    return model
+    return random_llama(layers, hidden=256, mlp=512, heads=4, kv_heads=2, head_dim=64, vocab=1024)
 
 
 def per_call_us(fn: Callable[[], object], calls: int, rounds: int = 5) -> float:
@@ -60,7 +55,7 @@ def measure(model: llama.Model, kv_bits: int, context: int) -> dict[str, float]:
         for layer in cache:
             layer.offset -= 1
 
-    check = per_call_us(lambda: generate.keep_room(cache, 1, limit=None), calls=20_000)
+    check = per_call_us(lambda: generate.keep_room(cache, 1), calls=20_000)
     step = per_call_us(build, calls=50)
     return {"check_us": check, "build_us": step, "share": check / step}
 

@@ -11,7 +11,8 @@ a random-weight llama with the widths of a 0.5B model (hidden 896, 14 heads, 2 K
 as the CPU build loads models, fewer layers (the ratio of a layer's attention to its linears does not depend on the
 count), 8-bit and 16-bit KV, through MLX's forward (as for a model the NumPy forward does not take).
 The step is evaluated each call and its row taken back, so the context holds. The untraced step (``compile``
-off), whose attention reads the rows only, is timed the same way, as the control.
+off), whose attention reads the rows only, is timed the same way, as the control, and so can the CPU's own paths
+(``--paths``: NumPy attention, the NumPy forward), which keep the room.
 
 Where decode reads memory at its bound (Metal), the share is the room's KV bytes over a step's bytes; this CPU
 computes it instead, so the ratio here is this machine's, not Apple's (docs/benchmarks.md says both).
@@ -36,19 +37,23 @@ preload_blas()  # before MLX is imported
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
-from bench._common import blas_arguments, machine, markdown_table, save_json  # noqa: E402
+from bench._common import blas_arguments, machine, markdown_table, random_llama, save_json  # noqa: E402
 from engine import compute, generate, qkv  # noqa: E402
 from engine.compute_options import ComputeOptions  # noqa: E402
 from engine.window import WindowPolicy, make_window_cache  # noqa: E402
 
 
+PATHS = {
+    "traced": ComputeOptions(attention="mlx", forward="mlx", compile=True),  # MLX's attention, traced
+    "untraced": ComputeOptions(attention="mlx", forward="mlx", compile=False),
+    "numpy-attention": ComputeOptions(attention="numpy", forward="mlx"),  # the CPU's default for a qwen model
+    "numpy-forward": ComputeOptions(attention="numpy", forward="numpy"),  # the CPU's default for a llama model
+}
+"""The paths timed, by name (the room each cache gets is set here, by the prefill's `Room`, not by the path)."""
+
+
 def model_of(layers: int) -> llama.Model:
-    args = llama.ModelArgs(model_type="llama", hidden_size=896, num_hidden_layers=layers, intermediate_size=4864,
-                           num_attention_heads=14, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
-                           vocab_size=8192, rope_traditional=False, tie_word_embeddings=True)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
-    return model
+    return random_llama(layers, hidden=896, mlp=4864, heads=14, kv_heads=2, head_dim=64, vocab=8192)
 
 
 def step_ms(path: compute.ComputePath, model: llama.Model, kv_bits: int, context: int, room: bool,
@@ -77,20 +82,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--contexts", default="2048,8192")
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--paths", default="traced,untraced", help=f"of {', '.join(PATHS)}")
     parser.add_argument("--out", default="")
     blas_arguments(parser)
     args = parser.parse_args()
     model = model_of(args.layers)
     rows = []
-    for compiled in (True, False):
-        path = compute.choose(model, ComputeOptions(attention="mlx", forward="mlx", compile=compiled))
-        if compiled and path.decode_step is None:
+    for name in args.paths.split(","):
+        path = compute.choose(model, PATHS[name])
+        if name == "traced" and path.decode_step is None:
             sys.exit("no traced decode step on this path: " + path.identity())
         for context in (int(c) for c in args.contexts.split(",")):
             for bits in (8, 16):
                 tight, tight_held = step_ms(path, model, bits, context, room=False, steps=args.steps)
                 roomy, roomy_held = step_ms(path, model, bits, context, room=True, steps=args.steps)
-                rows.append({"step": "traced" if compiled else "untraced", "context": context, "kv_bits": bits,
+                rows.append({"step": name, "context": context, "kv_bits": bits,
                              "held_tight": tight_held, "held_room": roomy_held, "ms_tight": tight,
                              "ms_room": roomy, "ratio": roomy / tight, "path": path.identity()})
     table = [[r["step"], r["context"], f"{r['kv_bits']}-bit", r["held_tight"], r["ms_tight"], r["held_room"],

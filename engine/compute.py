@@ -94,7 +94,7 @@ class ComputePath:
             if mlx_trace else None
         # Positions of room a window cache's buffers keep past its rows (`engine.qkv.Room`). MLX's attention in a
         # trace attends over the whole buffers through a mask, so there room costs every step (`bench/room_mask.py`:
-        # 32-73% a step on the CPU, docs/benchmarks.md, thirty-sixth session); our kernels' traces take the key
+        # 24-73% a step on the CPU, docs/benchmarks.md, thirty-sixth session); our kernels' traces take the key
         # count and untraced steps read the rows only, so there it costs a step nothing.
         masked = mlx_trace and windows
         self.room_ahead = qkv.ROOM_AHEAD if room == "on" or (room == "auto" and not masked) else 0

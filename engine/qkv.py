@@ -67,7 +67,7 @@ where fewer than half are left (`engine.prefix_cache.PrefixCache.settle`); a dec
 verify that would write past them makes it first (`engine.generate.keep_room`); never past the model's context.
 Where MLX's attention runs in the traced decode step over window caches (Metal; the CPU with MLX's attention) it
 attends over the whole buffers through a mask, room included, so there the path keeps none (`Room.ahead` 0 from
-`engine.compute.ComputePath.room_ahead`, the ``compute.room`` setting: 32-73% a step on the CPU,
+`engine.compute.ComputePath.room_ahead`, the ``compute.room`` setting: 24-73% a step on the CPU,
 `bench/room_mask.py`).
 (The load-time timing of the traced step still grows them by 256 positions: it runs over buffers of its own rows,
 where more room would time more empty key splits than the engine's long contexts have.)

@@ -263,7 +263,7 @@ def test_a_speculative_answer_past_its_buffers_grows_them_once_by_the_room(tiny_
 
 
 def test_the_path_keeps_no_room_where_mlxs_traced_attention_reads_the_whole_buffers(tiny_loaded):
-    """MLX's attention in a trace over window caches attends over their whole buffers, room included (32-73% a step
+    """MLX's attention in a trace over window caches attends over their whole buffers, room included (24-73% a step
     on this CPU, bench/room_mask.py): there `auto` keeps none; our kernels' traces and untraced steps keep it."""
     from engine.compute import choose
 
