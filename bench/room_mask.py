@@ -2,14 +2,14 @@
 
 The engine keeps `engine.qkv.ROOM_AHEAD` positions of room past a window cache's rows so that writes do not grow
 the history. The traced decode step (`engine.compiled`) holds the whole buffers; on our CUDA kernels attention
-takes the key count and reads only the rows, but where MLX's attention runs in the trace (Metal, and the CPU for a
-model the NumPy forward does not take) it attends over the whole buffer with a mask, so it
-also reads the room. This times that step at a context with the room the engine keeps against the same step over
+takes the key count and reads only the rows, but where MLX's attention runs in the trace (Metal, and the CPU where
+MLX computes attention: `compute.attention: mlx`, or a model NumPy's attention does not take) it attends over the
+whole buffer with a mask, so it also reads the room. This times that step at a context with the room the engine keeps against the same step over
 buffers that end just past the rows (`engine.qkv.Room` with no room ahead: the store's 256-position steps, what
 the engine keeps on such a path, `engine.compute.ComputePath.room_ahead`), in the same run:
 a random-weight llama with the widths of a 0.5B model (hidden 896, 14 heads, 2 KV heads of 64, MLP 4,864), float32
 as the CPU build loads models, fewer layers (the ratio of a layer's attention to its linears does not depend on the
-count), 8-bit and 16-bit KV, through MLX's forward (as for a model the NumPy forward does not take).
+count), 8-bit and 16-bit KV, through MLX's attention and forward.
 The step is evaluated each call and its row taken back, so the context holds. The untraced step (``compile``
 off), whose attention reads the rows only, is timed the same way, as the control, and so can the CPU's own paths
 (``--paths``: NumPy attention, the NumPy forward), which keep the room.
@@ -58,7 +58,7 @@ def model_of(layers: int) -> llama.Model:
 
 def step_ms(path: compute.ComputePath, model: llama.Model, kv_bits: int, context: int, room: bool,
             steps: int) -> tuple[float, int]:
-    """Median ms of one evaluated traced decode step at `context`, and the positions the buffers hold."""
+    """Median ms of one evaluated decode step of `path` at `context`, and the positions the buffers hold."""
     cache = make_window_cache(model, WindowPolicy(False), kv_bits=kv_bits)
     prompt = [1 + i % 8000 for i in range(context)]
     generate.prefill(path, cache, prompt, chunk_size=1024, room=qkv.Room(qkv.ROOM_AHEAD if room else 0))

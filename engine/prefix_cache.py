@@ -318,9 +318,10 @@ class PrefixCache:
 
     def _room_ahead(self, stop: Callable[[], bool] | None) -> int:
         """`room.ahead` positions past the live cache's offset in every layer's buffers where fewer than half of
-        them are left (none where the path keeps no room), one layer at a time (its new buffers evaluated before the next grows, so the old ones can
-        go first) until `stop()`; how many layers are still to grow. Half, not all: the buffers keep one capacity
-        over many requests, and the traced decode step one trace (`engine.qkv.ROOM_AHEAD`)."""
+        them are left (none where the path keeps no room), one layer at a time (its new buffers evaluated before
+        the next grows, so the old ones can go first) until `stop()`; how many layers are still to grow. Half, not
+        all: the buffers keep one capacity over many requests, and the traced decode step one trace
+        (`engine.qkv.ROOM_AHEAD`)."""
         layers = [layer for layer in self.cache if hasattr(layer, "make_room")]
         for done, layer in enumerate(layers):
             if stop is not None and stop():

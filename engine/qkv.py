@@ -87,7 +87,8 @@ class Room:
 
     Args:
         ahead: Positions past the rows: `ROOM_AHEAD`, or 0 where the compute path's traced step attends over the
-            whole buffers, room included (`engine.compute.ComputePath.room`), so that room would cost every step.
+            whole buffers, room included (`engine.compute.ComputePath.room_ahead`), so that room would cost every
+            step.
         limit: Positions the cache never holds more of (the model's context; None: not known).
     """
     ahead: int = ROOM_AHEAD

@@ -5,8 +5,8 @@ hot copy after the cached prefix, the answer's decode every 256 tokens (28-33 ms
 layers on an H100), and the traced decode step is traced again for the new capacity. The engine's worker now grows
 them while no request waits, to `ROOM_AHEAD` positions past the offset where fewer than half are left, and a prefill
 makes room for its whole prompt and `ROOM_AHEAD` more at once, and an answer that reaches the buffers' end makes
-that room before its next step (or speculative round), so the next request writes where the rows already have room, into buffers of the
-capacity the last one traced.
+that room before its next step (or speculative round), so the next request writes where the rows already have
+room, into buffers of the capacity the last one traced.
 """
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ def test_a_prefill_past_its_buffers_grows_them_once_before_its_first_write(tiny_
         generate.prefill(model, cache, ids[:40], chunk_size=16, room=ahead)
         assert held(cache[0]) >= 40 + 64 or not room
         grows.clear()
-        logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16, room=ahead)  # first chunk fits, not the rest
+        # its first chunk fits, the rest not
+        logits[room] = generate.prefill(model, cache, ids[40:], chunk_size=16, room=ahead)
         kept = sorted({keep for keep, _ in grows})
         if room:  # once, before the first write
             assert kept == [40] and len(grows) == (2 if kv_bits == 16 else 6) * len(model.layers)

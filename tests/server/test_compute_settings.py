@@ -53,7 +53,7 @@ def test_start_backend_builds_the_engine_and_its_draft_model_from_the_settings(t
         engine = backend.engine
         assert engine.stats()["compute"] | {"blas": None} == {
             "kind": "mlx", "attention": "mlx", "forward": "mlx", "compile": False, "blas": None, "notes": [],
-            "room_ahead": 4096,  # untraced: the room costs a step nothing
+            "room_ahead": 4096,  # untraced: its attention reads the rows only
             "linear": {"mode": "unquantized", "min_rows": 0, "source": "no quantized layers", "measure_s": 0.0,
                        "timings_ms": {}},
             "kernels": {"qmv": False, "attention": False, "attention_mma": False, "attention_chunk": False, "kv_write": False,
