@@ -61,13 +61,12 @@ def model_of(layers: int) -> llama.Model:
     return random_llama(layers, hidden=896, mlp=4864, heads=14, kv_heads=2, head_dim=64, vocab=8192)
 
 
-def step_ms(path: compute.ComputePath, model: llama.Model, kv_bits: int, context: int, room: bool | int,
+def step_ms(path: compute.ComputePath, model: llama.Model, kv_bits: int, context: int, ahead: int,
             steps: int) -> tuple[float, int]:
-    """Median ms of one evaluated decode step of `path` at `context`, and the positions the buffers hold; `room`:
-    the engine's room ahead (True), none (False), or that many positions."""
+    """Median ms of one evaluated decode step of `path` at `context` over buffers made with `ahead` positions of
+    room, and the positions the buffers hold."""
     cache = make_window_cache(model, WindowPolicy(False), kv_bits=kv_bits)
     prompt = [1 + i % 8000 for i in range(context)]
-    ahead = room if not isinstance(room, bool) else qkv.ROOM_AHEAD if room else 0
     generate.prefill(path, cache, prompt, chunk_size=1024, room=qkv.Room(ahead))
     token = mx.array([[7]])
 
@@ -134,8 +133,8 @@ def main() -> None:
             sys.exit("no traced decode step on this path: " + path.identity())
         for context in (int(c) for c in args.contexts.split(",")):
             for bits in (8, 16):
-                tight, tight_held = step_ms(path, model, bits, context, room=False, steps=args.steps)
-                roomy, roomy_held = step_ms(path, model, bits, context, room=True, steps=args.steps)
+                tight, tight_held = step_ms(path, model, bits, context, 0, args.steps)
+                roomy, roomy_held = step_ms(path, model, bits, context, qkv.ROOM_AHEAD, args.steps)
                 rows.append({"step": name, "context": context, "kv_bits": bits,
                              "held_tight": tight_held, "held_room": roomy_held, "ms_tight": tight,
                              "ms_room": roomy, "ratio": roomy / tight, "path": path.identity()})

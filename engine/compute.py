@@ -95,8 +95,8 @@ class ComputePath:
         # Positions of room a window cache's buffers keep past its rows (`engine.qkv.Room`). MLX's attention in a
         # trace attends over the whole buffers through a mask, so there room costs every step (`bench/room_mask.py`:
         # 24-73% a step on the CPU, docs/benchmarks.md, thirty-sixth session); our kernels' traces take the key
-        # count and untraced steps read the rows only (on the CPU: 0.74-1.29 a step with room against without,
-        # bf16 through MLX's untraced attention at 8,192 rows the one case above 1 in every run, not explained).
+        # count and untraced steps read the rows only (on the CPU MLX's untraced step took 0.90-0.98x over buffers
+        # of up to 13x its 8,192 rows: `bench/room_mask.py --aheads`, docs/benchmarks.md, thirty-seventh session).
         masked = mlx_trace and windows
         self.room_ahead = qkv.ROOM_AHEAD if room == "on" or (room == "auto" and not masked) else 0
 
